@@ -1,0 +1,77 @@
+// Tile sizes and workspace plan of the tiled CPU Evoformer path. Host-only common layer: the
+// same plan gives workspace_size() and the regions run() uses.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/evoformer_checks.h"
+#include "common/workspace_layout.h"
+
+namespace sciattn::detail {
+
+// Queries per tile: the rows whose online-softmax state (max, sum, output) is kept together.
+constexpr int64_t kCpuQueryTile = 32;
+// Keys per tile: one score tile is kCpuQueryTile x kCpuKeyTile floats (16 KiB), small enough to
+// stay in L1/L2 next to the key slice it is computed from.
+constexpr int64_t kCpuKeyTile = 128;
+// The backward sums dbias2 over N. Tasks own a contiguous chunk of N and accumulate into their own
+// fp32 partial [L, L]; the chunks are then added in a fixed order. The chunk count depends only on
+// the shape, so results are the same for any thread count; more chunks mean more parallelism and
+// more memory (kMaxDbias2Chunks times the size of dbias2 in fp32 at most).
+constexpr int64_t kMaxDbias2Chunks = 8;
+
+// Per-thread scratch of the forward: K^T [D, L], V [L, D], bias1 row [L], query tile [Tq, D],
+// score tile [Tq, Tk], output accumulator [Tq, D], row max and sum [Tq], a bias2 row [Tk].
+struct CpuForwardScratch {
+  size_t k_t, v, bias1, q_tile, scores, out_acc, row_max, row_sum, bias2_row;
+};
+
+inline CpuForwardScratch plan_cpu_forward_scratch(const EvoformerShape& s, WorkspaceLayout* w) {
+  CpuForwardScratch r;
+  r.k_t = w->add<float>(s.dim * s.len);
+  r.v = w->add<float>(s.len * s.dim);
+  r.bias1 = w->add<float>(s.len);
+  r.q_tile = w->add<float>(kCpuQueryTile * s.dim);
+  r.scores = w->add<float>(kCpuQueryTile * kCpuKeyTile);
+  r.out_acc = w->add<float>(kCpuQueryTile * s.dim);
+  r.row_max = w->add<float>(kCpuQueryTile);
+  r.row_sum = w->add<float>(kCpuQueryTile);
+  r.bias2_row = w->add<float>(kCpuKeyTile);
+  return r;
+}
+
+// Per-thread scratch of the backward: scaled Q, K, dO [L, D]; K^T, V^T [D, L]; the dQ accumulator
+// [L, D]; rows D_i = <dO_i, O_i>, lse and bias1 [L]; probabilities and dS tiles [Tq, Tk];
+// dK and dV accumulators [Tk, D]; one row of O [D] and of bias2 [Tk].
+struct CpuBackwardScratch {
+  size_t q, k, dout, k_t, v_t, dq_acc, row_delta, lse, bias1, probs, dscores, dk_acc, dv_acc,
+      out_row, bias2_row;
+};
+
+inline CpuBackwardScratch plan_cpu_backward_scratch(const EvoformerShape& s, WorkspaceLayout* w) {
+  CpuBackwardScratch r;
+  const int64_t ld = s.len * s.dim;
+  r.q = w->add<float>(ld);
+  r.k = w->add<float>(ld);
+  r.dout = w->add<float>(ld);
+  r.k_t = w->add<float>(ld);
+  r.v_t = w->add<float>(ld);
+  r.dq_acc = w->add<float>(ld);
+  r.row_delta = w->add<float>(s.len);
+  r.lse = w->add<float>(s.len);
+  r.bias1 = w->add<float>(s.len);
+  r.probs = w->add<float>(kCpuQueryTile * kCpuKeyTile);
+  r.dscores = w->add<float>(kCpuQueryTile * kCpuKeyTile);
+  r.dk_acc = w->add<float>(kCpuKeyTile * s.dim);
+  r.dv_acc = w->add<float>(kCpuKeyTile * s.dim);
+  r.out_row = w->add<float>(s.dim);
+  r.bias2_row = w->add<float>(kCpuKeyTile);
+  return r;
+}
+
+inline int64_t cpu_dbias2_chunks(const EvoformerShape& s) {
+  return std::min<int64_t>(s.n, kMaxDbias2Chunks);
+}
+
+}  // namespace sciattn::detail

@@ -1,0 +1,429 @@
+// The tiled, multithreaded CPU path of Evoformer attention (see evoformer_tiled.h). CPU layer.
+//
+// Work is split into tasks that own disjoint outputs and run sequentially inside, so the result
+// does not depend on the number of threads or on scheduling:
+//   forward:  one task per (b, n, h);
+//   backward: one task per (b, h, chunk of N); the task owns dQ, dK, dV of its (b, n, h) slices,
+//             a per-(b, n, h) partial of dbias1 and a per-chunk fp32 partial of dbias2, which are
+//             then reduced over heads and chunks in a fixed order.
+// Inside a task, queries are processed in tiles of kCpuQueryTile rows against key tiles of
+// kCpuKeyTile columns; no more than one score tile exists at a time. Inner loops run along a
+// contiguous dimension (keys, or the head dim) so the compiler can vectorise them.
+#include "cpu/evoformer_tiled.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/evoformer_cpu_tiling.h"
+#include "cpu/strided_access.h"
+
+namespace sciattn::cpu {
+namespace {
+
+using detail::CpuBackwardScratch;
+using detail::CpuForwardScratch;
+using detail::EvoformerShape;
+using detail::kCpuKeyTile;
+using detail::kCpuQueryTile;
+using detail::WorkspaceLayout;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Loads the [L, D] slice (b, n, :, h, :) of a [B, N, L, H, D] tensor into packed rows, times
+// `factor`.
+void load_slice(const TensorView& t, int64_t b, int64_t n, int64_t h, const EvoformerShape& s,
+                float factor, float* dst) {
+  for (int64_t i = 0; i < s.len; ++i) {
+    float* row = dst + i * s.dim;
+    load_row(t, offset5(t, b, n, i, h, 0), 1, s.dim, row);
+    if (factor != 1.0f) {
+      for (int64_t d = 0; d < s.dim; ++d) row[d] *= factor;
+    }
+  }
+}
+
+// dst [D, L] = transpose of src [L, D].
+void transpose(const float* src, int64_t len, int64_t dim, float* dst) {
+  for (int64_t i = 0; i < len; ++i)
+    for (int64_t d = 0; d < dim; ++d) dst[d * len + i] = src[i * dim + d];
+}
+
+// The inputs of one score tile.
+struct ScoreTileArgs {
+  const float* q_rows;  // [tq, D] rows of scale * Q
+  const float* k_t;     // [D, L]
+  const float* bias1;   // [L] or nullptr
+  const TensorView* bias2;
+  float* bias2_row;  // [kCpuKeyTile] scratch
+  int64_t b, h, i0, j0, tq, tk;
+};
+
+// scores[r][c] = <scale*q_{i0+r}, k_{j0+c}> + bias1[j0+c] + bias2[b, 0, h, i0+r, j0+c] for the
+// tile; rows of `scores` are kCpuKeyTile apart. The forward and the backward both call this, so
+// the backward's recomputed scores are bitwise those of the forward.
+void score_tile(const ScoreTileArgs& a, const EvoformerShape& s, float* scores) {
+  for (int64_t r = 0; r < a.tq; ++r) {
+    float* srow = scores + r * kCpuKeyTile;
+    std::fill(srow, srow + a.tk, 0.0f);
+    const float* q = a.q_rows + r * s.dim;
+    for (int64_t d = 0; d < s.dim; ++d) {
+      const float qd = q[d];
+      const float* k = a.k_t + d * s.len + a.j0;
+      for (int64_t c = 0; c < a.tk; ++c) srow[c] += qd * k[c];
+    }
+    if (a.bias1 != nullptr) {
+      for (int64_t c = 0; c < a.tk; ++c) srow[c] += a.bias1[a.j0 + c];
+    }
+    if (a.bias2->present()) {
+      const TensorView& b2 = *a.bias2;
+      load_row(b2, offset5(b2, a.b, 0, a.h, a.i0 + r, a.j0), 1, a.tk, a.bias2_row);
+      for (int64_t c = 0; c < a.tk; ++c) srow[c] += a.bias2_row[c];
+    }
+  }
+}
+
+// bias1 of (b, n) as the additive row it contributes ([L]); nullptr when absent.
+const float* load_bias1(const TensorView& bias1, int64_t b, int64_t n, const EvoformerShape& s,
+                        float* dst) {
+  if (!bias1.present()) return nullptr;
+  load_row(bias1, offset5(bias1, b, n, 0, 0, 0), bias1.strides[4], s.len, dst);
+  return dst;
+}
+
+void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, float scale, int64_t b,
+                  int64_t n, int64_t h, const CpuForwardScratch& plan, void* scratch) {
+  const WorkspaceLayout w;  // `scratch` is already aligned; offsets come from `plan`
+  float* k_t = w.at<float>(scratch, plan.k_t);
+  float* v = w.at<float>(scratch, plan.v);
+  float* q_tile = w.at<float>(scratch, plan.q_tile);
+  float* scores = w.at<float>(scratch, plan.scores);
+  float* out_acc = w.at<float>(scratch, plan.out_acc);
+  float* row_max = w.at<float>(scratch, plan.row_max);
+  float* row_sum = w.at<float>(scratch, plan.row_sum);
+
+  // K^T through V's buffer, then V itself.
+  load_slice(p.k, b, n, h, s, 1.0f, v);
+  transpose(v, s.len, s.dim, k_t);
+  load_slice(p.v, b, n, h, s, 1.0f, v);
+  const float* bias1 = load_bias1(p.bias1, b, n, s, w.at<float>(scratch, plan.bias1));
+
+  ScoreTileArgs tile{q_tile, k_t, bias1, &p.bias2, w.at<float>(scratch, plan.bias2_row),
+                     b,      h,   0,     0,        0,
+                     0};
+  for (int64_t i0 = 0; i0 < s.len; i0 += kCpuQueryTile) {
+    const int64_t tq = std::min(kCpuQueryTile, s.len - i0);
+    for (int64_t r = 0; r < tq; ++r) {
+      load_row(p.q, offset5(p.q, b, n, i0 + r, h, 0), 1, s.dim, q_tile + r * s.dim);
+      for (int64_t d = 0; d < s.dim; ++d) q_tile[r * s.dim + d] *= scale;
+    }
+    std::fill(row_max, row_max + tq, kNegInf);
+    std::fill(row_sum, row_sum + tq, 0.0f);
+    std::fill(out_acc, out_acc + tq * s.dim, 0.0f);
+
+    for (int64_t j0 = 0; j0 < s.len; j0 += kCpuKeyTile) {
+      const int64_t tk = std::min(kCpuKeyTile, s.len - j0);
+      tile.i0 = i0;
+      tile.j0 = j0;
+      tile.tq = tq;
+      tile.tk = tk;
+      score_tile(tile, s, scores);
+      for (int64_t r = 0; r < tq; ++r) {
+        float* srow = scores + r * kCpuKeyTile;
+        float tile_max = kNegInf;
+        for (int64_t c = 0; c < tk; ++c) tile_max = std::max(tile_max, srow[c]);
+        const float new_max = std::max(row_max[r], tile_max);
+        // Every key so far is masked: nothing to add, and no -inf - -inf = NaN to compute.
+        if (new_max == kNegInf) continue;
+        const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first unmasked tile
+        float tile_sum = 0.0f;
+        for (int64_t c = 0; c < tk; ++c) {
+          srow[c] = std::exp(srow[c] - new_max);
+          tile_sum += srow[c];
+        }
+        row_sum[r] = row_sum[r] * rescale + tile_sum;
+        row_max[r] = new_max;
+        float* o = out_acc + r * s.dim;
+        if (rescale != 1.0f) {
+          for (int64_t d = 0; d < s.dim; ++d) o[d] *= rescale;
+        }
+        for (int64_t c = 0; c < tk; ++c) {
+          const float prob = srow[c];
+          if (prob == 0.0f) continue;
+          const float* vr = v + (j0 + c) * s.dim;
+          for (int64_t d = 0; d < s.dim; ++d) o[d] += prob * vr[d];
+        }
+      }
+    }
+
+    for (int64_t r = 0; r < tq; ++r) {
+      float* o = out_acc + r * s.dim;
+      // A fully masked row has row_sum 0: its output is 0 and its lse -inf.
+      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+      for (int64_t d = 0; d < s.dim; ++d) o[d] *= inv;
+      store_row(p.out, offset5(p.out, b, n, i0 + r, h, 0), 1, s.dim, o);
+      if (p.lse.present()) {
+        const float lse = row_sum[r] > 0.0f ? row_max[r] + std::log(row_sum[r]) : kNegInf;
+        static_cast<float*>(p.lse.data)[(b * s.n + n) * p.lse.strides[0] + h * p.lse.strides[1] +
+                                        (i0 + r) * p.lse.strides[2]] = lse;
+      }
+    }
+  }
+}
+
+// The backward of one (b, n, h) slice. Adds dS into dbias1_partial ([L], this slice's own) and
+// dbias2_acc ([L, L], the task's chunk accumulator) when they are not null.
+void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s, float scale,
+                    int64_t b, int64_t n, int64_t h, const CpuBackwardScratch& plan, void* scratch,
+                    float* dbias1_partial, float* dbias2_acc) {
+  const WorkspaceLayout w;
+  float* q = w.at<float>(scratch, plan.q);
+  float* k = w.at<float>(scratch, plan.k);
+  float* dout = w.at<float>(scratch, plan.dout);
+  float* k_t = w.at<float>(scratch, plan.k_t);
+  float* v_t = w.at<float>(scratch, plan.v_t);
+  float* dq_acc = w.at<float>(scratch, plan.dq_acc);
+  float* row_delta = w.at<float>(scratch, plan.row_delta);
+  float* lse = w.at<float>(scratch, plan.lse);
+  float* probs = w.at<float>(scratch, plan.probs);
+  float* dscores = w.at<float>(scratch, plan.dscores);
+  float* dk_acc = w.at<float>(scratch, plan.dk_acc);
+  float* dv_acc = w.at<float>(scratch, plan.dv_acc);
+  float* out_row = w.at<float>(scratch, plan.out_row);
+
+  load_slice(p.q, b, n, h, s, scale, q);
+  load_slice(p.k, b, n, h, s, 1.0f, k);
+  transpose(k, s.len, s.dim, k_t);
+  load_slice(p.v, b, n, h, s, 1.0f, dq_acc);  // V rows pass through dq_acc on their way to V^T
+  transpose(dq_acc, s.len, s.dim, v_t);
+  std::fill(dq_acc, dq_acc + s.len * s.dim, 0.0f);
+  load_slice(p.dout, b, n, h, s, 1.0f, dout);
+  const float* bias1 = load_bias1(p.bias1, b, n, s, w.at<float>(scratch, plan.bias1));
+  const float* lse_src = static_cast<const float*>(p.lse.data) +
+                         (b * s.n + n) * p.lse.strides[0] + h * p.lse.strides[1];
+  for (int64_t i = 0; i < s.len; ++i) {
+    lse[i] = lse_src[i * p.lse.strides[2]];
+    // D_i = <dO_i, O_i> = sum_j P_ij dP_ij, from the forward's output as stored.
+    load_row(p.out, offset5(p.out, b, n, i, h, 0), 1, s.dim, out_row);
+    float delta = 0.0f;
+    for (int64_t d = 0; d < s.dim; ++d) delta += dout[i * s.dim + d] * out_row[d];
+    row_delta[i] = delta;
+  }
+
+  ScoreTileArgs tile{q, k_t, bias1, &p.bias2, w.at<float>(scratch, plan.bias2_row), b, h, 0, 0, 0,
+                     0};
+  for (int64_t j0 = 0; j0 < s.len; j0 += kCpuKeyTile) {
+    const int64_t tk = std::min(kCpuKeyTile, s.len - j0);
+    std::fill(dk_acc, dk_acc + tk * s.dim, 0.0f);
+    std::fill(dv_acc, dv_acc + tk * s.dim, 0.0f);
+    for (int64_t i0 = 0; i0 < s.len; i0 += kCpuQueryTile) {
+      const int64_t tq = std::min(kCpuQueryTile, s.len - i0);
+      tile.q_rows = q + i0 * s.dim;
+      tile.i0 = i0;
+      tile.j0 = j0;
+      tile.tq = tq;
+      tile.tk = tk;
+      score_tile(tile, s, probs);
+      for (int64_t r = 0; r < tq; ++r) {
+        float* prow = probs + r * kCpuKeyTile;
+        const float row_lse = lse[i0 + r];
+        // P in fp32 from the forward's lse; a fully masked row (lse -inf) has P = 0.
+        if (row_lse == kNegInf) {
+          std::fill(prow, prow + tk, 0.0f);
+        } else {
+          for (int64_t c = 0; c < tk; ++c) prow[c] = std::exp(prow[c] - row_lse);
+        }
+      }
+      for (int64_t r = 0; r < tq; ++r) {
+        const float* prow = probs + r * kCpuKeyTile;
+        const float* go = dout + (i0 + r) * s.dim;
+        float* dsrow = dscores + r * kCpuKeyTile;
+        // dV_j += P_ij dO_i.
+        for (int64_t c = 0; c < tk; ++c) {
+          const float prob = prow[c];
+          if (prob == 0.0f) continue;
+          float* dv = dv_acc + c * s.dim;
+          for (int64_t d = 0; d < s.dim; ++d) dv[d] += prob * go[d];
+        }
+        // dP_ij = <dO_i, V_j>, then dS_ij = P_ij (dP_ij - D_i).
+        std::fill(dsrow, dsrow + tk, 0.0f);
+        for (int64_t d = 0; d < s.dim; ++d) {
+          const float g = go[d];
+          const float* vt = v_t + d * s.len + j0;
+          for (int64_t c = 0; c < tk; ++c) dsrow[c] += g * vt[c];
+        }
+        const float delta = row_delta[i0 + r];
+        for (int64_t c = 0; c < tk; ++c) dsrow[c] = prow[c] * (dsrow[c] - delta);
+        // dQ_i += dS_ij K_j (times scale at the end); dK_j += dS_ij (scale Q_i).
+        float* dq = dq_acc + (i0 + r) * s.dim;
+        const float* qs = q + (i0 + r) * s.dim;
+        for (int64_t c = 0; c < tk; ++c) {
+          const float g = dsrow[c];
+          if (g == 0.0f) continue;
+          const float* kr = k + (j0 + c) * s.dim;
+          float* dk = dk_acc + c * s.dim;
+          for (int64_t d = 0; d < s.dim; ++d) dq[d] += g * kr[d];
+          for (int64_t d = 0; d < s.dim; ++d) dk[d] += g * qs[d];
+        }
+        if (dbias1_partial != nullptr) {
+          for (int64_t c = 0; c < tk; ++c) dbias1_partial[j0 + c] += dsrow[c];
+        }
+        if (dbias2_acc != nullptr) {
+          float* acc = dbias2_acc + (i0 + r) * s.len + j0;
+          for (int64_t c = 0; c < tk; ++c) acc[c] += dsrow[c];
+        }
+      }
+    }
+    for (int64_t c = 0; c < tk; ++c) {
+      store_row(p.dk, offset5(p.dk, b, n, j0 + c, h, 0), 1, s.dim, dk_acc + c * s.dim);
+      store_row(p.dv, offset5(p.dv, b, n, j0 + c, h, 0), 1, s.dim, dv_acc + c * s.dim);
+    }
+  }
+  for (int64_t i = 0; i < s.len; ++i) {
+    float* dq = dq_acc + i * s.dim;
+    for (int64_t d = 0; d < s.dim; ++d) dq[d] *= scale;
+    store_row(p.dq, offset5(p.dq, b, n, i, h, 0), 1, s.dim, dq);
+  }
+}
+
+// The whole-call plan of the tiled backward: thread scratch plus the bias-gradient partials.
+struct BackwardPlan {
+  WorkspaceLayout layout;
+  CpuBackwardScratch scratch_plan;
+  size_t scratch_bytes = 0;  // per thread
+  size_t scratch = 0, dbias1_partial = 0, dbias2_partial = 0;
+  int64_t chunks = 0;  // N is split into this many chunks per (b, h) task
+  int threads = 1;
+};
+
+int64_t backward_tasks(const EvoformerShape& s, int64_t chunks) { return s.batch * s.heads * chunks; }
+
+BackwardPlan plan_backward(const EvoformerBackwardParams& p, const EvoformerShape& s) {
+  BackwardPlan r;
+  WorkspaceLayout per_thread;
+  r.scratch_plan = detail::plan_cpu_backward_scratch(s, &per_thread);
+  r.scratch_bytes = per_thread.used_bytes();
+  // Without dbias2 nothing is summed over N, so every (b, n, h) can be its own task.
+  r.chunks = p.dbias2.present() ? detail::cpu_dbias2_chunks(s) : s.n;
+  r.threads = static_cast<int>(
+      std::min<int64_t>(tiled_thread_count(p.options), backward_tasks(s, r.chunks)));
+  r.scratch = r.layout.add<std::byte>(static_cast<int64_t>(r.scratch_bytes) * r.threads);
+  if (p.dbias1.present()) r.dbias1_partial = r.layout.add<float>(s.batch * s.n * s.heads * s.len);
+  if (p.dbias2.present()) {
+    r.dbias2_partial = r.layout.add<float>(r.chunks * s.batch * s.heads * s.len * s.len);
+  }
+  return r;
+}
+
+struct ForwardPlan {
+  WorkspaceLayout layout;
+  CpuForwardScratch scratch_plan;
+  size_t scratch_bytes = 0;
+  size_t scratch = 0;
+  int threads = 1;
+};
+
+ForwardPlan plan_forward(const EvoformerForwardParams& p, const EvoformerShape& s) {
+  ForwardPlan r;
+  WorkspaceLayout per_thread;
+  r.scratch_plan = detail::plan_cpu_forward_scratch(s, &per_thread);
+  r.scratch_bytes = per_thread.used_bytes();
+  r.threads = static_cast<int>(
+      std::min<int64_t>(tiled_thread_count(p.options), s.batch * s.n * s.heads));
+  r.scratch = r.layout.add<std::byte>(static_cast<int64_t>(r.scratch_bytes) * r.threads);
+  return r;
+}
+
+}  // namespace
+
+int tiled_thread_count(const EvoformerOptions& options) {
+  return options.num_threads > 0 ? options.num_threads : std::max(1, omp_get_max_threads());
+}
+
+size_t tiled_forward_workspace_size(const EvoformerForwardParams& p, const EvoformerShape& s) {
+  return plan_forward(p, s).layout.total_bytes();
+}
+
+size_t tiled_backward_workspace_size(const EvoformerBackwardParams& p, const EvoformerShape& s) {
+  return plan_backward(p, s).layout.total_bytes();
+}
+
+void run_tiled_forward(const EvoformerForwardParams& p, const EvoformerShape& s, void* workspace) {
+  const ForwardPlan plan = plan_forward(p, s);
+  const float scale = detail::evoformer_scale(p.options, s.dim);
+  std::byte* scratch = plan.layout.at<std::byte>(workspace, plan.scratch);
+  const int64_t tasks = s.batch * s.n * s.heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan.threads)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t h = t % s.heads, n = (t / s.heads) % s.n, b = t / (s.heads * s.n);
+    void* mine = scratch + static_cast<size_t>(omp_get_thread_num()) * plan.scratch_bytes;
+    forward_task(p, s, scale, b, n, h, plan.scratch_plan, mine);
+  }
+}
+
+void run_tiled_backward(const EvoformerBackwardParams& p, const EvoformerShape& s,
+                        void* workspace) {
+  const BackwardPlan plan = plan_backward(p, s);
+  const float scale = detail::evoformer_scale(p.options, s.dim);
+  std::byte* scratch = plan.layout.at<std::byte>(workspace, plan.scratch);
+  float* dbias1_partial =
+      p.dbias1.present() ? plan.layout.at<float>(workspace, plan.dbias1_partial) : nullptr;
+  float* dbias2_partial =
+      p.dbias2.present() ? plan.layout.at<float>(workspace, plan.dbias2_partial) : nullptr;
+  const int64_t tasks = backward_tasks(s, plan.chunks);
+  const int64_t ll = s.len * s.len;
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(plan.threads)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t h = t % s.heads, c = (t / s.heads) % plan.chunks, b = t / (s.heads * plan.chunks);
+    void* mine = scratch + static_cast<size_t>(omp_get_thread_num()) * plan.scratch_bytes;
+    float* chunk_acc = nullptr;
+    if (dbias2_partial != nullptr) {
+      chunk_acc = dbias2_partial + ((c * s.batch + b) * s.heads + h) * ll;
+      std::fill(chunk_acc, chunk_acc + ll, 0.0f);
+    }
+    const int64_t n_begin = c * s.n / plan.chunks, n_end = (c + 1) * s.n / plan.chunks;
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      float* slice_dbias1 = nullptr;
+      if (dbias1_partial != nullptr) {
+        slice_dbias1 = dbias1_partial + ((b * s.n + n) * s.heads + h) * s.len;
+        std::fill(slice_dbias1, slice_dbias1 + s.len, 0.0f);
+      }
+      backward_slice(p, s, scale, b, n, h, plan.scratch_plan, mine, slice_dbias1, chunk_acc);
+    }
+  }
+
+  // dbias1[b, n, j] = sum over heads of the per-head partials, heads in order.
+  if (dbias1_partial != nullptr) {
+#pragma omp parallel for schedule(static) num_threads(plan.threads)
+    for (int64_t bn = 0; bn < s.batch * s.n; ++bn) {
+      float* sum = dbias1_partial + bn * s.heads * s.len;  // head 0's partial becomes the sum
+      for (int64_t h = 1; h < s.heads; ++h) {
+        const float* part = sum + h * s.len;
+        for (int64_t j = 0; j < s.len; ++j) sum[j] += part[j];
+      }
+      const int64_t b = bn / s.n, n = bn % s.n;
+      store_row(p.dbias1, offset5(p.dbias1, b, n, 0, 0, 0), p.dbias1.strides[4], s.len, sum);
+    }
+  }
+  // dbias2[b, 0, h, i, :] = sum over chunks of the chunk partials, chunks in order.
+  if (dbias2_partial != nullptr) {
+    const int64_t rows = s.batch * s.heads * s.len;
+    const int64_t chunk_stride = s.batch * s.heads * ll;
+#pragma omp parallel for schedule(static) num_threads(plan.threads)
+    for (int64_t row = 0; row < rows; ++row) {
+      float* sum = dbias2_partial + row * s.len;  // chunk 0's row becomes the sum
+      for (int64_t c = 1; c < plan.chunks; ++c) {
+        const float* part = sum + c * chunk_stride;
+        for (int64_t j = 0; j < s.len; ++j) sum[j] += part[j];
+      }
+      const int64_t i = row % s.len, h = (row / s.len) % s.heads, b = row / (s.len * s.heads);
+      store_row(p.dbias2, offset5(p.dbias2, b, 0, h, i, 0), 1, s.len, sum);
+    }
+  }
+}
+
+}  // namespace sciattn::cpu
