@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs the whole sciattn test suite on this machine, as CI does:
+#   1. the `cpu` preset: build, then every cpu-labelled test (library suites, the examples, the
+#      command-line program), then `sciattn demo`;
+#   2. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
+#      skipped with a message when nvcc is absent);
+#   3. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan.
+# Installs missing build dependencies first (scripts/setup.sh --deps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/setup.sh --deps
+
+echo "== cpu preset: build and test"
+cmake --preset cpu >/dev/null
+cmake --build --preset cpu -j "$jobs"
+ctest --preset cpu -j "$jobs"
+
+echo "== sciattn demo"
+build/cpu/tools/sciattn demo
+
+echo "== cuda preset: compile only"
+if command -v nvcc >/dev/null 2>&1; then
+  cmake --preset cuda >/dev/null
+  cmake --build --preset cuda -j "$jobs"
+else
+  echo "nvcc not found: skipping the cuda preset (install the CUDA toolkit to compile kernels)"
+fi
+
+echo "== asan preset: build and test"
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$jobs"
+ctest --preset asan -j "$jobs"
+
+echo "== all tests passed"

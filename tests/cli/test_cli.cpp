@@ -1,0 +1,111 @@
+// Tests of the `sciattn` command-line program: it runs, reports errors below tolerance, and
+// answers bad flags with usage and a non-zero exit. Runs the built binary as a user would.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CommandResult run_cli(const std::string& args) {
+  const std::string command = std::string(SCIATTN_CLI_PATH) + " " + args + " 2>&1";
+  CommandResult r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// Output of a --json command may be preceded by notes on stderr; the JSON starts at '['.
+nlohmann::json parse_json_output(const std::string& output) {
+  const size_t start = output.find('[');
+  EXPECT_NE(start, std::string::npos) << output;
+  return nlohmann::json::parse(output.substr(start == std::string::npos ? 0 : start));
+}
+
+void expect_all_passed(const nlohmann::json& runs, size_t expected_runs) {
+  ASSERT_TRUE(runs.is_array());
+  EXPECT_EQ(runs.size(), expected_runs);
+  for (const auto& run : runs) {
+    SCOPED_TRACE(run.dump());
+    ASSERT_TRUE(run.contains("max_relative_error"));
+    EXPECT_TRUE(run["passed"].get<bool>());
+    EXPECT_LE(run["max_relative_error"].get<double>(), run["tolerance"].get<double>());
+    EXPECT_GT(run["forward_ms"].get<double>(), 0.0);
+    EXPECT_GT(run["forward_extra_bytes"].get<double>(), 0.0);
+  }
+}
+
+TEST(Cli, DemoRunsEveryFormBelowTolerance) {
+  const CommandResult r = run_cli("demo --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json runs = parse_json_output(r.output);
+  expect_all_passed(runs, 4);
+  for (const auto& run : runs) EXPECT_TRUE(run.contains("backward_ms")) << run.dump();
+}
+
+TEST(Cli, DemoPrintsATable) {
+  const CommandResult r = run_cli("demo --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* form : {"MSA row", "MSA column", "triangle start", "triangle end"}) {
+    EXPECT_NE(r.output.find(form), std::string::npos) << form << "\n" << r.output;
+  }
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+}
+
+TEST(Cli, EvoformerOneConfigurationEveryDtype) {
+  for (const char* dtype : {"f32", "f16", "bf16"}) {
+    const CommandResult r = run_cli(std::string("evoformer --batch 2 --n 3 --len 17 --heads 2 "
+                                                "--dim 24 --backward --repeat 1 --json --dtype ") +
+                                    dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_all_passed(parse_json_output(r.output), 1);
+  }
+}
+
+TEST(Cli, EvoformerBoolMaskTransposedNoBias2) {
+  const CommandResult r = run_cli(
+      "evoformer --n 5 --len 5 --heads 3 --dim 8 --bool-mask --no-bias2 --transposed --backward "
+      "--repeat 1 --threads 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_all_passed(parse_json_output(r.output), 1);
+}
+
+TEST(Cli, BadFlagExitsNonZeroWithUsage) {
+  for (const char* args : {"evoformer --bogus", "evoformer --len 0", "evoformer --dtype f64",
+                           "demo --device tpu", "nonsense", ""}) {
+    SCOPED_TRACE(args);
+    const CommandResult r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << r.output;
+  }
+}
+
+TEST(Cli, HelpOnEveryCommand) {
+  for (const char* args : {"--help", "demo --help", "evoformer --help", "layout --help"}) {
+    SCOPED_TRACE(args);
+    const CommandResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << r.output;
+  }
+}
+
+TEST(Cli, ConflictingFlagsAreExplained) {
+  const CommandResult r = run_cli("evoformer --no-bias1 --bool-mask");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--bool-mask"), std::string::npos) << r.output;
+}
+
+}  // namespace
