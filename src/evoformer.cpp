@@ -3,10 +3,14 @@
 #include "sciattn/evoformer.h"
 
 #include <string>
+#include <type_traits>
 
 #include "common/evoformer_checks.h"
 #include "cpu/evoformer_reference.h"
 #include "cpu/evoformer_tiled.h"
+#ifdef SCIATTN_WITH_CUDA
+#include "cuda/evoformer_cuda.h"
+#endif
 
 namespace sciattn {
 namespace {
@@ -20,16 +24,22 @@ Status report(Status status, std::string* why) {
   return status;
 }
 
-// CUDA tensors: until the kernels exist (issue 4), say so clearly.
-Status cuda_not_available() {
-  if (!built_with_cuda()) {
-    return Status::not_supported(
-        "the tensors are on a CUDA device but this build of sciattn has no CUDA support; "
-        "configure with the `cuda` or `gpu` preset (SCIATTN_WITH_CUDA=ON), or pass CPU tensors");
+// CUDA tensors: what this build's kernels accept, or a clear "not in this build".
+template <typename Params>
+Status check_cuda(const Params& p, const detail::EvoformerShape& s) {
+#ifdef SCIATTN_WITH_CUDA
+  if constexpr (std::is_same_v<Params, EvoformerForwardParams>) {
+    return cuda::check_evoformer_forward_cuda(p, s);
+  } else {
+    return cuda::check_evoformer_backward_cuda(p, s);
   }
+#else
+  (void)p;
+  (void)s;
   return Status::not_supported(
-      "Evoformer attention has no CUDA kernels in this version yet (they are planned); pass CPU "
-      "tensors to run it on the CPU");
+      "the tensors are on a CUDA device but this build of sciattn has no CUDA support; "
+      "configure with the `cuda` or `gpu` preset (SCIATTN_WITH_CUDA=ON), or pass CPU tensors");
+#endif
 }
 
 Status check_reference_size(const EvoformerOptions& o, const detail::EvoformerShape& s) {
@@ -63,7 +73,7 @@ Status can_implement(const EvoformerForwardParams& p, std::string* why) {
   detail::EvoformerShape s;
   Status status = detail::check_evoformer_forward(p, &s);
   if (status.ok()) status = check_reference_size(p.options, s);
-  if (status.ok() && p.q.device == Device::kCuda) status = cuda_not_available();
+  if (status.ok() && p.q.device == Device::kCuda) status = check_cuda(p, s);
   return report(status, why);
 }
 
@@ -71,13 +81,14 @@ Status can_implement(const EvoformerBackwardParams& p, std::string* why) {
   detail::EvoformerShape s;
   Status status = detail::check_evoformer_backward(p, &s);
   if (status.ok()) status = check_reference_size(p.options, s);
-  if (status.ok() && p.q.device == Device::kCuda) status = cuda_not_available();
+  if (status.ok() && p.q.device == Device::kCuda) status = check_cuda(p, s);
   return report(status, why);
 }
 
 size_t workspace_size(const EvoformerForwardParams& p) {
   detail::EvoformerShape s;
   if (!can_implement(p).ok() || !detail::check_evoformer_forward(p, &s).ok()) return 0;
+  if (p.q.device == Device::kCuda) return 0;  // the forward kernel needs no scratch
   return p.options.cpu_algorithm == EvoformerCpuAlgorithm::kReference
              ? cpu::reference_forward_workspace_size(s)
              : cpu::tiled_forward_workspace_size(p, s);
@@ -86,19 +97,25 @@ size_t workspace_size(const EvoformerForwardParams& p) {
 size_t workspace_size(const EvoformerBackwardParams& p) {
   detail::EvoformerShape s;
   if (!can_implement(p).ok() || !detail::check_evoformer_backward(p, &s).ok()) return 0;
+#ifdef SCIATTN_WITH_CUDA
+  if (p.q.device == Device::kCuda) return cuda::evoformer_backward_workspace_size_cuda(p, s);
+#endif
   return p.options.cpu_algorithm == EvoformerCpuAlgorithm::kReference
              ? cpu::reference_backward_workspace_size(s)
              : cpu::tiled_backward_workspace_size(p, s);
 }
 
 Status run(const EvoformerForwardParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = check_workspace(p, workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::EvoformerShape s;
   detail::check_evoformer_forward(p, &s);
+#ifdef SCIATTN_WITH_CUDA
+  if (p.q.device == Device::kCuda) return cuda::run_evoformer_forward_cuda(p, s, stream);
+#endif
   if (p.options.cpu_algorithm == EvoformerCpuAlgorithm::kReference) {
     cpu::run_reference_forward(p, s, workspace);
   } else {
@@ -108,13 +125,16 @@ Status run(const EvoformerForwardParams& p, void* workspace, size_t workspace_by
 }
 
 Status run(const EvoformerBackwardParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = check_workspace(p, workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::EvoformerShape s;
   detail::check_evoformer_backward(p, &s);
+#ifdef SCIATTN_WITH_CUDA
+  if (p.q.device == Device::kCuda) return cuda::run_evoformer_backward_cuda(p, s, workspace, stream);
+#endif
   if (p.options.cpu_algorithm == EvoformerCpuAlgorithm::kReference) {
     cpu::run_reference_backward(p, s, workspace);
   } else {

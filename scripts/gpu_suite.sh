@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs the GPU checks and benchmarks on the GPU machine from prebuilt binaries (built here with
+# the `gpu` preset and carried in .carry/, because build trees hold absolute paths):
+#   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
+#   Google Benchmark of the kernels, and the peer comparison (bench/compare/evoformer.py).
+# Usage on the GPU machine: scripts/gpu_suite.sh [tests|sanitize|bench|compare|all]...
+# Results go to $OUT (or results/ when OUT is unset).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-results}
+mkdir -p "$out"
+bin=.carry
+what=("$@")
+[ ${#what[@]} -eq 0 ] && what=(all)
+want() { for w in "${what[@]}"; do [ "$w" = "$1" ] || [ "$w" = all ] && return 0; done; return 1; }
+status=0
+
+nvidia-smi -L || true
+if want tests; then
+  echo "== gpu tests"
+  "$bin/test_cuda_device" --gtest_brief=1 || status=1
+  "$bin/test_evoformer_cuda" --gtest_brief=1 2>&1 | tee "$out/test_evoformer_cuda.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want sanitize; then
+  # Small shapes of every instantiation family (both dtypes, head dims 16..128, both directions).
+  filter='Cases/EvoformerCuda.*L17*:Cases/EvoformerCuda.*L1H*:EvoformerCudaEdges.FullyMasked*'
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/test_evoformer_cuda" --gtest_brief=1 \
+      --gtest_filter="$filter" > "$out/sanitizer_$tool.log" 2>&1
+    rc=$?
+    tail -5 "$out/sanitizer_$tool.log"
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+if want bench && [ -x "$bin/bench_evoformer_cuda" ]; then
+  echo "== Google Benchmark"
+  "$bin/bench_evoformer_cuda" --benchmark_out="$out/bench_evoformer_cuda.json" --benchmark_out_format=json \
+    2>&1 | tail -40
+fi
+if want compare; then
+  echo "== peer comparison"
+  PYTHONUNBUFFERED=1 python3 bench/compare/evoformer.py --lib "$bin/libsciattn_capi.so" --out "$out" \
+    2>&1 | tee "$out/compare.log" | tail -40
+fi
+exit $status

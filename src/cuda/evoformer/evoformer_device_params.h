@@ -1,0 +1,58 @@
+// The arguments of the Evoformer CUDA kernels: raw pointers, element strides and sizes, copied by
+// value into each launch. CUDA layer; a plain struct so host code can fill it without nvcc.
+#pragma once
+
+#include <cstdint>
+
+namespace sciattn::cuda {
+
+// Storage type codes of the biases, read at run time (uniform per launch, so no divergence).
+enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
+
+struct EvoformerDeviceParams {
+  // Sizes: Q, K, V are [B, N, L, H, D]; `dim` is the real head dim, the kernel's kHeadDim >= dim.
+  int64_t batch, n, len, heads, dim;
+  float scale;  // multiplies <q, k>
+
+  // Element strides of [B, N, L, H, D] tensors over (B, N, L, H); the D stride is 1.
+  const void* q;
+  int64_t q_stride[4];
+  const void* k;
+  int64_t k_stride[4];
+  const void* v;
+  int64_t v_stride[4];
+  void* out;  // forward: written; backward: read
+  int64_t out_stride[4];
+
+  const void* bias1;  // [B, N, 1, 1, L] strides over (B, N, L)
+  BiasType bias1_type;
+  int64_t bias1_stride[3];
+  const void* bias2;  // [B, 1, H, L, L] strides over (B, H, Lq, Lk)
+  BiasType bias2_type;
+  int64_t bias2_stride[4];
+
+  float* lse;  // [B*N, H, L] strides over (B*N, H, L)
+  int64_t lse_stride[3];
+
+  // Backward only.
+  const void* dout;
+  int64_t dout_stride[4];
+  void* dq;
+  int64_t dq_stride[4];
+  void* dk;
+  int64_t dk_stride[4];
+  void* dv;
+  int64_t dv_stride[4];
+  void* dbias1;  // [B, N, 1, 1, L] in bias1's type, strides over (B, N, L)
+  int64_t dbias1_stride[3];
+  void* dbias2;  // [B, 1, H, L, L] in bias2's type, strides over (B, H, Lq, Lk)
+  int64_t dbias2_stride[4];
+
+  // Workspace regions of the backward (fp32, packed).
+  float* delta;           // [B*N, H, L]: <dO_i, O_i>
+  float* dbias1_partial;  // [B, N, H, L]: sum over query rows of dS, per head
+  float* dbias2_partial;  // [chunks, B, H, L, L]: sum over this chunk's N of dS
+  int64_t dbias2_chunks;  // N is split into this many chunks (1..N)
+};
+
+}  // namespace sciattn::cuda

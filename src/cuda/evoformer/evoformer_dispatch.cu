@@ -1,0 +1,301 @@
+// The one place where Evoformer's runtime values (dtype, head dim) become template arguments of
+// the CUDA kernels, plus the CUDA-specific checks and the backward's workspace use. CUDA layer.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "common/evoformer_cuda_plan.h"
+#include "cuda/evoformer/evoformer_launch.h"
+#include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer_cuda.h"
+
+namespace sciattn::cuda {
+namespace {
+
+BiasType bias_type(const TensorView& t) {
+  if (!t.present()) return BiasType::kNone;
+  switch (t.dtype) {
+    case DType::kF32: return BiasType::kF32;
+    case DType::kF16: return BiasType::kF16;
+    case DType::kBF16: return BiasType::kBF16;
+    case DType::kBool: return BiasType::kBool;
+  }
+  return BiasType::kNone;
+}
+
+void copy_strides(const TensorView& t, int64_t* dst, std::initializer_list<int> dims) {
+  int i = 0;
+  for (int d : dims) dst[i++] = t.present() ? t.strides[d] : 0;
+}
+
+// [B, N, L, H, D] -> strides over (B, N, L, H).
+void qkv_strides(const TensorView& t, int64_t dst[4]) { copy_strides(t, dst, {0, 1, 2, 3}); }
+
+EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& bias1, const TensorView& bias2, const TensorView& out,
+                                    const TensorView& lse, const EvoformerOptions& options,
+                                    const detail::EvoformerShape& s) {
+  EvoformerDeviceParams p{};
+  p.batch = s.batch;
+  p.n = s.n;
+  p.len = s.len;
+  p.heads = s.heads;
+  p.dim = s.dim;
+  p.scale = detail::evoformer_scale(options, s.dim);
+  p.q = q.data;
+  qkv_strides(q, p.q_stride);
+  p.k = k.data;
+  qkv_strides(k, p.k_stride);
+  p.v = v.data;
+  qkv_strides(v, p.v_stride);
+  p.out = out.data;
+  qkv_strides(out, p.out_stride);
+  p.bias1 = bias1.data;
+  p.bias1_type = bias_type(bias1);
+  copy_strides(bias1, p.bias1_stride, {0, 1, 4});
+  p.bias2 = bias2.data;
+  p.bias2_type = bias_type(bias2);
+  copy_strides(bias2, p.bias2_stride, {0, 2, 3, 4});
+  p.lse = static_cast<float*>(lse.data);
+  copy_strides(lse, p.lse_stride, {0, 1, 2});
+  p.dbias2_chunks = 1;
+  return p;
+}
+
+Status device_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16) {
+    return Status::not_supported(std::string("q has dtype ") + dtype_name(dtype) +
+                                 "; the CUDA kernels of this version take f16 or bf16 (f32 runs on the CPU)");
+  }
+  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
+  if (head_dim == 0) {
+    return Status::not_supported("q has head dim D = " + std::to_string(s.dim) +
+                                 "; the CUDA kernels take D from 1 to 128");
+  }
+  bool built = false;
+#define SCIATTN_HAS_DIM(D) built = built || head_dim == D;
+#ifdef SCIATTN_EVOFORMER_HD16
+  SCIATTN_HAS_DIM(16)
+#endif
+#ifdef SCIATTN_EVOFORMER_HD32
+  SCIATTN_HAS_DIM(32)
+#endif
+#ifdef SCIATTN_EVOFORMER_HD64
+  SCIATTN_HAS_DIM(64)
+#endif
+#ifdef SCIATTN_EVOFORMER_HD128
+  SCIATTN_HAS_DIM(128)
+#endif
+#undef SCIATTN_HAS_DIM
+  const bool dtype_built =
+#ifdef SCIATTN_EVOFORMER_F16
+      dtype == DType::kF16 ||
+#endif
+#ifdef SCIATTN_EVOFORMER_BF16
+      dtype == DType::kBF16 ||
+#endif
+      false;
+  if (!built || !dtype_built) {
+    return Status::not_supported("this build has no CUDA kernel for head dim " + std::to_string(head_dim) +
+                                 " and dtype " + dtype_name(dtype) +
+                                 " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES); build with the `gpu` preset");
+  }
+  if (max_ctas > 0x7fffffff) {
+    return Status::not_supported("the problem needs " + std::to_string(max_ctas) +
+                                 " thread blocks, more than one CUDA grid holds (2^31 - 1)");
+  }
+  return Status::ok_status();
+}
+
+// Calls fn.template run<T, kHeadDim>() for the runtime dtype and head dim.
+template <typename Fn>
+cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
+  const int64_t head_dim = detail::cuda_evoformer_head_dim(dim);
+#define SCIATTN_DISPATCH_DIM(T, D) \
+  if (head_dim == D) return fn.template run<T, D>();
+#define SCIATTN_DISPATCH_TYPE(T)                 \
+  SCIATTN_IF_HD16(SCIATTN_DISPATCH_DIM(T, 16))   \
+  SCIATTN_IF_HD32(SCIATTN_DISPATCH_DIM(T, 32))   \
+  SCIATTN_IF_HD64(SCIATTN_DISPATCH_DIM(T, 64))   \
+  SCIATTN_IF_HD128(SCIATTN_DISPATCH_DIM(T, 128))
+#ifdef SCIATTN_EVOFORMER_HD16
+#define SCIATTN_IF_HD16(x) x
+#else
+#define SCIATTN_IF_HD16(x)
+#endif
+#ifdef SCIATTN_EVOFORMER_HD32
+#define SCIATTN_IF_HD32(x) x
+#else
+#define SCIATTN_IF_HD32(x)
+#endif
+#ifdef SCIATTN_EVOFORMER_HD64
+#define SCIATTN_IF_HD64(x) x
+#else
+#define SCIATTN_IF_HD64(x)
+#endif
+#ifdef SCIATTN_EVOFORMER_HD128
+#define SCIATTN_IF_HD128(x) x
+#else
+#define SCIATTN_IF_HD128(x)
+#endif
+#ifdef SCIATTN_EVOFORMER_F16
+  if (dtype == DType::kF16) {
+    SCIATTN_DISPATCH_TYPE(__half)
+  }
+#endif
+#ifdef SCIATTN_EVOFORMER_BF16
+  if (dtype == DType::kBF16) {
+    SCIATTN_DISPATCH_TYPE(__nv_bfloat16)
+  }
+#endif
+#undef SCIATTN_DISPATCH_TYPE
+#undef SCIATTN_DISPATCH_DIM
+  (void)dtype;
+  return cudaErrorInvalidValue;  // unreachable after check_cuda
+}
+
+struct ForwardLauncher {
+  const EvoformerDeviceParams& p;
+  cudaStream_t stream;
+  template <typename T, int D>
+  cudaError_t run() const {
+    return launch_evoformer_forward<T, D>(p, stream);
+  }
+};
+
+struct BackwardLauncher {
+  const EvoformerDeviceParams& p;
+  cudaStream_t stream;
+  template <typename T, int D>
+  cudaError_t run() const {
+    return launch_evoformer_backward<T, D>(p, stream);
+  }
+};
+
+}  // namespace
+
+int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p) {
+  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads * p.batch * p.n;
+}
+int64_t evoformer_dkdv_ctas(const EvoformerDeviceParams& p) {
+  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads * p.batch *
+         p.dbias2_chunks;
+}
+int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p) { return evoformer_forward_ctas(p); }
+
+Status check_evoformer_forward_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s) {
+  const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
+  return check_cuda(p.q.dtype, s, blocks * s.heads * s.batch * s.n);
+}
+
+Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s) {
+  const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
+  return check_cuda(p.q.dtype, s, blocks * s.heads * s.batch * s.n);
+}
+
+size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
+                                              const detail::EvoformerShape& s) {
+  return detail::plan_cuda_backward(s, p.dbias1.present(), p.dbias2.present()).layout.total_bytes();
+}
+
+Status run_evoformer_forward_cuda(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
+                                  Stream stream) {
+  const EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
+                                                params.out, params.lse, params.options, s);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  return device_status(dispatch(params.q.dtype, s.dim, ForwardLauncher{p, cuda_stream}),
+                       "Evoformer forward kernel launch");
+}
+
+Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
+                                   void* workspace, Stream stream) {
+  EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
+                                          params.out, params.lse, params.options, s);
+  p.dout = params.dout.data;
+  qkv_strides(params.dout, p.dout_stride);
+  p.dq = params.dq.data;
+  qkv_strides(params.dq, p.dq_stride);
+  p.dk = params.dk.data;
+  qkv_strides(params.dk, p.dk_stride);
+  p.dv = params.dv.data;
+  qkv_strides(params.dv, p.dv_stride);
+  p.dbias1 = params.dbias1.data;
+  copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
+  p.dbias2 = params.dbias2.data;
+  copy_strides(params.dbias2, p.dbias2_stride, {0, 2, 3, 4});
+  const detail::CudaBackwardWorkspace w =
+      detail::plan_cuda_backward(s, params.dbias1.present(), params.dbias2.present());
+  p.delta = w.layout.at<float>(workspace, w.delta);
+  p.dbias1_partial = params.dbias1.present() ? w.layout.at<float>(workspace, w.dbias1_partial) : nullptr;
+  p.dbias2_partial = params.dbias2.present() ? w.layout.at<float>(workspace, w.dbias2_partial) : nullptr;
+  p.dbias2_chunks = w.chunks;
+
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  cudaError_t e = params.q.dtype == DType::kF16 ? launch_evoformer_backward_delta<__half>(p, cuda_stream)
+                                                 : launch_evoformer_backward_delta<__nv_bfloat16>(p, cuda_stream);
+  if (e != cudaSuccess) return device_status(e, "Evoformer backward (delta) kernel launch");
+  e = dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
+  if (e != cudaSuccess) return device_status(e, "Evoformer backward kernel launch");
+  if (p.dbias1 != nullptr || p.dbias2 != nullptr) {
+    e = launch_evoformer_backward_dbias_reduce(p, cuda_stream);
+  }
+  return device_status(e, "Evoformer backward (bias reduction) kernel launch");
+}
+
+// ---- dtype-generic kernels and launchers ----
+
+// dbias1[b, n, j] = sum over heads of dbias1_partial; dbias2[b, h, i, j] = sum over chunks of
+// dbias2_partial; both in a fixed order.
+__global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p) {
+  const int64_t d1 = p.dbias1 != nullptr ? p.batch * p.n * p.len : 0;
+  const int64_t d2 = p.dbias2 != nullptr ? p.batch * p.heads * p.len * p.len : 0;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < d1 + d2;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    if (e < d1) {
+      const int64_t j = e % p.len, bn = e / p.len, b = bn / p.n, n = bn % p.n;
+      float sum = 0.0f;
+      for (int64_t h = 0; h < p.heads; ++h) sum += p.dbias1_partial[(bn * p.heads + h) * p.len + j];
+      store_bias(p.dbias1, p.bias1_type, b * p.dbias1_stride[0] + n * p.dbias1_stride[1] + j * p.dbias1_stride[2],
+                 sum);
+    } else {
+      const int64_t x = e - d1;
+      const int64_t j = x % p.len, i = (x / p.len) % p.len, bh = x / (p.len * p.len);
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      float sum = 0.0f;
+      const int64_t chunk_stride = p.batch * p.heads * p.len * p.len;
+      for (int64_t c = 0; c < p.dbias2_chunks; ++c) sum += p.dbias2_partial[c * chunk_stride + x];
+      store_bias(p.dbias2, p.bias2_type,
+                 b * p.dbias2_stride[0] + h * p.dbias2_stride[1] + i * p.dbias2_stride[2] + j * p.dbias2_stride[3],
+                 sum);
+    }
+  }
+}
+
+
+template <typename T>
+cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.n * p.len * p.heads;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((rows + threads - 1) / threads, int64_t{132} * 16);
+  evoformer_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+template cudaError_t launch_evoformer_backward_delta<__half>(const EvoformerDeviceParams&, cudaStream_t);
+template cudaError_t launch_evoformer_backward_delta<__nv_bfloat16>(const EvoformerDeviceParams&, cudaStream_t);
+
+cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p, cudaStream_t stream) {
+  const int threads = 256;
+  const int64_t elements = (p.dbias1 ? p.batch * p.n * p.len : 0) + (p.dbias2 ? p.batch * p.heads * p.len * p.len : 0);
+  const int64_t blocks = std::min<int64_t>((elements + threads - 1) / threads, int64_t{132} * 16);
+  if (blocks == 0) return cudaSuccess;
+  evoformer_bwd_dbias_reduce_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,29 @@
+// Launchers of the Evoformer kernels, one explicit instantiation per (dtype, head dim) in its own
+// generated .cu file. CUDA layer (host code; included by the dispatch and the instances).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/evoformer/evoformer_device_params.h"
+
+namespace sciattn::cuda {
+
+// T is __half or __nv_bfloat16; kHeadDim is the instantiated (padded) head dim.
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream);
+
+// dK/dV (with the bias partials) and dQ; delta must already be in p.delta.
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream);
+
+// The dtype-generic pieces of the backward.
+template <typename T>
+cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t stream);
+cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p, cudaStream_t stream);
+
+// CTAs of each kernel (also used to reject shapes whose 1-D grid would pass 2^31 - 1).
+int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p);
+int64_t evoformer_dkdv_ctas(const EvoformerDeviceParams& p);
+int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p);
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,41 @@
+// The bodies of the per-instantiation launchers (see evoformer_launch.h). CUDA layer.
+#pragma once
+
+#include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_fwd_kernel.cuh"
+#include "cuda/evoformer/evoformer_launch.h"
+
+namespace sciattn::cuda {
+
+// Launches `kernel` on a 1-D grid with `smem_bytes` of dynamic shared memory, raising the
+// kernel's shared-memory limit first when it needs more than the default 48 KiB.
+template <typename Kernel>
+cudaError_t launch_1d(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
+                      const EvoformerDeviceParams& p, cudaStream_t stream) {
+  if (ctas == 0) return cudaSuccess;
+  if (smem_bytes > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {
+  return launch_1d(evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p), EvoformerFwdTile::kThreads,
+                   sizeof(EvoformerFwdSmem<T, kHeadDim>), p, stream);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream) {
+  const size_t smem = sizeof(EvoformerBwdSmem<T, kHeadDim>);
+  cudaError_t e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
+                            EvoformerBwdTile::kThreads, smem, p, stream);
+  if (e != cudaSuccess) return e;
+  return launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p), EvoformerBwdTile::kThreads,
+                   smem, p, stream);
+}
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,260 @@
+// Evoformer attention on the GPU (label gpu): the CUDA kernels against the fp64 oracle with the
+// tolerance rule (the CPU reference gives lowp_ref), on the cases of the CPU suites plus the
+// GPU's own (every padded head dim, B*N > 65535, fully masked rows); bitwise determinism; every
+// output element written (outputs are NaN-poisoned). Each test skips without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cpu/evoformer_test_util.h"
+#include "sciattn/device.h"
+
+namespace sciattn::test {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+// A device copy of a HostTensor's whole storage, and the matching device view.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(const HostTensor& h) {
+    if (!h.present()) return;
+    bytes_ = h.storage_bytes();
+    EXPECT_EQ(cudaMalloc(&base_, bytes_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(base_, h.base(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    view_ = h.view();
+    view_.data = static_cast<std::byte*>(base_) +
+                 (static_cast<const std::byte*>(h.data()) - h.base());
+    view_.device = Device::kCuda;
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  ~DeviceCopy() { cudaFree(base_); }
+  const TensorView& view() const { return view_; }
+  void copy_to(HostTensor& h) const {
+    if (base_ != nullptr) {
+      ASSERT_EQ(cudaMemcpy(h.base(), base_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  TensorView view_{};
+};
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) {
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+    }
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void* ptr = nullptr;
+};
+
+// One GPU forward + backward of a case: the outputs copied back to the host.
+struct GpuResult {
+  Status forward_status, backward_status;
+  HostTensor out, lse, dq, dk, dv, dbias1, dbias2;
+};
+
+GpuResult run_gpu(const EvoInputs& in, bool want_dbias1, bool want_dbias2) {
+  const EvoConfig& cfg = in.cfg;
+  GpuResult r;
+  DeviceCopy q(in.q), k(in.k), v(in.v), bias1(in.bias1), bias2(in.bias2), dout(in.dout);
+  r.out = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  r.lse = HostTensor::packed(DType::kF32, cfg.shape.lse());
+  DeviceCopy out(r.out), lse(r.lse);
+  EvoformerForwardParams f;
+  f.q = q.view();
+  f.k = k.view();
+  f.v = v.view();
+  f.bias1 = bias1.view();
+  f.bias2 = bias2.view();
+  f.out = out.view();
+  f.lse = lse.view();
+  f.options.scale = cfg.scale;
+  r.forward_status = run(f, nullptr, workspace_size(f));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out.copy_to(r.out);
+  lse.copy_to(r.lse);
+  if (!r.forward_status.ok()) return r;
+
+  r.dq = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  r.dk = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  r.dv = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  if (want_dbias1) r.dbias1 = make_tensor(in.bias1.dtype(), cfg.shape.bias1(), cfg.out_layout);
+  if (want_dbias2) r.dbias2 = make_tensor(in.bias2.dtype(), cfg.shape.bias2(), cfg.out_layout);
+  DeviceCopy dq(r.dq), dk(r.dk), dv(r.dv), dbias1(r.dbias1), dbias2(r.dbias2);
+  EvoformerBackwardParams b;
+  b.q = f.q;
+  b.k = f.k;
+  b.v = f.v;
+  b.bias1 = f.bias1;
+  b.bias2 = f.bias2;
+  b.out = f.out;
+  b.lse = f.lse;
+  b.dout = dout.view();
+  b.dq = dq.view();
+  b.dk = dk.view();
+  b.dv = dv.view();
+  b.dbias1 = dbias1.view();
+  b.dbias2 = dbias2.view();
+  b.options = f.options;
+  const size_t ws_bytes = workspace_size(b);
+  DeviceBuffer ws(ws_bytes);
+  r.backward_status = run(b, ws.ptr, ws_bytes);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dq.copy_to(r.dq);
+  dk.copy_to(r.dk);
+  dv.copy_to(r.dv);
+  dbias1.copy_to(r.dbias1);
+  dbias2.copy_to(r.dbias2);
+  return r;
+}
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  if (a.present() != b.present()) return false;
+  return !a.present() || std::memcmp(a.base(), b.base(), a.storage_bytes()) == 0;
+}
+
+// The whole check of one case: GPU vs fp64 oracle with the CPU reference as lowp_ref, and the
+// GPU run twice giving identical bytes.
+void check_case(const EvoConfig& cfg) {
+  SCOPED_TRACE(cfg.str());
+  const EvoInputs in = make_inputs(cfg);
+  const bool want_dbias1 = in.bias1.present() && in.bias1.dtype() != DType::kBool;
+  const bool want_dbias2 = in.bias2.present();
+  const NaiveProblem naive = to_naive(in);
+  const NaiveForward f64 = naive_forward(naive);
+  const NaiveGrads g64 = naive_backward(naive, in.dout.values());
+  const ForwardRun fref = run_forward(in, EvoformerCpuAlgorithm::kReference);
+  ASSERT_TRUE(fref.status.ok()) << fref.status.to_string();
+  const BackwardRun bref = run_backward(in, fref.out, fref.lse, EvoformerCpuAlgorithm::kReference, 0,
+                                        want_dbias1, want_dbias2);
+  ASSERT_TRUE(bref.status.ok()) << bref.status.to_string();
+
+  const GpuResult gpu = run_gpu(in, want_dbias1, want_dbias2);
+  ASSERT_TRUE(gpu.forward_status.ok()) << gpu.forward_status.to_string();
+  ASSERT_TRUE(gpu.backward_status.ok()) << gpu.backward_status.to_string();
+  EXPECT_TRUE(within_tolerance("out", gpu.out.values(), fref.out.values(), f64.out, cfg.dtype));
+  EXPECT_TRUE(within_tolerance("lse", gpu.lse.values(), fref.lse.values(), f64.lse, cfg.dtype));
+  EXPECT_TRUE(within_tolerance("dq", gpu.dq.values(), bref.dq.values(), g64.dq, cfg.dtype));
+  EXPECT_TRUE(within_tolerance("dk", gpu.dk.values(), bref.dk.values(), g64.dk, cfg.dtype));
+  EXPECT_TRUE(within_tolerance("dv", gpu.dv.values(), bref.dv.values(), g64.dv, cfg.dtype));
+  if (want_dbias1) {
+    EXPECT_TRUE(within_tolerance("dbias1", gpu.dbias1.values(), bref.dbias1.values(), g64.dbias1,
+                                 in.bias1.dtype()));
+  }
+  if (want_dbias2) {
+    EXPECT_TRUE(within_tolerance("dbias2", gpu.dbias2.values(), bref.dbias2.values(), g64.dbias2,
+                                 in.bias2.dtype()));
+  }
+
+  const GpuResult again = run_gpu(in, want_dbias1, want_dbias2);
+  EXPECT_TRUE(same_bytes(gpu.out, again.out)) << "out differs between two runs";
+  EXPECT_TRUE(same_bytes(gpu.lse, again.lse)) << "lse differs between two runs";
+  EXPECT_TRUE(same_bytes(gpu.dq, again.dq)) << "dq differs between two runs";
+  EXPECT_TRUE(same_bytes(gpu.dk, again.dk)) << "dk differs between two runs";
+  EXPECT_TRUE(same_bytes(gpu.dv, again.dv)) << "dv differs between two runs";
+  EXPECT_TRUE(same_bytes(gpu.dbias1, again.dbias1)) << "dbias1 differs between two runs";
+  EXPECT_TRUE(same_bytes(gpu.dbias2, again.dbias2)) << "dbias2 differs between two runs";
+}
+
+// The CPU suites' cases in f16 and bf16 (the kernels' dtypes).
+std::vector<EvoConfig> gpu_cases() {
+  std::vector<EvoConfig> cases;
+  for (const EvoConfig& c : all_cases(kBaseSeed + 50000, /*backward=*/true)) {
+    if (c.dtype != DType::kF32) cases.push_back(c);
+  }
+  // Every head dim the kernels pad (8 -> 16, 24 -> 32, 96 -> 128) and the instantiated ones, at
+  // lengths that are not tile multiples.
+  uint64_t seed = kBaseSeed + 60000;
+  for (int64_t D : {8, 16, 24, 32, 64, 96, 128}) {
+    for (int64_t L : {1, 17, 300}) {
+      EvoConfig c;
+      c.shape = {1, L == 300 ? 1 : 3, L, 2, D};
+      c.dtype = (D + L) % 2 == 0 ? DType::kBF16 : DType::kF16;
+      c.bias1 = Bias1Kind::kF32;
+      c.bias2 = Bias2Kind::kSameAsQ;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  // Several key and query tiles with triangle-attention head counts.
+  EvoConfig tri;
+  tri.shape = {1, 3, 200, 4, 32};
+  tri.dtype = DType::kBF16;
+  tri.bias1 = Bias1Kind::kBool;
+  tri.bias2 = Bias2Kind::kSameAsQ;
+  tri.in_layout = Layout::kTransposedNL;
+  tri.seed = seed++;
+  cases.push_back(tri);
+  return cases;
+}
+
+class EvoformerCuda : public ::testing::TestWithParam<EvoConfig> {};
+
+TEST_P(EvoformerCuda, MatchesOracleAndIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  check_case(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, EvoformerCuda, ::testing::ValuesIn(gpu_cases()), CaseName());
+
+TEST(EvoformerCudaEdges, BatchTimesNAbove65535) {
+  SKIP_WITHOUT_GPU();
+  EvoConfig c;
+  c.shape = {2, 33000, 3, 1, 8};  // B*N = 66000 > 65535, DeepSpeed's grid limit
+  c.dtype = DType::kBF16;
+  c.bias1 = Bias1Kind::kSameAsQ;
+  c.bias2 = Bias2Kind::kSameAsQ;
+  c.seed = kBaseSeed + 70000;
+  check_case(c);
+}
+
+TEST(EvoformerCudaEdges, FullyMaskedRowsGiveZeroNotNaN) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    EvoConfig c;
+    c.shape = {1, 4, 70, 2, 32};
+    c.dtype = dt;
+    c.bias1 = Bias1Kind::kBool;
+    c.bias2 = Bias2Kind::kSameAsQ;
+    c.mask_false_fraction = 1.0;  // every key of every row masked
+    c.seed = kBaseSeed + 70001;
+    check_case(c);
+    // And mostly masked: some rows of some n keep a key or two.
+    c.mask_false_fraction = 0.97;
+    c.seed = kBaseSeed + 70002;
+    check_case(c);
+  }
+}
+
+TEST(EvoformerCudaEdges, Float32SaysItRunsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  EvoConfig c;
+  c.shape = {1, 1, 8, 1, 8};
+  c.dtype = DType::kF32;
+  const EvoInputs in = make_inputs(c);
+  const GpuResult r = run_gpu(in, false, false);
+  EXPECT_EQ(r.forward_status.code(), StatusCode::kNotSupported);
+  EXPECT_NE(r.forward_status.message().find("f32"), std::string::npos) << r.forward_status.message();
+}
+
+TEST(EvoformerCudaEdges, HeadDimAbove128IsRejectedClearly) {
+  SKIP_WITHOUT_GPU();
+  EvoConfig c;
+  c.shape = {1, 1, 8, 1, 160};
+  c.dtype = DType::kBF16;
+  const EvoInputs in = make_inputs(c);
+  const GpuResult r = run_gpu(in, false, false);
+  EXPECT_EQ(r.forward_status.code(), StatusCode::kNotSupported);
+  EXPECT_NE(r.forward_status.message().find("128"), std::string::npos) << r.forward_status.message();
+}
+
+}  // namespace
+}  // namespace sciattn::test
