@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 out=${OUT:-results}
 mkdir -p "$out"
 bin=.carry
+# Shared libraries the carried binaries need that the GPU machine lacks (Google Benchmark).
+export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 what=("$@")
 [ ${#what[@]} -eq 0 ] && what=(all)
 want() { for w in "${what[@]}"; do [ "$w" = "$1" ] || [ "$w" = all ] && return 0; done; return 1; }

@@ -4,11 +4,18 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <ostream>
 
 namespace sciattn::tools {
 
 void add_demo_command(CLI::App& app);
 void add_evoformer_command(CLI::App& app);
 void add_layout_command(CLI::App& app);
+void add_sparse_command(CLI::App& app);
+
+// The block-sparse section of `sciattn demo` (in cmd_sparse.cpp): a few sparse self-attention
+// runs, printed as a table (or a JSON array) on `out`; errors go to `err`. Returns 0, or 1 when a
+// run failed or exceeded its tolerance.
+int run_sparse_demo(bool json, std::ostream& out, std::ostream& err);
 
 }  // namespace sciattn::tools

@@ -1,4 +1,4 @@
-// The `sciattn` command-line program: demo, evoformer, layout. Tools layer.
+// The `sciattn` command-line program: demo, evoformer, layout, sparse. Tools layer.
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   sciattn::tools::add_demo_command(app);
   sciattn::tools::add_evoformer_command(app);
   sciattn::tools::add_layout_command(app);
+  sciattn::tools::add_sparse_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

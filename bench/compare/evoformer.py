@@ -175,6 +175,11 @@ def make_inputs(shape, has_bias2, dtype, seed):
 
 
 def run_shape(sci, name, shape, has_bias2, dtype, seed):
+    global _flex
+    # A fresh compile per shape: FlexAttention recompiles for each new score_mod closure, and
+    # past dynamo's recompile limit it silently falls back to an unfused path.
+    torch._dynamo.reset()
+    _flex = None
     B, N, L, H, D = shape
     scale = 1.0 / math.sqrt(D)
     q, k, v, b1, b2, dout = make_inputs(shape, has_bias2, dtype, seed)
@@ -279,6 +284,9 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA device")
+    torch._dynamo.config.cache_size_limit = 64
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 64
     sci = Sciattn(args.lib)
     os.makedirs(args.out, exist_ok=True)
     rows = []

@@ -22,13 +22,20 @@ struct EvoformerBwdTile {
 template <typename T, int kHeadDim>
 struct EvoformerBwdSmem {
   static constexpr int kPitch = kHeadDim + 8;
-  T a[EvoformerBwdTile::kBlock * kPitch];   // dK/dV kernel: K; dQ kernel: Q
-  T b[EvoformerBwdTile::kBlock * kPitch];   // dK/dV kernel: V; dQ kernel: dO
-  T c[EvoformerBwdTile::kBlock * kPitch];   // the streamed tile: Q or K
-  T d[EvoformerBwdTile::kBlock * kPitch];   // the streamed tile: dO or V
-  float lse_log2[EvoformerBwdTile::kBlock];  // lse * log2(e) of the streamed query rows
-  float delta[EvoformerBwdTile::kBlock];
+  static constexpr int kTile = EvoformerBwdTile::kBlock * kPitch;
+  T a[kTile];     // dK/dV kernel: K of this n; dQ kernel: Q
+  T b[kTile];     // dK/dV kernel: V of this n; dQ kernel: dO
+  T c[2][kTile];  // the streamed tile, double-buffered: Q (dK/dV) or K (dQ)
+  T d[2][kTile];  // the streamed tile, double-buffered: dO (dK/dV) or V (dQ)
+  float lse_log2[2][EvoformerBwdTile::kBlock];  // lse * log2(e) of the streamed query rows
+  float delta[2][EvoformerBwdTile::kBlock];
+  // Followed, in the dK/dV kernel with dbias2_in_smem, by the chunk's dbias2 partial
+  // [ceil64(L)][kDbias2Pitch] floats.
 };
+
+// Row pitch of the shared dbias2 partial: with 68 floats, the eight rows 2t (t = 0..3) and the
+// columns g (0..7) that one warp touches per access land in 32 distinct banks.
+constexpr int kDbias2Pitch = 68;
 
 template <typename T>
 __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
@@ -115,24 +122,21 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
   }
 }
 
-// The scaled log2-domain score of (query, key) given the raw dot product, or -inf outside [0, L).
-__device__ __forceinline__ float score_log2(const EvoformerDeviceParams& p, float dot, int64_t query,
-                                            int64_t key, int64_t bias1_base, int64_t bias2_base) {
-  if (query >= p.len || key >= p.len) return kNegInf;
-  float x = dot * (p.scale * kLog2e);
-  if (p.bias1_type != BiasType::kNone) {
-    x += load_bias(p.bias1, p.bias1_type, bias1_base + key * p.bias1_stride[2]) * kLog2e;
-  }
-  if (p.bias2_type != BiasType::kNone) {
-    x += load_bias(p.bias2, p.bias2_type, bias2_base + query * p.bias2_stride[2] + key * p.bias2_stride[3]) *
-         kLog2e;
-  }
-  return x;
-}
-
 // P from the log2 score and the row's lse * log2(e); a fully masked row (lse -inf) gives 0.
 __device__ __forceinline__ float prob_from_log2(float x, float lse_log2) {
   return lse_log2 == kNegInf ? 0.0f : exp2f(x - lse_log2);
+}
+
+// Loads the lse (times log2(e)) and delta of query rows [q0, q0 + 64) into shared memory.
+__device__ __forceinline__ void load_row_stats(float* lse_log2, float* delta, const EvoformerDeviceParams& p,
+                                               int64_t bn, int64_t h, int64_t q0) {
+  for (int r = threadIdx.x; r < EvoformerBwdTile::kBlock; r += EvoformerBwdTile::kThreads) {
+    const int64_t q = q0 + r;
+    const bool valid = q < p.len;
+    lse_log2[r] = valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2]] * kLog2e
+                        : kNegInf;
+    delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + q] : 0.0f;
+  }
 }
 
 template <typename T, int kHeadDim>
@@ -145,6 +149,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+  float* dbias2_smem = p.dbias2_in_smem ? reinterpret_cast<float*>(smem_raw + sizeof(Smem)) : nullptr;
 
   const int64_t key_blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
   int64_t block = blockIdx.x;
@@ -160,24 +165,52 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   const int g = lane / 4, t = lane % 4;
   const int64_t key0 = key_block * Tile::kBlock;
   const int64_t my_keys[2] = {key0 + warp * 16 + g, key0 + warp * 16 + g + 8};
-  const int64_t bias2_base = b * p.bias2_stride[0] + h * p.bias2_stride[1];
-  float* dbias2_acc = p.dbias2_partial == nullptr
-                          ? nullptr
-                          : p.dbias2_partial + ((chunk * p.batch + b) * p.heads + h) * p.len * p.len;
+  const int64_t q_tiles = (p.len + Tile::kBlock - 1) / Tile::kBlock;
+  float* dbias2_global = p.dbias2_partial == nullptr
+                             ? nullptr
+                             : p.dbias2_partial + ((chunk * p.batch + b) * p.heads + h) * p.len * p.len;
+  if (dbias2_smem != nullptr) {
+    for (int64_t e = threadIdx.x; e < q_tiles * Tile::kBlock * kDbias2Pitch; e += Tile::kThreads) dbias2_smem[e] = 0.0f;
+  }
+
+  // bias2 read transposed: the thread's rows are keys, so its "row pointers" are the key columns
+  // and the stride along the tile's columns (queries) is the query stride.
+  const void* bias2_cols[2] = {nullptr, nullptr};
+  if (p.bias2_type != BiasType::kNone) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (my_keys[r] < p.len) {
+        bias2_cols[r] = bias_ptr(p.bias2, p.bias2_type,
+                                 b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_keys[r] * p.bias2_stride[3]);
+      }
+    }
+  }
 
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int64_t bn = b * p.n + n;
-    const int64_t bias1_base = b * p.bias1_stride[0] + n * p.bias1_stride[1];
-    __syncthreads();
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.a, p.k, p.k_stride, b, n, h, key0,
-                                                                 p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.b, p.v, p.v_stride, b, n, h, key0,
-                                                                 p.len, p.dim);
-    __syncthreads();
-    uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
-    load_a_frags<T, kSteps, kPitch>(k_frag, smem.a + warp * 16 * kPitch, g, t);
-    load_a_frags<T, kSteps, kPitch>(v_frag, smem.b + warp * 16 * kPitch, g, t);
+    const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
+    const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h),
+                                                                 key0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h),
+                                                                 key0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len, p.dim);
+    cp_async_commit();
+    load_row_stats(smem.lse_log2[0], smem.delta[0], p, bn, h, 0);
+    // bias1 depends on the key alone: in the transposed tile it is a per-row constant.
+    const void* bias1_keys[2] = {nullptr, nullptr};
+    if (p.bias1_type != BiasType::kNone) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (my_keys[r] < p.len) {
+          bias1_keys[r] = bias_ptr(p.bias1, p.bias1_type,
+                                   b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
+        }
+      }
+    }
 
+    uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
     float dk[kOutTiles][4], dv[kOutTiles][4];
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i)
@@ -185,61 +218,86 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
       for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
     float key_dbias1[2] = {0.0f, 0.0f};  // this thread's share of sum over queries of dS
 
-    for (int64_t q0 = 0; q0 < p.len; q0 += Tile::kBlock) {
-      __syncthreads();
-      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c, p.q, p.q_stride, b, n, h, q0,
-                                                                   p.len, p.dim);
-      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d, p.dout, p.dout_stride, b, n,
-                                                                   h, q0, p.len, p.dim);
-      for (int r = threadIdx.x; r < Tile::kBlock; r += Tile::kThreads) {
-        const int64_t q = q0 + r;
-        smem.lse_log2[r] =
-            q < p.len ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2]] * kLog2e
-                      : kNegInf;
-        smem.delta[r] = q < p.len ? p.delta[(bn * p.heads + h) * p.len + q] : 0.0f;
+    for (int64_t qt = 0; qt < q_tiles; ++qt) {
+      const int buf = static_cast<int>(qt & 1);
+      const int64_t q0 = qt * Tile::kBlock;
+      if (qt + 1 < q_tiles) {
+        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], q_src, q0 + Tile::kBlock,
+                                                                     p.len, p.dim);
+        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], do_src, q0 + Tile::kBlock,
+                                                                     p.len, p.dim);
+        cp_async_commit();
+        load_row_stats(smem.lse_log2[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
       __syncthreads();
+      if (qt == 0) {
+        load_a_frags<T, kSteps, kPitch>(k_frag, smem.a + warp * 16 * kPitch, g, t);
+        load_a_frags<T, kSteps, kPitch>(v_frag, smem.b + warp * 16 * kPitch, g, t);
+      }
+      const T* q_tile = smem.c[buf];
+      const T* do_tile = smem.d[buf];
+      const float* lse_log2 = smem.lse_log2[buf];
+      const float* delta = smem.delta[buf];
 
-      // P^T (16 keys x 64 queries) from S^T = K Q^T.
+      // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units.
       float pt[8][4];
-      mma_rows_t<T, kSteps, kPitch>(pt, k_frag, smem.c, g, t);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.0f;
+      add_bias_tile(p.bias1_type, pt, bias1_keys, 0, q0, p.len, t);
+      add_bias_tile(p.bias2_type, pt, bias2_cols, p.bias2_stride[2], q0, p.len, t);
+      float st[8][4];
+      mma_rows_t<T, kSteps, kPitch>(st, k_frag, q_tile, g, t);
+      const float scale_log2 = p.scale * kLog2e;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int qc = j * 8 + 2 * t + (e % 2);
-          const float x = score_log2(p, pt[j][e], q0 + qc, my_keys[e / 2], bias1_base, bias2_base);
-          pt[j][e] = x == kNegInf ? 0.0f : prob_from_log2(x, smem.lse_log2[qc]);
+          const int qc = j * 8 + 2 * t + (e & 1);
+          const bool valid = my_keys[e >> 1] < p.len && q0 + qc < p.len;
+          const float x = fmaf(st[j][e], scale_log2, pt[j][e]);
+          pt[j][e] = valid ? prob_from_log2(x, lse_log2[qc]) : 0.0f;
         }
       // dV += P^T dO.
-      mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, smem.d, g, t);
+      mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
       // dP^T = V dO^T, then dS^T = P^T (dP^T - delta).
       float ds[8][4];
-      mma_rows_t<T, kSteps, kPitch>(ds, v_frag, smem.d, g, t);
+      mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int qc = j * 8 + 2 * t + (e % 2);
-          ds[j][e] = pt[j][e] * (ds[j][e] - smem.delta[qc]);
-          key_dbias1[e / 2] += ds[j][e];
+          const int qc = j * 8 + 2 * t + (e & 1);
+          ds[j][e] = pt[j][e] * (ds[j][e] - delta[qc]);
+          key_dbias1[e >> 1] += ds[j][e];
         }
       // dK += dS^T Q (times scale when written).
-      mma_acc_tile<T, kOutTiles, kPitch>(dk, ds, smem.c, g, t);
-      // dbias2 partial of this chunk: each element belongs to this thread alone; the first n of
-      // the chunk writes, the others add, in order.
-      if (dbias2_acc != nullptr) {
+      mma_acc_tile<T, kOutTiles, kPitch>(dk, ds, q_tile, g, t);
+      // This chunk's dbias2 partial: each element belongs to this thread alone and the n's of
+      // the chunk are added in order.
+      if (dbias2_smem != nullptr) {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int64_t q = q0 + j * 8 + 2 * t + (e % 2), key = my_keys[e / 2];
+            const int64_t q = q0 + j * 8 + 2 * t + (e & 1);
+            dbias2_smem[q * kDbias2Pitch + warp * 16 + g + 8 * (e >> 1)] += ds[j][e];
+          }
+      } else if (dbias2_global != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t q = q0 + j * 8 + 2 * t + (e & 1), key = my_keys[e >> 1];
             if (q < p.len && key < p.len) {
-              float* cell = dbias2_acc + q * p.len + key;
+              float* cell = dbias2_global + q * p.len + key;
               *cell = (n == n_begin ? 0.0f : *cell) + ds[j][e];
             }
           }
       }
+      __syncthreads();  // the buffers of this tile are refilled next iteration
     }
 
     store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t);
@@ -254,6 +312,16 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
           p.dbias1_partial[((b * p.n + n) * p.heads + h) * p.len + my_keys[r]] = sum;
         }
       }
+    }
+  }
+
+  // The chunk's dbias2 partial, from shared memory to the workspace (coalesced along keys).
+  if (dbias2_smem != nullptr) {
+    __syncthreads();
+    const int64_t keys = min(static_cast<int64_t>(Tile::kBlock), p.len - key0);
+    for (int64_t e = threadIdx.x; e < p.len * Tile::kBlock; e += Tile::kThreads) {
+      const int64_t q = e / Tile::kBlock, k = e % Tile::kBlock;
+      if (k < keys) dbias2_global[q * p.len + key0 + k] = dbias2_smem[q * kDbias2Pitch + k];
     }
   }
 }
@@ -281,54 +349,80 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   const int g = lane / 4, t = lane % 4;
   const int64_t q0 = query_block * Tile::kBlock;
   const int64_t my_rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  const int64_t bias1_base = b * p.bias1_stride[0] + n * p.bias1_stride[1];
-  const int64_t bias2_base = b * p.bias2_stride[0] + h * p.bias2_stride[1];
+  const int64_t k_tiles = (p.len + Tile::kBlock - 1) / Tile::kBlock;
 
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.a, p.q, p.q_stride, b, n, h, q0,
-                                                               p.len, p.dim);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.b, p.dout, p.dout_stride, b, n, h,
+  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
+  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
+  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
                                                                q0, p.len, p.dim);
-  __syncthreads();
-  uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
-  load_a_frags<T, kSteps, kPitch>(q_frag, smem.a + warp * 16 * kPitch, g, t);
-  load_a_frags<T, kSteps, kPitch>(do_frag, smem.b + warp * 16 * kPitch, g, t);
+  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h),
+                                                               q0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], v_src, 0, p.len, p.dim);
+  cp_async_commit();
+
   float lse_log2[2], delta[2];
+  const void* bias1_rows[2] = {nullptr, nullptr};
+  const void* bias2_rows[2] = {nullptr, nullptr};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool valid = my_rows[r] < p.len;
-    lse_log2[r] = valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] *
-                              kLog2e
+    lse_log2[r] = valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] * kLog2e
                         : kNegInf;
     delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
+    if (p.bias1_type != BiasType::kNone) {
+      bias1_rows[r] = bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1]);
+    }
+    if (p.bias2_type != BiasType::kNone && valid) {
+      bias2_rows[r] = bias_ptr(p.bias2, p.bias2_type,
+                               b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
+    }
   }
 
+  uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
   float dq[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  const float scale_log2 = p.scale * kLog2e;
 
-  for (int64_t k0 = 0; k0 < p.len; k0 += Tile::kBlock) {
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const int buf = static_cast<int>(kt & 1);
+    const int64_t k0 = kt * Tile::kBlock;
+    if (kt + 1 < k_tiles) {
+      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], k_src, k0 + Tile::kBlock, p.len,
+                                                                   p.dim);
+      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src, k0 + Tile::kBlock, p.len,
+                                                                   p.dim);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c, p.k, p.k_stride, b, n, h, k0,
-                                                                 p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d, p.v, p.v_stride, b, n, h, k0,
-                                                                 p.len, p.dim);
-    __syncthreads();
-    float pr[8][4], ds[8][4];
-    mma_rows_t<T, kSteps, kPitch>(pr, q_frag, smem.c, g, t);
+    if (kt == 0) {
+      load_a_frags<T, kSteps, kPitch>(q_frag, smem.a + warp * 16 * kPitch, g, t);
+      load_a_frags<T, kSteps, kPitch>(do_frag, smem.b + warp * 16 * kPitch, g, t);
+    }
+    float pr[8][4], dots[8][4], ds[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
+    add_bias_tile(p.bias1_type, pr, bias1_rows, p.bias1_stride[2], k0, p.len, t);
+    add_bias_tile(p.bias2_type, pr, bias2_rows, p.bias2_stride[3], k0, p.len, t);
+    mma_rows_t<T, kSteps, kPitch>(dots, q_frag, smem.c[buf], g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t key = k0 + j * 8 + 2 * t + (e % 2);
-        const float x = score_log2(p, pr[j][e], my_rows[e / 2], key, bias1_base, bias2_base);
-        pr[j][e] = x == kNegInf ? 0.0f : prob_from_log2(x, lse_log2[e / 2]);
+        const bool valid = my_rows[e >> 1] < p.len && k0 + j * 8 + 2 * t + (e & 1) < p.len;
+        pr[j][e] = valid ? prob_from_log2(fmaf(dots[j][e], scale_log2, pr[j][e]), lse_log2[e >> 1]) : 0.0f;
       }
-    mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d, g, t);  // dP = dO V^T
+    mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t);  // dP = dO V^T
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ds[j][e] = pr[j][e] * (ds[j][e] - delta[e / 2]);
-    mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c, g, t);  // dQ += dS K
+      for (int e = 0; e < 4; ++e) ds[j][e] = pr[j][e] * (ds[j][e] - delta[e >> 1]);
+    mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t);  // dQ += dS K
+    __syncthreads();
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t);
 }

@@ -48,6 +48,12 @@ struct EvoformerDeviceParams {
   void* dbias2;  // [B, 1, H, L, L] in bias2's type, strides over (B, H, Lq, Lk)
   int64_t dbias2_stride[4];
 
+  // 1 when 16-byte copies are safe for that tensor's rows: D % 8 == 0, every stride over
+  // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned.
+  int vec_q, vec_k, vec_v, vec_dout;
+  // Backward: 1 when the dK/dV kernel keeps each chunk's dbias2 partial in shared memory.
+  int dbias2_in_smem;
+
   // Workspace regions of the backward (fp32, packed).
   float* delta;           // [B*N, H, L]: <dO_i, O_i>
   float* dbias1_partial;  // [B, N, H, L]: sum over query rows of dS, per head

@@ -32,6 +32,16 @@ void copy_strides(const TensorView& t, int64_t* dst, std::initializer_list<int> 
 // [B, N, L, H, D] -> strides over (B, N, L, H).
 void qkv_strides(const TensorView& t, int64_t dst[4]) { copy_strides(t, dst, {0, 1, 2, 3}); }
 
+// 16-byte copies of whole rows of 8 elements are safe: every row starts 16-byte aligned and D
+// comes in whole 8-element chunks.
+int vectorizable(const TensorView& t) {
+  if (t.sizes[4] % 8 != 0 || reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return 0;
+  for (int d = 0; d < 4; ++d) {
+    if (t.sizes[d] > 1 && t.strides[d] % 8 != 0) return 0;
+  }
+  return 1;
+}
+
 EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, const TensorView& v,
                                     const TensorView& bias1, const TensorView& bias2, const TensorView& out,
                                     const TensorView& lse, const EvoformerOptions& options,
@@ -45,6 +55,9 @@ EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, co
   p.scale = detail::evoformer_scale(options, s.dim);
   p.q = q.data;
   qkv_strides(q, p.q_stride);
+  p.vec_q = vectorizable(q);
+  p.vec_k = vectorizable(k);
+  p.vec_v = vectorizable(v);
   p.k = k.data;
   qkv_strides(k, p.k_stride);
   p.v = v.data;
@@ -219,6 +232,7 @@ Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params, const 
                                           params.out, params.lse, params.options, s);
   p.dout = params.dout.data;
   qkv_strides(params.dout, p.dout_stride);
+  p.vec_dout = vectorizable(params.dout);
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;

@@ -1,5 +1,6 @@
 // The Evoformer attention forward kernel: one CTA per (64 query rows, h, b*n), four warps of 16
 // rows each, streaming over 64-key tiles with an online softmax on tensor cores (m16n8k16).
+// K/V tiles are double-buffered with cp.async, so the next tile loads while this one is used.
 // Writes O and the fp32 log-sum-exp. CUDA layer; instantiated per (dtype, head dim) in generated
 // evoformer_fwd_hd<D>_<dtype>_sm90.cu files.
 #pragma once
@@ -18,11 +19,11 @@ struct EvoformerFwdTile {
 template <typename T, int kHeadDim>
 struct EvoformerFwdSmem {
   // Rows padded by 8 elements (16 bytes) so that the fragment reads of one warp, which walk down
-  // 8 rows, fall in different banks.
+  // 8 rows, fall in different banks, and every row start stays 16-byte aligned for cp.async.
   static constexpr int kPitch = kHeadDim + 8;
   T q[EvoformerFwdTile::kBlockM * kPitch];
-  T k[EvoformerFwdTile::kBlockN * kPitch];
-  T v[EvoformerFwdTile::kBlockN * kPitch];
+  T k[2][EvoformerFwdTile::kBlockN * kPitch];
+  T v[2][EvoformerFwdTile::kBlockN * kPitch];
 };
 
 template <typename T, int kHeadDim>
@@ -31,9 +32,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
   using Tile = EvoformerFwdTile;
   using Smem = EvoformerFwdSmem<T, kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
-  constexpr int kSteps = kHeadDim / 16;        // k-steps of S = Q K^T
+  constexpr int kSteps = kHeadDim / 16;           // k-steps of S = Q K^T
   constexpr int kScoreTiles = Tile::kBlockN / 8;  // n8 tiles of one score row block
-  constexpr int kOutTiles = kHeadDim / 8;       // n8 tiles of O
+  constexpr int kOutTiles = kHeadDim / 8;         // n8 tiles of O
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
@@ -51,19 +52,30 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
   const int64_t row0 = m_block * Tile::kBlockM;
   const int64_t my_rows[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
 
-  load_tile<T, Tile::kBlockM, kHeadDim, kPitch, Tile::kThreads>(smem.q, p.q, p.q_stride, b, n, h,
-                                                                row0, p.len, p.dim);
-  __syncthreads();
-  // Q stays in registers as A fragments for the whole key loop.
-  uint32_t q_frag[kSteps][4];
-  {
-    const T* qw = smem.q + warp * 16 * kPitch;
+  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
+  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
+  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
+  const int64_t tiles = (p.len + Tile::kBlockN - 1) / Tile::kBlockN;
+
+  load_tile<T, Tile::kBlockM, kHeadDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len, p.dim);
+  load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.k[0], k_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.v[0], v_src, 0, p.len, p.dim);
+  cp_async_commit();
+
+  // Each thread's bias rows: bias1 is one row per (b, n); bias2 has a row per query.
+  const void* bias1_rows[2] = {nullptr, nullptr};
+  const void* bias2_rows[2] = {nullptr, nullptr};
+  if (p.bias1_type != BiasType::kNone) {
+    bias1_rows[0] = bias1_rows[1] =
+        bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1]);
+  }
+  if (p.bias2_type != BiasType::kNone) {
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      q_frag[s][0] = load_pair(qw + g * kPitch + s * 16 + 2 * t);
-      q_frag[s][1] = load_pair(qw + (g + 8) * kPitch + s * 16 + 2 * t);
-      q_frag[s][2] = load_pair(qw + g * kPitch + s * 16 + 2 * t + 8);
-      q_frag[s][3] = load_pair(qw + (g + 8) * kPitch + s * 16 + 2 * t + 8);
+    for (int r = 0; r < 2; ++r) {
+      if (my_rows[r] < p.len) {
+        bias2_rows[r] = bias_ptr(p.bias2, p.bias2_type,
+                                 b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
+      }
     }
   }
 
@@ -74,54 +86,67 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
   float o_acc[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
+  uint32_t q_frag[kSteps][4];
 
-  const bool has_bias1 = p.bias1_type != BiasType::kNone;
-  const bool has_bias2 = p.bias2_type != BiasType::kNone;
-  const int64_t bias1_base = b * p.bias1_stride[0] + n * p.bias1_stride[1];
-  const int64_t bias2_base = b * p.bias2_stride[0] + h * p.bias2_stride[1];
-
-  for (int64_t col0 = 0; col0 < p.len; col0 += Tile::kBlockN) {
-    __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.k, p.k, p.k_stride, b, n, h,
-                                                                  col0, p.len, p.dim);
-    load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.v, p.v, p.v_stride, b, n, h,
-                                                                  col0, p.len, p.dim);
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int buf = static_cast<int>(tile & 1);
+    const int64_t col0 = tile * Tile::kBlockN;
+    // Start the next tile's K and V into the other buffer (freed by the barrier at the end of the
+    // previous iteration), then wait for this tile's.
+    if (tile + 1 < tiles) {
+      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.k[buf ^ 1], k_src, col0 + Tile::kBlockN,
+                                                                    p.len, p.dim);
+      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.v[buf ^ 1], v_src, col0 + Tile::kBlockN,
+                                                                    p.len, p.dim);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    if (tile == 0) {
+      // Q stays in registers as A fragments for the whole key loop.
+      const T* qw = smem.q + warp * 16 * kPitch;
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        q_frag[s][0] = load_pair(qw + g * kPitch + s * 16 + 2 * t);
+        q_frag[s][1] = load_pair(qw + (g + 8) * kPitch + s * 16 + 2 * t);
+        q_frag[s][2] = load_pair(qw + g * kPitch + s * 16 + 2 * t + 8);
+        q_frag[s][3] = load_pair(qw + (g + 8) * kPitch + s * 16 + 2 * t + 8);
+      }
+    }
 
+    // The biases of this tile first (global loads in flight while the MMAs run), in log2 units.
     float s[kScoreTiles][4];
 #pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    add_bias_tile(p.bias1_type, s, bias1_rows, p.bias1_stride[2], col0, p.len, t);
+    add_bias_tile(p.bias2_type, s, bias2_rows, p.bias2_stride[3], col0, p.len, t);
+
+    float dot[kScoreTiles][4];
+#pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      dot[j][0] = dot[j][1] = dot[j][2] = dot[j][3] = 0.0f;
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
-        const T* kr = smem.k + (j * 8 + g) * kPitch + st * 16 + 2 * t;
+        const T* kr = smem.k[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
         const uint32_t bf[2] = {load_pair(kr), load_pair(kr + 8)};
-        mma_16816<T>(s[j], q_frag[st], bf);
+        mma_16816<T>(dot[j], q_frag[st], bf);
       }
     }
 
-    // Scale, biases and the key bound, in the log2 domain; then the tile's row maxima.
+    // Scores in log2 units, keys past L masked; then the tile's row maxima.
     float tile_max[2] = {kNegInf, kNegInf};
+    const bool last_partial = col0 + Tile::kBlockN > p.len;
 #pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
+    for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const int64_t col = col0 + j * 8 + 2 * t + (e % 2);
-        float x = kNegInf;
-        if (col < p.len) {
-          x = s[j][e] * scale_log2;
-          if (has_bias1) x += load_bias(p.bias1, p.bias1_type, bias1_base + col * p.bias1_stride[2]) * kLog2e;
-          if (has_bias2 && my_rows[r] < p.len) {
-            x += load_bias(p.bias2, p.bias2_type,
-                           bias2_base + my_rows[r] * p.bias2_stride[2] + col * p.bias2_stride[3]) *
-                 kLog2e;
-          }
-        }
+        float x = fmaf(dot[j][e], scale_log2, s[j][e]);
+        if (last_partial && col0 + j * 8 + 2 * t + (e & 1) >= p.len) x = kNegInf;
         s[j][e] = x;
-        tile_max[r] = fmaxf(tile_max[r], x);
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
       }
-    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // The four threads of a row (t = 0..3) hold its 64 columns between them.
@@ -162,11 +187,12 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
                              ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
-        const T* vr = smem.v + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
+        const T* vr = smem.v[buf] + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
         const uint32_t bf[2] = {load_column_pair(vr, kPitch), load_column_pair(vr + 8 * kPitch, kPitch)};
         mma_16816<T>(o_acc[i], a, bf);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
   // Finish: the row sums are spread over the four threads of each row.
@@ -182,11 +208,21 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     if (row >= p.len) continue;
     // A fully masked row has sum 0: output 0, lse -inf.
     const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+    T* out_row = out + row * p.out_stride[2];
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
       const int d = i * 8 + 2 * t;
-      if (d < p.dim) out[row * p.out_stride[2] + d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
-      if (d + 1 < p.dim) out[row * p.out_stride[2] + d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
+      if (d + 1 < p.dim) {
+        // Two adjacent elements: one 32-bit store when the address allows it.
+        if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
+          *reinterpret_cast<uint32_t*>(out_row + d) = ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+        } else {
+          out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
+          out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
+        }
+      } else if (d < p.dim) {
+        out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
+      }
     }
     if (p.lse != nullptr && t == 0) {
       const float lse = row_sum[r] > 0.0f ? (row_max[r] + log2f(row_sum[r])) * kLn2 : kNegInf;

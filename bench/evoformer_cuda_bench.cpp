@@ -1,0 +1,144 @@
+// Google Benchmark of Evoformer attention on the GPU (CUDA events, after a warm-up): forward and
+// forward + backward (with dbias2) at the shapes of PERFORMANCE.md, bf16 and f16. Reports ms,
+// TFLOP/s (forward 4*S*D, backward 10*S*D, S = B*N*H*L*L) and the fraction of the H200's
+// measured ceilings (790 TFLOP/s dense bf16, 3.9 T exp/s), and the call's extra memory.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "sciattn/device.h"
+#include "sciattn/evoformer.h"
+
+namespace {
+
+using namespace sciattn;
+
+constexpr double kMatmulCeiling = 790e12;
+constexpr double kExpCeiling = 3.9e12;
+
+#define CHECK_CUDA(expr)                                                            \
+  do {                                                                              \
+    cudaError_t e_ = (expr);                                                        \
+    if (e_ != cudaSuccess) {                                                        \
+      state.SkipWithError(cudaGetErrorString(e_));                                  \
+      return;                                                                       \
+    }                                                                               \
+  } while (0)
+
+// A device buffer filled with random values of `dtype` (bias1 gets 0 / -1e9 like OpenFold's mask).
+struct DeviceTensor {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceTensor(size_t count, DType dtype, uint64_t seed, bool mask = false) : bytes(count * dtype_size(dtype)) {
+    std::vector<std::byte> host(bytes);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> uniform;
+    for (size_t i = 0; i < count; ++i) {
+      store_from_float(host.data(), dtype, static_cast<int64_t>(i),
+                       mask ? (uniform(rng) < 0.1f ? -1e9f : 0.0f) : normal(rng));
+    }
+    if (cudaMalloc(&ptr, bytes) == cudaSuccess) cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  ~DeviceTensor() { cudaFree(ptr); }
+};
+
+// Arguments: B, N, L, H, D, bias2 (0/1), dtype (1 f16, 2 bf16), backward (0/1).
+void BM_EvoformerCuda(benchmark::State& state) {
+  if (cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int64_t B = state.range(0), N = state.range(1), L = state.range(2), H = state.range(3), D = state.range(4);
+  const bool has_bias2 = state.range(5) != 0;
+  const DType dt = static_cast<DType>(state.range(6));
+  const bool backward = state.range(7) != 0;
+  const size_t qkv = static_cast<size_t>(B * N * L * H * D);
+  DeviceTensor q(qkv, dt, 1), k(qkv, dt, 2), v(qkv, dt, 3), dout(qkv, dt, 4), out(qkv, dt, 5);
+  DeviceTensor dq(qkv, dt, 6), dk(qkv, dt, 7), dv(qkv, dt, 8);
+  DeviceTensor bias1(static_cast<size_t>(B * N * L), dt, 9, true);
+  DeviceTensor bias2(has_bias2 ? static_cast<size_t>(B * H * L * L) : 0, dt, 10);
+  DeviceTensor dbias2(has_bias2 ? static_cast<size_t>(B * H * L * L) : 0, dt, 11);
+  DeviceTensor lse(static_cast<size_t>(B * N * H * L), DType::kF32, 12);
+
+  EvoformerForwardParams f;
+  f.q = TensorView::contiguous(q.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  f.k = TensorView::contiguous(k.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  f.v = TensorView::contiguous(v.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  f.bias1 = TensorView::contiguous(bias1.ptr, dt, {B, N, 1, 1, L}, Device::kCuda);
+  if (has_bias2) f.bias2 = TensorView::contiguous(bias2.ptr, dt, {B, 1, H, L, L}, Device::kCuda);
+  f.out = TensorView::contiguous(out.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  f.lse = TensorView::contiguous(lse.ptr, DType::kF32, {B * N, H, L}, Device::kCuda);
+  EvoformerBackwardParams bw;
+  bw.q = f.q;
+  bw.k = f.k;
+  bw.v = f.v;
+  bw.bias1 = f.bias1;
+  bw.bias2 = f.bias2;
+  bw.out = f.out;
+  bw.lse = f.lse;
+  bw.dout = TensorView::contiguous(dout.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  bw.dq = TensorView::contiguous(dq.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  bw.dk = TensorView::contiguous(dk.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  bw.dv = TensorView::contiguous(dv.ptr, dt, {B, N, L, H, D}, Device::kCuda);
+  if (has_bias2) bw.dbias2 = TensorView::contiguous(dbias2.ptr, dt, {B, 1, H, L, L}, Device::kCuda);
+  const size_t ws_bytes = workspace_size(bw);
+  void* ws = nullptr;
+  if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+
+  auto call = [&]() -> Status {
+    Status s = run(f, nullptr, 0);
+    if (s.ok() && backward) s = run(bw, ws, ws_bytes);
+    return s;
+  };
+  for (int i = 0; i < 3; ++i) {
+    const Status s = call();
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      cudaFree(ws);
+      return;
+    }
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    call();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(ws);
+  const double S = static_cast<double>(B * N * H) * static_cast<double>(L * L);
+  const double flops = (backward ? 14.0 : 4.0) * S * static_cast<double>(D);
+  const double exps = (backward ? 3.0 : 1.0) * S;
+  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["mm_frac"] = benchmark::Counter(flops / kMatmulCeiling, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["exp_frac"] = benchmark::Counter(exps / kExpCeiling, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["ws_MiB"] = static_cast<double>(backward ? ws_bytes : 0) / (1024.0 * 1024.0);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "N", "L", "H", "D", "bias2", "dtype", "bwd"});
+  const std::vector<std::vector<int64_t>> problems = {
+      {1, 256, 256, 4, 32, 1}, {1, 512, 256, 8, 32, 1}, {1, 256, 512, 8, 32, 0}, {1, 384, 384, 4, 32, 1},
+      {1, 768, 768, 4, 32, 1}, {1, 1024, 256, 8, 8, 1}, {1, 256, 256, 4, 64, 1},
+  };
+  for (int64_t dtype : {2, 1})
+    for (const auto& s : problems)
+      for (int64_t bwd : {0, 1}) b->Args({s[0], s[1], s[2], s[3], s[4], s[5], dtype, bwd});
+}
+
+BENCHMARK(BM_EvoformerCuda)->Apply(shapes)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+
+}  // namespace
+
+BENCHMARK_MAIN();

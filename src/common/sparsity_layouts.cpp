@@ -1,0 +1,456 @@
+// The layout algorithms of DeepSpeed's sparsity configs (spec sections 1.0-1.6), in DeepSpeed's
+// order of random draws, with the unidirectional defects fixed (Decision 3). Host-only common
+// layer.
+#include "common/sparsity_layouts.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/python_random.h"
+
+namespace sciattn {
+namespace detail {
+namespace {
+
+using Options = LayoutBuildOptions;
+
+// Parameters may be as large as int64 allows (windows longer than the sequence are legal), so
+// window ends are computed without overflowing. Both arguments are >= 0.
+int64_t sat_add(int64_t a, int64_t b) {
+  return b > INT64_MAX - a ? INT64_MAX : a + b;
+}
+
+// Writes 1s into one head of a layout of N x N blocks. Every range is half-open and clipped to
+// [0, N), which is how DeepSpeed's Python slices behave for the non-negative bounds we allow.
+class HeadPainter {
+ public:
+  HeadPainter(Layout* layout, int64_t head) : layout_(layout), head_(head) {}
+
+  int64_t n() const { return layout_->num_row_blocks; }
+
+  void set(int64_t r, int64_t c) { layout_->at(head_, r, c) = 1; }
+
+  // Rows [r0, r1) x columns [c0, c1).
+  void fill(int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    r0 = std::max<int64_t>(r0, 0);
+    c0 = std::max<int64_t>(c0, 0);
+    r1 = std::min(r1, n());
+    c1 = std::min(c1, n());
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) set(r, c);
+    }
+  }
+
+  // A local window [a, b): full when bidirectional, lower triangle (with the diagonal) when
+  // unidirectional.
+  void window(int64_t a, int64_t b, bool uni) {
+    for (int64_t r = a; r < std::min(b, n()); ++r) fill(r, r + 1, a, uni ? r + 1 : b);
+  }
+
+  // A symmetric band of w blocks on each side of the diagonal, in every row.
+  void band(int64_t w) {
+    for (int64_t r = 0; r < n(); ++r) fill(r, r + 1, r - std::min(w, r), sat_add(sat_add(r, w), 1));
+  }
+
+ private:
+  Layout* layout_;
+  int64_t head_;
+};
+
+// Zeroes every block above the diagonal, in every head.
+void make_block_causal(Layout* layout) {
+  for (int64_t h = 0; h < layout->num_heads; ++h) {
+    for (int64_t r = 0; r < layout->num_row_blocks; ++r) {
+      for (int64_t c = r + 1; c < layout->num_col_blocks; ++c) layout->at(h, r, c) = 0;
+    }
+  }
+}
+
+// DeepSpeed's check_and_propagate_first_head_layout: a shared layout is head 0, copied.
+void propagate_first_head(Layout* layout) {
+  const int64_t per_head = layout->num_row_blocks * layout->num_col_blocks;
+  for (int64_t h = 1; h < layout->num_heads; ++h) {
+    std::copy_n(layout->blocks.begin(), per_head, layout->blocks.begin() + h * per_head);
+  }
+}
+
+Status reject(SparsityMode mode, const std::string& message) {
+  return Status::invalid_argument(std::string(sparsity_class_name(mode)) + ": " + message);
+}
+
+// "must be <= the number of blocks seq_len / block = 64 / 16 = 4", the tail of the messages of
+// DeepSpeed's make_layout checks.
+Status check_fits(SparsityMode mode, const char* name, int64_t value, int64_t seq_len,
+                  int64_t block) {
+  const int64_t n = seq_len / block;
+  if (value > n) {
+    return reject(
+        mode, std::string(name) + " (" + std::to_string(value) +
+                  ") must be <= the number of blocks seq_len / block = " + std::to_string(seq_len) +
+                  " / " + std::to_string(block) + " = " + std::to_string(n));
+  }
+  return Status::ok_status();
+}
+
+// Per-row random blocks of BigBird and Variable: one sample(range(population), k) per row, rows
+// in order (spec 1.8). A unidirectional row r draws min(R, r+1) columns from [0, r] (the fix of
+// Decision 3; DeepSpeed's Variable draws from all N columns, its BigBird fails for R > r+1).
+Status draw_random_rows(SparsityMode mode, int64_t num_random, bool uni, bool uni_population,
+                        const Options& options, PythonRandom& rng, HeadPainter& p) {
+  if (num_random == 0) return Status::ok_status();  // sample(..., 0) draws nothing
+  std::vector<int64_t> cols;
+  for (int64_t r = 0; r < p.n(); ++r) {
+    int64_t population = p.n();
+    int64_t k = num_random;
+    if (uni && (uni_population || !options.reproduce_deepspeed_defects)) population = r + 1;
+    if (uni && !options.reproduce_deepspeed_defects) k = std::min(k, population);
+    if (k > population) {
+      return reject(mode,
+                    "DeepSpeed fails here (ValueError: Sample larger than population): "
+                    "unidirectional num_random_blocks (" +
+                        std::to_string(num_random) + ") > row " + std::to_string(r) + " + 1");
+    }
+    Status s = rng.sample_range(population, k, &cols);
+    if (!s.ok()) return s;
+    for (int64_t c : cols) p.set(r, c);
+  }
+  return Status::ok_status();
+}
+
+// Global blocks by index or by [start, end) range (Variable, BSLongformer). `rows_from_start`:
+// the global columns start at their own row (unidirectional Variable) instead of row 0.
+void paint_globals(const std::vector<int64_t>& starts,
+                   const std::optional<std::vector<int64_t>>& ends, bool horizontal,
+                   bool rows_from_start, HeadPainter& p) {
+  const int64_t n = p.n();
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const int64_t s = starts[i];
+    if (s >= n) continue;  // DeepSpeed skips globals past the end (needed for the crop rule)
+    const int64_t e = ends ? std::min((*ends)[i], n) : s + 1;
+    if (horizontal) p.fill(s, e, 0, n);
+    p.fill(rows_from_start ? s : 0, n, s, e);
+  }
+}
+
+// ---- one function per config: checks that need N, then the pattern of each layout head ----
+
+struct Builder {
+  int64_t seq_len;
+  const Options& options;
+  Layout* layout;
+
+  int64_t n() const { return layout->num_row_blocks; }
+
+  // Runs `paint(head, painter)` for the heads DeepSpeed computes, then shares head 0 if the
+  // layout is not per head.
+  template <typename Paint>
+  Status for_layout_heads(bool per_head, Paint&& paint) {
+    const int64_t heads = per_head ? layout->num_heads : 1;
+    for (int64_t h = 0; h < heads; ++h) {
+      HeadPainter p(layout, h);
+      Status s = paint(h, p);
+      if (!s.ok()) return s;
+    }
+    if (!per_head) propagate_first_head(layout);
+    return Status::ok_status();
+  }
+
+  Status operator()(const DenseSparsityConfig&) {
+    std::fill(layout->blocks.begin(), layout->blocks.end(), uint8_t{1});
+    return Status::ok_status();
+  }
+
+  Status operator()(const FixedSparsityConfig& c) {
+    const auto mode = SparsityMode::kFixed;
+    // Ours: DeepSpeed would slice from a negative start here (spec 1.0: reject).
+    Status fits = check_fits(mode, "num_global_blocks", c.num_global_blocks, seq_len, c.block);
+    if (!fits.ok()) return fits;
+    const bool uni = c.attention == AttentionDirection::kUnidirectional;
+    const int64_t lw = c.num_local_blocks;
+    const int64_t g = c.num_global_blocks;
+    Status s = for_layout_heads(c.different_layout_per_head, [&](int64_t h, HeadPainter& p) {
+      const int64_t nb = p.n();
+      for (int64_t w0 = 0; w0 < nb; w0 = sat_add(w0, lw)) p.window(w0, sat_add(w0, lw), uni);
+      // Global columns [s, s+G) start at row s when unidirectional (DeepSpeed), so rows s..s+G-2
+      // see later blocks when G > 1; make_block_causal below removes those.
+      auto global = [&](int64_t start) {
+        p.fill(uni ? start : 0, nb, start, start + g);
+        if (c.horizontal_global_attention) p.fill(start, start + g, 0, nb);
+      };
+      // Head h uses the (h mod P)-th representative position counted from each window's end.
+      const int64_t offset = lw - (1 + h % c.num_different_global_patterns) * g;
+      const int64_t full_end = nb - nb % lw;  // end of the last full window
+      for (int64_t i = offset; i < full_end; i = sat_add(i, lw)) global(i);
+      if (full_end < nb) global(std::min(sat_add(full_end, offset), nb - g));  // short window
+      return Status::ok_status();
+    });
+    if (s.ok() && uni && !options.reproduce_deepspeed_defects) make_block_causal(layout);
+    return s;
+  }
+
+  Status operator()(const VariableSparsityConfig& c, PythonRandom& rng) {
+    const auto mode = SparsityMode::kVariable;
+    Status fits = check_fits(mode, "num_random_blocks", c.num_random_blocks, seq_len, c.block);
+    if (!fits.ok()) return fits;
+    const bool uni = c.attention == AttentionDirection::kUnidirectional;
+    Status s = for_layout_heads(c.different_layout_per_head, [&](int64_t, HeadPainter& p) {
+      // Order: random, local, global; only the random step draws.
+      Status drawn = draw_random_rows(mode, c.num_random_blocks, uni, /*uni_population=*/false,
+                                      options, rng, p);
+      if (!drawn.ok()) return drawn;
+      int64_t start = 0;
+      for (int64_t w : c.local_window_blocks) {
+        p.window(start, sat_add(start, w), uni);
+        start = sat_add(start, w);  // not clamped to N, as in DeepSpeed
+      }
+      const int64_t last = c.local_window_blocks.back();
+      for (int64_t i = start; i < p.n(); i = sat_add(i, last)) p.window(i, sat_add(i, last), uni);
+      // Unidirectional global ranges start at their first row, as in DeepSpeed; the blocks this
+      // puts above the diagonal are removed below.
+      paint_globals(c.global_block_indices, c.global_block_end_indices,
+                    c.horizontal_global_attention, uni, p);
+      return Status::ok_status();
+    });
+    if (s.ok() && uni && !options.reproduce_deepspeed_defects) make_block_causal(layout);
+    return s;
+  }
+
+  Status operator()(const BigBirdSparsityConfig& c, PythonRandom& rng) {
+    const auto mode = SparsityMode::kBigBird;
+    // DeepSpeed's make_layout checks, in its order.
+    for (auto [name, value] :
+         {std::pair<const char*, int64_t>{"num_random_blocks", c.num_random_blocks},
+          {"num_sliding_window_blocks", c.num_sliding_window_blocks},
+          {"num_global_blocks", c.num_global_blocks}}) {
+      Status fits = check_fits(mode, name, value, seq_len, c.block);
+      if (!fits.ok()) return fits;
+    }
+    const bool uni = c.attention == AttentionDirection::kUnidirectional;
+    Status s = for_layout_heads(c.different_layout_per_head, [&](int64_t, HeadPainter& p) {
+      Status drawn = draw_random_rows(mode, c.num_random_blocks, uni, /*uni_population=*/true,
+                                      options, rng, p);
+      if (!drawn.ok()) return drawn;
+      p.band(c.num_sliding_window_blocks / 2);  // an even window acts as the next odd one
+      p.fill(0, c.num_global_blocks, 0, p.n());
+      p.fill(0, p.n(), 0, c.num_global_blocks);
+      return Status::ok_status();
+    });
+    if (s.ok() && uni) make_block_causal(layout);  // DeepSpeed's tril
+    return s;
+  }
+
+  Status operator()(const BSLongformerSparsityConfig& c) {
+    const auto mode = SparsityMode::kBSLongformer;
+    Status fits = check_fits(mode, "num_sliding_window_blocks", c.num_sliding_window_blocks,
+                             seq_len, c.block);
+    if (!fits.ok()) return fits;
+    Status s = for_layout_heads(c.different_layout_per_head, [&](int64_t, HeadPainter& p) {
+      p.band(c.num_sliding_window_blocks / 2);
+      // Global blocks are both rows and columns here, whatever the direction.
+      paint_globals(c.global_block_indices, c.global_block_end_indices, /*horizontal=*/true,
+                    /*rows_from_start=*/false, p);
+      return Status::ok_status();
+    });
+    if (s.ok() && c.attention == AttentionDirection::kUnidirectional) make_block_causal(layout);
+    return s;
+  }
+
+  Status operator()(const LocalSlidingWindowSparsityConfig& c) {
+    const auto mode = SparsityMode::kLocalSlidingWindow;
+    Status fits = check_fits(mode, "num_sliding_window_blocks", c.num_sliding_window_blocks,
+                             seq_len, c.block);
+    if (!fits.ok()) return fits;
+    const bool uni = c.attention == AttentionDirection::kUnidirectional;
+    const int64_t w = c.num_sliding_window_blocks / 2;
+    // No different_layout_per_head in DeepSpeed: always one shared layout.
+    return for_layout_heads(false, [&](int64_t, HeadPainter& p) {
+      for (int64_t r = 0; r < p.n(); ++r) {
+        p.fill(r, r + 1, r - std::min(w, r), uni ? r + 1 : sat_add(sat_add(r, w), 1));
+      }
+      return Status::ok_status();
+    });
+  }
+
+  Status operator()(const UserSparsityConfig& c) {
+    const Layout& user = c.layout;
+    if (user.num_row_blocks != n()) {
+      return reject(SparsityMode::kUser, "seq_len / block = " + std::to_string(seq_len) + " / " +
+                                             std::to_string(c.block) + " = " + std::to_string(n()) +
+                                             " blocks, but the user layout has " +
+                                             std::to_string(user.num_row_blocks) +
+                                             "; it is the layout of seq_len " +
+                                             std::to_string(user.num_row_blocks * c.block) +
+                                             " (use crop_layout for shorter lengths)");
+    }
+    if (user.num_heads == layout->num_heads) {
+      layout->blocks = user.blocks;
+    } else {  // one layout for every head
+      std::copy(user.blocks.begin(), user.blocks.end(), layout->blocks.begin());
+      propagate_first_head(layout);
+    }
+    return Status::ok_status();
+  }
+};
+
+}  // namespace
+
+Status build_layout(const SparsityConfig& config, int64_t seq_len,
+                    const LayoutBuildOptions& options, Layout* out) {
+  Status valid = validate_sparsity_config(config);
+  if (!valid.ok()) return valid;
+  const SparsityMode mode = sparsity_mode(config);
+  const SparsityCommon& common = sparsity_common(config);
+  if (seq_len < 1 || seq_len % common.block != 0) {
+    std::string message = "seq_len (" + std::to_string(seq_len) +
+                          ") must be a positive multiple of block (" +
+                          std::to_string(common.block) + ")";
+    if (seq_len > 0) {
+      message += "; pad the sequence to " +
+                 std::to_string((seq_len / common.block + 1) * common.block) + " tokens";
+    }
+    return reject(mode, message);
+  }
+  const int64_t n = seq_len / common.block;
+  int64_t entries = 0;
+  if (!checked_layout_entries(common.num_heads, n, n, &entries) || entries > kMaxLayoutEntries) {
+    return reject(mode, "the layout [num_heads, seq_len / block, seq_len / block] = [" +
+                            std::to_string(common.num_heads) + ", " + std::to_string(n) + ", " +
+                            std::to_string(n) +
+                            "] would have more than kMaxLayoutEntries (2^32) "
+                            "blocks; use a larger block or a shorter seq_len");
+  }
+  Layout layout = Layout::zeros(common.num_heads, n, n);
+  // One generator per call, seeded like `random.seed(seed)` before DeepSpeed's make_layout.
+  PythonRandom rng(common.seed);
+  Builder builder{seq_len, options, &layout};
+  Status s = std::visit(
+      [&](const auto& c) {
+        using T = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<T, VariableSparsityConfig> ||
+                      std::is_same_v<T, BigBirdSparsityConfig>) {
+          return builder(c, rng);
+        } else {
+          return builder(c);
+        }
+      },
+      config);
+  if (!s.ok()) return s;
+  *out = std::move(layout);
+  return Status::ok_status();
+}
+
+}  // namespace detail
+
+// ---- public layout functions ----
+
+Layout Layout::zeros(int64_t num_heads, int64_t num_row_blocks, int64_t num_col_blocks) {
+  Layout layout;
+  layout.num_heads = num_heads;
+  layout.num_row_blocks = num_row_blocks;
+  layout.num_col_blocks = num_col_blocks;
+  layout.blocks.assign(static_cast<size_t>(num_heads * num_row_blocks * num_col_blocks), 0);
+  return layout;
+}
+
+int64_t layout_nnz(const Layout& layout) {
+  int64_t nnz = 0;
+  for (uint8_t b : layout.blocks) nnz += b != 0 ? 1 : 0;
+  return nnz;
+}
+
+int64_t layout_head_nnz(const Layout& layout, int64_t head) {
+  if (head < 0 || head >= layout.num_heads) return 0;
+  int64_t nnz = 0;
+  for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
+    for (int64_t c = 0; c < layout.num_col_blocks; ++c) nnz += layout.at(head, r, c) != 0 ? 1 : 0;
+  }
+  return nnz;
+}
+
+double layout_density(const Layout& layout) {
+  const int64_t size = layout.size();
+  return size == 0 ? 0.0 : static_cast<double>(layout_nnz(layout)) / static_cast<double>(size);
+}
+
+int64_t layout_max_row_nnz(const Layout& layout) {
+  int64_t best = 0;
+  for (int64_t h = 0; h < layout.num_heads; ++h) {
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
+      int64_t row = 0;
+      for (int64_t c = 0; c < layout.num_col_blocks; ++c) row += layout.at(h, r, c) != 0 ? 1 : 0;
+      best = std::max(best, row);
+    }
+  }
+  return best;
+}
+
+bool layout_is_block_causal(const Layout& layout) {
+  for (int64_t h = 0; h < layout.num_heads; ++h) {
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
+      for (int64_t c = r + 1; c < layout.num_col_blocks; ++c) {
+        if (layout.at(h, r, c) != 0) return false;
+      }
+    }
+  }
+  return true;
+}
+
+std::string layout_to_string(const Layout& layout) {
+  std::string text;
+  for (int64_t h = 0; h < layout.num_heads; ++h) {
+    text += "head " + std::to_string(h) + ":\n";
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
+      for (int64_t c = 0; c < layout.num_col_blocks; ++c) text += layout.at(h, r, c) ? '1' : '0';
+      text += '\n';
+    }
+  }
+  return text;
+}
+
+Status make_layout(const SparsityConfig& config, int64_t seq_len, Layout* out) {
+  return detail::build_layout(config, seq_len, detail::LayoutBuildOptions{}, out);
+}
+
+Status crop_layout(const Layout& full, int64_t block, int64_t seq_len, Layout* out) {
+  if (block < 1) {
+    return Status::invalid_argument("crop_layout: block (" + std::to_string(block) +
+                                    ") must be >= 1");
+  }
+  const int64_t n = seq_len / block;
+  if (seq_len < 1 || seq_len % block != 0 || n > full.num_row_blocks || n > full.num_col_blocks) {
+    return Status::invalid_argument(
+        "crop_layout: seq_len (" + std::to_string(seq_len) + ") must be a positive multiple of " +
+        "block (" + std::to_string(block) + ") of at most " +
+        std::to_string(std::min(full.num_row_blocks, full.num_col_blocks)) +
+        " blocks, the size of the layout it is cropped from (" +
+        std::to_string(std::min(full.num_row_blocks, full.num_col_blocks) * block) + " tokens)");
+  }
+  Layout crop = Layout::zeros(full.num_heads, n, n);
+  for (int64_t h = 0; h < full.num_heads; ++h) {
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < n; ++c) crop.at(h, r, c) = full.at(h, r, c);
+    }
+  }
+  *out = std::move(crop);
+  return Status::ok_status();
+}
+
+Status make_layout_for_length(const SparsityConfig& config, int64_t max_seq_length, int64_t seq_len,
+                              Layout* out) {
+  if (seq_len > max_seq_length) {
+    return Status::invalid_argument(
+        "make_layout_for_length: seq_len (" + std::to_string(seq_len) +
+        ") must be <= max_seq_length (" + std::to_string(max_seq_length) +
+        "): the layout for seq_len is a crop of the one built for max_seq_length");
+  }
+  Layout full;
+  Status s = make_layout(config, max_seq_length, &full);
+  if (!s.ok()) return s;
+  return crop_layout(full, sparsity_common(config).block, seq_len, out);
+}
+
+}  // namespace sciattn

@@ -1,0 +1,383 @@
+// Shared helpers of the block-sparse op suites: random layouts, an independent fp64 oracle
+// (dense math with the layout applied as a mask, written from spec section 2 and sharing no code
+// with the library), conversions between stored and logical values, and library runners.
+// Test layer (tests/cpu). Tensors, seeds and the tolerance rule come from evoformer_test_util.h.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "evoformer_test_util.h"
+#include "sciattn/block_sparse.h"
+#include "sciattn/block_sparse_ops.h"
+
+namespace sciattn::bstest {
+
+using test::error_stats;
+using test::HostTensor;
+using test::kBaseSeed;
+using test::kInf;
+using test::seed_note;
+using test::within_tolerance;
+
+using Vec = std::vector<double>;
+
+// ---- layouts ------------------------------------------------------------------------------------
+
+// A random [H, R, C] layout, each block set with probability `density`. With `empty_row` block
+// row 0 of head 0 is cleared (the "empty block row" of spec 2.3) and with `empty_col` block
+// column C-1 of the last head is cleared (a key block no query sees).
+inline Layout random_layout(int64_t H, int64_t R, int64_t C, double density, std::mt19937_64& rng,
+                            bool empty_row = false, bool empty_col = false) {
+  Layout layout = Layout::zeros(H, R, C);
+  std::bernoulli_distribution set(density);
+  for (auto& v : layout.blocks) v = set(rng) ? 1 : 0;
+  if (empty_row) {
+    for (int64_t c = 0; c < C; ++c) layout.at(0, 0, c) = 0;
+  }
+  if (empty_col) {
+    for (int64_t r = 0; r < R; ++r) layout.at(H - 1, r, C - 1) = 0;
+  }
+  // Keep at least one block so that the sparse tensors are not empty.
+  if (layout_nnz(layout) == 0) layout.at(0, R - 1, 0) = 1;
+  return layout;
+}
+
+inline BlockSparseIndex make_index(const Layout& layout, int64_t block) {
+  BlockSparseIndex ix;
+  const Status s = build_block_sparse_index(layout, block, &ix);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return ix;
+}
+
+// The nonzero blocks (h, I, J) in layout.nonzero() order, enumerated here independently.
+struct Block {
+  int64_t h, r, c;
+};
+inline std::vector<Block> nonzero_blocks(const Layout& layout) {
+  std::vector<Block> out;
+  for (int64_t h = 0; h < layout.num_heads; ++h)
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r)
+      for (int64_t c = 0; c < layout.num_col_blocks; ++c)
+        if (layout.at(h, r, c)) out.push_back({h, r, c});
+  return out;
+}
+
+// ---- logical <-> stored values ------------------------------------------------------------------
+
+// A dense logical array [Z, H, R, C] with accessors.
+struct Dense4 {
+  int64_t Z = 0, H = 0, R = 0, C = 0;
+  Vec v;
+  Dense4() = default;
+  Dense4(int64_t z, int64_t h, int64_t r, int64_t c)
+      : Z(z), H(h), R(r), C(c), v(static_cast<size_t>(z * h * r * c), 0.0) {}
+  double& at(int64_t z, int64_t h, int64_t r, int64_t c) {
+    return v[static_cast<size_t>(((z * H + h) * R + r) * C + c)];
+  }
+  double at(int64_t z, int64_t h, int64_t r, int64_t c) const {
+    return v[static_cast<size_t>(((z * H + h) * R + r) * C + c)];
+  }
+  Dense4 transposed() const {
+    Dense4 t(Z, H, C, R);
+    for (int64_t z = 0; z < Z; ++z)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t c = 0; c < C; ++c) t.at(z, h, c, r) = at(z, h, r, c);
+    return t;
+  }
+};
+
+// op(t) of a stored dense [Z, H, ., .] tensor.
+inline Dense4 dense_op(const HostTensor& t, bool trans) {
+  const auto& s = t.sizes();
+  Dense4 d(s[0], s[1], s[2], s[3]);
+  d.v = t.values();
+  return trans ? d.transposed() : d;
+}
+
+// The logical [Z, H, R*b, C*b] matrix of a stored sparse [Z, nnz, b, b] tensor (zero outside).
+inline Dense4 sparse_logical(const HostTensor& t, const Layout& layout, int64_t b) {
+  const std::vector<Block> blocks = nonzero_blocks(layout);
+  const int64_t Z = t.sizes()[0];
+  Dense4 d(Z, layout.num_heads, layout.num_row_blocks * b, layout.num_col_blocks * b);
+  const Vec vals = t.values();
+  for (int64_t z = 0; z < Z; ++z)
+    for (size_t p = 0; p < blocks.size(); ++p)
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t c = 0; c < b; ++c) {
+          d.at(z, blocks[p].h, blocks[p].r * b + r, blocks[p].c * b + c) =
+              vals[((z * static_cast<int64_t>(blocks.size()) + static_cast<int64_t>(p)) * b + r) *
+                       b +
+                   c];
+        }
+  return d;
+}
+
+// The stored [Z, nnz, b, b] values of a logical matrix on the layout's blocks.
+inline Vec sparse_blocks(const Dense4& d, const Layout& layout, int64_t b) {
+  const std::vector<Block> blocks = nonzero_blocks(layout);
+  Vec out;
+  for (int64_t z = 0; z < d.Z; ++z)
+    for (const Block& blk : blocks)
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t c = 0; c < b; ++c) out.push_back(d.at(z, blk.h, blk.r * b + r, blk.c * b + c));
+  return out;
+}
+
+inline Dense4 matmul(const Dense4& a, const Dense4& b) {
+  Dense4 c(a.Z, a.H, a.R, b.C);
+  for (int64_t z = 0; z < a.Z; ++z)
+    for (int64_t h = 0; h < a.H; ++h)
+      for (int64_t i = 0; i < a.R; ++i)
+        for (int64_t k = 0; k < a.C; ++k) {
+          const double x = a.at(z, h, i, k);
+          if (x == 0.0) continue;
+          for (int64_t j = 0; j < b.C; ++j) c.at(z, h, i, j) += x * b.at(z, h, k, j);
+        }
+  return c;
+}
+
+inline Vec rounded(const Vec& x, DType t) {
+  Vec r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = round_to(t, static_cast<float>(x[i]));
+  return r;
+}
+
+// ---- masks --------------------------------------------------------------------------------------
+
+// The additive term of a mask value (spec 2.3): a bool is 0 (true) or -inf (false); in kAdd
+// mode a float is added; in kMul mode 0 removes (-inf) and anything else keeps (0).
+inline double mask_term(double v, DType dtype, MaskMode mode) {
+  if (dtype == DType::kBool) return v != 0.0 ? 0.0 : -kInf;
+  if (mode == MaskMode::kMul) return v == 0.0 ? -kInf : 0.0;
+  return v;
+}
+
+inline Vec mask_terms(const HostTensor& m, MaskMode mode) {
+  Vec v = m.values();
+  for (double& x : v) x = mask_term(x, m.dtype(), mode);
+  return v;
+}
+
+// Random mask values: a fraction `removed` of the entries remove their key, the rest keep it, in
+// the mask's own terms (bool: false / true; kAdd: -inf / a small random bias; kMul: 0 / a
+// random non-zero value).
+inline void fill_mask(HostTensor& m, MaskMode mode, double removed, std::mt19937_64& rng) {
+  std::bernoulli_distribution drop(removed);
+  std::uniform_real_distribution<double> small(-0.5, 0.5), nonzero(0.5, 2.0);
+  for (int64_t i = 0; i < m.numel(); ++i) {
+    const bool d = drop(rng);
+    if (m.dtype() == DType::kBool) {
+      m.set(i, d ? 0.0 : 1.0);
+    } else if (mode == MaskMode::kAdd) {
+      m.set(i, d ? -kInf : small(rng));
+    } else {
+      m.set(i, d ? 0.0 : nonzero(rng));
+    }
+  }
+}
+
+// ---- the fp64 softmax oracle --------------------------------------------------------------------
+
+struct SoftmaxProblem {
+  const Layout* layout = nullptr;
+  int64_t b = 16, Z = 1;
+  double scale = 1.0;
+  Dense4 x;    // logical [Z, H, R*b, C*b] (values outside the layout unused)
+  Dense4 rpe;  // empty (Z == 0) or [Z, H, R*b, C*b]
+  Vec kpm;     // empty or additive [Z, C*b]
+  Vec attn;    // empty or additive [R*b, C*b]
+  bool causal = false;
+};
+
+// y on the layout (logical, zero elsewhere): per row, v = x*scale + rpe + kpm + attn over the
+// row's layout entries (-inf where causal and j > i), softmax, fully masked rows 0.
+inline Dense4 softmax_oracle(const SoftmaxProblem& p) {
+  const Layout& L = *p.layout;
+  const int64_t rows = L.num_row_blocks * p.b, cols = L.num_col_blocks * p.b;
+  Dense4 y(p.Z, L.num_heads, rows, cols);
+  Vec v(static_cast<size_t>(cols));
+  for (int64_t z = 0; z < p.Z; ++z)
+    for (int64_t h = 0; h < L.num_heads; ++h)
+      for (int64_t i = 0; i < rows; ++i) {
+        double m = -kInf;
+        bool any = false;
+        for (int64_t j = 0; j < cols; ++j) {
+          double& e = v[static_cast<size_t>(j)];
+          if (!L.at(h, i / p.b, j / p.b)) {
+            e = -kInf;
+            continue;
+          }
+          any = true;
+          e = p.x.at(z, h, i, j) * p.scale;
+          if (p.rpe.Z) e += p.rpe.at(z, h, i, j);
+          if (!p.kpm.empty()) e += p.kpm[static_cast<size_t>(z * cols + j)];
+          if (!p.attn.empty()) e += p.attn[static_cast<size_t>(i * cols + j)];
+          if (p.causal && j > i) e = -kInf;
+          m = std::max(m, e);
+        }
+        if (!any || m == -kInf) continue;  // zeros
+        double sum = 0.0;
+        for (int64_t j = 0; j < cols; ++j) sum += std::exp(v[static_cast<size_t>(j)] - m);
+        for (int64_t j = 0; j < cols; ++j) y.at(z, h, i, j) = std::exp(v[static_cast<size_t>(j)] - m) / sum;
+      }
+  return y;
+}
+
+// dx = scale * y * (dy - sum_row y * dy) on the layout.
+inline Dense4 softmax_backward_oracle(const Layout& L, int64_t b, double scale, const Dense4& y,
+                                      const Dense4& dy) {
+  Dense4 dx(y.Z, y.H, y.R, y.C);
+  for (int64_t z = 0; z < y.Z; ++z)
+    for (int64_t h = 0; h < y.H; ++h)
+      for (int64_t i = 0; i < y.R; ++i) {
+        double dot = 0.0;
+        for (int64_t j = 0; j < y.C; ++j) {
+          if (L.at(h, i / b, j / b)) dot += y.at(z, h, i, j) * dy.at(z, h, i, j);
+        }
+        for (int64_t j = 0; j < y.C; ++j) {
+          if (L.at(h, i / b, j / b)) {
+            dx.at(z, h, i, j) = scale * y.at(z, h, i, j) * (dy.at(z, h, i, j) - dot);
+          }
+        }
+      }
+  return dx;
+}
+
+// ---- the fp64 attention oracle ------------------------------------------------------------------
+
+struct AttnProblem {
+  const Layout* layout = nullptr;
+  int64_t b = 16, B = 1, H = 1, L = 16, D = 8;
+  double scale = 1.0;
+  Dense4 q, k, v;  // [B, H, L, D]
+  Dense4 rpe;      // empty or [B, H, L, L]
+  Vec kpm;         // empty or additive [B, L]
+  Vec attn;        // empty or additive [L, L]
+  bool causal = false;
+
+  // The score s_ij, -inf when (i, j) is outside the layout or masked.
+  double score(int64_t z, int64_t h, int64_t i, int64_t j) const {
+    if (!layout->at(h, i / b, j / b)) return -kInf;
+    double dot = 0.0;
+    for (int64_t d = 0; d < D; ++d) dot += q.at(z, h, i, d) * k.at(z, h, j, d);
+    double s = scale * dot;
+    if (rpe.Z) s += rpe.at(z, h, i, j);
+    if (!kpm.empty()) s += kpm[static_cast<size_t>(z * L + j)];
+    if (!attn.empty()) s += attn[static_cast<size_t>(i * L + j)];
+    if (causal && j > i) s = -kInf;
+    return s;
+  }
+  // Softmax row i; returns the lse (-inf and all-zero probabilities for a fully masked row).
+  double probs(int64_t z, int64_t h, int64_t i, Vec& p) const {
+    p.assign(static_cast<size_t>(L), 0.0);
+    double m = -kInf;
+    for (int64_t j = 0; j < L; ++j) {
+      p[static_cast<size_t>(j)] = score(z, h, i, j);
+      m = std::max(m, p[static_cast<size_t>(j)]);
+    }
+    if (m == -kInf) {
+      std::fill(p.begin(), p.end(), 0.0);
+      return -kInf;
+    }
+    double sum = 0.0;
+    for (double x : p) sum += std::exp(x - m);
+    const double lse = m + std::log(sum);
+    for (double& x : p) x = std::exp(x - lse);
+    return lse;
+  }
+};
+
+struct AttnForward {
+  Dense4 out;  // [B, H, L, D]
+  Vec lse;     // [B, H, L]
+};
+
+inline AttnForward attention_oracle(const AttnProblem& a) {
+  AttnForward f{Dense4(a.B, a.H, a.L, a.D), Vec(static_cast<size_t>(a.B * a.H * a.L))};
+  Vec p;
+  for (int64_t z = 0; z < a.B; ++z)
+    for (int64_t h = 0; h < a.H; ++h)
+      for (int64_t i = 0; i < a.L; ++i) {
+        f.lse[static_cast<size_t>((z * a.H + h) * a.L + i)] = a.probs(z, h, i, p);
+        for (int64_t j = 0; j < a.L; ++j) {
+          const double pj = p[static_cast<size_t>(j)];
+          if (pj == 0.0) continue;
+          for (int64_t d = 0; d < a.D; ++d) f.out.at(z, h, i, d) += pj * a.v.at(z, h, j, d);
+        }
+      }
+  return f;
+}
+
+struct AttnGrads {
+  Dense4 dq, dk, dv;
+};
+
+// Gradients of sum(dout * out): dP_ij = <dO_i, V_j>, dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik),
+// dQ_i = scale sum_j dS_ij K_j, dK_j = scale sum_i dS_ij Q_i, dV_j = sum_i P_ij dO_i.
+inline AttnGrads attention_backward_oracle(const AttnProblem& a, const Dense4& dout) {
+  AttnGrads g{Dense4(a.B, a.H, a.L, a.D), Dense4(a.B, a.H, a.L, a.D), Dense4(a.B, a.H, a.L, a.D)};
+  Vec p, dp(static_cast<size_t>(a.L));
+  for (int64_t z = 0; z < a.B; ++z)
+    for (int64_t h = 0; h < a.H; ++h)
+      for (int64_t i = 0; i < a.L; ++i) {
+        a.probs(z, h, i, p);
+        double delta = 0.0;
+        for (int64_t j = 0; j < a.L; ++j) {
+          double acc = 0.0;
+          for (int64_t d = 0; d < a.D; ++d) acc += dout.at(z, h, i, d) * a.v.at(z, h, j, d);
+          dp[static_cast<size_t>(j)] = acc;
+          delta += p[static_cast<size_t>(j)] * acc;
+        }
+        for (int64_t j = 0; j < a.L; ++j) {
+          const double pj = p[static_cast<size_t>(j)];
+          if (pj == 0.0) continue;
+          const double ds = pj * (dp[static_cast<size_t>(j)] - delta);
+          for (int64_t d = 0; d < a.D; ++d) {
+            g.dq.at(z, h, i, d) += a.scale * ds * a.k.at(z, h, j, d);
+            g.dk.at(z, h, j, d) += a.scale * ds * a.q.at(z, h, i, d);
+            g.dv.at(z, h, j, d) += pj * dout.at(z, h, i, d);
+          }
+        }
+      }
+  return g;
+}
+
+// ---- library runs -------------------------------------------------------------------------------
+
+// Runs any op with a workspace of exactly workspace_size(p) bytes, starting one byte past an
+// aligned address when `misalign` is set (the library accepts any alignment).
+template <class Params>
+inline Status run_op(const Params& p, bool misalign = false, size_t* bytes_out = nullptr) {
+  const size_t bytes = workspace_size(p);
+  if (bytes_out) *bytes_out = bytes;
+  std::vector<std::byte> ws(bytes + (misalign ? 1 : 0));
+  void* ptr = ws.empty() ? nullptr : ws.data() + (misalign ? 1 : 0);
+  return run(p, ptr, bytes);
+}
+
+// True when `name` occurs in `message` as a whole word.
+inline bool mentions(const std::string& message, const std::string& name) {
+  auto is_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t pos = message.find(name); pos != std::string::npos;
+       pos = message.find(name, pos + 1)) {
+    const bool left_ok = pos == 0 || !is_word(message[pos - 1]);
+    const size_t end = pos + name.size();
+    const bool right_ok = end >= message.size() || !is_word(message[end]);
+    if (left_ok && right_ok) return true;
+  }
+  return false;
+}
+
+inline std::vector<int64_t> dims(std::initializer_list<int64_t> d) { return d; }
+
+}  // namespace sciattn::bstest

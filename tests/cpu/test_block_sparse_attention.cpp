@@ -1,0 +1,606 @@
+// Tests of sparse self-attention on the CPU (fused, composite and reference algorithms), forward
+// and backward, against the dense fp64 oracle that applies the layout as a mask (itself checked
+// with central finite differences): every mask mode, rpe, causal, scale, fully masked rows, empty
+// block rows and columns, strided tensors, blocks 16/32/64, f32/f16/bf16; fused == composite;
+// bitwise determinism across thread counts; SparseSelfAttention's crop rule; the padding
+// helpers. Test layer (tests/cpu).
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "block_sparse_test_util.h"
+#include "cpu/block_sparse_reference.h"
+
+namespace sciattn {
+namespace {
+
+using namespace sciattn::bstest;
+
+constexpr SparseAttentionAlgorithm kFused = SparseAttentionAlgorithm::kFused;
+constexpr SparseAttentionAlgorithm kComposite = SparseAttentionAlgorithm::kComposite;
+constexpr SparseAttentionAlgorithm kReference = SparseAttentionAlgorithm::kReference;
+
+enum class LayoutKind { kRandom, kBigBird, kFixedUni };
+enum class MaskKind { kNone, kAdd, kMul, kBool };
+enum class RpeKind { kNone, kF32, kBroadcast };
+// kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer (heads interleaved, as a projection
+// reshaped without a transpose gives them).
+enum class Storage { kPacked, kPadded, kBLHD };
+
+const char* mask_name(MaskKind k) {
+  switch (k) {
+    case MaskKind::kNone: return "none";
+    case MaskKind::kAdd: return "add";
+    case MaskKind::kMul: return "mul";
+    case MaskKind::kBool: return "bool";
+  }
+  return "?";
+}
+
+MaskMode mode_of(MaskKind k) { return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd; }
+
+struct ATCase {
+  DType dtype = DType::kF32;
+  int64_t block = 16, B = 2, H = 2, N = 3, D = 8;  // L = N * block
+  LayoutKind layout = LayoutKind::kRandom;
+  MaskKind kpm = MaskKind::kNone, attn = MaskKind::kNone;
+  RpeKind rpe = RpeKind::kNone;
+  bool causal = false;
+  std::optional<float> scale;
+  Storage storage = Storage::kPacked;
+  uint64_t seed = kBaseSeed;
+
+  int64_t L() const { return N * block; }
+  std::string name() const {
+    static const char* layouts[] = {"random", "bigbird", "fixeduni"};
+    static const char* rpes[] = {"none", "f32", "bcast"};
+    static const char* storages[] = {"packed", "padded", "blhd"};
+    std::string s = std::string(dtype_name(dtype)) + "_b" + std::to_string(block) + "_B" +
+                    std::to_string(B) + "H" + std::to_string(H) + "L" + std::to_string(L()) + "D" +
+                    std::to_string(D) + "_" + layouts[static_cast<int>(layout)] + "_kpm" +
+                    mask_name(kpm) + "_attn" + mask_name(attn) + "_rpe" +
+                    rpes[static_cast<int>(rpe)] + "_" + storages[static_cast<int>(storage)];
+    if (causal) s += "_causal";
+    if (scale) s += "_scaled";
+    return s + "_s" + std::to_string(seed - kBaseSeed);
+  }
+};
+
+void PrintTo(const ATCase& c, std::ostream* os) { *os << c.name() << " " << seed_note(c.seed); }
+
+HostTensor qkv_tensor(const ATCase& c) {
+  const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
+  switch (c.storage) {
+    case Storage::kPadded: return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
+    case Storage::kBLHD: return HostTensor::permuted(c.dtype, sizes, {0, 2, 1, 3});
+    case Storage::kPacked: break;
+  }
+  return HostTensor::packed(c.dtype, sizes);
+}
+
+struct ATProblem {
+  ATCase c;
+  Layout layout;
+  BlockSparseIndex ix;
+  HostTensor q, k, v, dout, rpe, kpm, attn;
+};
+
+Layout make_case_layout(const ATCase& c, std::mt19937_64& rng) {
+  Layout layout;
+  switch (c.layout) {
+    case LayoutKind::kRandom:
+      return random_layout(c.H, c.N, c.N, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+    case LayoutKind::kBigBird: {
+      BigBirdSparsityConfig cfg;
+      cfg.num_heads = c.H;
+      cfg.block = c.block;
+      cfg.different_layout_per_head = true;
+      cfg.seed = c.seed;
+      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
+      return layout;
+    }
+    case LayoutKind::kFixedUni: {
+      FixedSparsityConfig cfg;
+      cfg.num_heads = c.H;
+      cfg.block = c.block;
+      cfg.num_local_blocks = 2;
+      cfg.attention = AttentionDirection::kUnidirectional;
+      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
+      return layout;
+    }
+  }
+  return layout;
+}
+
+HostTensor make_mask(MaskKind k, DType dtype, std::vector<int64_t> sizes, std::mt19937_64& rng) {
+  if (k == MaskKind::kNone) return HostTensor();
+  HostTensor m = HostTensor::packed(k == MaskKind::kBool ? DType::kBool : dtype, sizes);
+  fill_mask(m, mode_of(k), 0.15, rng);
+  return m;
+}
+
+ATProblem make_problem(const ATCase& c) {
+  ATProblem p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed);
+  p.layout = make_case_layout(c, rng);
+  p.ix = make_index(p.layout, c.block);
+  p.q = qkv_tensor(c);
+  p.k = qkv_tensor(c);
+  p.v = qkv_tensor(c);
+  p.dout = qkv_tensor(c);
+  test::fill_normal(p.q, rng);
+  test::fill_normal(p.k, rng);
+  test::fill_normal(p.v, rng);
+  test::fill_normal(p.dout, rng);
+  const int64_t L = c.L();
+  if (c.rpe == RpeKind::kF32) p.rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
+  if (c.rpe == RpeKind::kBroadcast) {
+    p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
+  }
+  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, rng);
+  p.attn = make_mask(c.attn, c.dtype, {L, L}, rng);
+  if (p.attn.present() && L > 2) {
+    // Query 2 sees no key at all: a fully masked row (0 output, -inf lse, zero gradient).
+    for (int64_t j = 0; j < L; ++j) p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
+  }
+  return p;
+}
+
+SparseAttentionOptions options_of(const ATCase& c, SparseAttentionAlgorithm alg, int threads) {
+  SparseAttentionOptions o;
+  o.scale = c.scale;
+  o.causal = c.causal;
+  o.key_padding_mask_mode = mode_of(c.kpm);
+  o.attn_mask_mode = mode_of(c.attn);
+  o.num_threads = threads;
+  o.algorithm = alg;
+  return o;
+}
+
+struct Fwd {
+  Status status;
+  HostTensor out, lse;
+};
+
+Fwd run_forward(const ATProblem& p, SparseAttentionAlgorithm alg, int threads = 0) {
+  Fwd r;
+  r.out = qkv_tensor(p.c);
+  r.lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  SparseAttentionForwardParams f;
+  f.index = &p.ix;
+  f.q = p.q.view();
+  f.k = p.k.view();
+  f.v = p.v.view();
+  f.rpe = p.rpe.view();
+  f.key_padding_mask = p.kpm.view();
+  f.attn_mask = p.attn.view();
+  f.out = r.out.view();
+  f.lse = r.lse.view();
+  f.options = options_of(p.c, alg, threads);
+  r.status = run_op(f, /*misalign=*/true);
+  return r;
+}
+
+struct Bwd {
+  Status status;
+  HostTensor dq, dk, dv;
+};
+
+Bwd run_backward(const ATProblem& p, const Fwd& fwd, SparseAttentionAlgorithm alg,
+                 int threads = 0) {
+  Bwd r;
+  r.dq = qkv_tensor(p.c);
+  r.dk = qkv_tensor(p.c);
+  r.dv = qkv_tensor(p.c);
+  SparseAttentionBackwardParams g;
+  g.index = &p.ix;
+  g.q = p.q.view();
+  g.k = p.k.view();
+  g.v = p.v.view();
+  g.rpe = p.rpe.view();
+  g.key_padding_mask = p.kpm.view();
+  g.attn_mask = p.attn.view();
+  g.out = fwd.out.view();
+  g.lse = fwd.lse.view();
+  g.dout = p.dout.view();
+  g.dq = r.dq.view();
+  g.dk = r.dk.view();
+  g.dv = r.dv.view();
+  g.options = options_of(p.c, alg, threads);
+  r.status = run_op(g);
+  return r;
+}
+
+AttnProblem oracle_problem(const ATProblem& p) {
+  AttnProblem a;
+  a.layout = &p.layout;
+  a.b = p.c.block;
+  a.B = p.c.B;
+  a.H = p.c.H;
+  a.L = p.c.L();
+  a.D = p.c.D;
+  // The scale as the library holds it: a float (1/sqrt(D) rounded to fp32 by default).
+  a.scale = static_cast<double>(
+      p.c.scale ? *p.c.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.D))));
+  a.q = dense_op(p.q, false);
+  a.k = dense_op(p.k, false);
+  a.v = dense_op(p.v, false);
+  if (p.rpe.present()) a.rpe = dense_op(p.rpe, false);
+  if (p.kpm.present()) a.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
+  if (p.attn.present()) a.attn = mask_terms(p.attn, mode_of(p.c.attn));
+  a.causal = p.c.causal;
+  return a;
+}
+
+std::vector<ATCase> all_cases() {
+  std::vector<ATCase> cases;
+  uint64_t seed = kBaseSeed + 500;
+  auto add = [&](ATCase c) {
+    c.seed = seed++;
+    cases.push_back(c);
+  };
+  // Every dtype with every mask mode, the block rotating through 16, 32, 64.
+  int rot = 0;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (MaskKind m : {MaskKind::kAdd, MaskKind::kMul, MaskKind::kBool}) {
+      ATCase c;
+      c.dtype = dt;
+      c.block = int64_t{16} << (rot++ % 3);
+      c.N = c.block == 64 ? 2 : 3;
+      c.D = 16;
+      c.kpm = m;
+      c.attn = m == MaskKind::kBool ? MaskKind::kMul : m;
+      add(c);
+    }
+  }
+  // Real layouts: BigBird (global rows) and unidirectional Fixed with token-level causal masking.
+  ATCase c;
+  c.layout = LayoutKind::kBigBird;
+  c.N = 6;
+  c.H = 3;
+  c.kpm = MaskKind::kAdd;
+  add(c);
+  c = ATCase();
+  c.layout = LayoutKind::kFixedUni;
+  c.block = 32;
+  c.N = 4;
+  c.causal = true;
+  c.dtype = DType::kBF16;
+  add(c);
+  // Token-level causal on a random (not block-causal) layout: rows whose only blocks lie above
+  // the diagonal become fully masked.
+  c = ATCase();
+  c.causal = true;
+  c.attn = MaskKind::kBool;
+  add(c);
+  // rpe, in f32 and broadcast through 0 strides; an explicit scale.
+  c = ATCase();
+  c.rpe = RpeKind::kF32;
+  c.dtype = DType::kF16;
+  c.scale = 0.3f;
+  add(c);
+  c = ATCase();
+  c.rpe = RpeKind::kBroadcast;
+  c.kpm = MaskKind::kMul;
+  c.attn = MaskKind::kAdd;
+  add(c);
+  // Strided tensors.
+  c = ATCase();
+  c.storage = Storage::kPadded;
+  c.dtype = DType::kBF16;
+  c.kpm = MaskKind::kBool;
+  add(c);
+  c = ATCase();
+  c.storage = Storage::kBLHD;
+  c.H = 3;
+  add(c);
+  // Head dims 1, 7, 64, 128 and a single block.
+  for (int64_t d : {1, 7, 64, 128}) {
+    c = ATCase();
+    c.D = d;
+    c.N = d >= 64 ? 2 : 3;
+    c.dtype = d == 7 ? DType::kF16 : DType::kF32;
+    add(c);
+  }
+  c = ATCase();
+  c.B = c.H = c.N = 1;
+  c.block = 64;
+  c.attn = MaskKind::kMul;
+  add(c);
+  return cases;
+}
+
+class AttentionCases : public ::testing::TestWithParam<ATCase> {};
+
+TEST_P(AttentionCases, ForwardWithinToleranceOfFp64) {
+  const ATProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  const AttnProblem a = oracle_problem(p);
+  const AttnForward o = attention_oracle(a);
+  const Fwd ref = run_forward(p, kReference);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+  // The library's reference in fp64 is the oracle up to summation order.
+  {
+    SparseAttentionForwardParams f;
+    f.index = &p.ix;
+    f.q = p.q.view();
+    f.k = p.k.view();
+    f.v = p.v.view();
+    f.rpe = p.rpe.view();
+    f.key_padding_mask = p.kpm.view();
+    f.attn_mask = p.attn.view();
+    f.options = options_of(p.c, kReference, 0);
+    detail::AttentionShape s{p.c.B, p.c.H, p.c.L(), p.c.D};
+    Vec out(o.out.v.size()), lse(o.lse.size()), row(static_cast<size_t>(p.c.L()));
+    cpu::reference_attention_forward<double>(f, s, out.data(), lse.data(), row.data());
+    EXPECT_LE(error_stats(out, o.out.v).max_err, 1e-12);
+    EXPECT_EQ(error_stats(lse, o.lse).nonfinite, 0);
+    EXPECT_LE(error_stats(lse, o.lse).max_err, 1e-12);
+  }
+  for (SparseAttentionAlgorithm alg : {kFused, kComposite}) {
+    SCOPED_TRACE(sparse_attention_algorithm_name(alg));
+    const Fwd got = run_forward(p, alg);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    EXPECT_TRUE(within_tolerance("out", got.out.values(), ref.out.values(), o.out.v, p.c.dtype));
+    EXPECT_TRUE(within_tolerance("lse", got.lse.values(), ref.lse.values(), o.lse, DType::kF32));
+    EXPECT_EQ(got.out.touched_outside_view(), 0);
+  }
+}
+
+TEST_P(AttentionCases, BackwardWithinToleranceOfFp64) {
+  const ATProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  const AttnProblem a = oracle_problem(p);
+  const AttnGrads o = attention_backward_oracle(a, dense_op(p.dout, false));
+  // Every backward gets the same out and lse: the reference forward's.
+  const Fwd fwd = run_forward(p, kReference);
+  ASSERT_TRUE(fwd.status.ok()) << fwd.status.to_string();
+  const Bwd ref = run_backward(p, fwd, kReference);
+  ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
+  for (SparseAttentionAlgorithm alg : {kFused, kComposite}) {
+    SCOPED_TRACE(sparse_attention_algorithm_name(alg));
+    const Bwd got = run_backward(p, fwd, alg);
+    ASSERT_TRUE(got.status.ok()) << got.status.to_string();
+    EXPECT_TRUE(within_tolerance("dq", got.dq.values(), ref.dq.values(), o.dq.v, p.c.dtype));
+    EXPECT_TRUE(within_tolerance("dk", got.dk.values(), ref.dk.values(), o.dk.v, p.c.dtype));
+    EXPECT_TRUE(within_tolerance("dv", got.dv.values(), ref.dv.values(), o.dv.v, p.c.dtype));
+    EXPECT_EQ(got.dq.touched_outside_view() + got.dk.touched_outside_view() +
+                  got.dv.touched_outside_view(),
+              0);
+  }
+}
+
+TEST_P(AttentionCases, SameBitsForAnyThreadCount) {
+  const ATProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  for (SparseAttentionAlgorithm alg : {kFused, kComposite}) {
+    SCOPED_TRACE(sparse_attention_algorithm_name(alg));
+    const Fwd f1 = run_forward(p, alg, 1);
+    ASSERT_TRUE(f1.status.ok());
+    const Bwd b1 = run_backward(p, f1, alg, 1);
+    ASSERT_TRUE(b1.status.ok());
+    // 7 threads (more than the test machines' cores, and not a divisor of the work) for the
+    // first few cases only: oversubscribed OpenMP barriers make each call slow.
+    std::vector<int> counts = {2};
+    if (p.c.seed < kBaseSeed + 503) counts.push_back(7);
+    for (int threads : counts) {
+      const Fwd f = run_forward(p, alg, threads);
+      const Bwd g = run_backward(p, f1, alg, threads);
+      EXPECT_TRUE(f.out.same_bytes(f1.out)) << threads << " threads: out";
+      EXPECT_TRUE(f.lse.same_bytes(f1.lse)) << threads << " threads: lse";
+      EXPECT_TRUE(g.dq.same_bytes(b1.dq)) << threads << " threads: dq";
+      EXPECT_TRUE(g.dk.same_bytes(b1.dk)) << threads << " threads: dk";
+      EXPECT_TRUE(g.dv.same_bytes(b1.dv)) << threads << " threads: dv";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSparse, AttentionCases, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<ATCase>& param_info) {
+                           return param_info.param.name();
+                         });
+
+// The fused path equals the composite path (DeepSpeed's composition) far more tightly than the
+// tolerance rule asks, in f32: the raw scores are bitwise equal, only the softmax's summation
+// order differs (online vs two-pass).
+TEST(SparseAttention, FusedEqualsComposite) {
+  ATCase c;
+  c.layout = LayoutKind::kBigBird;
+  c.N = 8;
+  c.D = 32;
+  c.kpm = MaskKind::kAdd;
+  c.rpe = RpeKind::kF32;
+  c.seed = kBaseSeed + 600;
+  const ATProblem p = make_problem(c);
+  SCOPED_TRACE(seed_note(c.seed));
+  const Fwd fused = run_forward(p, kFused), comp = run_forward(p, kComposite);
+  ASSERT_TRUE(fused.status.ok() && comp.status.ok());
+  const auto eo = error_stats(fused.out.values(), comp.out.values());
+  EXPECT_LE(eo.max_err, 2e-6 * std::max(1.0, eo.max_ref)) << "out";
+  EXPECT_EQ(eo.nonfinite, 0);
+  const Bwd gf = run_backward(p, fused, kFused), gc = run_backward(p, fused, kComposite);
+  ASSERT_TRUE(gf.status.ok() && gc.status.ok());
+  for (auto [name, x, y] : {std::tuple{"dq", &gf.dq, &gc.dq}, std::tuple{"dk", &gf.dk, &gc.dk},
+                            std::tuple{"dv", &gf.dv, &gc.dv}}) {
+    const auto e = error_stats(x->values(), y->values());
+    EXPECT_LE(e.max_err, 2e-5 * std::max(1.0, e.max_ref)) << name;
+  }
+}
+
+// The oracle's backward is the gradient of sum(dout * out): central differences in fp64 on a
+// problem with every feature (masks, rpe, causal, a fully masked row).
+TEST(SparseAttention, OracleBackwardMatchesFiniteDifferences) {
+  ATCase c;
+  c.B = 1;
+  c.H = 2;
+  c.N = 3;
+  c.D = 4;
+  c.kpm = MaskKind::kAdd;
+  c.attn = MaskKind::kMul;
+  c.rpe = RpeKind::kF32;
+  c.causal = true;
+  c.seed = kBaseSeed + 610;
+  const ATProblem p = make_problem(c);
+  SCOPED_TRACE(seed_note(c.seed));
+  const AttnProblem a = oracle_problem(p);
+  const Dense4 dout = dense_op(p.dout, false);
+  const AttnGrads g = attention_backward_oracle(a, dout);
+  auto loss = [&](const AttnProblem& x) {
+    const AttnForward f = attention_oracle(x);
+    double l = 0;
+    for (size_t i = 0; i < f.out.v.size(); ++i) l += f.out.v[i] * dout.v[i];
+    return l;
+  };
+  std::mt19937_64 rng(c.seed);
+  std::uniform_int_distribution<size_t> pick(0, a.q.v.size() - 1);
+  const double eps = 1e-6;
+  for (int t = 0; t < 30; ++t) {
+    const size_t i = pick(rng);
+    for (int which = 0; which < 3; ++which) {
+      AttnProblem plus = a, minus = a;
+      Dense4* xp = which == 0 ? &plus.q : which == 1 ? &plus.k : &plus.v;
+      Dense4* xm = which == 0 ? &minus.q : which == 1 ? &minus.k : &minus.v;
+      xp->v[i] += eps;
+      xm->v[i] -= eps;
+      const double fd = (loss(plus) - loss(minus)) / (2 * eps);
+      const double an = (which == 0 ? g.dq : which == 1 ? g.dk : g.dv).v[i];
+      EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::fabs(fd)))
+          << "d" << "qkv"[which] << " element " << i;
+    }
+  }
+}
+
+// SparseSelfAttention's rule: the layout for length L is the crop of the one built for
+// max_seq_length (spec 1.9), which differs from a fresh layout for Fixed.
+TEST(SparseAttention, IndexForLengthIsTheCropOfMaxSeqLength) {
+  FixedSparsityConfig cfg;
+  cfg.num_heads = 2;
+  BlockSparseIndex cropped;
+  ASSERT_TRUE(build_sparse_attention_index(cfg, 2048, 160, &cropped).ok());
+  Layout full, crop, fresh;
+  ASSERT_TRUE(make_layout(cfg, 2048, &full).ok());
+  ASSERT_TRUE(crop_layout(full, 16, 160, &crop).ok());
+  ASSERT_TRUE(make_layout(cfg, 160, &fresh).ok());
+  const BlockSparseIndex want = make_index(crop, 16), other = make_index(fresh, 16);
+  EXPECT_EQ(cropped.nnz, want.nnz);
+  EXPECT_EQ(cropped.head, want.head);
+  EXPECT_EQ(cropped.row, want.row);
+  EXPECT_EQ(cropped.col, want.col);
+  EXPECT_NE(cropped.col, other.col) << "the crop has no global column 9 (spec 1.9)";
+  // L > max_seq_length is rejected (DeepSpeed breaks).
+  BlockSparseIndex too_long;
+  const Status s = build_sparse_attention_index(cfg, 128, 160, &too_long);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(s.message(), "max_seq_length")) << s.message();
+}
+
+// A length that is not a multiple of the block: pad Q, K, V, build the padding key mask, run,
+// unpad. The first L rows equal attention on the unpadded keys (the oracle on the padded problem
+// with the padded keys masked).
+TEST(SparseAttention, PaddingToTheBlockSize) {
+  const int64_t L = 100, b = 32, B = 2, H = 2, D = 8;
+  const int64_t pad = block_pad_length(L, b);
+  ASSERT_EQ(pad, 28);
+  EXPECT_EQ(block_pad_length(128, 32), 0);
+  const int64_t Lp = L + pad;
+  std::mt19937_64 rng(kBaseSeed + 620);
+  SCOPED_TRACE(seed_note(kBaseSeed + 620));
+  HostTensor q = HostTensor::packed(DType::kBF16, {B, H, L, D}), k = q, v = q;
+  test::fill_normal(q, rng);
+  test::fill_normal(k, rng);
+  test::fill_normal(v, rng);
+  HostTensor qp = HostTensor::packed(DType::kBF16, {B, H, Lp, D}), kp = qp, vp = qp;
+  ASSERT_TRUE(pad_to_block_size(q.view(), 2, b, 0.0, qp.view()).ok());
+  ASSERT_TRUE(pad_to_block_size(k.view(), 2, b, 0.0, kp.view()).ok());
+  ASSERT_TRUE(pad_to_block_size(v.view(), 2, b, 0.0, vp.view()).ok());
+  EXPECT_EQ(qp.values()[static_cast<size_t>(L * D)], 0.0);  // the first padded row of batch 0
+  HostTensor kpm = HostTensor::packed(DType::kF32, {B, Lp});
+  ASSERT_TRUE(padding_key_mask(L, MaskMode::kAdd, kpm.view()).ok());
+  EXPECT_EQ(kpm.values()[static_cast<size_t>(L - 1)], 0.0);
+  EXPECT_EQ(kpm.values()[static_cast<size_t>(L)], -kInf);
+
+  BigBirdSparsityConfig cfg;
+  cfg.num_heads = H;
+  cfg.block = b;
+  BlockSparseIndex ix;
+  ASSERT_TRUE(build_sparse_attention_index(cfg, 2048, Lp, &ix).ok());
+  Layout layout;
+  ASSERT_TRUE(make_layout_for_length(cfg, 2048, Lp, &layout).ok());
+  HostTensor outp = HostTensor::packed(DType::kBF16, {B, H, Lp, D});
+  SparseAttentionForwardParams f;
+  f.index = &ix;
+  f.q = qp.view();
+  f.k = kp.view();
+  f.v = vp.view();
+  f.key_padding_mask = kpm.view();
+  f.out = outp.view();
+  ASSERT_TRUE(run_op(f).ok());
+  HostTensor out = HostTensor::packed(DType::kBF16, {B, H, L, D});
+  ASSERT_TRUE(unpad_sequence_output(outp.view(), 2, out.view()).ok());
+
+  AttnProblem a;
+  a.layout = &layout;
+  a.b = b;
+  a.B = B;
+  a.H = H;
+  a.L = Lp;
+  a.D = D;
+  a.scale = static_cast<double>(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
+  a.q = dense_op(qp, false);
+  a.k = dense_op(kp, false);
+  a.v = dense_op(vp, false);
+  a.kpm = kpm.values();
+  const AttnForward o = attention_oracle(a);
+  Vec want;
+  for (int64_t z = 0; z < B; ++z)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t d = 0; d < D; ++d) want.push_back(o.out.at(z, h, i, d));
+  const auto e = error_stats(out.values(), want);
+  EXPECT_LE(e.max_err, 2 * std::ldexp(1.0, -8) * std::max(1.0, e.max_ref)) << "bf16 out";
+
+  // Padding an existing mask: bool pads false, mul pads 0.
+  HostTensor m = HostTensor::packed(DType::kBool, {B, L});
+  for (int64_t i = 0; i < m.numel(); ++i) m.set(i, 1.0);
+  HostTensor mp = HostTensor::packed(DType::kBool, {B, Lp});
+  ASSERT_TRUE(pad_to_block_size(m.view(), 1, b, 0.0, mp.view()).ok());
+  EXPECT_EQ(mp.values()[static_cast<size_t>(L - 1)], 1.0);
+  EXPECT_EQ(mp.values()[static_cast<size_t>(L)], 0.0);
+  HostTensor bm = HostTensor::packed(DType::kBool, {1, 4});
+  ASSERT_TRUE(padding_key_mask(3, MaskMode::kMul, bm.view()).ok());
+  EXPECT_EQ(bm.values(), Vec({1, 1, 1, 0}));
+  HostTensor mul = HostTensor::packed(DType::kF16, {1, 4});
+  ASSERT_TRUE(padding_key_mask(3, MaskMode::kMul, mul.view()).ok());
+  EXPECT_EQ(mul.values(), Vec({1, 1, 1, 0}));
+}
+
+// A layout without any block: every row is empty, so out is 0, lse -inf, gradients 0.
+TEST(SparseAttention, AllEmptyLayoutGivesZeros) {
+  const Layout layout = Layout::zeros(1, 2, 2);
+  const BlockSparseIndex ix = make_index(layout, 16);
+  ASSERT_EQ(ix.nnz, 0);
+  ATCase c;
+  c.B = 1;
+  c.H = 1;
+  c.N = 2;
+  ATProblem p = make_problem(c);
+  p.layout = layout;
+  p.ix = ix;
+  for (SparseAttentionAlgorithm alg : {kFused, kComposite, kReference}) {
+    const Fwd f = run_forward(p, alg);
+    ASSERT_TRUE(f.status.ok()) << f.status.to_string();
+    for (double x : f.out.values()) EXPECT_EQ(x, 0.0);
+    for (double x : f.lse.values()) EXPECT_EQ(x, -kInf);
+    const Bwd g = run_backward(p, f, alg);
+    ASSERT_TRUE(g.status.ok()) << g.status.to_string();
+    for (const HostTensor* t : {&g.dq, &g.dk, &g.dv})
+      for (double x : t->values()) EXPECT_EQ(x, 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace sciattn

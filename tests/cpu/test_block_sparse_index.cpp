@@ -1,0 +1,152 @@
+// Tests of the BlockSparseIndex: the nonzero enumeration in DeepSpeed's layout.nonzero() order,
+// the row-wise (CSR) and column-wise (CSC) indexes, the longest row and column, and every
+// rejection of build_block_sparse_index. Test layer (tests/cpu).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "block_sparse_test_util.h"
+
+namespace sciattn {
+namespace {
+
+using namespace sciattn::bstest;
+
+// Checks every array of `ix` against `layout` from first principles.
+void expect_index_of(const BlockSparseIndex& ix, const Layout& layout, int64_t block) {
+  const std::vector<Block> blocks = nonzero_blocks(layout);
+  ASSERT_EQ(ix.nnz, static_cast<int64_t>(blocks.size()));
+  EXPECT_EQ(ix.block, block);
+  EXPECT_EQ(ix.num_heads, layout.num_heads);
+  EXPECT_EQ(ix.num_row_blocks, layout.num_row_blocks);
+  EXPECT_EQ(ix.num_col_blocks, layout.num_col_blocks);
+  for (size_t p = 0; p < blocks.size(); ++p) {
+    EXPECT_EQ(ix.head[p], blocks[p].h);
+    EXPECT_EQ(ix.row[p], blocks[p].r);
+    EXPECT_EQ(ix.col[p], blocks[p].c);
+  }
+  int64_t max_row = 0, max_col = 0;
+  for (int64_t h = 0; h < layout.num_heads; ++h) {
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
+      // The CSR range of (h, r) holds exactly the blocks of that row, in column order.
+      std::vector<int64_t> want;
+      for (size_t p = 0; p < blocks.size(); ++p) {
+        if (blocks[p].h == h && blocks[p].r == r) want.push_back(static_cast<int64_t>(p));
+      }
+      std::vector<int64_t> got;
+      for (int64_t p = ix.row_begin(h, r); p < ix.row_end(h, r); ++p) got.push_back(p);
+      EXPECT_EQ(got, want) << "row (" << h << ", " << r << ")";
+      max_row = std::max<int64_t>(max_row, static_cast<int64_t>(want.size()));
+    }
+    for (int64_t c = 0; c < layout.num_col_blocks; ++c) {
+      // The CSC range of (h, c) holds the blocks of that column, in row order.
+      std::vector<int64_t> want_p, want_r;
+      for (size_t p = 0; p < blocks.size(); ++p) {
+        if (blocks[p].h == h && blocks[p].c == c) {
+          want_p.push_back(static_cast<int64_t>(p));
+          want_r.push_back(blocks[p].r);
+        }
+      }
+      std::vector<int64_t> got_p, got_r;
+      for (int64_t e = ix.col_begin(h, c); e < ix.col_end(h, c); ++e) {
+        got_p.push_back(ix.col_blocks[static_cast<size_t>(e)]);
+        got_r.push_back(ix.col_rows[static_cast<size_t>(e)]);
+      }
+      EXPECT_EQ(got_p, want_p) << "col (" << h << ", " << c << ")";
+      EXPECT_EQ(got_r, want_r) << "col (" << h << ", " << c << ")";
+      max_col = std::max<int64_t>(max_col, static_cast<int64_t>(want_p.size()));
+    }
+  }
+  EXPECT_EQ(ix.max_row_nnz, max_row);
+  EXPECT_EQ(ix.max_col_nnz, max_col);
+}
+
+TEST(BlockSparseIndex, MatchesTheLayoutForRandomLayouts) {
+  for (uint64_t s = 0; s < 20; ++s) {
+    const uint64_t seed = kBaseSeed + 10 + s;
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 rng(seed);
+    const int64_t H = 1 + static_cast<int64_t>(rng() % 3), R = 1 + static_cast<int64_t>(rng() % 6),
+                  C = 1 + static_cast<int64_t>(rng() % 6);
+    const Layout layout = random_layout(H, R, C, 0.1 + 0.1 * static_cast<double>(s % 9), rng,
+                                        s % 2 == 0, s % 3 == 0);
+    const int64_t block = int64_t{16} << (s % 4);
+    expect_index_of(make_index(layout, block), layout, block);
+  }
+}
+
+// The BigBird seed-0 grid of spec 1.9: block p = 0 is (0, 0, 0) and the global first row comes
+// first, in column order, as layout.nonzero() numbers it.
+TEST(BlockSparseIndex, BigBirdSeed0Enumeration) {
+  BigBirdSparsityConfig cfg;
+  cfg.num_heads = 1;
+  Layout layout;
+  ASSERT_TRUE(make_layout(cfg, 128, &layout).ok());
+  const BlockSparseIndex ix = make_index(layout, 16);
+  EXPECT_EQ(ix.nnz, 37);
+  expect_index_of(ix, layout, 16);
+  EXPECT_EQ(ix.row_end(0, 0), 8);  // row 0 is global: 8 blocks
+  EXPECT_EQ(ix.max_row_nnz, 8);
+  EXPECT_EQ(ix.max_col_nnz, 8);
+}
+
+TEST(BlockSparseIndex, EmptyLayoutHasNoBlocks) {
+  const BlockSparseIndex ix = make_index(Layout::zeros(2, 3, 4), 32);
+  EXPECT_EQ(ix.nnz, 0);
+  EXPECT_EQ(ix.row_offsets, std::vector<int64_t>(2 * 3 + 1, 0));
+  EXPECT_EQ(ix.col_offsets, std::vector<int64_t>(2 * 4 + 1, 0));
+  EXPECT_EQ(ix.max_row_nnz, 0);
+}
+
+void expect_rejected(const Layout& layout, int64_t block, const std::string& name,
+                     BlockSparseIndex* out_ptr = nullptr, bool use_null = false) {
+  BlockSparseIndex out;
+  const Status s = build_block_sparse_index(layout, block, use_null ? out_ptr : &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_TRUE(mentions(s.message(), name)) << "'" << name << "' not in: " << s.message();
+}
+
+TEST(BlockSparseIndex, Rejections) {
+  const Layout ok = Layout::zeros(1, 2, 2);
+  expect_rejected(ok, 16, "out", nullptr, /*use_null=*/true);
+  for (int64_t block : {0, 8, 24, 256, -16}) expect_rejected(ok, block, "block");
+  expect_rejected(Layout::zeros(0, 2, 2), 16, "layout");
+  Layout no_rows;
+  no_rows.num_heads = 1;
+  no_rows.num_col_blocks = 2;
+  expect_rejected(no_rows, 16, "layout");
+  Layout short_blocks = ok;
+  short_blocks.blocks.pop_back();
+  expect_rejected(short_blocks, 16, "layout.blocks");
+  Layout bad_entry = ok;
+  bad_entry.blocks[3] = 2;
+  expect_rejected(bad_entry, 16, "layout.blocks");
+  Layout huge;
+  huge.num_heads = 1;
+  huge.num_row_blocks = huge.num_col_blocks = int64_t{1} << 31;
+  expect_rejected(huge, 128, "layout");
+  BlockSparseIndex out;
+  EXPECT_EQ(build_sparse_attention_index(FixedSparsityConfig{}, 2048, 128, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  // A config error comes through unchanged (num_heads is required).
+  const Status s = build_sparse_attention_index(FixedSparsityConfig{}, 2048, 128, &out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(s.message(), "num_heads")) << s.message();
+}
+
+TEST(BlockSparseIndex, NamesAndParsers) {
+  EXPECT_STREQ(mask_mode_name(MaskMode::kAdd), "add");
+  EXPECT_STREQ(mask_mode_name(MaskMode::kMul), "mul");
+  EXPECT_EQ(parse_mask_mode("mul"), MaskMode::kMul);
+  EXPECT_FALSE(parse_mask_mode("multiply").has_value());
+  for (auto m : {BlockSparseMatMulMode::kSdd, BlockSparseMatMulMode::kDsd,
+                 BlockSparseMatMulMode::kDds}) {
+    EXPECT_EQ(parse_matmul_mode(matmul_mode_name(m)), m);
+  }
+  EXPECT_FALSE(parse_matmul_mode("ddd").has_value());
+  EXPECT_STREQ(sparse_attention_algorithm_name(SparseAttentionAlgorithm::kComposite), "composite");
+}
+
+}  // namespace
+}  // namespace sciattn

@@ -1,0 +1,333 @@
+// Tests of the block-sparse MatMul (sdd, dsd, dds with trans_a / trans_b), forward and backward:
+// the tolerance rule against the fp64 oracle with the library's fp32 reference as lowp_ref, in
+// f32, f16 and bf16, blocks 16/32/64, inner sizes that are not multiples of 16 and larger than a
+// tile, strided and transposed-view operands, and bitwise determinism across thread counts.
+// Test layer (tests/cpu).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "block_sparse_test_util.h"
+#include "cpu/block_sparse_reference.h"
+
+namespace sciattn {
+namespace {
+
+using namespace sciattn::bstest;
+
+// How the dense operands and outputs are stored.
+enum class Storage { kPacked, kPadded, kPermuted };
+
+struct MMCase {
+  BlockSparseMatMulMode mode = BlockSparseMatMulMode::kSdd;
+  bool ta = false, tb = false;
+  DType dtype = DType::kF32;
+  int64_t block = 16, Z = 2, H = 2, R = 3, C = 2;
+  int64_t extra = 24;  // K for sdd, N for dsd, M for dds
+  Storage storage = Storage::kPacked;
+  uint64_t seed = kBaseSeed;
+
+  std::string name() const {
+    std::string s = std::string(matmul_mode_name(mode)) + (ta ? "_ta" : "") + (tb ? "_tb" : "") +
+                    "_" + dtype_name(dtype) + "_b" + std::to_string(block) + "_Z" +
+                    std::to_string(Z) + "H" + std::to_string(H) + "R" + std::to_string(R) + "C" +
+                    std::to_string(C) + "x" + std::to_string(extra);
+    if (storage == Storage::kPadded) s += "_padded";
+    if (storage == Storage::kPermuted) s += "_permuted";
+    return s + "_s" + std::to_string(seed - kBaseSeed);
+  }
+};
+
+// GoogleTest prints a failing case's parameter with this.
+void PrintTo(const MMCase& c, std::ostream* os) { *os << c.name() << " " << seed_note(c.seed); }
+
+HostTensor dense_tensor(DType dt, std::vector<int64_t> sizes, Storage st) {
+  switch (st) {
+    case Storage::kPadded: return test::make_tensor(dt, sizes, test::Layout::kPadded);
+    // The last two dimensions swapped in memory: a stride-1 dimension that is not the last.
+    case Storage::kPermuted: return HostTensor::permuted(dt, sizes, {0, 1, 3, 2});
+    case Storage::kPacked: break;
+  }
+  return HostTensor::packed(dt, sizes);
+}
+
+struct MMProblem {
+  MMCase c;
+  Layout layout;
+  BlockSparseIndex ix;
+  HostTensor a, b, dc;
+  bool a_sparse = false, b_sparse = false, c_sparse = false;
+  std::vector<int64_t> c_sizes;
+};
+
+MMProblem make_problem(const MMCase& c) {
+  MMProblem p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed);
+  p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+  p.ix = make_index(p.layout, c.block);
+  const int64_t rb = c.R * c.block, cb = c.C * c.block, nnz = p.ix.nnz, b = c.block;
+  const std::vector<int64_t> sparse = {c.Z, nnz, b, b};
+  switch (c.mode) {
+    case BlockSparseMatMulMode::kSdd: {
+      const int64_t k = c.extra;
+      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, k, rb}) : dims({c.Z, c.H, rb, k}), c.storage);
+      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, cb, k}) : dims({c.Z, c.H, k, cb}), c.storage);
+      p.c_sparse = true;
+      p.c_sizes = sparse;
+      break;
+    }
+    case BlockSparseMatMulMode::kDsd: {
+      const int64_t n = c.extra, kin = c.ta ? rb : cb, m = c.ta ? cb : rb;
+      p.a = HostTensor::packed(c.dtype, sparse);
+      p.a_sparse = true;
+      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, n, kin}) : dims({c.Z, c.H, kin, n}), c.storage);
+      p.c_sizes = {c.Z, c.H, m, n};
+      break;
+    }
+    case BlockSparseMatMulMode::kDds: {
+      const int64_t m = c.extra, kin = c.tb ? cb : rb, n = c.tb ? rb : cb;
+      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, kin, m}) : dims({c.Z, c.H, m, kin}), c.storage);
+      p.b = HostTensor::packed(c.dtype, sparse);
+      p.b_sparse = true;
+      p.c_sizes = {c.Z, c.H, m, n};
+      break;
+    }
+  }
+  p.dc = p.c_sparse ? HostTensor::packed(c.dtype, p.c_sizes)
+                    : dense_tensor(c.dtype, p.c_sizes, c.storage);
+  test::fill_normal(p.a, rng);
+  test::fill_normal(p.b, rng);
+  test::fill_normal(p.dc, rng);
+  return p;
+}
+
+HostTensor make_output(const MMProblem& p, const std::vector<int64_t>& sizes, bool sparse) {
+  return sparse ? HostTensor::packed(p.c.dtype, sizes) : dense_tensor(p.c.dtype, sizes, p.c.storage);
+}
+
+BlockSparseMatMulParams forward_params(const MMProblem& p, const HostTensor& c, int threads = 0) {
+  BlockSparseMatMulParams f;
+  f.index = &p.ix;
+  f.mode = p.c.mode;
+  f.trans_a = p.c.ta;
+  f.trans_b = p.c.tb;
+  f.a = p.a.view();
+  f.b = p.b.view();
+  f.c = c.view();
+  f.num_threads = threads;
+  return f;
+}
+
+BlockSparseMatMulBackwardParams backward_params(const MMProblem& p, const HostTensor& da,
+                                                const HostTensor& db, int threads = 0) {
+  BlockSparseMatMulBackwardParams g;
+  g.index = &p.ix;
+  g.mode = p.c.mode;
+  g.trans_a = p.c.ta;
+  g.trans_b = p.c.tb;
+  g.a = p.a.view();
+  g.b = p.b.view();
+  g.dc = p.dc.view();
+  g.da = da.view();
+  g.db = db.view();
+  g.num_threads = threads;
+  return g;
+}
+
+// op(X) of an operand as a logical dense matrix.
+Dense4 logical_op(const MMProblem& p, const HostTensor& t, bool sparse, bool trans) {
+  if (!sparse) return dense_op(t, trans);
+  const Dense4 d = sparse_logical(t, p.layout, p.c.block);
+  return trans ? d.transposed() : d;
+}
+
+// A logical gradient of op(X), back in X's stored shape.
+Vec stored_grad(const MMProblem& p, const Dense4& d_op, bool sparse, bool trans) {
+  const Dense4 d = trans ? d_op.transposed() : d_op;
+  return sparse ? sparse_blocks(d, p.layout, p.c.block) : d.v;
+}
+
+struct Oracle {
+  Vec c, da, db;
+};
+
+Oracle oracle(const MMProblem& p) {
+  Oracle o;
+  const Dense4 op_a = logical_op(p, p.a, p.a_sparse, p.c.ta);
+  const Dense4 op_b = logical_op(p, p.b, p.b_sparse, p.c.tb);
+  const Dense4 c = matmul(op_a, op_b);
+  o.c = p.c_sparse ? sparse_blocks(c, p.layout, p.c.block) : c.v;
+  const Dense4 dc = p.c_sparse ? sparse_logical(p.dc, p.layout, p.c.block) : dense_op(p.dc, false);
+  o.da = stored_grad(p, matmul(dc, op_b.transposed()), p.a_sparse, p.c.ta);
+  o.db = stored_grad(p, matmul(op_a.transposed(), dc), p.b_sparse, p.c.tb);
+  return o;
+}
+
+std::vector<MMCase> all_cases() {
+  std::vector<MMCase> cases;
+  uint64_t seed = kBaseSeed + 100;
+  const BlockSparseMatMulMode modes[] = {BlockSparseMatMulMode::kSdd, BlockSparseMatMulMode::kDsd,
+                                         BlockSparseMatMulMode::kDds};
+  // Every mode, transpose and dtype; the block rotates through 16, 32, 64, and the layout is
+  // rectangular (R != C) so that a mixed-up transpose cannot pass.
+  int rot = 0;
+  for (BlockSparseMatMulMode mode : modes)
+    for (int t = 0; t < 4; ++t)
+      for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+        MMCase c;
+        c.mode = mode;
+        c.ta = (t & 1) != 0;
+        c.tb = (t & 2) != 0;
+        c.dtype = dt;
+        c.block = int64_t{16} << (rot++ % 3);
+        c.R = c.block == 64 ? 2 : 3;
+        c.C = 2;
+        c.extra = mode == BlockSparseMatMulMode::kSdd ? 24 : 20;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+  // Inner and dense sizes that break naive tiling: 1, 7 (not a multiple of 16) and 300 (more
+  // than one 256-wide tile), strided operands, and a single head and batch.
+  for (BlockSparseMatMulMode mode : modes) {
+    for (int64_t extra : {1, 7, 300}) {
+      MMCase c;
+      c.mode = mode;
+      c.extra = extra;
+      c.ta = extra == 7;
+      c.tb = extra == 300;
+      c.dtype = extra == 300 ? DType::kBF16 : DType::kF32;
+      c.Z = 1;
+      c.H = extra == 1 ? 1 : 2;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    for (Storage st : {Storage::kPadded, Storage::kPermuted}) {
+      MMCase c;
+      c.mode = mode;
+      c.storage = st;
+      c.ta = st == Storage::kPermuted;
+      c.dtype = DType::kF16;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+class MatMulCases : public ::testing::TestWithParam<MMCase> {};
+
+TEST_P(MatMulCases, ForwardWithinToleranceOfFp64) {
+  const MMProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  HostTensor c = make_output(p, p.c_sizes, p.c_sparse);
+  const BlockSparseMatMulParams f = forward_params(p, c);
+  const Status s = run_op(f, /*misalign=*/true);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const Oracle o = oracle(p);
+  // lowp_ref: the library's fp32 reference, rounded to the dtype of c.
+  Vec lowp(o.c.size()), ref64(o.c.size());
+  std::vector<float> as_float(o.c.size());
+  cpu::reference_matmul<float>(f, as_float.data());
+  for (size_t i = 0; i < lowp.size(); ++i) lowp[i] = round_to(p.c.dtype, as_float[i]);
+  cpu::reference_matmul<double>(f, ref64.data());
+  // The library's fp64 reference is the oracle itself up to summation order.
+  const auto e = error_stats(ref64, o.c);
+  EXPECT_LE(e.max_err, 1e-10 * std::max(1.0, e.max_ref)) << "reference<double> vs oracle";
+  EXPECT_TRUE(within_tolerance("c", c.values(), lowp, o.c, p.c.dtype));
+  EXPECT_EQ(c.touched_outside_view(), 0) << "c written outside its view";
+  // The inner size of the FLOP count is K (sdd), N (dsd) or M (dds): the case's `extra`.
+  EXPECT_EQ(block_sparse_matmul_flops(f),
+            2.0 * static_cast<double>(p.c.Z * p.ix.nnz * p.c.block * p.c.block * p.c.extra));
+}
+
+TEST_P(MatMulCases, BackwardWithinToleranceOfFp64) {
+  const MMProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  HostTensor da = make_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor db = make_output(p, p.b.sizes(), p.b_sparse);
+  const BlockSparseMatMulBackwardParams g = backward_params(p, da, db);
+  const Status s = run_op(g);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const Oracle o = oracle(p);
+  std::vector<float> fa(o.da.size()), fb(o.db.size());
+  cpu::reference_matmul_backward<float>(g, fa.data(), fb.data());
+  Vec la(fa.size()), lb(fb.size());
+  for (size_t i = 0; i < fa.size(); ++i) la[i] = round_to(p.c.dtype, fa[i]);
+  for (size_t i = 0; i < fb.size(); ++i) lb[i] = round_to(p.c.dtype, fb[i]);
+  Vec ra(o.da.size()), rb(o.db.size());
+  cpu::reference_matmul_backward<double>(g, ra.data(), rb.data());
+  const auto ea = error_stats(ra, o.da), eb = error_stats(rb, o.db);
+  EXPECT_LE(ea.max_err, 1e-10 * std::max(1.0, ea.max_ref)) << "reference<double> da vs oracle";
+  EXPECT_LE(eb.max_err, 1e-10 * std::max(1.0, eb.max_ref)) << "reference<double> db vs oracle";
+  EXPECT_TRUE(within_tolerance("da", da.values(), la, o.da, p.c.dtype));
+  EXPECT_TRUE(within_tolerance("db", db.values(), lb, o.db, p.c.dtype));
+  EXPECT_EQ(da.touched_outside_view(), 0);
+  EXPECT_EQ(db.touched_outside_view(), 0);
+
+  // Each gradient alone gives the same bits as both together.
+  HostTensor da_only = make_output(p, p.a.sizes(), p.a_sparse);
+  ASSERT_TRUE(run_op(backward_params(p, da_only, HostTensor())).ok());
+  EXPECT_TRUE(da_only.same_bytes(da));
+  HostTensor db_only = make_output(p, p.b.sizes(), p.b_sparse);
+  ASSERT_TRUE(run_op(backward_params(p, HostTensor(), db_only)).ok());
+  EXPECT_TRUE(db_only.same_bytes(db));
+}
+
+TEST_P(MatMulCases, SameBitsForAnyThreadCount) {
+  const MMProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  HostTensor c1 = make_output(p, p.c_sizes, p.c_sparse);
+  HostTensor da1 = make_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor db1 = make_output(p, p.b.sizes(), p.b_sparse);
+  ASSERT_TRUE(run_op(forward_params(p, c1, 1)).ok());
+  ASSERT_TRUE(run_op(backward_params(p, da1, db1, 1)).ok());
+  for (int threads : {2, 7}) {
+    HostTensor c = make_output(p, p.c_sizes, p.c_sparse);
+    HostTensor da = make_output(p, p.a.sizes(), p.a_sparse);
+    HostTensor db = make_output(p, p.b.sizes(), p.b_sparse);
+    ASSERT_TRUE(run_op(forward_params(p, c, threads)).ok());
+    ASSERT_TRUE(run_op(backward_params(p, da, db, threads)).ok());
+    EXPECT_TRUE(c.same_bytes(c1)) << threads << " threads: c differs";
+    EXPECT_TRUE(da.same_bytes(da1)) << threads << " threads: da differs";
+    EXPECT_TRUE(db.same_bytes(db1)) << threads << " threads: db differs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSparse, MatMulCases, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<MMCase>& param_info) {
+                           return param_info.param.name();
+                         });
+
+// DeepSpeed's attention uses of MatMul: W = sdd_nt(Q, K) then O = dsd_nn(P, V) equal dense
+// products restricted to the layout, here on a real BigBird layout.
+TEST(MatMul, AttentionShapedProductsOnBigBirdLayout) {
+  BigBirdSparsityConfig cfg;
+  cfg.num_heads = 2;
+  cfg.block = 32;
+  cfg.seed = 3;
+  Layout layout;
+  ASSERT_TRUE(make_layout(cfg, 256, &layout).ok());
+  const BlockSparseIndex ix = make_index(layout, 32);
+  std::mt19937_64 rng(kBaseSeed + 90);
+  HostTensor q = HostTensor::packed(DType::kF32, {1, 2, 256, 16});
+  HostTensor k = HostTensor::packed(DType::kF32, {1, 2, 256, 16});
+  test::fill_normal(q, rng);
+  test::fill_normal(k, rng);
+  HostTensor w = HostTensor::packed(DType::kF32, {1, ix.nnz, 32, 32});
+  BlockSparseMatMulParams f;
+  f.index = &ix;
+  f.mode = BlockSparseMatMulMode::kSdd;
+  f.trans_b = true;
+  f.a = q.view();
+  f.b = k.view();
+  f.c = w.view();
+  ASSERT_TRUE(run_op(f).ok());
+  const Vec want = sparse_blocks(matmul(dense_op(q, false), dense_op(k, true)), layout, 32);
+  const auto e = error_stats(w.values(), want);
+  EXPECT_LE(e.max_err, 1e-5 * std::max(1.0, e.max_ref));
+}
+
+}  // namespace
+}  // namespace sciattn
