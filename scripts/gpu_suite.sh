@@ -3,7 +3,8 @@
 # the `gpu` preset and carried in .carry/, because build trees hold absolute paths):
 #   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
 #   Google Benchmark of the kernels, and the peer comparison (bench/compare/evoformer.py).
-# Usage on the GPU machine: scripts/gpu_suite.sh [tests|sanitize|bench|compare|all]...
+# Usage on the GPU machine: scripts/gpu_suite.sh [tests|sanitize|profile|bench|compare|all]...
+# Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ status=0
 nvidia-smi -L || true
 if want tests; then
   echo "== gpu tests"
-  "$bin/test_cuda_device" --gtest_brief=1 || status=1
+  if [ -x "$bin/test_cuda_device" ]; then "$bin/test_cuda_device" --gtest_brief=1 || status=1; fi
   "$bin/test_evoformer_cuda" --gtest_brief=1 2>&1 | tee "$out/test_evoformer_cuda.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
@@ -36,14 +37,25 @@ if want sanitize; then
     [ $rc -eq 0 ] || status=1
   done
 fi
+if want profile && [ -x "$bin/bench_evoformer_cuda" ]; then
+  # Per-kernel device time of one forward + backward (triangle [1,384,384,4,32], bf16).
+  echo "== kernel durations (ncu)"
+  ncu --clock-control none --metrics gpu__time_duration.sum --launch-count 10 \
+    "$bin/bench_evoformer_cuda" --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' \
+    --benchmark_min_time=0.001 > "$out/ncu_durations.log" 2>&1
+  grep -E "evoformer|gpu__time_duration" "$out/ncu_durations.log" | paste - - | \
+    sed -E 's/ +/ /g; s/\(([0-9]+, ?)+[0-9]+\)x\([0-9, ]+\)//g' | cut -c1-160
+fi
 if want bench && [ -x "$bin/bench_evoformer_cuda" ]; then
   echo "== Google Benchmark"
-  "$bin/bench_evoformer_cuda" --benchmark_out="$out/bench_evoformer_cuda.json" --benchmark_out_format=json \
-    2>&1 | tail -40
+  "$bin/bench_evoformer_cuda" --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_min_time="${BENCH_MIN_TIME:-0.2}" \
+    --benchmark_out="$out/bench_evoformer_cuda.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
+  grep -E "^BM_" "$out/bench.log" | sed -E 's/min_time:[0-9.]+\/manual_time//' | cut -c1-150
 fi
 if want compare; then
   echo "== peer comparison"
   PYTHONUNBUFFERED=1 python3 bench/compare/evoformer.py --lib "$bin/libsciattn_capi.so" --out "$out" \
+    --dtypes "${COMPARE_DTYPES:-bfloat16,float16}" \
     2>&1 | tee "$out/compare.log" | tail -40
 fi
 exit $status

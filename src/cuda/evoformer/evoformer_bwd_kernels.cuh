@@ -27,15 +27,19 @@ struct EvoformerBwdSmem {
   T b[kTile];     // dK/dV kernel: V of this n; dQ kernel: dO
   T c[2][kTile];  // the streamed tile, double-buffered: Q (dK/dV) or K (dQ)
   T d[2][kTile];  // the streamed tile, double-buffered: dO (dK/dV) or V (dQ)
-  float lse_log2[2][EvoformerBwdTile::kBlock];  // lse * log2(e) of the streamed query rows
+  float lse[2][EvoformerBwdTile::kBlock];  // lse of the streamed query rows (dK/dV kernel)
   float delta[2][EvoformerBwdTile::kBlock];
   // Followed, in the dK/dV kernel with dbias2_in_smem, by the chunk's dbias2 partial
-  // [ceil64(L)][kDbias2Pitch] floats.
+  // [ceil64(L)][64] floats (see dbias2_index).
 };
 
-// Row pitch of the shared dbias2 partial: with 68 floats, the eight rows 2t (t = 0..3) and the
-// columns g (0..7) that one warp touches per access land in 32 distinct banks.
-constexpr int kDbias2Pitch = 68;
+// Index of (query q, key column k < 64) in the shared dbias2 partial. Rows are unpadded so that
+// L = 768 still fits next to the tiles; instead the key is XOR-swizzled with bits 1..2 of q,
+// which for one warp's access (q = 2t + const, k = 8 * const + g) puts the 32 lanes in 32
+// distinct banks.
+__device__ __forceinline__ int64_t dbias2_index(int64_t q, int k) {
+  return q * 64 + (k ^ static_cast<int>(((q >> 1) & 3) << 3));
+}
 
 template <typename T>
 __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
@@ -127,15 +131,18 @@ __device__ __forceinline__ float prob_from_log2(float x, float lse_log2) {
   return lse_log2 == kNegInf ? 0.0f : exp2f(x - lse_log2);
 }
 
-// Loads the lse (times log2(e)) and delta of query rows [q0, q0 + 64) into shared memory.
-__device__ __forceinline__ void load_row_stats(float* lse_log2, float* delta, const EvoformerDeviceParams& p,
+// Starts copying the lse and delta of query rows [q0, q0 + 64) into shared memory, in the
+// caller's cp.async group (plain loads here would stall every thread at the next barrier).
+// Rows past L get 0: their probabilities are masked by the caller.
+__device__ __forceinline__ void load_row_stats(float* lse, float* delta, const EvoformerDeviceParams& p,
                                                int64_t bn, int64_t h, int64_t q0) {
   for (int r = threadIdx.x; r < EvoformerBwdTile::kBlock; r += EvoformerBwdTile::kThreads) {
     const int64_t q = q0 + r;
     const bool valid = q < p.len;
-    lse_log2[r] = valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2]] * kLog2e
-                        : kNegInf;
-    delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + q] : 0.0f;
+    const float* lse_src = valid ? p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2] : p.lse;
+    const float* delta_src = valid ? p.delta + (bn * p.heads + h) * p.len + q : p.delta;
+    cp_async_4(lse + r, lse_src, valid ? 4 : 0);
+    cp_async_4(delta + r, delta_src, valid ? 4 : 0);
   }
 }
 
@@ -170,7 +177,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
                              ? nullptr
                              : p.dbias2_partial + ((chunk * p.batch + b) * p.heads + h) * p.len * p.len;
   if (dbias2_smem != nullptr) {
-    for (int64_t e = threadIdx.x; e < q_tiles * Tile::kBlock * kDbias2Pitch; e += Tile::kThreads) dbias2_smem[e] = 0.0f;
+    for (int64_t e = threadIdx.x; e < q_tiles * Tile::kBlock * 64; e += Tile::kThreads) dbias2_smem[e] = 0.0f;
   }
 
   // bias2 read transposed: the thread's rows are keys, so its "row pointers" are the key columns
@@ -196,8 +203,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
                                                                  key0, p.len, p.dim);
     load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
     load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len, p.dim);
+    load_row_stats(smem.lse[0], smem.delta[0], p, bn, h, 0);
     cp_async_commit();
-    load_row_stats(smem.lse_log2[0], smem.delta[0], p, bn, h, 0);
     // bias1 depends on the key alone: in the transposed tile it is a per-row constant.
     const void* bias1_keys[2] = {nullptr, nullptr};
     if (p.bias1_type != BiasType::kNone) {
@@ -226,8 +233,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
                                                                      p.len, p.dim);
         load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], do_src, q0 + Tile::kBlock,
                                                                      p.len, p.dim);
+        load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
         cp_async_commit();
-        load_row_stats(smem.lse_log2[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
@@ -239,7 +246,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
       }
       const T* q_tile = smem.c[buf];
       const T* do_tile = smem.d[buf];
-      const float* lse_log2 = smem.lse_log2[buf];
+      const float* lse = smem.lse[buf];
       const float* delta = smem.delta[buf];
 
       // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units.
@@ -258,7 +265,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
           const int qc = j * 8 + 2 * t + (e & 1);
           const bool valid = my_keys[e >> 1] < p.len && q0 + qc < p.len;
           const float x = fmaf(st[j][e], scale_log2, pt[j][e]);
-          pt[j][e] = valid ? prob_from_log2(x, lse_log2[qc]) : 0.0f;
+          pt[j][e] = valid ? prob_from_log2(x, lse[qc] * kLog2e) : 0.0f;
         }
       // dV += P^T dO.
       mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
@@ -283,7 +290,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int64_t q = q0 + j * 8 + 2 * t + (e & 1);
-            dbias2_smem[q * kDbias2Pitch + warp * 16 + g + 8 * (e >> 1)] += ds[j][e];
+            dbias2_smem[dbias2_index(q, warp * 16 + g + 8 * (e >> 1))] += ds[j][e];
           }
       } else if (dbias2_global != nullptr) {
 #pragma unroll
@@ -321,7 +328,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     const int64_t keys = min(static_cast<int64_t>(Tile::kBlock), p.len - key0);
     for (int64_t e = threadIdx.x; e < p.len * Tile::kBlock; e += Tile::kThreads) {
       const int64_t q = e / Tile::kBlock, k = e % Tile::kBlock;
-      if (k < keys) dbias2_global[q * p.len + key0 + k] = dbias2_smem[q * kDbias2Pitch + k];
+      if (k < keys) dbias2_global[q * p.len + key0 + k] = dbias2_smem[dbias2_index(q, static_cast<int>(k))];
     }
   }
 }

@@ -38,7 +38,7 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& params, cudaS
   // it accumulates in the workspace directly.
   EvoformerDeviceParams p = params;
   const int64_t q_tiles = (p.len + EvoformerBwdTile::kBlock - 1) / EvoformerBwdTile::kBlock;
-  const size_t dbias2_bytes = static_cast<size_t>(q_tiles) * EvoformerBwdTile::kBlock * kDbias2Pitch * sizeof(float);
+  const size_t dbias2_bytes = static_cast<size_t>(q_tiles) * EvoformerBwdTile::kBlock * 64 * sizeof(float);
   p.dbias2_in_smem = p.dbias2_partial != nullptr && smem + dbias2_bytes <= kMaxSmemPerBlock;
   cudaError_t e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
                             EvoformerBwdTile::kThreads, smem + (p.dbias2_in_smem ? dbias2_bytes : 0), p, stream);
