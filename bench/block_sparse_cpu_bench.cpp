@@ -1,0 +1,212 @@
+// Google Benchmark of block-sparse self-attention on the CPU: the fused path against the
+// composite (DeepSpeed's sdd -> softmax -> dsd) path and against dense attention, forward and
+// backward, at L = 1024 and 4096 on DeepSpeed's BigBird and Fixed layouts. Dense attention is
+// measured twice: the fused kernel on a dense layout (what sparsity saves with the same kernel)
+// and the tiled CPU Evoformer path with N = 1 and no bias (the library's dense attention kernel;
+// L = 1024 only, as it takes tens of seconds per call at 4096 on two cores). Counters: GFLOP/s of
+// the algorithm's own FLOPs (4 * B * nnz * b^2 * D forward, 10x backward; dense: 4 * B * H * L^2 *
+// D), dense-equivalent GFLOP/s (the dense FLOPs over the time: a speed-up over dense shows as a
+// rate above dense's own), the layout's density and the call's extra memory (its workspace).
+#include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <random>
+#include <vector>
+
+#include "sciattn/block_sparse.h"
+#include "sciattn/block_sparse_ops.h"
+#include "sciattn/evoformer.h"
+
+namespace {
+
+using namespace sciattn;
+
+constexpr int64_t kBatch = 1, kHeads = 4, kDim = 64;
+
+enum Path : int64_t { kFused = 0, kComposite = 1, kDenseLayout = 2, kEvoformer = 3 };
+enum LayoutKind : int64_t { kBigBird = 0, kFixed = 1, kDenseKind = 2 };
+
+// DeepSpeed's class defaults: BigBird (block 16, 1 random, window 3, 1 global) and Fixed
+// (block 16, local windows of 4 blocks, 1 global block, bidirectional).
+SparsityConfig layout_config(int64_t kind) {
+  if (kind == kDenseKind) {
+    DenseSparsityConfig c;
+    c.num_heads = kHeads;
+    return c;
+  }
+  if (kind == kBigBird) {
+    BigBirdSparsityConfig c;
+    c.num_heads = kHeads;
+    return c;
+  }
+  FixedSparsityConfig c;
+  c.num_heads = kHeads;
+  return c;
+}
+
+// Inputs and outputs of one problem, fp32 [B, H, L, D].
+struct Problem {
+  int64_t L;
+  BlockSparseIndex index;
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+
+  Problem(int64_t len, int64_t kind) : L(len) {
+    build_sparse_attention_index(layout_config(kind), L, L, &index);
+    const size_t n = static_cast<size_t>(kBatch * kHeads * L * kDim);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    auto random = [&] {
+      std::vector<float> x(n);
+      for (float& e : x) e = normal(rng);
+      return x;
+    };
+    q = random();
+    k = random();
+    v = random();
+    dout = random();
+    out.resize(n);
+    dq.resize(n);
+    dk.resize(n);
+    dv.resize(n);
+    lse.resize(static_cast<size_t>(kBatch * kHeads * L));
+  }
+  TensorView view(std::vector<float>& x) {
+    return TensorView::contiguous(x.data(), DType::kF32, {kBatch, kHeads, L, kDim});
+  }
+  // The same buffer as Evoformer's [B, N=1, L, H, D]: the head and length strides swapped.
+  TensorView evo_view(std::vector<float>& x) {
+    return TensorView::strided(x.data(), DType::kF32, {kBatch, 1, L, kHeads, kDim},
+                               {kHeads * L * kDim, kHeads * L * kDim, kDim, L * kDim, 1});
+  }
+  SparseAttentionForwardParams forward(Path path) {
+    SparseAttentionForwardParams p;
+    p.index = &index;
+    p.q = view(q);
+    p.k = view(k);
+    p.v = view(v);
+    p.out = view(out);
+    p.lse = TensorView::contiguous(lse.data(), DType::kF32, {kBatch, kHeads, L});
+    p.options.algorithm = path == kComposite ? SparseAttentionAlgorithm::kComposite
+                                             : SparseAttentionAlgorithm::kFused;
+    return p;
+  }
+  SparseAttentionBackwardParams backward(Path path) {
+    const SparseAttentionForwardParams f = forward(path);
+    SparseAttentionBackwardParams p;
+    p.index = f.index;
+    p.q = f.q;
+    p.k = f.k;
+    p.v = f.v;
+    p.out = f.out;
+    p.lse = f.lse;
+    p.dout = view(dout);
+    p.dq = view(dq);
+    p.dk = view(dk);
+    p.dv = view(dv);
+    p.options = f.options;
+    return p;
+  }
+  EvoformerForwardParams dense_forward() {
+    EvoformerForwardParams p;
+    p.q = evo_view(q);
+    p.k = evo_view(k);
+    p.v = evo_view(v);
+    p.out = evo_view(out);
+    p.lse = TensorView::contiguous(lse.data(), DType::kF32, {kBatch, kHeads, L});
+    return p;
+  }
+  EvoformerBackwardParams dense_backward() {
+    const EvoformerForwardParams f = dense_forward();
+    EvoformerBackwardParams p;
+    p.q = f.q;
+    p.k = f.k;
+    p.v = f.v;
+    p.out = f.out;
+    p.lse = f.lse;
+    p.dout = evo_view(dout);
+    p.dq = evo_view(dq);
+    p.dk = evo_view(dk);
+    p.dv = evo_view(dv);
+    return p;
+  }
+  double density() const {
+    return static_cast<double>(index.nnz) /
+           static_cast<double>(kHeads * index.num_row_blocks * index.num_col_blocks);
+  }
+  double dense_forward_flops() const {
+    return 4.0 * static_cast<double>(kBatch * kHeads) * static_cast<double>(L) *
+           static_cast<double>(L) * static_cast<double>(kDim);
+  }
+};
+
+template <typename Params>
+void time_op(benchmark::State& state, const Params& p, double flops, double dense_flops,
+             double density) {
+  std::vector<std::byte> workspace(workspace_size(p));
+  for (auto _ : state) {
+    const Status s = run(p, workspace.data(), workspace.size());
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      return;
+    }
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["dense_eq_GFLOP/s"] =
+      benchmark::Counter(dense_flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["density"] = density;
+  state.counters["extra_MiB"] = static_cast<double>(workspace.size()) / (1024.0 * 1024.0);
+}
+
+// Arguments: L, layout (0 BigBird, 1 Fixed), path (0 fused, 1 composite, 2 fused on a dense
+// layout, 3 Evoformer dense), direction (0 forward, 1 backward).
+void BM_SparseAttention(benchmark::State& state) {
+  const auto path = static_cast<Path>(state.range(2));
+  Problem prob(state.range(0), path == kDenseLayout ? kDenseKind : state.range(1));
+  const bool backward = state.range(3) != 0;
+  const double dense = prob.dense_forward_flops() * (backward ? 2.5 : 1.0);
+  if (path == kEvoformer) {
+    const EvoformerForwardParams f = prob.dense_forward();
+    if (!backward) {
+      time_op(state, f, dense, dense, 1.0);
+      return;
+    }
+    std::vector<std::byte> ws(workspace_size(f));
+    run(f, ws.data(), ws.size());  // the backward reads the forward's out and lse
+    time_op(state, prob.dense_backward(), dense, dense, 1.0);
+    return;
+  }
+  const SparseAttentionForwardParams f = prob.forward(path);
+  if (!backward) {
+    time_op(state, f, sparse_attention_forward_flops(f), dense, prob.density());
+    return;
+  }
+  std::vector<std::byte> ws(workspace_size(f));
+  run(f, ws.data(), ws.size());
+  const SparseAttentionBackwardParams b = prob.backward(path);
+  time_op(state, b, sparse_attention_backward_flops(b), dense, prob.density());
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"L", "fixed", "path", "bwd"});
+  for (int64_t len : {1024, 4096})
+    for (int64_t layout : {kBigBird, kFixed})
+      for (int64_t bwd : {0, 1})
+        for (int64_t path : {kFused, kComposite, kDenseLayout, kEvoformer}) {
+          // Dense attention does not depend on the layout: measure it once per length (under
+          // the BigBird rows), and the Evoformer kernel at L = 1024 only.
+          if ((path == kDenseLayout || path == kEvoformer) && layout == kFixed) continue;
+          if (path == kEvoformer && len > 1024) continue;
+          b->Args({len, layout, path, bwd});
+        }
+}
+
+BENCHMARK(BM_SparseAttention)
+    ->Apply(shapes)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
+
+}  // namespace
+
+BENCHMARK_MAIN();
