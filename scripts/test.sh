@@ -20,7 +20,7 @@ ctest --preset cpu -j "$jobs"
 echo "== sciattn demo"
 build/cpu/tools/sciattn demo
 
-echo "== cuda preset: compile only"
+echo "== cuda preset: compile the kernels, GPU tests and GPU benchmark (runs nothing)"
 if command -v nvcc >/dev/null 2>&1; then
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "$jobs"

@@ -64,8 +64,10 @@ cpu::ScoreTerms softmax_terms(const BlockSparseSoftmaxParams& p) {
 
 const char* mask_mode_name(MaskMode mode) {
   switch (mode) {
-    case MaskMode::kAdd: return "add";
-    case MaskMode::kMul: return "mul";
+    case MaskMode::kAdd:
+      return "add";
+    case MaskMode::kMul:
+      return "mul";
   }
   return "?";
 }
@@ -78,9 +80,12 @@ std::optional<MaskMode> parse_mask_mode(std::string_view name) {
 
 const char* matmul_mode_name(BlockSparseMatMulMode mode) {
   switch (mode) {
-    case BlockSparseMatMulMode::kSdd: return "sdd";
-    case BlockSparseMatMulMode::kDsd: return "dsd";
-    case BlockSparseMatMulMode::kDds: return "dds";
+    case BlockSparseMatMulMode::kSdd:
+      return "sdd";
+    case BlockSparseMatMulMode::kDsd:
+      return "dsd";
+    case BlockSparseMatMulMode::kDds:
+      return "dds";
   }
   return "?";
 }
@@ -94,9 +99,12 @@ std::optional<BlockSparseMatMulMode> parse_matmul_mode(std::string_view name) {
 
 const char* sparse_attention_algorithm_name(SparseAttentionAlgorithm a) {
   switch (a) {
-    case SparseAttentionAlgorithm::kFused: return "fused";
-    case SparseAttentionAlgorithm::kComposite: return "composite";
-    case SparseAttentionAlgorithm::kReference: return "reference";
+    case SparseAttentionAlgorithm::kFused:
+      return "fused";
+    case SparseAttentionAlgorithm::kComposite:
+      return "composite";
+    case SparseAttentionAlgorithm::kReference:
+      return "reference";
   }
   return "?";
 }
@@ -235,10 +243,12 @@ size_t workspace_size(const SparseAttentionForwardParams& p) {
   detail::check_attention_forward(p, &s);
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
-    case SparseAttentionAlgorithm::kFused: return cpu::fused_forward_workspace_size(p, s, threads);
+    case SparseAttentionAlgorithm::kFused:
+      return cpu::fused_forward_workspace_size(p, s, threads);
     case SparseAttentionAlgorithm::kComposite:
       return cpu::composite_forward_workspace_size(p, s, threads);
-    case SparseAttentionAlgorithm::kReference: return cpu::reference_forward_workspace_size(s);
+    case SparseAttentionAlgorithm::kReference:
+      return cpu::reference_forward_workspace_size(s);
   }
   return 0;
 }
@@ -249,10 +259,12 @@ size_t workspace_size(const SparseAttentionBackwardParams& p) {
   detail::check_attention_backward(p, &s);
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
-    case SparseAttentionAlgorithm::kFused: return cpu::fused_backward_workspace_size(p, s, threads);
+    case SparseAttentionAlgorithm::kFused:
+      return cpu::fused_backward_workspace_size(p, s, threads);
     case SparseAttentionAlgorithm::kComposite:
       return cpu::composite_backward_workspace_size(p, s, threads);
-    case SparseAttentionAlgorithm::kReference: return cpu::reference_backward_workspace_size(s);
+    case SparseAttentionAlgorithm::kReference:
+      return cpu::reference_backward_workspace_size(s);
   }
   return 0;
 }
@@ -267,11 +279,15 @@ Status run(const SparseAttentionForwardParams& p, void* workspace, size_t worksp
   detail::check_attention_forward(p, &s);
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
-    case SparseAttentionAlgorithm::kFused: cpu::fused_forward(p, s, threads, workspace); break;
+    case SparseAttentionAlgorithm::kFused:
+      cpu::fused_forward(p, s, threads, workspace);
+      break;
     case SparseAttentionAlgorithm::kComposite:
       cpu::composite_forward(p, s, threads, workspace);
       break;
-    case SparseAttentionAlgorithm::kReference: cpu::run_reference_forward(p, s, workspace); break;
+    case SparseAttentionAlgorithm::kReference:
+      cpu::run_reference_forward(p, s, workspace);
+      break;
   }
   return Status::ok_status();
 }
@@ -286,11 +302,15 @@ Status run(const SparseAttentionBackwardParams& p, void* workspace, size_t works
   detail::check_attention_backward(p, &s);
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
-    case SparseAttentionAlgorithm::kFused: cpu::fused_backward(p, s, threads, workspace); break;
+    case SparseAttentionAlgorithm::kFused:
+      cpu::fused_backward(p, s, threads, workspace);
+      break;
     case SparseAttentionAlgorithm::kComposite:
       cpu::composite_backward(p, s, threads, workspace);
       break;
-    case SparseAttentionAlgorithm::kReference: cpu::run_reference_backward(p, s, workspace); break;
+    case SparseAttentionAlgorithm::kReference:
+      cpu::run_reference_backward(p, s, workspace);
+      break;
   }
   return Status::ok_status();
 }
@@ -357,8 +377,7 @@ Status pad_to_block_size(const TensorView& src, int dim, int64_t block, double p
   const auto pad = static_cast<float>(pad_value);
   // Every value converts through float exactly (the 16-bit formats and bool are subsets of it).
   for_each_index(dst, [&](int64_t dst_offset, const int64_t* idx) {
-    const float v =
-        idx[dim] < len ? load_as_float(src.data, src.dtype, offset_of(src, idx)) : pad;
+    const float v = idx[dim] < len ? load_as_float(src.data, src.dtype, offset_of(src, idx)) : pad;
     store_from_float(dst.data, dst.dtype, dst_offset, v);
   });
   return Status::ok_status();

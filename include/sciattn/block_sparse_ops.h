@@ -123,7 +123,7 @@ struct BlockSparseMatMulParams {
   bool trans_b = false;
   TensorView a;  // see the shapes above
   TensorView b;
-  TensorView c;  // written; must not overlap a or b
+  TensorView c;         // written; must not overlap a or b
   int num_threads = 0;  // CPU threads; 0 = all. Results do not depend on it.
 };
 
@@ -250,27 +250,29 @@ struct SparseAttentionOptions {
 // lengths that are not a multiple of the block).
 struct SparseAttentionForwardParams {
   const BlockSparseIndex* index = nullptr;
-  TensorView q;    // [B, H, L, D]  f32, f16 or bf16; any strides, stride 1 on D
-  TensorView k;    // [B, H, L, D]  q's dtype
-  TensorView v;    // [B, H, L, D]  q's dtype
+  // Inputs may have any strides: DeepSpeed's pre-transposed key ([B, H, D, L] in memory) is a
+  // view with the last two strides swapped.
+  TensorView q;    // [B, H, L, D]  f32, f16 or bf16; any strides
+  TensorView k;    // [B, H, L, D]  q's dtype; any strides
+  TensorView v;    // [B, H, L, D]  q's dtype; any strides
   TensorView rpe;  // optional [B, H, L, L]  q's dtype or f32; any strides (0 = broadcast)
   TensorView key_padding_mask;  // optional [B, L]  q's dtype, f32 or bool; any strides
   TensorView attn_mask;         // optional [L, L]  q's dtype, f32 or bool; any strides
-  TensorView out;  // [B, H, L, D]  q's dtype (written)
+  TensorView out;               // [B, H, L, D]  q's dtype (written); stride 1 on D
   TensorView lse;  // optional [B, H, L] f32 (written): log-sum-exp of each row's scores
   SparseAttentionOptions options;
 };
 
 struct SparseAttentionBackwardParams {
   const BlockSparseIndex* index = nullptr;
-  TensorView q, k, v;           // [B, H, L, D]  as in the forward
+  TensorView q, k, v;           // [B, H, L, D]  as in the forward (any strides)
   TensorView rpe;               // optional, as in the forward (it gets no gradient)
   TensorView key_padding_mask;  // optional, as in the forward
   TensorView attn_mask;         // optional, as in the forward
-  TensorView out;               // [B, H, L, D]  the forward's output
+  TensorView out;               // [B, H, L, D]  the forward's output (any strides)
   TensorView lse;               // [B, H, L] f32  the forward's log-sum-exp
-  TensorView dout;              // [B, H, L, D]  q's dtype
-  TensorView dq, dk, dv;        // [B, H, L, D]  q's dtype (written)
+  TensorView dout;              // [B, H, L, D]  q's dtype (any strides)
+  TensorView dq, dk, dv;        // [B, H, L, D]  q's dtype (written); stride 1 on D
   SparseAttentionOptions options;
 };
 

@@ -150,10 +150,18 @@ Status check_matmul_operands(const BlockSparseMatMulParams& p, const char* c_nam
   return Status::invalid_argument("mode must be BlockSparseMatMulMode::kSdd, kDsd or kDds");
 }
 
-// The [B, H, L, D] tensor `t` of an attention call.
+// A [B, H, L, D] output of an attention call: stride 1 on D.
 Status check_qkv(const TensorView& t, const char* name, const AttentionShape& s,
                  std::initializer_list<DType> dtypes, Device device) {
   return check_tensor(t, name, "[B, H, L, D]", {s.batch, s.heads, s.len, s.dim}, dtypes, device);
+}
+
+// A [B, H, L, D] input: any strides, so that DeepSpeed's pre-transposed key ([B, H, D, L] in
+// memory) is passed as a view, without a copy.
+Status check_qkv_input(const TensorView& t, const char* name, const AttentionShape& s,
+                       std::initializer_list<DType> dtypes, Device device) {
+  return check_tensor_any_strides(t, name, "[B, H, L, D]", {s.batch, s.heads, s.len, s.dim}, dtypes,
+                                  device);
 }
 
 // q and the index, and the inputs shared by forward and backward.
@@ -188,9 +196,9 @@ Status check_attention_inputs(const BlockSparseIndex* index, const TensorView& q
     return Status::invalid_argument("q has shape " + q.shape_string() +
                                     ": B*H*L*L overflows int64; the problem is too large");
   }
-  SCIATTN_BS_RETURN_IF_ERROR(check_qkv(q, "q", *s, kFloatTypes, q.device));
-  SCIATTN_BS_RETURN_IF_ERROR(check_qkv(k, "k", *s, {q.dtype}, q.device));
-  SCIATTN_BS_RETURN_IF_ERROR(check_qkv(v, "v", *s, {q.dtype}, q.device));
+  SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(q, "q", *s, kFloatTypes, q.device));
+  SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(k, "k", *s, {q.dtype}, q.device));
+  SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(v, "v", *s, {q.dtype}, q.device));
   if (rpe.present()) {
     SCIATTN_BS_RETURN_IF_ERROR(check_tensor_any_strides(rpe, "rpe", "[B, H, L, L]",
                                                         {s->batch, s->heads, s->len, s->len},
@@ -466,10 +474,10 @@ Status check_attention_backward(const SparseAttentionBackwardParams& p, Attentio
   SCIATTN_BS_RETURN_IF_ERROR(check_attention_inputs(
       p.index, p.q, p.k, p.v, p.rpe, p.key_padding_mask, p.attn_mask, p.options, &s));
   const Device dev = p.q.device;
-  SCIATTN_BS_RETURN_IF_ERROR(check_qkv(p.out, "out", s, {p.q.dtype}, dev));
+  SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(p.out, "out", s, {p.q.dtype}, dev));
   SCIATTN_BS_RETURN_IF_ERROR(
       check_tensor(p.lse, "lse", "[B, H, L]", {s.batch, s.heads, s.len}, {DType::kF32}, dev));
-  SCIATTN_BS_RETURN_IF_ERROR(check_qkv(p.dout, "dout", s, {p.q.dtype}, dev));
+  SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(p.dout, "dout", s, {p.q.dtype}, dev));
   SCIATTN_BS_RETURN_IF_ERROR(check_qkv(p.dq, "dq", s, {p.q.dtype}, dev));
   SCIATTN_BS_RETURN_IF_ERROR(check_qkv(p.dk, "dk", s, {p.q.dtype}, dev));
   SCIATTN_BS_RETURN_IF_ERROR(check_qkv(p.dv, "dv", s, {p.q.dtype}, dev));

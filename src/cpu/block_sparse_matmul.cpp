@@ -66,7 +66,9 @@ ThreadScratch scratch_of(const WorkspaceLayout& layout, int threads) {
   return {layout.used_bytes(), threads};
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
@@ -132,9 +134,9 @@ namespace {
 
 // Block row o_blk of op(s) times columns [n0, n0 + nt) of y, for (z, h).
 SCIATTN_CPU_CLONES void dsd_task(const BlockSparseIndex& ix, const TensorView& s, bool trans_s,
-                                 const TensorView& y, const TensorView& out,
-                                 const DsdScratch& plan, std::byte* mine, int64_t z, int64_t h,
-                                 int64_t o_blk, int64_t n0, int64_t nt) {
+                                 const TensorView& y, const TensorView& out, const DsdScratch& plan,
+                                 std::byte* mine, int64_t z, int64_t h, int64_t o_blk, int64_t n0,
+                                 int64_t nt) {
   const int64_t b = ix.block;
   const WorkspaceLayout at;
   float* sb = at.at<float>(mine, plan.s);
@@ -247,16 +249,21 @@ void dds(const BlockSparseIndex& ix, const TensorView& x, const TensorView& s, b
 
 namespace {
 
-TensorView op(const TensorView& t, bool trans) { return trans ? transposed(t) : t; }
+TensorView op(const TensorView& t, bool trans) {
+  return trans ? transposed(t) : t;
+}
 
 }  // namespace
 
 size_t matmul_workspace_size(const BlockSparseMatMulParams& p, const detail::MatMulShape& s,
                              int threads) {
   switch (p.mode) {
-    case BlockSparseMatMulMode::kSdd: return sdd_workspace_size(*p.index, s.k, threads);
-    case BlockSparseMatMulMode::kDsd: return dsd_workspace_size(*p.index, s.n, threads);
-    case BlockSparseMatMulMode::kDds: return dds_workspace_size(*p.index, threads);
+    case BlockSparseMatMulMode::kSdd:
+      return sdd_workspace_size(*p.index, s.k, threads);
+    case BlockSparseMatMulMode::kDsd:
+      return dsd_workspace_size(*p.index, s.n, threads);
+    case BlockSparseMatMulMode::kDds:
+      return dds_workspace_size(*p.index, threads);
   }
   return 0;
 }
@@ -308,8 +315,10 @@ void run_matmul_backward(const BlockSparseMatMulBackwardParams& p, int threads, 
   const TensorView op_a = op(p.a, p.trans_a), op_b = op(p.b, p.trans_b);
   switch (p.mode) {
     case BlockSparseMatMulMode::kSdd:
-      if (p.da.present()) dsd(ix, p.dc, false, transposed(op_b), op(p.da, p.trans_a), threads, workspace);
-      if (p.db.present()) dds(ix, transposed(op_a), p.dc, false, op(p.db, p.trans_b), threads, workspace);
+      if (p.da.present())
+        dsd(ix, p.dc, false, transposed(op_b), op(p.da, p.trans_a), threads, workspace);
+      if (p.db.present())
+        dds(ix, transposed(op_a), p.dc, false, op(p.db, p.trans_b), threads, workspace);
       break;
     case BlockSparseMatMulMode::kDsd:
       if (p.da.present()) {

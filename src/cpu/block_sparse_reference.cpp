@@ -146,14 +146,16 @@ Acc dc_at(const BlockSparseMatMulBackwardParams& p, int64_t z, int64_t h, int64_
 
 template <typename Acc>
 Acc op_a_at(const BlockSparseMatMulBackwardParams& p, int64_t z, int64_t h, int64_t i, int64_t k) {
-  return p.mode == BlockSparseMatMulMode::kDsd ? sparse_at<Acc>(*p.index, p.a, p.trans_a, z, h, i, k)
-                                               : dense_at<Acc>(p.a, p.trans_a, z, h, i, k);
+  return p.mode == BlockSparseMatMulMode::kDsd
+             ? sparse_at<Acc>(*p.index, p.a, p.trans_a, z, h, i, k)
+             : dense_at<Acc>(p.a, p.trans_a, z, h, i, k);
 }
 
 template <typename Acc>
 Acc op_b_at(const BlockSparseMatMulBackwardParams& p, int64_t z, int64_t h, int64_t k, int64_t j) {
-  return p.mode == BlockSparseMatMulMode::kDds ? sparse_at<Acc>(*p.index, p.b, p.trans_b, z, h, k, j)
-                                               : dense_at<Acc>(p.b, p.trans_b, z, h, k, j);
+  return p.mode == BlockSparseMatMulMode::kDds
+             ? sparse_at<Acc>(*p.index, p.b, p.trans_b, z, h, k, j)
+             : dense_at<Acc>(p.b, p.trans_b, z, h, k, j);
 }
 
 // Calls f(packed index, z, h, i, k) for every element of an operand stored as `t`, where (i, k)
@@ -266,7 +268,8 @@ void reference_softmax_backward(const BlockSparseSoftmaxBackwardParams& p, Acc* 
         Acc dot = 0;
         for (int64_t q = begin; q < end; ++q)
           for (int64_t cc = 0; cc < b; ++cc) {
-            dot += load<Acc>(p.y, off4(p.y, z, q, r, cc)) * load<Acc>(p.dy, off4(p.dy, z, q, r, cc));
+            dot +=
+                load<Acc>(p.y, off4(p.y, z, q, r, cc)) * load<Acc>(p.dy, off4(p.dy, z, q, r, cc));
           }
         for (int64_t q = begin; q < end; ++q)
           for (int64_t cc = 0; cc < b; ++cc) {
@@ -421,14 +424,15 @@ void run_reference_forward(const SparseAttentionForwardParams& p, const detail::
     for (int64_t z = 0; z < s.batch; ++z)
       for (int64_t h = 0; h < s.heads; ++h)
         for (int64_t i = 0; i < s.len; ++i) {
-          static_cast<float*>(p.lse.data)[z * p.lse.strides[0] + h * p.lse.strides[1] +
-                                          i * p.lse.strides[2]] = lse[(z * s.heads + h) * s.len + i];
+          static_cast<float*>(
+              p.lse.data)[z * p.lse.strides[0] + h * p.lse.strides[1] + i * p.lse.strides[2]] =
+              lse[(z * s.heads + h) * s.len + i];
         }
   }
 }
 
-void run_reference_backward(const SparseAttentionBackwardParams& p,
-                            const detail::AttentionShape& s, void* workspace) {
+void run_reference_backward(const SparseAttentionBackwardParams& p, const detail::AttentionShape& s,
+                            void* workspace) {
   const ReferencePlan r = plan_reference(s, true);
   float* dq = r.layout.at<float>(workspace, r.a);
   float* dk = r.layout.at<float>(workspace, r.b);

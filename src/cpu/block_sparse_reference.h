@@ -49,7 +49,7 @@ size_t reference_forward_workspace_size(const detail::AttentionShape& s);
 size_t reference_backward_workspace_size(const detail::AttentionShape& s);
 void run_reference_forward(const SparseAttentionForwardParams& p, const detail::AttentionShape& s,
                            void* workspace);
-void run_reference_backward(const SparseAttentionBackwardParams& p,
-                            const detail::AttentionShape& s, void* workspace);
+void run_reference_backward(const SparseAttentionBackwardParams& p, const detail::AttentionShape& s,
+                            void* workspace);
 
 }  // namespace sciattn::cpu

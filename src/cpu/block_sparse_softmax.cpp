@@ -49,8 +49,8 @@ namespace {
 // Block row (z, h, I): the softmax of its b token rows over all of the row's blocks.
 SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorView& x,
                                      const TensorView& y, const ScoreTerms& terms,
-                                     const TensorView* lse, const RowScratch& plan,
-                                     std::byte* mine, int64_t z, int64_t hr) {
+                                     const TensorView* lse, const RowScratch& plan, std::byte* mine,
+                                     int64_t z, int64_t hr) {
   const int64_t b = ix.block;
   const bool want_lse = lse != nullptr && lse->present();
   const int64_t h = hr / ix.num_row_blocks, i_blk = hr % ix.num_row_blocks;
@@ -97,8 +97,8 @@ SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorVie
       store_row(y, off4(y, z, p, r, 0), y.strides[3], b, vals + (p - begin) * b);
     }
     if (want_lse) {
-      static_cast<float*>(lse->data)[z * lse->strides[0] + h * lse->strides[1] +
-                                     i * lse->strides[2]] = row_lse;
+      static_cast<float*>(
+          lse->data)[z * lse->strides[0] + h * lse->strides[1] + i * lse->strides[2]] = row_lse;
     }
   }
 }
@@ -106,8 +106,8 @@ SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorVie
 // Block row (z, h, I) of the backward.
 SCIATTN_CPU_CLONES void softmax_backward_task(const BlockSparseIndex& ix, const TensorView& y,
                                               const TensorView& dy, const TensorView& dx,
-                                              float scale, const RowScratch& plan,
-                                              std::byte* mine, int64_t z, int64_t hr) {
+                                              float scale, const RowScratch& plan, std::byte* mine,
+                                              int64_t z, int64_t hr) {
   const int64_t b = ix.block;
   const int64_t begin = ix.row_offsets[static_cast<size_t>(hr)];
   const int64_t end = ix.row_offsets[static_cast<size_t>(hr + 1)];

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "common/workspace_layout.h"
@@ -54,28 +55,73 @@ inline TensorView transposed(const TensorView& t) {
   return r;
 }
 
+// Whether a tile of t is read faster column by column: its rows are further apart in memory than
+// its columns (a transposed view, e.g. K^T of a [.., L, D] tensor). Reading along the unit stride
+// keeps the loads contiguous; the scatter into the small fp32 tile stays in L1.
+inline bool column_major(const TensorView& t) {
+  return t.strides[3] != 1 && std::abs(t.strides[2]) < std::abs(t.strides[3]);
+}
+
+// Elements moved per step when a tile is read or written column by column.
+constexpr int64_t kColumnChunk = 64;
+
 // dst[r * ld + c] = t[i0, i1, row0 + r, col0 + c] for r < rows, c < cols, as float.
-SCIATTN_CPU_INLINE void load_tile(const TensorView& t, int64_t i0, int64_t i1, int64_t row0, int64_t rows,
-                      int64_t col0, int64_t cols, float* dst, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    load_row(t, off4(t, i0, i1, row0 + r, col0), t.strides[3], cols, dst + r * ld);
+SCIATTN_CPU_INLINE void load_tile(const TensorView& t, int64_t i0, int64_t i1, int64_t row0,
+                                  int64_t rows, int64_t col0, int64_t cols, float* dst,
+                                  int64_t ld) {
+  if (!column_major(t)) {
+    for (int64_t r = 0; r < rows; ++r) {
+      load_row(t, off4(t, i0, i1, row0 + r, col0), t.strides[3], cols, dst + r * ld);
+    }
+    return;
+  }
+  float chunk[kColumnChunk];
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kColumnChunk) {
+      const int64_t n = std::min(kColumnChunk, rows - r0);
+      load_row(t, off4(t, i0, i1, row0 + r0, col0 + c), t.strides[2], n, chunk);
+      for (int64_t r = 0; r < n; ++r) dst[(r0 + r) * ld + c] = chunk[r];
+    }
   }
 }
 
 // The transpose of that tile: dst[c * ld + r] = t[i0, i1, row0 + r, col0 + c].
-SCIATTN_CPU_INLINE void load_tile_transposed(const TensorView& t, int64_t i0, int64_t i1, int64_t row0,
-                                 int64_t rows, int64_t col0, int64_t cols, float* dst,
-                                 int64_t ld) {
-  for (int64_t c = 0; c < cols; ++c) {
-    load_row(t, off4(t, i0, i1, row0, col0 + c), t.strides[2], rows, dst + c * ld);
+SCIATTN_CPU_INLINE void load_tile_transposed(const TensorView& t, int64_t i0, int64_t i1,
+                                             int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                                             float* dst, int64_t ld) {
+  if (column_major(t) || t.strides[3] != 1) {
+    for (int64_t c = 0; c < cols; ++c) {
+      load_row(t, off4(t, i0, i1, row0, col0 + c), t.strides[2], rows, dst + c * ld);
+    }
+    return;
+  }
+  float chunk[kColumnChunk];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kColumnChunk) {
+      const int64_t n = std::min(kColumnChunk, cols - c0);
+      load_row(t, off4(t, i0, i1, row0 + r, col0 + c0), 1, n, chunk);
+      for (int64_t c = 0; c < n; ++c) dst[(c0 + c) * ld + r] = chunk[c];
+    }
   }
 }
 
 // t[i0, i1, row0 + r, col0 + c] = src[r * ld + c], rounded to t's dtype.
-SCIATTN_CPU_INLINE void store_tile(const TensorView& t, int64_t i0, int64_t i1, int64_t row0, int64_t rows,
-                       int64_t col0, int64_t cols, const float* src, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    store_row(t, off4(t, i0, i1, row0 + r, col0), t.strides[3], cols, src + r * ld);
+SCIATTN_CPU_INLINE void store_tile(const TensorView& t, int64_t i0, int64_t i1, int64_t row0,
+                                   int64_t rows, int64_t col0, int64_t cols, const float* src,
+                                   int64_t ld) {
+  if (!column_major(t)) {
+    for (int64_t r = 0; r < rows; ++r) {
+      store_row(t, off4(t, i0, i1, row0 + r, col0), t.strides[3], cols, src + r * ld);
+    }
+    return;
+  }
+  float chunk[kColumnChunk];
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kColumnChunk) {
+      const int64_t n = std::min(kColumnChunk, rows - r0);
+      for (int64_t r = 0; r < n; ++r) chunk[r] = src[(r0 + r) * ld + c];
+      store_row(t, off4(t, i0, i1, row0 + r0, col0 + c), t.strides[2], n, chunk);
+    }
   }
 }
 
@@ -136,12 +182,20 @@ SCIATTN_CPU_INLINE void gemm_acc(int64_t m, int64_t n, int64_t k, const float* a
   if (n % kVecWidth == 0) {
     constexpr int64_t kPanel = kVecWidth * kMaxPanelVecs;
     int64_t j0 = 0;
-    for (; j0 + kPanel <= n; j0 += kPanel) gemm_acc_panel<4>(m, k, a, lda, b + j0, ldb, c + j0, ldc);
+    for (; j0 + kPanel <= n; j0 += kPanel)
+      gemm_acc_panel<4>(m, k, a, lda, b + j0, ldb, c + j0, ldc);
     switch ((n - j0) / kVecWidth) {
-      case 3: gemm_acc_panel<3>(m, k, a, lda, b + j0, ldb, c + j0, ldc); break;
-      case 2: gemm_acc_panel<2>(m, k, a, lda, b + j0, ldb, c + j0, ldc); break;
-      case 1: gemm_acc_panel<1>(m, k, a, lda, b + j0, ldb, c + j0, ldc); break;
-      default: break;
+      case 3:
+        gemm_acc_panel<3>(m, k, a, lda, b + j0, ldb, c + j0, ldc);
+        break;
+      case 2:
+        gemm_acc_panel<2>(m, k, a, lda, b + j0, ldb, c + j0, ldc);
+        break;
+      case 1:
+        gemm_acc_panel<1>(m, k, a, lda, b + j0, ldb, c + j0, ldc);
+        break;
+      default:
+        break;
     }
     return;
   }
@@ -171,8 +225,8 @@ struct ScoreTerms {
   bool causal = false;
 
   // Loads `count` mask values starting at `offset`, `stride` apart, as additive terms.
-  static SCIATTN_CPU_INLINE void mask_row(const TensorView& m, MaskMode mode, int64_t offset, int64_t stride,
-                       int64_t count, float* dst) {
+  static SCIATTN_CPU_INLINE void mask_row(const TensorView& m, MaskMode mode, int64_t offset,
+                                          int64_t stride, int64_t count, float* dst) {
     load_row(m, offset, stride, count, dst);  // a kBool mask already reads as 0 / -inf
     if (mode == MaskMode::kMul && m.dtype != DType::kBool) {
       for (int64_t c = 0; c < count; ++c) dst[c] = dst[c] == 0.0f ? kNegInf : 0.0f;
@@ -181,8 +235,8 @@ struct ScoreTerms {
 
   // v[c] holds the raw score of (row i, column j0 + c) of batch z, head h; `tmp` is scratch of
   // `count` floats.
-  SCIATTN_CPU_INLINE void apply(int64_t z, int64_t h, int64_t i, int64_t j0, int64_t count, float* v,
-             float* tmp) const {
+  SCIATTN_CPU_INLINE void apply(int64_t z, int64_t h, int64_t i, int64_t j0, int64_t count,
+                                float* v, float* tmp) const {
     // DeepSpeed skips the multiplication when scale is 1; x * 1 == x, so this only saves time.
     if (scale != 1.0f) {
       for (int64_t c = 0; c < count; ++c) v[c] *= scale;
@@ -215,8 +269,9 @@ struct ThreadScratch {
   int threads = 1;
 
   size_t total_bytes() const {
-    return per_thread == 0 ? 0 : per_thread * static_cast<size_t>(threads) +
-                                     detail::WorkspaceLayout::kAlignment;
+    return per_thread == 0
+               ? 0
+               : per_thread * static_cast<size_t>(threads) + detail::WorkspaceLayout::kAlignment;
   }
   // The calling OpenMP thread's region (aligned) of a workspace of total_bytes().
   std::byte* mine(void* workspace) const {

@@ -32,9 +32,9 @@ CompositePlan plan(const BlockSparseIndex& ix, const AttentionShape& s, int thre
   CompositePlan r;
   r.scores = r.layout.add<float>(sparse_elems(ix, s));
   if (backward) r.grads = r.layout.add<float>(sparse_elems(ix, s));
-  size_t scratch = std::max({sdd_workspace_size(ix, s.dim, threads),
-                             softmax_workspace_size(ix, threads),
-                             dsd_workspace_size(ix, s.dim, threads)});
+  size_t scratch =
+      std::max({sdd_workspace_size(ix, s.dim, threads), softmax_workspace_size(ix, threads),
+                dsd_workspace_size(ix, s.dim, threads)});
   if (backward) scratch = std::max(scratch, softmax_backward_workspace_size(ix, threads));
   r.scratch = r.layout.add<std::byte>(static_cast<int64_t>(scratch));
   return r;
@@ -56,17 +56,17 @@ size_t composite_backward_workspace_size(const SparseAttentionBackwardParams& p,
   return plan(*p.index, s, threads, true).layout.total_bytes();
 }
 
-void composite_forward(const SparseAttentionForwardParams& p, const AttentionShape& s,
-                       int threads, void* workspace) {
+void composite_forward(const SparseAttentionForwardParams& p, const AttentionShape& s, int threads,
+                       void* workspace) {
   const BlockSparseIndex& ix = *p.index;
   const CompositePlan r = plan(ix, s, threads, false);
   const TensorView w = sparse_view(r.layout.at<float>(workspace, r.scores), ix, s);
   void* scratch = r.layout.at<std::byte>(workspace, r.scratch);
-  const ScoreTerms terms = attention_score_terms(p.options, detail::attention_scale(p.options, s.dim),
-                                                 p.rpe, p.key_padding_mask, p.attn_mask);
-  sdd(ix, p.q, transposed(p.k), w, threads, scratch);                 // W = Q K^T
+  const ScoreTerms terms = attention_score_terms(
+      p.options, detail::attention_scale(p.options, s.dim), p.rpe, p.key_padding_mask, p.attn_mask);
+  sdd(ix, p.q, transposed(p.k), w, threads, scratch);                   // W = Q K^T
   softmax_forward(ix, s.batch, w, w, terms, &p.lse, threads, scratch);  // P = softmax(W), in place
-  dsd(ix, w, false, p.v, p.out, threads, scratch);                    // O = P V
+  dsd(ix, w, false, p.v, p.out, threads, scratch);                      // O = P V
 }
 
 void composite_backward(const SparseAttentionBackwardParams& p, const AttentionShape& s,
@@ -81,11 +81,11 @@ void composite_backward(const SparseAttentionBackwardParams& p, const AttentionS
       attention_score_terms(p.options, scale, p.rpe, p.key_padding_mask, p.attn_mask);
   sdd(ix, p.q, transposed(p.k), prob, threads, scratch);
   softmax_forward(ix, s.batch, prob, prob, terms, nullptr, threads, scratch);
-  dsd(ix, prob, true, p.dout, p.dv, threads, scratch);              // dV = P^T dO
-  sdd(ix, p.dout, transposed(p.v), grad, threads, scratch);         // dP = dO V^T
+  dsd(ix, prob, true, p.dout, p.dv, threads, scratch);                       // dV = P^T dO
+  sdd(ix, p.dout, transposed(p.v), grad, threads, scratch);                  // dP = dO V^T
   softmax_backward(ix, s.batch, prob, grad, grad, scale, threads, scratch);  // dW, in place
-  dsd(ix, grad, false, p.k, p.dq, threads, scratch);                // dQ = dW K
-  dsd(ix, grad, true, p.q, p.dk, threads, scratch);                 // dK = dW^T Q
+  dsd(ix, grad, false, p.k, p.dq, threads, scratch);                         // dQ = dW K
+  dsd(ix, grad, true, p.q, p.dk, threads, scratch);                          // dK = dW^T Q
 }
 
 }  // namespace sciattn::cpu

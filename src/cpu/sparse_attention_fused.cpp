@@ -32,8 +32,8 @@ SCIATTN_CPU_INLINE void transpose(const float* src, int64_t rows, int64_t cols, 
 // k_t is K_J transposed [D, b]; scores [b, b] and tmp [b] are scratch. The sum over D runs in the
 // same order as the sdd kernel's, so the composite and fused paths see the same raw scores.
 SCIATTN_CPU_INLINE void score_block(const ScoreTerms& terms, int64_t z, int64_t h, int64_t i_blk,
-                        int64_t j_blk, int64_t b, int64_t dim, const float* q_blk,
-                        const float* k_t, float* scores, float* tmp) {
+                                    int64_t j_blk, int64_t b, int64_t dim, const float* q_blk,
+                                    const float* k_t, float* scores, float* tmp) {
   std::fill(scores, scores + b * b, 0.0f);
   gemm_acc(b, b, dim, q_blk, dim, k_t, b, scores, b);
   for (int64_t r = 0; r < b; ++r) {
@@ -63,10 +63,9 @@ ForwardScratch plan_forward(int64_t b, int64_t d) {
 }
 
 // Query block (z, h, I): the online softmax over the blocks of its row of the layout.
-SCIATTN_CPU_CLONES void forward_task(const SparseAttentionForwardParams& p,
-                                     const ScoreTerms& terms, const ForwardScratch& plan,
-                                     std::byte* mine, int64_t dim, int64_t z, int64_t h,
-                                     int64_t i_blk) {
+SCIATTN_CPU_CLONES void forward_task(const SparseAttentionForwardParams& p, const ScoreTerms& terms,
+                                     const ForwardScratch& plan, std::byte* mine, int64_t dim,
+                                     int64_t z, int64_t h, int64_t i_blk) {
   const BlockSparseIndex& ix = *p.index;
   const int64_t b = ix.block;
   const WorkspaceLayout at;  // `mine` is aligned already; offsets come from the plan
@@ -183,8 +182,8 @@ struct BackwardCall {
 };
 
 // The lse and D_i of query block I, into [b] buffers.
-SCIATTN_CPU_INLINE void load_row_stats(const BackwardCall& call, int64_t z, int64_t h, int64_t i_blk,
-                           int64_t b, float* lse_blk, float* delta_blk) {
+SCIATTN_CPU_INLINE void load_row_stats(const BackwardCall& call, int64_t z, int64_t h,
+                                       int64_t i_blk, int64_t b, float* lse_blk, float* delta_blk) {
   const TensorView& lse = call.p->lse;
   for (int64_t r = 0; r < b; ++r) {
     const int64_t i = i_blk * b + r;
@@ -197,11 +196,11 @@ SCIATTN_CPU_INLINE void load_row_stats(const BackwardCall& call, int64_t z, int6
 // The probabilities and score gradients of block (I, J):
 //   P = exp(S - lse_i) (0 for a fully masked row, lse = -inf), dP = dO_I V_J^T,
 //   dS = P * (dP - D_i), written into `scores` (P) and `dscores` (dS).
-SCIATTN_CPU_INLINE void block_gradients(const ScoreTerms& terms, int64_t z, int64_t h, int64_t i_blk,
-                            int64_t j_blk, int64_t b, int64_t dim, const float* q_blk,
-                            const float* k_t, const float* dout_blk, const float* v_t,
-                            const float* lse, const float* delta, float* scores, float* dscores,
-                            float* tmp) {
+SCIATTN_CPU_INLINE void block_gradients(const ScoreTerms& terms, int64_t z, int64_t h,
+                                        int64_t i_blk, int64_t j_blk, int64_t b, int64_t dim,
+                                        const float* q_blk, const float* k_t, const float* dout_blk,
+                                        const float* v_t, const float* lse, const float* delta,
+                                        float* scores, float* dscores, float* tmp) {
   score_block(terms, z, h, i_blk, j_blk, b, dim, q_blk, k_t, scores, tmp);
   for (int64_t r = 0; r < b; ++r) {
     float* prow = scores + r * b;
@@ -349,8 +348,7 @@ void fused_forward(const SparseAttentionForwardParams& p, const AttentionShape& 
   const ForwardScratch plan = plan_forward(ix.block, s.dim);
   const ThreadScratch scratch{plan.layout.used_bytes(), threads};
   const ScoreTerms terms = attention_score_terms(
-      p.options, detail::attention_scale(p.options, s.dim), p.rpe, p.key_padding_mask,
-      p.attn_mask);
+      p.options, detail::attention_scale(p.options, s.dim), p.rpe, p.key_padding_mask, p.attn_mask);
   const int64_t rows = ix.num_heads * ix.num_row_blocks;
   const int64_t tasks = s.batch * rows;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)

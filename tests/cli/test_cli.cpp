@@ -63,6 +63,10 @@ TEST(Cli, DemoPrintsATable) {
     EXPECT_NE(r.output.find(form), std::string::npos) << form << "\n" << r.output;
   }
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  // The block-sparse section follows the Evoformer table.
+  for (const char* part : {"Block-sparse", "bigbird", "composite", "bslongformer"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
 }
 
 TEST(Cli, EvoformerOneConfigurationEveryDtype) {
@@ -94,7 +98,8 @@ TEST(Cli, BadFlagExitsNonZeroWithUsage) {
 }
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (const char* args : {"--help", "demo --help", "evoformer --help", "layout --help"}) {
+  for (const char* args :
+       {"--help", "demo --help", "evoformer --help", "layout --help", "sparse --help"}) {
     SCOPED_TRACE(args);
     const CommandResult r = run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -106,6 +111,48 @@ TEST(Cli, ConflictingFlagsAreExplained) {
   const CommandResult r = run_cli("evoformer --no-bias1 --bool-mask");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--bool-mask"), std::string::npos) << r.output;
+}
+
+TEST(Cli, SparseBothPathsEveryDtype) {
+  for (const char* path : {"fused", "composite"}) {
+    for (const char* dtype : {"f32", "f16", "bf16"}) {
+      const std::string args = std::string("sparse --mode bigbird --heads 2 --len 200 --dim 16 "
+                                           "--backward --repeat 1 --json --path ") +
+                               path + " --dtype " + dtype;
+      SCOPED_TRACE(args);
+      const CommandResult r = run_cli(args);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      const nlohmann::json runs = parse_json_output(r.output);
+      expect_all_passed(runs, 1);
+      EXPECT_EQ(runs[0]["padded_len"].get<int>(), 208) << "200 is padded to the block (16)";
+    }
+  }
+}
+
+TEST(Cli, SparseLayoutFlagsAndTable) {
+  const CommandResult r = run_cli(
+      "sparse --mode fixed --attention unidirectional --num-local-blocks 2 --causal --heads 2 "
+      "--block 32 --len 256 --dim 8 --masked-keys 5 --backward --repeat 1 --threads 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fixed causal"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ok"), std::string::npos) << r.output;
+}
+
+TEST(Cli, SparseBadLayoutFlagsAreExplained) {
+  for (const auto& [args, named] :
+       {std::pair<const char*, const char*>{"sparse --mode nonsense", "--mode"},
+        {"sparse --mode fixed --num-random-blocks 2", "--num-random-blocks"},
+        {"sparse --mode bigbird --attention sideways", "--attention"},
+        {"sparse --block 24", "block"},
+        {"sparse --mode bigbird --len 64 --max-seq-length 32", "max_seq_length"}}) {
+    SCOPED_TRACE(args);
+    const CommandResult r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(named), std::string::npos) << r.output;
+  }
+  const CommandResult r = run_cli("sparse --dtype f64");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("Usage"), std::string::npos) << r.output;
 }
 
 }  // namespace

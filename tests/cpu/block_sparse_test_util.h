@@ -228,7 +228,8 @@ inline Dense4 softmax_oracle(const SoftmaxProblem& p) {
         if (!any || m == -kInf) continue;  // zeros
         double sum = 0.0;
         for (int64_t j = 0; j < cols; ++j) sum += std::exp(v[static_cast<size_t>(j)] - m);
-        for (int64_t j = 0; j < cols; ++j) y.at(z, h, i, j) = std::exp(v[static_cast<size_t>(j)] - m) / sum;
+        for (int64_t j = 0; j < cols; ++j)
+          y.at(z, h, i, j) = std::exp(v[static_cast<size_t>(j)] - m) / sum;
       }
   return y;
 }
@@ -378,6 +379,8 @@ inline bool mentions(const std::string& message, const std::string& name) {
   return false;
 }
 
-inline std::vector<int64_t> dims(std::initializer_list<int64_t> d) { return d; }
+inline std::vector<int64_t> dims(std::initializer_list<int64_t> d) {
+  return d;
+}
 
 }  // namespace sciattn::bstest

@@ -5,7 +5,9 @@
 // bitwise determinism across thread counts; SparseSelfAttention's crop rule; the padding
 // helpers. Test layer (tests/cpu).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,20 +28,27 @@ enum class LayoutKind { kRandom, kBigBird, kFixedUni };
 enum class MaskKind { kNone, kAdd, kMul, kBool };
 enum class RpeKind { kNone, kF32, kBroadcast };
 // kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer (heads interleaved, as a projection
-// reshaped without a transpose gives them).
-enum class Storage { kPacked, kPadded, kBLHD };
+// reshaped without a transpose gives them). kKeyT: K and V stored [B, H, D, L] (DeepSpeed's
+// pre-transposed key), viewed as [B, H, L, D] with a non-unit stride on D.
+enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
 
 const char* mask_name(MaskKind k) {
   switch (k) {
-    case MaskKind::kNone: return "none";
-    case MaskKind::kAdd: return "add";
-    case MaskKind::kMul: return "mul";
-    case MaskKind::kBool: return "bool";
+    case MaskKind::kNone:
+      return "none";
+    case MaskKind::kAdd:
+      return "add";
+    case MaskKind::kMul:
+      return "mul";
+    case MaskKind::kBool:
+      return "bool";
   }
   return "?";
 }
 
-MaskMode mode_of(MaskKind k) { return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd; }
+MaskMode mode_of(MaskKind k) {
+  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
+}
 
 struct ATCase {
   DType dtype = DType::kF32;
@@ -56,7 +65,7 @@ struct ATCase {
   std::string name() const {
     static const char* layouts[] = {"random", "bigbird", "fixeduni"};
     static const char* rpes[] = {"none", "f32", "bcast"};
-    static const char* storages[] = {"packed", "padded", "blhd"};
+    static const char* storages[] = {"packed", "padded", "blhd", "keyt"};
     std::string s = std::string(dtype_name(dtype)) + "_b" + std::to_string(block) + "_B" +
                     std::to_string(B) + "H" + std::to_string(H) + "L" + std::to_string(L()) + "D" +
                     std::to_string(D) + "_" + layouts[static_cast<int>(layout)] + "_kpm" +
@@ -68,14 +77,23 @@ struct ATCase {
   }
 };
 
-void PrintTo(const ATCase& c, std::ostream* os) { *os << c.name() << " " << seed_note(c.seed); }
+void PrintTo(const ATCase& c, std::ostream* os) {
+  *os << c.name() << " " << seed_note(c.seed);
+}
 
-HostTensor qkv_tensor(const ATCase& c) {
+HostTensor qkv_tensor(const ATCase& c, bool key_or_value = false) {
   const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
+  if (c.storage == Storage::kKeyT && key_or_value) {
+    return HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2});
+  }
   switch (c.storage) {
-    case Storage::kPadded: return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
-    case Storage::kBLHD: return HostTensor::permuted(c.dtype, sizes, {0, 2, 1, 3});
-    case Storage::kPacked: break;
+    case Storage::kPadded:
+      return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
+    case Storage::kBLHD:
+      return HostTensor::permuted(c.dtype, sizes, {0, 2, 1, 3});
+    case Storage::kKeyT:
+    case Storage::kPacked:
+      break;
   }
   return HostTensor::packed(c.dtype, sizes);
 }
@@ -128,8 +146,8 @@ ATProblem make_problem(const ATCase& c) {
   p.layout = make_case_layout(c, rng);
   p.ix = make_index(p.layout, c.block);
   p.q = qkv_tensor(c);
-  p.k = qkv_tensor(c);
-  p.v = qkv_tensor(c);
+  p.k = qkv_tensor(c, /*key_or_value=*/true);
+  p.v = qkv_tensor(c, /*key_or_value=*/true);
   p.dout = qkv_tensor(c);
   test::fill_normal(p.q, rng);
   test::fill_normal(p.k, rng);
@@ -297,6 +315,11 @@ std::vector<ATCase> all_cases() {
   c = ATCase();
   c.storage = Storage::kBLHD;
   c.H = 3;
+  add(c);
+  c = ATCase();
+  c.storage = Storage::kKeyT;
+  c.dtype = DType::kF16;
+  c.kpm = MaskKind::kAdd;
   add(c);
   // Head dims 1, 7, 64, 128 and a single block.
   for (int64_t d : {1, 7, 64, 128}) {
@@ -468,8 +491,8 @@ TEST(SparseAttention, OracleBackwardMatchesFiniteDifferences) {
       xm->v[i] -= eps;
       const double fd = (loss(plus) - loss(minus)) / (2 * eps);
       const double an = (which == 0 ? g.dq : which == 1 ? g.dk : g.dv).v[i];
-      EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::fabs(fd)))
-          << "d" << "qkv"[which] << " element " << i;
+      EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::fabs(fd))) << "d"
+                                                               << "qkv"[which] << " element " << i;
     }
   }
 }
@@ -563,6 +586,36 @@ TEST(SparseAttention, PaddingToTheBlockSize) {
   const auto e = error_stats(out.values(), want);
   EXPECT_LE(e.max_err, 2 * std::ldexp(1.0, -8) * std::max(1.0, e.max_ref)) << "bf16 out";
 
+  // Length 1: padded to one block, the single real query sees only itself: out = v.
+  {
+    HostTensor q1 = HostTensor::packed(DType::kF32, {1, 1, 1, 4}), v1 = q1;
+    test::fill_normal(q1, rng);
+    test::fill_normal(v1, rng);
+    HostTensor q1p = HostTensor::packed(DType::kF32, {1, 1, 16, 4}), v1p = q1p;
+    ASSERT_TRUE(pad_to_block_size(q1.view(), 2, 16, 0.0, q1p.view()).ok());
+    ASSERT_TRUE(pad_to_block_size(v1.view(), 2, 16, 0.0, v1p.view()).ok());
+    HostTensor m1 = HostTensor::packed(DType::kBool, {1, 16});
+    ASSERT_TRUE(padding_key_mask(1, MaskMode::kMul, m1.view()).ok());
+    const BlockSparseIndex one = make_index(Layout::zeros(1, 1, 1), 16);
+    Layout dense1 = Layout::zeros(1, 1, 1);
+    dense1.at(0, 0, 0) = 1;
+    const BlockSparseIndex ix1 = make_index(dense1, 16);
+    HostTensor o1p = HostTensor::packed(DType::kF32, {1, 1, 16, 4});
+    SparseAttentionForwardParams f1;
+    f1.index = &ix1;
+    f1.q = q1p.view();
+    f1.k = q1p.view();
+    f1.v = v1p.view();
+    f1.key_padding_mask = m1.view();
+    f1.options.key_padding_mask_mode = MaskMode::kMul;
+    f1.out = o1p.view();
+    ASSERT_TRUE(run_op(f1).ok());
+    HostTensor o1 = HostTensor::packed(DType::kF32, {1, 1, 1, 4});
+    ASSERT_TRUE(unpad_sequence_output(o1p.view(), 2, o1.view()).ok());
+    EXPECT_EQ(o1.values(), v1.values());
+    EXPECT_EQ(one.nnz, 0);
+  }
+
   // Padding an existing mask: bool pads false, mul pads 0.
   HostTensor m = HostTensor::packed(DType::kBool, {B, L});
   for (int64_t i = 0; i < m.numel(); ++i) m.set(i, 1.0);
@@ -576,6 +629,79 @@ TEST(SparseAttention, PaddingToTheBlockSize) {
   HostTensor mul = HostTensor::packed(DType::kF16, {1, 4});
   ASSERT_TRUE(padding_key_mask(3, MaskMode::kMul, mul.view()).ok());
   EXPECT_EQ(mul.values(), Vec({1, 1, 1, 0}));
+}
+
+// Element offsets past 2^31 (and byte offsets past 2^32): batch 1 of every tensor lies
+// 2^31 + 1024 elements after batch 0, in lazily backed (MAP_NORESERVE) mappings of which only the
+// touched pages exist. Batch 1 holds batch 0's values, so its outputs must be batch 0's bits.
+TEST(SparseAttention, OffsetsBeyond32Bits) {
+  const int64_t H = 2, L = 32, D = 16, b = 16;
+  const int64_t batch_stride = (int64_t{1} << 31) + 1024, per_batch = H * L * D;
+  const size_t bytes = static_cast<size_t>(batch_stride + 4 * per_batch) * sizeof(float);
+  // Mapping 0 holds the inputs q, k, v, dout side by side (inputs may share memory); each output
+  // (out, dq, dk, dv) needs its own, since an output must not share memory with anything.
+  std::vector<float*> maps;
+  for (int m = 0; m < 5; ++m) {
+    void* region = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region == MAP_FAILED) {
+      for (float* r : maps) munmap(r, bytes);
+      GTEST_SKIP() << "cannot map " << bytes << " bytes of address space";
+    }
+    maps.push_back(static_cast<float*>(region));
+  }
+  // Tensor t: the inputs q, k, v, dout (0..3) in mapping 0, out, dq, dk, dv (4..7) alone.
+  auto start_of = [&](int t) {
+    return t < 4 ? maps[0] + t * per_batch : maps[static_cast<size_t>(t - 3)];
+  };
+  auto view = [&](int t) {
+    return TensorView::strided(start_of(t), DType::kF32, {2, H, L, D}, {batch_stride, L * D, D, 1});
+  };
+  std::mt19937_64 rng(kBaseSeed + 630);
+  std::normal_distribution<float> n01;
+  for (int t = 0; t < 4; ++t) {
+    for (int64_t e = 0; e < per_batch; ++e) {
+      start_of(t)[e] = start_of(t)[batch_stride + e] = n01(rng);
+    }
+  }
+  Layout layout = Layout::zeros(H, 2, 2);
+  layout.at(0, 0, 0) = layout.at(0, 1, 0) = layout.at(0, 1, 1) = layout.at(1, 0, 1) = 1;
+  const BlockSparseIndex ix = make_index(layout, b);
+  std::vector<float> lse(static_cast<size_t>(2 * H * L));
+  for (SparseAttentionAlgorithm alg : {kFused, kComposite, kReference}) {
+    SCOPED_TRACE(sparse_attention_algorithm_name(alg));
+    SparseAttentionForwardParams f;
+    f.index = &ix;
+    f.q = view(0);
+    f.k = view(1);
+    f.v = view(2);
+    f.out = view(4);
+    f.lse = TensorView::contiguous(lse.data(), DType::kF32, {2, H, L});
+    f.options.algorithm = alg;
+    const Status fs = run_op(f);
+    ASSERT_TRUE(fs.ok()) << fs.to_string();
+    SparseAttentionBackwardParams g;
+    g.index = &ix;
+    g.q = f.q;
+    g.k = f.k;
+    g.v = f.v;
+    g.out = f.out;
+    g.lse = f.lse;
+    g.dout = view(3);
+    g.dq = view(5);
+    g.dk = view(6);
+    g.dv = view(7);
+    g.options = f.options;
+    const Status gs = run_op(g);
+    ASSERT_TRUE(gs.ok()) << gs.to_string();
+    for (int t = 4; t < 8; ++t) {
+      const float* b0 = start_of(t);
+      EXPECT_EQ(std::memcmp(b0, b0 + batch_stride, static_cast<size_t>(per_batch) * sizeof(float)),
+                0)
+          << "output " << t << ": batch 1 differs from batch 0";
+    }
+  }
+  for (float* r : maps) munmap(r, bytes);
 }
 
 // A layout without any block: every row is empty, so out is 0, lse -inf, gradients 0.

@@ -69,8 +69,8 @@ TEST(BlockSparseIndex, MatchesTheLayoutForRandomLayouts) {
     std::mt19937_64 rng(seed);
     const int64_t H = 1 + static_cast<int64_t>(rng() % 3), R = 1 + static_cast<int64_t>(rng() % 6),
                   C = 1 + static_cast<int64_t>(rng() % 6);
-    const Layout layout = random_layout(H, R, C, 0.1 + 0.1 * static_cast<double>(s % 9), rng,
-                                        s % 2 == 0, s % 3 == 0);
+    const Layout layout =
+        random_layout(H, R, C, 0.1 + 0.1 * static_cast<double>(s % 9), rng, s % 2 == 0, s % 3 == 0);
     const int64_t block = int64_t{16} << (s % 4);
     expect_index_of(make_index(layout, block), layout, block);
   }
@@ -140,8 +140,8 @@ TEST(BlockSparseIndex, NamesAndParsers) {
   EXPECT_STREQ(mask_mode_name(MaskMode::kMul), "mul");
   EXPECT_EQ(parse_mask_mode("mul"), MaskMode::kMul);
   EXPECT_FALSE(parse_mask_mode("multiply").has_value());
-  for (auto m : {BlockSparseMatMulMode::kSdd, BlockSparseMatMulMode::kDsd,
-                 BlockSparseMatMulMode::kDds}) {
+  for (auto m :
+       {BlockSparseMatMulMode::kSdd, BlockSparseMatMulMode::kDsd, BlockSparseMatMulMode::kDds}) {
     EXPECT_EQ(parse_matmul_mode(matmul_mode_name(m)), m);
   }
   EXPECT_FALSE(parse_matmul_mode("ddd").has_value());

@@ -22,19 +22,27 @@ enum class MaskKind { kNone, kAdd, kMul, kBool };
 
 const char* rpe_name(RpeKind k) {
   switch (k) {
-    case RpeKind::kNone: return "none";
-    case RpeKind::kSameDtype: return "dtype";
-    case RpeKind::kF32: return "f32";
-    case RpeKind::kBroadcast: return "bcast";
+    case RpeKind::kNone:
+      return "none";
+    case RpeKind::kSameDtype:
+      return "dtype";
+    case RpeKind::kF32:
+      return "f32";
+    case RpeKind::kBroadcast:
+      return "bcast";
   }
   return "?";
 }
 const char* mask_name(MaskKind k) {
   switch (k) {
-    case MaskKind::kNone: return "none";
-    case MaskKind::kAdd: return "add";
-    case MaskKind::kMul: return "mul";
-    case MaskKind::kBool: return "bool";
+    case MaskKind::kNone:
+      return "none";
+    case MaskKind::kAdd:
+      return "add";
+    case MaskKind::kMul:
+      return "mul";
+    case MaskKind::kBool:
+      return "bool";
   }
   return "?";
 }
@@ -52,8 +60,8 @@ struct SMCase {
   std::string name() const {
     std::string s = std::string(dtype_name(dtype)) + "_b" + std::to_string(block) + "_Z" +
                     std::to_string(Z) + "H" + std::to_string(H) + "R" + std::to_string(R) + "C" +
-                    std::to_string(C) + "_rpe" + rpe_name(rpe) + "_kpm" + mask_name(kpm) +
-                    "_attn" + mask_name(attn);
+                    std::to_string(C) + "_rpe" + rpe_name(rpe) + "_kpm" + mask_name(kpm) + "_attn" +
+                    mask_name(attn);
     if (scale != 1.0f) s += "_scaled";
     if (causal) s += "_causal";
     if (in_place) s += "_inplace";
@@ -61,9 +69,13 @@ struct SMCase {
   }
 };
 
-void PrintTo(const SMCase& c, std::ostream* os) { *os << c.name() << " " << seed_note(c.seed); }
+void PrintTo(const SMCase& c, std::ostream* os) {
+  *os << c.name() << " " << seed_note(c.seed);
+}
 
-MaskMode mode_of(MaskKind k) { return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd; }
+MaskMode mode_of(MaskKind k) {
+  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
+}
 
 struct SMProblem {
   SMCase c;
@@ -91,7 +103,8 @@ SMProblem make_problem(const SMCase& c) {
   test::fill_normal(p.x, rng, 2.0);
   test::fill_normal(p.dy, rng);
   switch (c.rpe) {
-    case RpeKind::kNone: break;
+    case RpeKind::kNone:
+      break;
     case RpeKind::kSameDtype:
     case RpeKind::kF32:
       p.rpe = HostTensor::packed(c.rpe == RpeKind::kF32 ? DType::kF32 : c.dtype,
@@ -99,8 +112,8 @@ SMProblem make_problem(const SMCase& c) {
       break;
     case RpeKind::kBroadcast:
       // One [rows, cols] table shared by every batch and head: strides 0 on Z and H.
-      p.rpe = HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, cols, 1}, 0,
-                                      rows * cols);
+      p.rpe =
+          HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, cols, 1}, 0, rows * cols);
       break;
   }
   if (p.rpe.present()) test::fill_normal(p.rpe, rng);
@@ -267,9 +280,8 @@ TEST_P(SoftmaxCases, BackwardWithinToleranceOfFp64) {
 
   const Dense4 yl = sparse_logical(y, p.layout, p.c.block);
   const Dense4 dyl = sparse_logical(p.dy, p.layout, p.c.block);
-  const Vec ref64 =
-      sparse_blocks(softmax_backward_oracle(p.layout, p.c.block, p.c.scale, yl, dyl), p.layout,
-                    p.c.block);
+  const Vec ref64 = sparse_blocks(softmax_backward_oracle(p.layout, p.c.block, p.c.scale, yl, dyl),
+                                  p.layout, p.c.block);
   std::vector<float> f32(ref64.size());
   cpu::reference_softmax_backward<float>(ref_params, f32.data());
   Vec lowp(ref64.size());
@@ -361,7 +373,8 @@ TEST(Softmax, OracleBackwardMatchesFiniteDifferences) {
   int checked = 0;
   for (int t = 0; t < 200 && checked < 40; ++t) {
     const size_t i = pick(rng);
-    const int64_t h = static_cast<int64_t>(i / (4 * b * b)), rest = static_cast<int64_t>(i) % (4 * b * b);
+    const int64_t h = static_cast<int64_t>(i / (4 * b * b)),
+                  rest = static_cast<int64_t>(i) % (4 * b * b);
     if (!layout.at(h, rest / (2 * b) / b, rest % (2 * b) / b)) continue;
     SoftmaxProblem plus = o, minus = o;
     const double eps = 1e-6;

@@ -156,7 +156,13 @@ TEST(BlockSparseValidation, MatMulSdd) {
       {"c broadcast", [](P& q) { q.c = broadcast(q.c); }, kInvalid, "c"},
       {"c overlaps a", [](P& q) { q.c.data = q.a.data; }, kInvalid, "c"},
       {"threads", [](P& q) { q.num_threads = -1; }, kInvalid, "num_threads"},
-      {"all on cuda", [](P& q) { q.a = on_cuda(q.a); q.b = on_cuda(q.b); q.c = on_cuda(q.c); }, kNotSupported, "CUDA"},
+      {"all on cuda",
+       [](P& q) {
+         q.a = on_cuda(q.a);
+         q.b = on_cuda(q.b);
+         q.c = on_cuda(q.c);
+       },
+       kNotSupported, "CUDA"},
   };
   expect_rejections(p, cases, {&c});
   expect_workspace_rejections(p);
@@ -166,7 +172,7 @@ TEST(BlockSparseValidation, MatMulDsdAndDds) {
   Fixture fx;
   const int64_t Z = 2, H = 2, N = 7;
   HostTensor s = HostTensor::packed(DType::kF32, {Z, fx.ix.nnz, 16, 16});
-  HostTensor y = HostTensor::packed(DType::kF32, {Z, H, 32, N});   // dsd: K = C*b = 32
+  HostTensor y = HostTensor::packed(DType::kF32, {Z, H, 32, N});    // dsd: K = C*b = 32
   HostTensor out = HostTensor::packed(DType::kF32, {Z, H, 48, N});  // M = R*b = 48
   for (int64_t i = 0; i < s.numel(); ++i) s.set(i, 1.0);
   for (int64_t i = 0; i < y.numel(); ++i) y.set(i, 1.0);
@@ -238,7 +244,15 @@ TEST(BlockSparseValidation, MatMulBackward) {
       {"db overlaps dc", [](P& q) { q.db.data = q.dc.data; }, kInvalid, "db"},
       {"da overlaps db", [](P& q) { q.da.data = q.db.data; }, kInvalid, "da"},
       {"threads", [](P& q) { q.num_threads = -3; }, kInvalid, "num_threads"},
-      {"cuda", [](P& q) { q.a = on_cuda(q.a); q.b = on_cuda(q.b); q.dc = on_cuda(q.dc); q.da = on_cuda(q.da); q.db = on_cuda(q.db); }, kNotSupported, "CUDA"},
+      {"cuda",
+       [](P& q) {
+         q.a = on_cuda(q.a);
+         q.b = on_cuda(q.b);
+         q.dc = on_cuda(q.dc);
+         q.da = on_cuda(q.da);
+         q.db = on_cuda(q.db);
+       },
+       kNotSupported, "CUDA"},
   };
   expect_rejections(p, cases, {&da, &db});
   expect_workspace_rejections(p);
@@ -275,18 +289,32 @@ TEST(BlockSparseValidation, Softmax) {
       {"y dtype", [](P& q) { q.y = with_dtype(q.y, DType::kF32); }, kInvalid, "y"},
       {"y partly overlaps x", [](P& q) { q.y = shifted(q.x); }, kInvalid, "y"},
       {"y overlaps rpe", [](P& q) { q.y.data = q.rpe.data; }, kInvalid, "y"},
-      {"scale inf", [](P& q) { q.scale = std::numeric_limits<float>::infinity(); }, kInvalid, "scale"},
+      {"scale inf", [](P& q) { q.scale = std::numeric_limits<float>::infinity(); }, kInvalid,
+       "scale"},
       {"scale nan", [](P& q) { q.scale = kNaN; }, kInvalid, "scale"},
       {"rpe shape", [](P& q) { q.rpe = resized(q.rpe, 3, 48); }, kInvalid, "rpe"},
       {"rpe bool", [](P& q) { q.rpe = with_dtype(q.rpe, DType::kBool); }, kInvalid, "rpe"},
-      {"kpm shape", [](P& q) { q.key_padding_mask = resized(q.key_padding_mask, 1, 48); }, kInvalid, "key_padding_mask"},
-      {"kpm dtype", [](P& q) { q.key_padding_mask = with_dtype(q.key_padding_mask, DType::kBF16); }, kInvalid, "key_padding_mask"},
-      {"attn shape", [](P& q) { q.attn_mask = resized(q.attn_mask, 0, 32); }, kInvalid, "attn_mask"},
+      {"kpm shape", [](P& q) { q.key_padding_mask = resized(q.key_padding_mask, 1, 48); }, kInvalid,
+       "key_padding_mask"},
+      {"kpm dtype", [](P& q) { q.key_padding_mask = with_dtype(q.key_padding_mask, DType::kBF16); },
+       kInvalid, "key_padding_mask"},
+      {"attn shape", [](P& q) { q.attn_mask = resized(q.attn_mask, 0, 32); }, kInvalid,
+       "attn_mask"},
       {"attn rank", [](P& q) { q.attn_mask = with_rank(q.attn_mask, 3); }, kInvalid, "attn_mask"},
-      {"kpm mode", [](P& q) { q.key_padding_mask_mode = static_cast<MaskMode>(5); }, kInvalid, "key_padding_mask_mode"},
-      {"attn mode", [](P& q) { q.attn_mask_mode = static_cast<MaskMode>(-1); }, kInvalid, "attn_mask_mode"},
+      {"kpm mode", [](P& q) { q.key_padding_mask_mode = static_cast<MaskMode>(5); }, kInvalid,
+       "key_padding_mask_mode"},
+      {"attn mode", [](P& q) { q.attn_mask_mode = static_cast<MaskMode>(-1); }, kInvalid,
+       "attn_mask_mode"},
       {"threads", [](P& q) { q.num_threads = -1; }, kInvalid, "num_threads"},
-      {"cuda", [](P& q) { q.x = on_cuda(q.x); q.y = on_cuda(q.y); q.rpe = on_cuda(q.rpe); q.key_padding_mask = on_cuda(q.key_padding_mask); q.attn_mask = on_cuda(q.attn_mask); }, kNotSupported, "CUDA"},
+      {"cuda",
+       [](P& q) {
+         q.x = on_cuda(q.x);
+         q.y = on_cuda(q.y);
+         q.rpe = on_cuda(q.rpe);
+         q.key_padding_mask = on_cuda(q.key_padding_mask);
+         q.attn_mask = on_cuda(q.attn_mask);
+       },
+       kNotSupported, "CUDA"},
   };
   expect_rejections(p, cases, {&y});
   expect_workspace_rejections(p);
@@ -390,7 +418,7 @@ TEST(BlockSparseValidation, AttentionForward) {
       {"q heads", [](P& q) { q.q = resized(q.q, 1, 3); }, kInvalid, "q"},
       {"q length", [](P& q) { q.q = resized(q.q, 2, 40); }, kInvalid, "q"},
       {"q zero dim", [](P& q) { q.q = resized(q.q, 3, 0); }, kInvalid, "q"},
-      {"q last stride", [](P& q) { q.q.strides[3] = 2; }, kInvalid, "q"},
+      {"out last stride", [](P& q) { q.out.strides[3] = 2; }, kInvalid, "out"},
       {"q bool", [](P& q) { q.q = with_dtype(q.q, DType::kBool); }, kInvalid, "q"},
       {"k shape", [](P& q) { q.k = resized(q.k, 3, 8); }, kInvalid, "k"},
       {"k dtype", [](P& q) { q.k = with_dtype(q.k, DType::kF16); }, kInvalid, "k"},
@@ -398,14 +426,19 @@ TEST(BlockSparseValidation, AttentionForward) {
       {"v device", [](P& q) { q.v = on_cuda(q.v); }, kInvalid, "v"},
       {"rpe shape", [](P& q) { q.rpe = resized(q.rpe, 3, 47); }, kInvalid, "rpe"},
       {"rpe dtype", [](P& q) { q.rpe = with_dtype(q.rpe, DType::kF16); }, kInvalid, "rpe"},
-      {"kpm shape", [](P& q) { q.key_padding_mask = resized(q.key_padding_mask, 0, 1); }, kInvalid, "key_padding_mask"},
-      {"kpm dtype", [](P& q) { q.key_padding_mask = with_dtype(q.key_padding_mask, DType::kF16); }, kInvalid, "key_padding_mask"},
+      {"kpm shape", [](P& q) { q.key_padding_mask = resized(q.key_padding_mask, 0, 1); }, kInvalid,
+       "key_padding_mask"},
+      {"kpm dtype", [](P& q) { q.key_padding_mask = with_dtype(q.key_padding_mask, DType::kF16); },
+       kInvalid, "key_padding_mask"},
       {"attn shape", [](P& q) { q.attn_mask = resized(q.attn_mask, 1, 1); }, kInvalid, "attn_mask"},
       {"scale", [](P& q) { q.options.scale = kNaN; }, kInvalid, "options.scale"},
-      {"kpm mode", [](P& q) { q.options.key_padding_mask_mode = static_cast<MaskMode>(3); }, kInvalid, "options.key_padding_mask_mode"},
-      {"attn mode", [](P& q) { q.options.attn_mask_mode = static_cast<MaskMode>(3); }, kInvalid, "options.attn_mask_mode"},
+      {"kpm mode", [](P& q) { q.options.key_padding_mask_mode = static_cast<MaskMode>(3); },
+       kInvalid, "options.key_padding_mask_mode"},
+      {"attn mode", [](P& q) { q.options.attn_mask_mode = static_cast<MaskMode>(3); }, kInvalid,
+       "options.attn_mask_mode"},
       {"threads", [](P& q) { q.options.num_threads = -2; }, kInvalid, "num_threads"},
-      {"algorithm", [](P& q) { q.options.algorithm = static_cast<SparseAttentionAlgorithm>(9); }, kInvalid, "options.algorithm"},
+      {"algorithm", [](P& q) { q.options.algorithm = static_cast<SparseAttentionAlgorithm>(9); },
+       kInvalid, "options.algorithm"},
       {"out shape", [](P& q) { q.out = resized(q.out, 3, 3); }, kInvalid, "out"},
       {"out dtype", [](P& q) { q.out = with_dtype(q.out, DType::kF32); }, kInvalid, "out"},
       {"out is q", [](P& q) { q.out = q.q; }, kInvalid, "out"},
@@ -413,7 +446,38 @@ TEST(BlockSparseValidation, AttentionForward) {
       {"lse shape", [](P& q) { q.lse = resized(q.lse, 2, 47); }, kInvalid, "lse"},
       {"lse dtype", [](P& q) { q.lse = with_dtype(q.lse, DType::kBF16); }, kInvalid, "lse"},
       {"lse overlaps out", [](P& q) { q.lse.data = q.out.data; }, kInvalid, "lse"},
-      {"cuda", [](P& q) { q.q = on_cuda(q.q); q.k = on_cuda(q.k); q.v = on_cuda(q.v); q.rpe = on_cuda(q.rpe); q.key_padding_mask = on_cuda(q.key_padding_mask); q.attn_mask = on_cuda(q.attn_mask); q.out = on_cuda(q.out); q.lse = on_cuda(q.lse); }, kNotSupported, "CUDA"},
+      // Sizes whose products overflow int64, without memory: a batch broadcast through stride 0.
+      {"B*H*L*L overflows",
+       [](P& q) {
+         for (TensorView* view : {&q.q, &q.k, &q.v}) {
+           view->sizes[0] = int64_t{1} << 62;
+           view->strides[0] = 0;
+         }
+         q.rpe = q.key_padding_mask = TensorView();
+       },
+       kInvalid, "q"},
+      {"composite scores overflow",
+       [](P& q) {
+         for (TensorView* view : {&q.q, &q.k, &q.v}) {
+           view->sizes[0] = int64_t{1} << 50;
+           view->strides[0] = 0;
+         }
+         q.rpe = q.key_padding_mask = TensorView();
+         q.options.algorithm = SparseAttentionAlgorithm::kComposite;
+       },
+       kInvalid, "options.algorithm"},
+      {"cuda",
+       [](P& q) {
+         q.q = on_cuda(q.q);
+         q.k = on_cuda(q.k);
+         q.v = on_cuda(q.v);
+         q.rpe = on_cuda(q.rpe);
+         q.key_padding_mask = on_cuda(q.key_padding_mask);
+         q.attn_mask = on_cuda(q.attn_mask);
+         q.out = on_cuda(q.out);
+         q.lse = on_cuda(q.lse);
+       },
+       kNotSupported, "CUDA"},
   };
   expect_rejections(p, cases, {&t.out, &t.lse});
   for (auto alg : {SparseAttentionAlgorithm::kFused, SparseAttentionAlgorithm::kComposite,
