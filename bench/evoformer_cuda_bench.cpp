@@ -19,20 +19,21 @@ using namespace sciattn;
 constexpr double kMatmulCeiling = 790e12;
 constexpr double kExpCeiling = 3.9e12;
 
-#define CHECK_CUDA(expr)                                                            \
-  do {                                                                              \
-    cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      state.SkipWithError(cudaGetErrorString(e_));                                  \
-      return;                                                                       \
-    }                                                                               \
+#define CHECK_CUDA(expr)                           \
+  do {                                             \
+    cudaError_t e_ = (expr);                       \
+    if (e_ != cudaSuccess) {                       \
+      state.SkipWithError(cudaGetErrorString(e_)); \
+      return;                                      \
+    }                                              \
   } while (0)
 
 // A device buffer filled with random values of `dtype` (bias1 gets 0 / -1e9 like OpenFold's mask).
 struct DeviceTensor {
   void* ptr = nullptr;
   size_t bytes = 0;
-  DeviceTensor(size_t count, DType dtype, uint64_t seed, bool mask = false) : bytes(count * dtype_size(dtype)) {
+  DeviceTensor(size_t count, DType dtype, uint64_t seed, bool mask = false)
+      : bytes(count * dtype_size(dtype)) {
     std::vector<std::byte> host(bytes);
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
@@ -41,7 +42,8 @@ struct DeviceTensor {
       store_from_float(host.data(), dtype, static_cast<int64_t>(i),
                        mask ? (uniform(rng) < 0.1f ? -1e9f : 0.0f) : normal(rng));
     }
-    if (cudaMalloc(&ptr, bytes) == cudaSuccess) cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice);
+    if (cudaMalloc(&ptr, bytes) == cudaSuccess)
+      cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice);
   }
   ~DeviceTensor() { cudaFree(ptr); }
 };
@@ -52,7 +54,8 @@ void BM_EvoformerCuda(benchmark::State& state) {
     state.SkipWithError("no CUDA device");
     return;
   }
-  const int64_t B = state.range(0), N = state.range(1), L = state.range(2), H = state.range(3), D = state.range(4);
+  const int64_t B = state.range(0), N = state.range(1), L = state.range(2), H = state.range(3),
+                D = state.range(4);
   const bool has_bias2 = state.range(5) != 0;
   const DType dt = static_cast<DType>(state.range(6));
   const bool backward = state.range(7) != 0;
@@ -120,24 +123,32 @@ void BM_EvoformerCuda(benchmark::State& state) {
   const double S = static_cast<double>(B * N * H) * static_cast<double>(L * L);
   const double flops = (backward ? 14.0 : 4.0) * S * static_cast<double>(D);
   const double exps = (backward ? 3.0 : 1.0) * S;
-  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["mm_frac"] = benchmark::Counter(flops / kMatmulCeiling, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["exp_frac"] = benchmark::Counter(exps / kExpCeiling, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["mm_frac"] =
+      benchmark::Counter(flops / kMatmulCeiling, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["exp_frac"] =
+      benchmark::Counter(exps / kExpCeiling, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["ws_MiB"] = static_cast<double>(backward ? ws_bytes : 0) / (1024.0 * 1024.0);
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"B", "N", "L", "H", "D", "bias2", "dtype", "bwd"});
   const std::vector<std::vector<int64_t>> problems = {
-      {1, 256, 256, 4, 32, 1}, {1, 512, 256, 8, 32, 1}, {1, 256, 512, 8, 32, 0}, {1, 384, 384, 4, 32, 1},
-      {1, 768, 768, 4, 32, 1}, {1, 1024, 256, 8, 8, 1}, {1, 256, 256, 4, 64, 1},
+      {1, 256, 256, 4, 32, 1}, {1, 512, 256, 8, 32, 1}, {1, 256, 512, 8, 32, 0},
+      {1, 384, 384, 4, 32, 1}, {1, 768, 768, 4, 32, 1}, {1, 1024, 256, 8, 8, 1},
+      {1, 256, 256, 4, 64, 1},
   };
   for (int64_t dtype : {2, 1})
     for (const auto& s : problems)
       for (int64_t bwd : {0, 1}) b->Args({s[0], s[1], s[2], s[3], s[4], s[5], dtype, bwd});
 }
 
-BENCHMARK(BM_EvoformerCuda)->Apply(shapes)->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+BENCHMARK(BM_EvoformerCuda)
+    ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2);
 
 }  // namespace
 

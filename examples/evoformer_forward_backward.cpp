@@ -75,7 +75,8 @@ int main() {
   // masked keys get exactly zero gradient.
   double row_sum = 0, masked_dv = 0;
   for (int64_t j = 0; j < L; ++j) row_sum += dbias2[static_cast<size_t>(j)];
-  for (int64_t d = 0; d < D; ++d) masked_dv += std::fabs(dv[static_cast<size_t>((L - 1) * H * D + d)]);
+  for (int64_t d = 0; d < D; ++d)
+    masked_dv += std::fabs(dv[static_cast<size_t>((L - 1) * H * D + d)]);
   std::printf("out[0,0,0,0,:4] = %.4f %.4f %.4f %.4f\n", out[0], out[1], out[2], out[3]);
   std::printf("lse[0,0,0] = %.4f\n", lse[0]);
   std::printf("sum_j dbias2[0,0,0,0,j] = %.2e (softmax rows sum to one)\n", row_sum);

@@ -57,8 +57,9 @@ Status check_workspace(const Params& p, void* workspace, size_t workspace_bytes)
   const size_t needed = workspace_size(p);
   if (workspace_bytes < needed) {
     return Status(StatusCode::kWorkspaceTooSmall,
-                  "workspace has " + std::to_string(workspace_bytes) + " bytes but this call needs " +
-                      std::to_string(needed) + " (ask workspace_size())");
+                  "workspace has " + std::to_string(workspace_bytes) +
+                      " bytes but this call needs " + std::to_string(needed) +
+                      " (ask workspace_size())");
   }
   if (needed > 0 && workspace == nullptr) {
     return Status::invalid_argument("workspace is a null pointer but this call needs " +
@@ -133,7 +134,8 @@ Status run(const EvoformerBackwardParams& p, void* workspace, size_t workspace_b
   detail::EvoformerShape s;
   detail::check_evoformer_backward(p, &s);
 #ifdef SCIATTN_WITH_CUDA
-  if (p.q.device == Device::kCuda) return cuda::run_evoformer_backward_cuda(p, s, workspace, stream);
+  if (p.q.device == Device::kCuda)
+    return cuda::run_evoformer_backward_cuda(p, s, workspace, stream);
 #endif
   if (p.options.cpu_algorithm == EvoformerCpuAlgorithm::kReference) {
     cpu::run_reference_backward(p, s, workspace);

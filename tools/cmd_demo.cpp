@@ -15,7 +15,8 @@ namespace {
 // OpenFold's uses of Evoformer attention (spec/evoformer.md), scaled down so that the naive
 // reference's forward and backward finish in seconds on two cores.
 std::vector<EvoformerRunConfig> demo_configs(DType dtype, int threads, Device device) {
-  auto make = [&](const char* name, int64_t n, int64_t len, int64_t heads, bool bias2, bool transposed) {
+  auto make = [&](const char* name, int64_t n, int64_t len, int64_t heads, bool bias2,
+                  bool transposed) {
     EvoformerRunConfig c;
     c.name = name;
     c.batch = 1;
@@ -55,7 +56,8 @@ void add_demo_command(CLI::App& app) {
   auto threads = std::make_shared<int>(0);
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--dtype", *dtype, "storage dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  cmd->add_option("--device", *device, "where to run (default: cuda when a GPU and the CUDA build are present)")
+  cmd->add_option("--device", *device,
+                  "where to run (default: cuda when a GPU and the CUDA build are present)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--threads", *threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
   cmd->add_flag("--json", *json, "print JSON instead of a table");
@@ -68,17 +70,18 @@ void add_demo_command(CLI::App& app) {
       where = Device::kCpu;
     }
     if (!*json) {
-      std::cout << "sciattn demo: Evoformer attention on the CPU ("
-                << (*threads > 0 ? std::to_string(*threads) : std::string("all")) << " threads), "
-                << *dtype << " storage, fp32 math.\n"
-                << "Each form runs forward and backward (dQ, dK, dV and the bias gradients) through "
-                   "the tiled path, then through the naive reference that materialises every score "
-                   "matrix.\n'extra mem' is the whole workspace a call takes; 'max err' is the "
-                   "largest difference from the naive reference over every output, relative to its "
-                   "largest value.\n\n";
+      std::cout
+          << "sciattn demo: Evoformer attention on the CPU ("
+          << (*threads > 0 ? std::to_string(*threads) : std::string("all")) << " threads), "
+          << *dtype << " storage, fp32 math.\n"
+          << "Each form runs forward and backward (dQ, dK, dV and the bias gradients) through "
+             "the tiled path, then through the naive reference that materialises every score "
+             "matrix.\n'extra mem' is the whole workspace a call takes; 'max err' is the "
+             "largest difference from the naive reference over every output, relative to its "
+             "largest value.\n\n";
     }
-    int code = report_runs(demo_configs(*parse_dtype(*dtype), *threads, where), *json,
-                           std::cout, std::cerr);
+    int code = report_runs(demo_configs(*parse_dtype(*dtype), *threads, where), *json, std::cout,
+                           std::cerr);
     // The block-sparse section is a second table; `demo --json` stays one JSON array (the
     // Evoformer runs) so that scripts reading it keep working.
     if (!*json) code = std::max(code, run_sparse_demo(false, std::cout, std::cerr));

@@ -18,12 +18,16 @@ void add_evoformer_command(CLI::App& app) {
   auto dtype = std::make_shared<std::string>("f32");
   auto device = std::make_shared<std::string>(default_device_name());
   auto flags = std::make_shared<EvoformerFlags>();
-  cmd->add_option("--batch,-b", config->batch, "B: batch size")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--batch,-b", config->batch, "B: batch size")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--n,-n", config->n, "N: the dimension that is not attended over")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--len,-l", config->len, "L: attended length")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--heads", config->heads, "H: heads")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--dim,-d", config->dim, "D: head dim")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--len,-l", config->len, "L: attended length")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--heads", config->heads, "H: heads")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--dim,-d", config->dim, "D: head dim")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--dtype", *dtype, "storage dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
   cmd->add_flag("--no-bias1", flags->no_bias1, "no mask bias");
   cmd->add_flag("--bool-mask", config->bool_mask, "pass bias1 as a boolean mask (true = attend)");
@@ -35,8 +39,10 @@ void add_evoformer_command(CLI::App& app) {
       cmd->add_option("--device", *device,
                       "where to run (default: cuda when a GPU and the CUDA build are present)")
           ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--repeat", config->repeat, "timed calls (median reported)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--threads", config->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--repeat", config->repeat, "timed calls (median reported)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--threads", config->threads, "CPU threads (0 = all)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--seed", config->seed, "random seed of the inputs");
   cmd->add_option("--scale", flags->scale, "softmax scale (default 1/sqrt(D))");
   cmd->add_flag("--no-check", flags->no_check, "skip the naive reference and the error check");

@@ -73,7 +73,9 @@ Status time_calls(int repeat, const std::function<Status()>& call, double* ms) {
   return Status::ok_status();
 }
 
-float to_float(const HostTensor& t, int64_t i) { return load_as_float(t.bytes.data(), t.view.dtype, i); }
+float to_float(const HostTensor& t, int64_t i) {
+  return load_as_float(t.bytes.data(), t.view.dtype, i);
+}
 
 // max |a - b| / max(max |b|, tiny) over two buffers of the same layout.
 double relative_error(const HostTensor& a, const HostTensor& b) {
@@ -92,9 +94,12 @@ double relative_error(const HostTensor& a, const HostTensor& b) {
 // less than 1e-4 at these lengths).
 double tolerance_for(DType dtype) {
   switch (dtype) {
-    case DType::kF16: return 4e-3;
-    case DType::kBF16: return 3e-2;
-    default: return 1e-4;
+    case DType::kF16:
+      return 4e-3;
+    case DType::kBF16:
+      return 3e-2;
+    default:
+      return 1e-4;
   }
 }
 
@@ -141,8 +146,10 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
     fill(bias2, gauss);
   }
   const std::vector<int64_t> qkv = {c.batch, c.n, c.len, c.heads, c.dim};
-  HostTensor out = make_tensor(c.dtype, qkv), lse = make_tensor(DType::kF32, {c.batch * c.n, c.heads, c.len});
-  HostTensor ref_out = make_tensor(c.dtype, qkv), ref_lse = make_tensor(DType::kF32, {c.batch * c.n, c.heads, c.len});
+  HostTensor out = make_tensor(c.dtype, qkv),
+             lse = make_tensor(DType::kF32, {c.batch * c.n, c.heads, c.len});
+  HostTensor ref_out = make_tensor(c.dtype, qkv),
+             ref_lse = make_tensor(DType::kF32, {c.batch * c.n, c.heads, c.len});
 
   EvoformerForwardParams fwd;
   fwd.q = q.view;
@@ -162,7 +169,8 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
   result->forward_flops = evoformer_forward_flops(fwd);
   result->forward_bytes = workspace_size(fwd);
   workspace_for(result->forward_bytes, &ws);
-  status = time_calls(c.repeat, [&] { return run(fwd, ws.data(), ws.size()); }, &result->forward_ms);
+  status = time_calls(
+      c.repeat, [&] { return run(fwd, ws.data(), ws.size()); }, &result->forward_ms);
   if (!status.ok()) return status;
 
   EvoformerForwardParams ref_fwd = fwd;
@@ -172,8 +180,9 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
   if (c.check) {
     result->reference_forward_bytes = workspace_size(ref_fwd);
     workspace_for(result->reference_forward_bytes, &ws);
-    status = time_calls(std::min(c.repeat, 1), [&] { return run(ref_fwd, ws.data(), ws.size()); },
-                        &result->reference_forward_ms);
+    status = time_calls(
+        std::min(c.repeat, 1), [&] { return run(ref_fwd, ws.data(), ws.size()); },
+        &result->reference_forward_ms);
     if (!status.ok()) return status;
   }
 
@@ -189,7 +198,8 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
     dout = make_tensor(c.dtype, qkv);
     fill(dout, gauss);
     dq = make_tensor(c.dtype, qkv), dk = make_tensor(c.dtype, qkv), dv = make_tensor(c.dtype, qkv);
-    rdq = make_tensor(c.dtype, qkv), rdk = make_tensor(c.dtype, qkv), rdv = make_tensor(c.dtype, qkv);
+    rdq = make_tensor(c.dtype, qkv), rdk = make_tensor(c.dtype, qkv),
+    rdv = make_tensor(c.dtype, qkv);
     const bool want_dbias1 = c.bias1 && !c.bool_mask;
     if (want_dbias1) {
       dbias1 = make_tensor(c.dtype, {c.batch, c.n, 1, 1, c.len});
@@ -217,7 +227,8 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
     result->backward_flops = evoformer_backward_flops(bwd);
     result->backward_bytes = workspace_size(bwd);
     workspace_for(result->backward_bytes, &ws);
-    status = time_calls(c.repeat, [&] { return run(bwd, ws.data(), ws.size()); }, &result->backward_ms);
+    status = time_calls(
+        c.repeat, [&] { return run(bwd, ws.data(), ws.size()); }, &result->backward_ms);
     if (!status.ok()) return status;
     if (c.check) {
       EvoformerBackwardParams ref_bwd = bwd;
@@ -229,8 +240,9 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
       ref_bwd.options.cpu_algorithm = EvoformerCpuAlgorithm::kReference;
       result->reference_backward_bytes = workspace_size(ref_bwd);
       workspace_for(result->reference_backward_bytes, &ws);
-      status = time_calls(std::min(c.repeat, 1), [&] { return run(ref_bwd, ws.data(), ws.size()); },
-                          &result->reference_backward_ms);
+      status = time_calls(
+          std::min(c.repeat, 1), [&] { return run(ref_bwd, ws.data(), ws.size()); },
+          &result->reference_backward_ms);
       if (!status.ok()) return status;
       compared.push_back({"dq", &dq, &rdq});
       compared.push_back({"dk", &dk, &rdk});

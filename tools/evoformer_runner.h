@@ -16,23 +16,23 @@ struct EvoformerRunConfig {
   std::string name = "evoformer";
   int64_t batch = 1, n = 32, len = 64, heads = 4, dim = 32;  // [B, N, L, H, D]
   DType dtype = DType::kF32;
-  bool bias1 = true;         // the mask bias [B, N, 1, 1, L]
-  bool bool_mask = false;    // pass bias1 as a boolean mask instead of 1e9 * (mask - 1)
-  bool bias2 = true;         // the pair / triangle bias [B, 1, H, L, L]
-  bool transposed = false;   // Q, K, V as views of a [B, L, N, H, D] tensor (triangle ending node)
+  bool bias1 = true;        // the mask bias [B, N, 1, 1, L]
+  bool bool_mask = false;   // pass bias1 as a boolean mask instead of 1e9 * (mask - 1)
+  bool bias2 = true;        // the pair / triangle bias [B, 1, H, L, L]
+  bool transposed = false;  // Q, K, V as views of a [B, L, N, H, D] tensor (triangle ending node)
   bool backward = false;
   Device device = Device::kCpu;
-  int repeat = 3;            // timed calls; the median is reported
-  int threads = 0;           // 0 = all hardware threads
+  int repeat = 3;   // timed calls; the median is reported
+  int threads = 0;  // 0 = all hardware threads
   uint64_t seed = 0;
   std::optional<float> scale;
-  bool check = true;         // also run the naive reference and compare
+  bool check = true;  // also run the naive reference and compare
 };
 
 struct EvoformerRunResult {
-  double forward_ms = 0, backward_ms = 0;               // median of `repeat` calls
+  double forward_ms = 0, backward_ms = 0;  // median of `repeat` calls
   double reference_forward_ms = 0, reference_backward_ms = 0;
-  size_t forward_bytes = 0, backward_bytes = 0;         // extra memory (workspace) of each call
+  size_t forward_bytes = 0, backward_bytes = 0;  // extra memory (workspace) of each call
   size_t reference_forward_bytes = 0, reference_backward_bytes = 0;
   double forward_flops = 0, backward_flops = 0;
   // Largest |ours - reference| over every output (and gradient), relative to max |reference|.

@@ -24,7 +24,9 @@ bool reference_too_large(const EvoformerRunConfig& c) {
 
 namespace {
 
-std::string gflops(double flops, double ms) { return ms > 0 ? fixed(flops / (ms * 1e6), 1) : "-"; }
+std::string gflops(double flops, double ms) {
+  return ms > 0 ? fixed(flops / (ms * 1e6), 1) : "-";
+}
 
 }  // namespace
 
@@ -50,11 +52,12 @@ int report_runs(const std::vector<EvoformerRunConfig>& configs, bool json, std::
       const size_t mem = std::max(r.forward_bytes, r.backward_bytes);
       const size_t ref_mem = std::max(r.reference_forward_bytes, r.reference_backward_bytes);
       table.add_row({c.name, shape_of(c), dtype_name(c.dtype), fixed(r.forward_ms, 2),
-                     c.backward ? fixed(r.backward_ms, 2) : "-", gflops(flops, ms), human_bytes(mem),
-                     r.checked ? fixed(r.reference_forward_ms, 2) : "-",
+                     c.backward ? fixed(r.backward_ms, 2) : "-", gflops(flops, ms),
+                     human_bytes(mem), r.checked ? fixed(r.reference_forward_ms, 2) : "-",
                      r.checked && c.backward ? fixed(r.reference_backward_ms, 2) : "-",
                      r.checked ? human_bytes(ref_mem) : "-",
-                     r.checked ? scientific(r.max_error) : "-", r.checked ? scientific(r.tolerance) : "-",
+                     r.checked ? scientific(r.max_error) : "-",
+                     r.checked ? scientific(r.tolerance) : "-",
                      r.checked ? (r.passed ? "ok" : "FAIL (" + r.worst_output + ")") : "skipped"});
     }
     if (r.checked && !r.passed) code = 1;

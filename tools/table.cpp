@@ -11,7 +11,8 @@ namespace sciattn::tools {
 void TextTable::print(std::ostream& os) const {
   std::vector<size_t> width(header_.size(), 0);
   auto widen = [&](const std::vector<std::string>& row) {
-    for (size_t c = 0; c < row.size() && c < width.size(); ++c) width[c] = std::max(width[c], row[c].size());
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c)
+      width[c] = std::max(width[c], row[c].size());
   };
   widen(header_);
   for (const auto& row : rows_) widen(row);

@@ -20,14 +20,16 @@ bool to_dtype(int code, DType* out) {
   return true;
 }
 
-TensorView view(const void* data, int dtype_code, Device device, std::initializer_list<int64_t> sizes) {
+TensorView view(const void* data, int dtype_code, Device device,
+                std::initializer_list<int64_t> sizes) {
   DType dtype = DType::kF32;
   if (data == nullptr || !to_dtype(dtype_code, &dtype)) return TensorView{};
   return TensorView::contiguous(data, dtype, sizes, device);
 }
 
 int fail(const Status& s, char* error, size_t error_bytes) {
-  if (error != nullptr && error_bytes > 0) std::snprintf(error, error_bytes, "%s", s.to_string().c_str());
+  if (error != nullptr && error_bytes > 0)
+    std::snprintf(error, error_bytes, "%s", s.to_string().c_str());
   return static_cast<int>(s.code());
 }
 
@@ -49,10 +51,11 @@ EvoformerOptions options(const Problem& p) {
 extern "C" {
 
 // Forward. device: 0 = cpu, 1 = cuda. lse may be null. Returns 0 on success.
-int sciattn_evoformer_forward(int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int dtype, int device,
-                              float scale, const void* q, const void* k, const void* v, const void* bias1,
-                              int bias1_dtype, const void* bias2, int bias2_dtype, void* out, float* lse,
-                              void* workspace, size_t workspace_bytes, void* stream, char* error,
+int sciattn_evoformer_forward(int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int dtype,
+                              int device, float scale, const void* q, const void* k, const void* v,
+                              const void* bias1, int bias1_dtype, const void* bias2,
+                              int bias2_dtype, void* out, float* lse, void* workspace,
+                              size_t workspace_bytes, void* stream, char* error,
                               size_t error_bytes) {
   const Problem pr{B, N, L, H, D, dtype, device == 1 ? Device::kCuda : Device::kCpu, scale};
   EvoformerForwardParams p;
@@ -68,10 +71,10 @@ int sciattn_evoformer_forward(int64_t B, int64_t N, int64_t L, int64_t H, int64_
   return s.ok() ? 0 : fail(s, error, error_bytes);
 }
 
-#define SCIATTN_BACKWARD_ARGS                                                                      \
-  int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int dtype, int device, float scale,         \
-      const void *q, const void *k, const void *v, const void *bias1, int bias1_dtype,                \
-      const void *bias2, int bias2_dtype, const void *out, const float *lse, const void *dout,       \
+#define SCIATTN_BACKWARD_ARGS                                                                  \
+  int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int dtype, int device, float scale,   \
+      const void *q, const void *k, const void *v, const void *bias1, int bias1_dtype,         \
+      const void *bias2, int bias2_dtype, const void *out, const float *lse, const void *dout, \
       void *dq, void *dk, void *dv, void *dbias1, void *dbias2
 
 static EvoformerBackwardParams backward_params(SCIATTN_BACKWARD_ARGS) {
@@ -96,15 +99,16 @@ static EvoformerBackwardParams backward_params(SCIATTN_BACKWARD_ARGS) {
 
 // Workspace bytes the backward needs for exactly these arguments (0 if they are rejected).
 size_t sciattn_evoformer_backward_workspace_size(SCIATTN_BACKWARD_ARGS) {
-  return workspace_size(backward_params(B, N, L, H, D, dtype, device, scale, q, k, v, bias1, bias1_dtype,
-                                        bias2, bias2_dtype, out, lse, dout, dq, dk, dv, dbias1, dbias2));
+  return workspace_size(backward_params(B, N, L, H, D, dtype, device, scale, q, k, v, bias1,
+                                        bias1_dtype, bias2, bias2_dtype, out, lse, dout, dq, dk, dv,
+                                        dbias1, dbias2));
 }
 
-int sciattn_evoformer_backward(SCIATTN_BACKWARD_ARGS, void* workspace, size_t workspace_bytes, void* stream,
-                               char* error, size_t error_bytes) {
-  const EvoformerBackwardParams p = backward_params(B, N, L, H, D, dtype, device, scale, q, k, v, bias1,
-                                                    bias1_dtype, bias2, bias2_dtype, out, lse, dout, dq, dk,
-                                                    dv, dbias1, dbias2);
+int sciattn_evoformer_backward(SCIATTN_BACKWARD_ARGS, void* workspace, size_t workspace_bytes,
+                               void* stream, char* error, size_t error_bytes) {
+  const EvoformerBackwardParams p =
+      backward_params(B, N, L, H, D, dtype, device, scale, q, k, v, bias1, bias1_dtype, bias2,
+                      bias2_dtype, out, lse, dout, dq, dk, dv, dbias1, dbias2);
   const Status s = run(p, workspace, workspace_bytes, Stream{stream});
   return s.ok() ? 0 : fail(s, error, error_bytes);
 }

@@ -14,8 +14,12 @@ namespace sciattn {
 // kBool is accepted only where an op documents a boolean mask (one byte per element, 0 = false).
 enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kBool = 3 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : t == DType::kBool ? 1 : 2; }
-constexpr bool is_floating(DType t) { return t != DType::kBool; }
+constexpr size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kBool ? 1 : 2;
+}
+constexpr bool is_floating(DType t) {
+  return t != DType::kBool;
+}
 
 // "f32", "f16", "bf16", "bool".
 const char* dtype_name(DType t);
@@ -35,11 +39,14 @@ inline float bits_float(uint32_t u) {
   return f;
 }
 
-inline float bf16_bits_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+inline float bf16_bits_to_float(uint16_t h) {
+  return bits_float(static_cast<uint32_t>(h) << 16);
+}
 
 inline uint16_t float_to_bf16_bits(float f) {
   uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
   // Round to nearest even on the 16 discarded bits; a carry into the exponent correctly rounds
   // up to the next binade or to infinity.
   uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
@@ -88,10 +95,14 @@ inline uint16_t float_to_f16_bits(float f) {
 // Reads element i of a buffer of dtype t as float (kBool reads 0 or 1).
 inline float load_as_float(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kF16: return f16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBF16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kBool: return static_cast<const uint8_t*>(base)[i] != 0 ? 1.0f : 0.0f;
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return f16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBF16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[i] != 0 ? 1.0f : 0.0f;
   }
   return 0.0f;
 }
@@ -99,19 +110,30 @@ inline float load_as_float(const void* base, DType t, int64_t i) {
 // Writes float v as element i of a buffer of dtype t, rounding to nearest even.
 inline void store_from_float(void* base, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = float_to_f16_bits(v); break;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(v); break;
-    case DType::kBool: static_cast<uint8_t*>(base)[i] = v != 0.0f ? 1 : 0; break;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = float_to_f16_bits(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16_bits(v);
+      break;
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[i] = v != 0.0f ? 1 : 0;
+      break;
   }
 }
 
 // Rounds v to the nearest value representable in t (identity for kF32).
 inline float round_to(DType t, float v) {
   switch (t) {
-    case DType::kF16: return f16_bits_to_float(float_to_f16_bits(v));
-    case DType::kBF16: return bf16_bits_to_float(float_to_bf16_bits(v));
-    default: return v;
+    case DType::kF16:
+      return f16_bits_to_float(float_to_f16_bits(v));
+    case DType::kBF16:
+      return bf16_bits_to_float(float_to_bf16_bits(v));
+    default:
+      return v;
   }
 }
 

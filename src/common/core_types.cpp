@@ -9,12 +9,18 @@ namespace sciattn {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kWorkspaceTooSmall: return "workspace too small";
-    case StatusCode::kNotSupported: return "not supported";
-    case StatusCode::kDeviceError: return "device error";
-    case StatusCode::kInternal: return "internal error";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kWorkspaceTooSmall:
+      return "workspace too small";
+    case StatusCode::kNotSupported:
+      return "not supported";
+    case StatusCode::kDeviceError:
+      return "device error";
+    case StatusCode::kInternal:
+      return "internal error";
   }
   return "unknown status";
 }
@@ -26,10 +32,14 @@ std::string Status::to_string() const {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kBool: return "bool";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown dtype";
 }
@@ -44,8 +54,10 @@ std::optional<DType> parse_dtype(std::string_view name) {
 
 const char* device_name(Device d) {
   switch (d) {
-    case Device::kCpu: return "cpu";
-    case Device::kCuda: return "cuda";
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
   }
   return "unknown device";
 }

@@ -116,14 +116,17 @@ Status check_evoformer_forward(const EvoformerForwardParams& p, EvoformerShape* 
   const std::vector<int64_t> qkv = {s.batch, s.n, s.len, s.heads, s.dim};
   SCIATTN_RETURN_IF_ERROR(check_output(p.out, "out", kQkvShape, qkv, {p.q.dtype}, p.q.device));
   if (p.lse.present()) {
-    SCIATTN_RETURN_IF_ERROR(check_output(p.lse, "lse", kLseShape,
-                                         {s.batch * s.n, s.heads, s.len}, {DType::kF32},
-                                         p.q.device));
+    SCIATTN_RETURN_IF_ERROR(check_output(p.lse, "lse", kLseShape, {s.batch * s.n, s.heads, s.len},
+                                         {DType::kF32}, p.q.device));
   }
-  SCIATTN_RETURN_IF_ERROR(check_outputs_disjoint(
-      {{&p.out, "out"}, {&p.lse, "lse"}},
-      {{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.bias1, "bias1"}, {&p.bias2, "bias2"},
-       {&p.out, "out"}, {&p.lse, "lse"}}));
+  SCIATTN_RETURN_IF_ERROR(
+      check_outputs_disjoint({{&p.out, "out"}, {&p.lse, "lse"}}, {{&p.q, "q"},
+                                                                  {&p.k, "k"},
+                                                                  {&p.v, "v"},
+                                                                  {&p.bias1, "bias1"},
+                                                                  {&p.bias2, "bias2"},
+                                                                  {&p.out, "out"},
+                                                                  {&p.lse, "lse"}}));
   *shape = s;
   return Status::ok_status();
 }
@@ -143,20 +146,23 @@ Status check_evoformer_backward(const EvoformerBackwardParams& p, EvoformerShape
   SCIATTN_RETURN_IF_ERROR(check_output(p.dv, "dv", kQkvShape, qkv, {dt}, dev));
   if (p.dbias1.present()) {
     if (!p.bias1.present()) {
-      return Status::invalid_argument("dbias1 is requested but bias1 is absent; pass bias1 or "
-                                      "leave dbias1 null");
+      return Status::invalid_argument(
+          "dbias1 is requested but bias1 is absent; pass bias1 or "
+          "leave dbias1 null");
     }
     if (p.bias1.dtype == DType::kBool) {
-      return Status::invalid_argument("dbias1 is requested but bias1 is a boolean mask, which has "
-                                      "no gradient; leave dbias1 null or pass a float bias1");
+      return Status::invalid_argument(
+          "dbias1 is requested but bias1 is a boolean mask, which has "
+          "no gradient; leave dbias1 null or pass a float bias1");
     }
     SCIATTN_RETURN_IF_ERROR(check_output(p.dbias1, "dbias1", kBias1Shape,
                                          {s.batch, s.n, 1, 1, s.len}, {p.bias1.dtype}, dev));
   }
   if (p.dbias2.present()) {
     if (!p.bias2.present()) {
-      return Status::invalid_argument("dbias2 is requested but bias2 is absent; pass bias2 or "
-                                      "leave dbias2 null");
+      return Status::invalid_argument(
+          "dbias2 is requested but bias2 is absent; pass bias2 or "
+          "leave dbias2 null");
     }
     SCIATTN_RETURN_IF_ERROR(check_output(p.dbias2, "dbias2", kBias2Shape,
                                          {s.batch, 1, s.heads, s.len, s.len}, {p.bias2.dtype},
@@ -164,9 +170,19 @@ Status check_evoformer_backward(const EvoformerBackwardParams& p, EvoformerShape
   }
   SCIATTN_RETURN_IF_ERROR(check_outputs_disjoint(
       {{&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}, {&p.dbias1, "dbias1"}, {&p.dbias2, "dbias2"}},
-      {{&p.q, "q"}, {&p.k, "k"}, {&p.v, "v"}, {&p.bias1, "bias1"}, {&p.bias2, "bias2"},
-       {&p.out, "out"}, {&p.lse, "lse"}, {&p.dout, "dout"}, {&p.dq, "dq"}, {&p.dk, "dk"},
-       {&p.dv, "dv"}, {&p.dbias1, "dbias1"}, {&p.dbias2, "dbias2"}}));
+      {{&p.q, "q"},
+       {&p.k, "k"},
+       {&p.v, "v"},
+       {&p.bias1, "bias1"},
+       {&p.bias2, "bias2"},
+       {&p.out, "out"},
+       {&p.lse, "lse"},
+       {&p.dout, "dout"},
+       {&p.dq, "dq"},
+       {&p.dk, "dk"},
+       {&p.dv, "dv"},
+       {&p.dbias1, "dbias1"},
+       {&p.dbias2, "dbias2"}}));
   *shape = s;
   return Status::ok_status();
 }

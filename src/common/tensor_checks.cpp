@@ -27,8 +27,12 @@ std::string dtype_list(std::initializer_list<DType> dtypes) {
   return s;
 }
 
-bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
-bool add_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
+bool mul_overflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+bool add_overflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_add_overflow(a, b, out);
+}
 
 }  // namespace
 
@@ -52,9 +56,9 @@ Status check_tensor(const TensorView& t, const char* name, const char* symbolic,
   if (t.data == nullptr) return Status::invalid_argument(n + " is required but is a null pointer");
   const int rank = static_cast<int>(sizes.size());
   if (t.rank != rank) {
-    return Status::invalid_argument(n + " must have rank " + std::to_string(rank) + " " +
-                                    symbolic + "; got rank " + std::to_string(t.rank) +
-                                    (t.rank < 0 ? " (sizes and strides of different lengths)" : ""));
+    return Status::invalid_argument(
+        n + " must have rank " + std::to_string(rank) + " " + symbolic + "; got rank " +
+        std::to_string(t.rank) + (t.rank < 0 ? " (sizes and strides of different lengths)" : ""));
   }
   for (int d = 0; d < rank; ++d) {
     if (t.sizes[d] != sizes[d]) {
@@ -102,7 +106,8 @@ Status check_non_overlapping(const TensorView& t, const char* name) {
   // elements at one address when each stride exceeds the extent of all smaller dimensions.
   std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
   for (int d = 0; d < t.rank; ++d) {
-    if (t.sizes[d] > 1) dims.emplace_back(t.strides[d] < 0 ? -t.strides[d] : t.strides[d], t.sizes[d]);
+    if (t.sizes[d] > 1)
+      dims.emplace_back(t.strides[d] < 0 ? -t.strides[d] : t.strides[d], t.sizes[d]);
   }
   std::sort(dims.begin(), dims.end());
   int64_t extent = 1;  // elements spanned by the dimensions seen so far
@@ -121,7 +126,10 @@ ByteExtent byte_extent(const TensorView& t) {
   int64_t lo = 0, hi = 0;
   for (int d = 0; d < t.rank; ++d) {
     const int64_t reach = (t.sizes[d] - 1) * t.strides[d];
-    if (reach < 0) lo += reach; else hi += reach;
+    if (reach < 0)
+      lo += reach;
+    else
+      hi += reach;
   }
   const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
   const intptr_t base = reinterpret_cast<intptr_t>(t.data);

@@ -35,7 +35,9 @@ class WorkspaceLayout {
   }
 
  private:
-  static size_t round_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+  static size_t round_up(size_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
   size_t used_ = 0;
 };
 

@@ -3,7 +3,11 @@
 
 namespace sciattn {
 
-bool built_with_cuda() { return false; }
-int cuda_device_count() { return 0; }
+bool built_with_cuda() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
 
 }  // namespace sciattn

@@ -26,7 +26,9 @@ struct Packed {
   }
 };
 
-Packed packed(const detail::EvoformerShape& s) { return {s.batch, s.n, s.len, s.heads, s.dim}; }
+Packed packed(const detail::EvoformerShape& s) {
+  return {s.batch, s.n, s.len, s.heads, s.dim};
+}
 
 // scale * <q_i, k_j> + bias1 + bias2 for every (b, n, h, i, j), in Acc.
 template <typename Acc>
@@ -88,8 +90,9 @@ void reference_forward(const EvoformerForwardParams& p, const detail::EvoformerS
           for (int64_t d = 0; d < s.dim; ++d) {
             Acc acc = 0;
             for (int64_t j = 0; j < s.len; ++j) {
-              acc += scores[x.score(b, n, h, i, j)] *
-                     static_cast<Acc>(load_as_float(p.v.data, p.v.dtype, offset5(p.v, b, n, j, h, d)));
+              acc +=
+                  scores[x.score(b, n, h, i, j)] *
+                  static_cast<Acc>(load_as_float(p.v.data, p.v.dtype, offset5(p.v, b, n, j, h, d)));
             }
             out[x.qkv(b, n, i, h, d)] = acc;
           }
@@ -118,7 +121,8 @@ void reference_backward(const EvoformerBackwardParams& p, const detail::Evoforme
           Acc row_dot = 0;
           for (int64_t j = 0; j < s.len; ++j) {
             Acc acc = 0;
-            for (int64_t d = 0; d < s.dim; ++d) acc += in(p.dout, b, n, i, h, d) * in(p.v, b, n, j, h, d);
+            for (int64_t d = 0; d < s.dim; ++d)
+              acc += in(p.dout, b, n, i, h, d) * in(p.v, b, n, j, h, d);
             ds[j] = acc;
             row_dot += prob[j] * acc;
           }

@@ -111,9 +111,8 @@ void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, floa
   load_slice(p.v, b, n, h, s, 1.0f, v);
   const float* bias1 = load_bias1(p.bias1, b, n, s, w.at<float>(scratch, plan.bias1));
 
-  ScoreTileArgs tile{q_tile, k_t, bias1, &p.bias2, w.at<float>(scratch, plan.bias2_row),
-                     b,      h,   0,     0,        0,
-                     0};
+  ScoreTileArgs tile{q_tile, k_t, bias1, &p.bias2, w.at<float>(scratch, plan.bias2_row), b, h,
+                     0,      0,   0,     0};
   for (int64_t i0 = 0; i0 < s.len; i0 += kCpuQueryTile) {
     const int64_t tq = std::min(kCpuQueryTile, s.len - i0);
     for (int64_t r = 0; r < tq; ++r) {
@@ -202,8 +201,8 @@ void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s, f
   std::fill(dq_acc, dq_acc + s.len * s.dim, 0.0f);
   load_slice(p.dout, b, n, h, s, 1.0f, dout);
   const float* bias1 = load_bias1(p.bias1, b, n, s, w.at<float>(scratch, plan.bias1));
-  const float* lse_src = static_cast<const float*>(p.lse.data) +
-                         (b * s.n + n) * p.lse.strides[0] + h * p.lse.strides[1];
+  const float* lse_src = static_cast<const float*>(p.lse.data) + (b * s.n + n) * p.lse.strides[0] +
+                         h * p.lse.strides[1];
   for (int64_t i = 0; i < s.len; ++i) {
     lse[i] = lse_src[i * p.lse.strides[2]];
     // D_i = <dO_i, O_i> = sum_j P_ij dP_ij, from the forward's output as stored.
@@ -213,8 +212,8 @@ void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s, f
     row_delta[i] = delta;
   }
 
-  ScoreTileArgs tile{q, k_t, bias1, &p.bias2, w.at<float>(scratch, plan.bias2_row), b, h, 0, 0, 0,
-                     0};
+  ScoreTileArgs tile{q, k_t, bias1, &p.bias2, w.at<float>(scratch, plan.bias2_row), b, h,
+                     0, 0,   0,     0};
   for (int64_t j0 = 0; j0 < s.len; j0 += kCpuKeyTile) {
     const int64_t tk = std::min(kCpuKeyTile, s.len - j0);
     std::fill(dk_acc, dk_acc + tk * s.dim, 0.0f);
@@ -299,7 +298,9 @@ struct BackwardPlan {
   int threads = 1;
 };
 
-int64_t backward_tasks(const EvoformerShape& s, int64_t chunks) { return s.batch * s.heads * chunks; }
+int64_t backward_tasks(const EvoformerShape& s, int64_t chunks) {
+  return s.batch * s.heads * chunks;
+}
 
 BackwardPlan plan_backward(const EvoformerBackwardParams& p, const EvoformerShape& s) {
   BackwardPlan r;
@@ -331,8 +332,8 @@ ForwardPlan plan_forward(const EvoformerForwardParams& p, const EvoformerShape& 
   WorkspaceLayout per_thread;
   r.scratch_plan = detail::plan_cpu_forward_scratch(s, &per_thread);
   r.scratch_bytes = per_thread.used_bytes();
-  r.threads = static_cast<int>(
-      std::min<int64_t>(tiled_thread_count(p.options), s.batch * s.n * s.heads));
+  r.threads =
+      static_cast<int>(std::min<int64_t>(tiled_thread_count(p.options), s.batch * s.n * s.heads));
   r.scratch = r.layout.add<std::byte>(static_cast<int64_t>(r.scratch_bytes) * r.threads);
   return r;
 }

@@ -20,8 +20,9 @@ inline int64_t offset5(const TensorView& t, int64_t i0, int64_t i1, int64_t i2, 
 // A bias value as it enters the scores: a boolean mask adds 0 (attend) or -inf (masked).
 inline float bias_value(const TensorView& t, int64_t offset) {
   if (t.dtype == DType::kBool) {
-    return static_cast<const uint8_t*>(t.data)[offset] != 0 ? 0.0f
-                                                             : -std::numeric_limits<float>::infinity();
+    return static_cast<const uint8_t*>(t.data)[offset] != 0
+               ? 0.0f
+               : -std::numeric_limits<float>::infinity();
   }
   return load_as_float(t.data, t.dtype, offset);
 }

@@ -7,7 +7,9 @@
 
 namespace sciattn {
 
-bool built_with_cuda() { return true; }
+bool built_with_cuda() {
+  return true;
+}
 
 int cuda_device_count() {
   int count = 0;

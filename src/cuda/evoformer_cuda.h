@@ -10,15 +10,17 @@
 namespace sciattn::cuda {
 
 // What the kernels of this build accept beyond the common checks (dtype, head dim, grid size).
-Status check_evoformer_forward_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s);
-Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s);
+Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
+                                    const detail::EvoformerShape& s);
+Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
+                                     const detail::EvoformerShape& s);
 
 size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
                                               const detail::EvoformerShape& s);
 
 Status run_evoformer_forward_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s,
                                   Stream stream);
-Status run_evoformer_backward_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s,
-                                   void* workspace, Stream stream);
+Status run_evoformer_backward_cuda(const EvoformerBackwardParams& p,
+                                   const detail::EvoformerShape& s, void* workspace, Stream stream);
 
 }  // namespace sciattn::cuda

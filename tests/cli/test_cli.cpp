@@ -116,8 +116,9 @@ TEST(Cli, ConflictingFlagsAreExplained) {
 TEST(Cli, SparseBothPathsEveryDtype) {
   for (const char* path : {"fused", "composite"}) {
     for (const char* dtype : {"f32", "f16", "bf16"}) {
-      const std::string args = std::string("sparse --mode bigbird --heads 2 --len 200 --dim 16 "
-                                           "--backward --repeat 1 --json --path ") +
+      const std::string args = std::string(
+                                   "sparse --mode bigbird --heads 2 --len 200 --dim 16 "
+                                   "--backward --repeat 1 --json --path ") +
                                path + " --dtype " + dtype;
       SCOPED_TRACE(args);
       const CommandResult r = run_cli(args);

@@ -381,8 +381,8 @@ TEST_P(EvoformerMaskedRows, OutputZeroLseMinusInfAndZeroGradients) {
     EXPECT_TRUE(within_tolerance("dq", dq, ref_bwd.dq.values(), g64.dq, cfg.dtype));
     EXPECT_TRUE(within_tolerance("dk", dk, ref_bwd.dk.values(), g64.dk, cfg.dtype));
     EXPECT_TRUE(within_tolerance("dv", dv, ref_bwd.dv.values(), g64.dv, cfg.dtype));
-    EXPECT_TRUE(bias_grad_within_tolerance("dbias2", db2, ref_bwd.dbias2.values(), g64.dbias2,
-                                           cfg.dtype));
+    EXPECT_TRUE(
+        bias_grad_within_tolerance("dbias2", db2, ref_bwd.dbias2.values(), g64.dbias2, cfg.dtype));
     if (want_dbias1) {
       const std::vector<double> db1 = bwd.dbias1.values();
       for (double x : db1) ASSERT_TRUE(std::isfinite(x)) << "non-finite dbias1";

@@ -25,8 +25,8 @@ class DeviceCopy {
     EXPECT_EQ(cudaMalloc(&base_, bytes_), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(base_, h.base(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
     view_ = h.view();
-    view_.data = static_cast<std::byte*>(base_) +
-                 (static_cast<const std::byte*>(h.data()) - h.base());
+    view_.data =
+        static_cast<std::byte*>(base_) + (static_cast<const std::byte*>(h.data()) - h.base());
     view_.device = Device::kCuda;
   }
   DeviceCopy(const DeviceCopy&) = delete;
@@ -133,8 +133,8 @@ void check_case(const EvoConfig& cfg) {
   const NaiveGrads g64 = naive_backward(naive, in.dout.values());
   const ForwardRun fref = run_forward(in, EvoformerCpuAlgorithm::kReference);
   ASSERT_TRUE(fref.status.ok()) << fref.status.to_string();
-  const BackwardRun bref = run_backward(in, fref.out, fref.lse, EvoformerCpuAlgorithm::kReference, 0,
-                                        want_dbias1, want_dbias2);
+  const BackwardRun bref = run_backward(in, fref.out, fref.lse, EvoformerCpuAlgorithm::kReference,
+                                        0, want_dbias1, want_dbias2);
   ASSERT_TRUE(bref.status.ok()) << bref.status.to_string();
 
   const GpuResult gpu = run_gpu(in, want_dbias1, want_dbias2);
@@ -242,7 +242,8 @@ TEST(EvoformerCudaEdges, Float32SaysItRunsOnTheCpu) {
   const EvoInputs in = make_inputs(c);
   const GpuResult r = run_gpu(in, false, false);
   EXPECT_EQ(r.forward_status.code(), StatusCode::kNotSupported);
-  EXPECT_NE(r.forward_status.message().find("f32"), std::string::npos) << r.forward_status.message();
+  EXPECT_NE(r.forward_status.message().find("f32"), std::string::npos)
+      << r.forward_status.message();
 }
 
 TEST(EvoformerCudaEdges, HeadDimAbove128IsRejectedClearly) {
@@ -253,7 +254,8 @@ TEST(EvoformerCudaEdges, HeadDimAbove128IsRejectedClearly) {
   const EvoInputs in = make_inputs(c);
   const GpuResult r = run_gpu(in, false, false);
   EXPECT_EQ(r.forward_status.code(), StatusCode::kNotSupported);
-  EXPECT_NE(r.forward_status.message().find("128"), std::string::npos) << r.forward_status.message();
+  EXPECT_NE(r.forward_status.message().find("128"), std::string::npos)
+      << r.forward_status.message();
 }
 
 }  // namespace

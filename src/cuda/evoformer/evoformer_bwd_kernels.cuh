@@ -14,7 +14,8 @@
 namespace sciattn::cuda {
 
 struct EvoformerBwdTile {
-  static constexpr int kBlock = 64;  // keys per dK/dV CTA, queries per dQ CTA, and the tile of the other side
+  static constexpr int kBlock =
+      64;  // keys per dK/dV CTA, queries per dQ CTA, and the tile of the other side
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
 };
@@ -62,7 +63,8 @@ __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
 
 // A fragment (16 rows x kHeadDim) of a shared tile, for use as the MMA's A operand.
 template <typename T, int kSteps, int kPitch>
-__device__ __forceinline__ void load_a_frags(uint32_t frag[kSteps][4], const T* tile, int g, int t) {
+__device__ __forceinline__ void load_a_frags(uint32_t frag[kSteps][4], const T* tile, int g,
+                                             int t) {
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     frag[s][0] = load_pair(tile + g * kPitch + s * 16 + 2 * t);
@@ -74,8 +76,8 @@ __device__ __forceinline__ void load_a_frags(uint32_t frag[kSteps][4], const T* 
 
 // acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim, fragments) * rows^T, rows = 64 rows of `tile`.
 template <typename T, int kSteps, int kPitch>
-__device__ __forceinline__ void mma_rows_t(float acc[8][4], const uint32_t a[kSteps][4], const T* tile,
-                                           int g, int t) {
+__device__ __forceinline__ void mma_rows_t(float acc[8][4], const uint32_t a[kSteps][4],
+                                           const T* tile, int g, int t) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -91,8 +93,8 @@ __device__ __forceinline__ void mma_rows_t(float acc[8][4], const uint32_t a[kSt
 // out[i] (16 x kHeadDim) += X (16 x 64, given as fp32 accumulators of eight n8 tiles) * tile,
 // tile = 64 rows x kHeadDim in shared memory. X is rounded to T for the tensor cores.
 template <typename T, int kOutTiles, int kPitch>
-__device__ __forceinline__ void mma_acc_tile(float out[kOutTiles][4], const float x[8][4], const T* tile,
-                                             int g, int t) {
+__device__ __forceinline__ void mma_acc_tile(float out[kOutTiles][4], const float x[8][4],
+                                             const T* tile, int g, int t) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const uint32_t a[4] = {ElementTraits<T>::pack(x[2 * kk][0], x[2 * kk][1]),
@@ -102,7 +104,8 @@ __device__ __forceinline__ void mma_acc_tile(float out[kOutTiles][4], const floa
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
       const T* r = tile + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
-      const uint32_t bf[2] = {load_column_pair(r, kPitch), load_column_pair(r + 8 * kPitch, kPitch)};
+      const uint32_t bf[2] = {load_column_pair(r, kPitch),
+                              load_column_pair(r + 8 * kPitch, kPitch)};
       mma_16816<T>(out[i], a, bf);
     }
   }
@@ -120,8 +123,10 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
       const int d = i * 8 + 2 * t;
-      if (d < dim) out[rows[r] * stride[2] + d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
-      if (d + 1 < dim) out[rows[r] * stride[2] + d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
+      if (d < dim)
+        out[rows[r] * stride[2] + d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
+      if (d + 1 < dim)
+        out[rows[r] * stride[2] + d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
     }
   }
 }
@@ -134,12 +139,14 @@ __device__ __forceinline__ float prob_from_log2(float x, float lse_log2) {
 // Starts copying the lse and delta of query rows [q0, q0 + 64) into shared memory, in the
 // caller's cp.async group (plain loads here would stall every thread at the next barrier).
 // Rows past L get 0: their probabilities are masked by the caller.
-__device__ __forceinline__ void load_row_stats(float* lse, float* delta, const EvoformerDeviceParams& p,
-                                               int64_t bn, int64_t h, int64_t q0) {
+__device__ __forceinline__ void load_row_stats(float* lse, float* delta,
+                                               const EvoformerDeviceParams& p, int64_t bn,
+                                               int64_t h, int64_t q0) {
   for (int r = threadIdx.x; r < EvoformerBwdTile::kBlock; r += EvoformerBwdTile::kThreads) {
     const int64_t q = q0 + r;
     const bool valid = q < p.len;
-    const float* lse_src = valid ? p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2] : p.lse;
+    const float* lse_src =
+        valid ? p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2] : p.lse;
     const float* delta_src = valid ? p.delta + (bn * p.heads + h) * p.len + q : p.delta;
     cp_async_4(lse + r, lse_src, valid ? 4 : 0);
     cp_async_4(delta + r, delta_src, valid ? 4 : 0);
@@ -156,7 +163,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
-  float* dbias2_smem = p.dbias2_in_smem ? reinterpret_cast<float*>(smem_raw + sizeof(Smem)) : nullptr;
+  float* dbias2_smem =
+      p.dbias2_in_smem ? reinterpret_cast<float*>(smem_raw + sizeof(Smem)) : nullptr;
 
   const int64_t key_blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
   int64_t block = blockIdx.x;
@@ -166,18 +174,21 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   block /= p.heads;
   const int64_t chunk = block % p.dbias2_chunks;
   const int64_t b = block / p.dbias2_chunks;
-  const int64_t n_begin = chunk * p.n / p.dbias2_chunks, n_end = (chunk + 1) * p.n / p.dbias2_chunks;
+  const int64_t n_begin = chunk * p.n / p.dbias2_chunks,
+                n_end = (chunk + 1) * p.n / p.dbias2_chunks;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t key0 = key_block * Tile::kBlock;
   const int64_t my_keys[2] = {key0 + warp * 16 + g, key0 + warp * 16 + g + 8};
   const int64_t q_tiles = (p.len + Tile::kBlock - 1) / Tile::kBlock;
-  float* dbias2_global = p.dbias2_partial == nullptr
-                             ? nullptr
-                             : p.dbias2_partial + ((chunk * p.batch + b) * p.heads + h) * p.len * p.len;
+  float* dbias2_global =
+      p.dbias2_partial == nullptr
+          ? nullptr
+          : p.dbias2_partial + ((chunk * p.batch + b) * p.heads + h) * p.len * p.len;
   if (dbias2_smem != nullptr) {
-    for (int64_t e = threadIdx.x; e < q_tiles * Tile::kBlock * 64; e += Tile::kThreads) dbias2_smem[e] = 0.0f;
+    for (int64_t e = threadIdx.x; e < q_tiles * Tile::kBlock * 64; e += Tile::kThreads)
+      dbias2_smem[e] = 0.0f;
   }
 
   // bias2 read transposed: the thread's rows are keys, so its "row pointers" are the key columns
@@ -187,8 +198,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (my_keys[r] < p.len) {
-        bias2_cols[r] = bias_ptr(p.bias2, p.bias2_type,
-                                 b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_keys[r] * p.bias2_stride[3]);
+        bias2_cols[r] = bias_ptr(
+            p.bias2, p.bias2_type,
+            b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_keys[r] * p.bias2_stride[3]);
       }
     }
   }
@@ -197,12 +209,13 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     const int64_t bn = b * p.n + n;
     const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
     const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h),
-                                                                 key0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h),
-                                                                 key0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+        smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+        smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.dim);
     load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len,
+                                                                 p.dim);
     load_row_stats(smem.lse[0], smem.delta[0], p, bn, h, 0);
     cp_async_commit();
     // bias1 depends on the key alone: in the transposed tile it is a per-row constant.
@@ -211,8 +224,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (my_keys[r] < p.len) {
-          bias1_keys[r] = bias_ptr(p.bias1, p.bias1_type,
-                                   b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
+          bias1_keys[r] = bias_ptr(
+              p.bias1, p.bias1_type,
+              b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
         }
       }
     }
@@ -229,10 +243,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
       const int buf = static_cast<int>(qt & 1);
       const int64_t q0 = qt * Tile::kBlock;
       if (qt + 1 < q_tiles) {
-        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], q_src, q0 + Tile::kBlock,
-                                                                     p.len, p.dim);
-        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], do_src, q0 + Tile::kBlock,
-                                                                     p.len, p.dim);
+        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+            smem.c[buf ^ 1], q_src, q0 + Tile::kBlock, p.len, p.dim);
+        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+            smem.d[buf ^ 1], do_src, q0 + Tile::kBlock, p.len, p.dim);
         load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
         cp_async_commit();
         cp_async_wait<1>();
@@ -328,7 +342,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     const int64_t keys = min(static_cast<int64_t>(Tile::kBlock), p.len - key0);
     for (int64_t e = threadIdx.x; e < p.len * Tile::kBlock; e += Tile::kThreads) {
       const int64_t q = e / Tile::kBlock, k = e % Tile::kBlock;
-      if (k < keys) dbias2_global[q * p.len + key0 + k] = dbias2_smem[dbias2_index(q, static_cast<int>(k))];
+      if (k < keys)
+        dbias2_global[q * p.len + key0 + k] = dbias2_smem[dbias2_index(q, static_cast<int>(k))];
     }
   }
 }
@@ -360,10 +375,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 
   const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
-                                                               q0, p.len, p.dim);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h),
-                                                               q0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+      smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+      smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], v_src, 0, p.len, p.dim);
   cp_async_commit();
@@ -374,15 +389,19 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool valid = my_rows[r] < p.len;
-    lse_log2[r] = valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] * kLog2e
-                        : kNegInf;
+    lse_log2[r] =
+        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] *
+                    kLog2e
+              : kNegInf;
     delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
     if (p.bias1_type != BiasType::kNone) {
-      bias1_rows[r] = bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1]);
+      bias1_rows[r] =
+          bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1]);
     }
     if (p.bias2_type != BiasType::kNone && valid) {
-      bias2_rows[r] = bias_ptr(p.bias2, p.bias2_type,
-                               b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
+      bias2_rows[r] =
+          bias_ptr(p.bias2, p.bias2_type,
+                   b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
     }
   }
 
@@ -396,10 +415,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     const int buf = static_cast<int>(kt & 1);
     const int64_t k0 = kt * Tile::kBlock;
     if (kt + 1 < k_tiles) {
-      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], k_src, k0 + Tile::kBlock, p.len,
-                                                                   p.dim);
-      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src, k0 + Tile::kBlock, p.len,
-                                                                   p.dim);
+      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], k_src,
+                                                                   k0 + Tile::kBlock, p.len, p.dim);
+      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src,
+                                                                   k0 + Tile::kBlock, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -421,7 +440,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const bool valid = my_rows[e >> 1] < p.len && k0 + j * 8 + 2 * t + (e & 1) < p.len;
-        pr[j][e] = valid ? prob_from_log2(fmaf(dots[j][e], scale_log2, pr[j][e]), lse_log2[e >> 1]) : 0.0f;
+        pr[j][e] =
+            valid ? prob_from_log2(fmaf(dots[j][e], scale_log2, pr[j][e]), lse_log2[e >> 1]) : 0.0f;
       }
     mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t);  // dP = dO V^T
 #pragma unroll

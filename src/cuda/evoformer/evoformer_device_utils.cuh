@@ -32,7 +32,9 @@ struct ElementTraits<__half> {
 template <>
 struct ElementTraits<__nv_bfloat16> {
   static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+    return __float2bfloat16_rn(x);
+  }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&h);
@@ -48,7 +50,8 @@ template <typename T>
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]);
 
 template <>
-__device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+__device__ __forceinline__ void mma_16816<__half>(float c[4], const uint32_t a[4],
+                                                  const uint32_t b[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -83,21 +86,33 @@ __device__ __forceinline__ uint32_t load_column_pair(const T* p, int stride) {
 // A bias element as it enters the score: a boolean mask adds 0 (attend) or -inf (masked).
 __device__ __forceinline__ float load_bias(const void* base, BiasType type, int64_t offset) {
   switch (type) {
-    case BiasType::kF32: return static_cast<const float*>(base)[offset];
-    case BiasType::kF16: return __half2float(static_cast<const __half*>(base)[offset]);
-    case BiasType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
-    case BiasType::kBool: return static_cast<const uint8_t*>(base)[offset] ? 0.0f : kNegInf;
-    default: return 0.0f;
+    case BiasType::kF32:
+      return static_cast<const float*>(base)[offset];
+    case BiasType::kF16:
+      return __half2float(static_cast<const __half*>(base)[offset]);
+    case BiasType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
+    case BiasType::kBool:
+      return static_cast<const uint8_t*>(base)[offset] ? 0.0f : kNegInf;
+    default:
+      return 0.0f;
   }
 }
 
 // Stores a float into a bias-gradient buffer of the bias's float type.
 __device__ __forceinline__ void store_bias(void* base, BiasType type, int64_t offset, float v) {
   switch (type) {
-    case BiasType::kF32: static_cast<float*>(base)[offset] = v; break;
-    case BiasType::kF16: static_cast<__half*>(base)[offset] = __float2half_rn(v); break;
-    case BiasType::kBF16: static_cast<__nv_bfloat16*>(base)[offset] = __float2bfloat16_rn(v); break;
-    default: break;
+    case BiasType::kF32:
+      static_cast<float*>(base)[offset] = v;
+      break;
+    case BiasType::kF16:
+      static_cast<__half*>(base)[offset] = __float2half_rn(v);
+      break;
+    case BiasType::kBF16:
+      static_cast<__nv_bfloat16*>(base)[offset] = __float2bfloat16_rn(v);
+      break;
+    default:
+      break;
   }
 }
 
@@ -120,9 +135,11 @@ __device__ __forceinline__ const void* bias_ptr(const void* base, BiasType type,
 }
 
 __device__ __forceinline__ SliceSource slice_of(const void* data, const int64_t stride[4], int vec,
-                                                size_t elem_bytes, int64_t b, int64_t n, int64_t h) {
+                                                size_t elem_bytes, int64_t b, int64_t n,
+                                                int64_t h) {
   const int64_t offset = b * stride[0] + n * stride[1] + h * stride[3];
-  return {static_cast<const char*>(data) + offset * static_cast<int64_t>(elem_bytes), stride[2], vec};
+  return {static_cast<const char*>(data) + offset * static_cast<int64_t>(elem_bytes), stride[2],
+          vec};
 }
 
 // cp.async of 16 bytes, zero-filling when `bytes` is 0 (then nothing is read from `src`).
@@ -135,7 +152,9 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* src, int byte
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
@@ -146,8 +165,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // products. With 16-byte copies the load is asynchronous (cp.async; the caller commits and
 // waits); otherwise it is done element by element before returning.
 template <typename T, int kRows, int kHeadDim, int kPitch, int kThreads>
-__device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64_t row0, int64_t len,
-                                          int64_t dim) {
+__device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64_t row0,
+                                          int64_t len, int64_t dim) {
   const T* base = static_cast<const T*>(src.base);
   if (src.vec) {
     constexpr int kChunks = kHeadDim / 8;
@@ -174,9 +193,12 @@ __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64
 template <BiasType kType>
 __device__ __forceinline__ float bias_at(const void* base, int64_t offset) {
   if constexpr (kType == BiasType::kF32) return static_cast<const float*>(base)[offset];
-  if constexpr (kType == BiasType::kF16) return __half2float(static_cast<const __half*>(base)[offset]);
-  if constexpr (kType == BiasType::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
-  if constexpr (kType == BiasType::kBool) return static_cast<const uint8_t*>(base)[offset] ? 0.0f : kNegInf;
+  if constexpr (kType == BiasType::kF16)
+    return __half2float(static_cast<const __half*>(base)[offset]);
+  if constexpr (kType == BiasType::kBF16)
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
+  if constexpr (kType == BiasType::kBool)
+    return static_cast<const uint8_t*>(base)[offset] ? 0.0f : kNegInf;
   return 0.0f;
 }
 
@@ -186,8 +208,9 @@ __device__ __forceinline__ float bias_at(const void* base, int64_t offset) {
 // read at offset col * col_stride. Columns >= `cols` are skipped (the caller masks them).
 // A bias that depends on the row alone (bias1 in a transposed tile) uses col_stride 0.
 template <BiasType kType>
-__device__ __forceinline__ void add_bias_tile(float acc[8][4], const void* const rows[2], int64_t col_stride,
-                                              int64_t col0, int64_t cols, int t) {
+__device__ __forceinline__ void add_bias_tile(float acc[8][4], const void* const rows[2],
+                                              int64_t col_stride, int64_t col0, int64_t cols,
+                                              int t) {
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -199,14 +222,24 @@ __device__ __forceinline__ void add_bias_tile(float acc[8][4], const void* const
 }
 
 // The same with the bias type chosen at run time (one switch per tile, not per element).
-__device__ __forceinline__ void add_bias_tile(BiasType type, float acc[8][4], const void* const rows[2],
-                                              int64_t col_stride, int64_t col0, int64_t cols, int t) {
+__device__ __forceinline__ void add_bias_tile(BiasType type, float acc[8][4],
+                                              const void* const rows[2], int64_t col_stride,
+                                              int64_t col0, int64_t cols, int t) {
   switch (type) {
-    case BiasType::kF32: add_bias_tile<BiasType::kF32>(acc, rows, col_stride, col0, cols, t); break;
-    case BiasType::kF16: add_bias_tile<BiasType::kF16>(acc, rows, col_stride, col0, cols, t); break;
-    case BiasType::kBF16: add_bias_tile<BiasType::kBF16>(acc, rows, col_stride, col0, cols, t); break;
-    case BiasType::kBool: add_bias_tile<BiasType::kBool>(acc, rows, col_stride, col0, cols, t); break;
-    default: break;
+    case BiasType::kF32:
+      add_bias_tile<BiasType::kF32>(acc, rows, col_stride, col0, cols, t);
+      break;
+    case BiasType::kF16:
+      add_bias_tile<BiasType::kF16>(acc, rows, col_stride, col0, cols, t);
+      break;
+    case BiasType::kBF16:
+      add_bias_tile<BiasType::kBF16>(acc, rows, col_stride, col0, cols, t);
+      break;
+    case BiasType::kBool:
+      add_bias_tile<BiasType::kBool>(acc, rows, col_stride, col0, cols, t);
+      break;
+    default:
+      break;
   }
 }
 

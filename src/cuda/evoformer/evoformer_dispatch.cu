@@ -6,8 +6,8 @@
 #include <string>
 
 #include "common/evoformer_cuda_plan.h"
-#include "cuda/evoformer/evoformer_launch.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_launch.h"
 #include "cuda/evoformer_cuda.h"
 
 namespace sciattn::cuda {
@@ -16,10 +16,14 @@ namespace {
 BiasType bias_type(const TensorView& t) {
   if (!t.present()) return BiasType::kNone;
   switch (t.dtype) {
-    case DType::kF32: return BiasType::kF32;
-    case DType::kF16: return BiasType::kF16;
-    case DType::kBF16: return BiasType::kBF16;
-    case DType::kBool: return BiasType::kBool;
+    case DType::kF32:
+      return BiasType::kF32;
+    case DType::kF16:
+      return BiasType::kF16;
+    case DType::kBF16:
+      return BiasType::kBF16;
+    case DType::kBool:
+      return BiasType::kBool;
   }
   return BiasType::kNone;
 }
@@ -30,7 +34,9 @@ void copy_strides(const TensorView& t, int64_t* dst, std::initializer_list<int> 
 }
 
 // [B, N, L, H, D] -> strides over (B, N, L, H).
-void qkv_strides(const TensorView& t, int64_t dst[4]) { copy_strides(t, dst, {0, 1, 2, 3}); }
+void qkv_strides(const TensorView& t, int64_t dst[4]) {
+  copy_strides(t, dst, {0, 1, 2, 3});
+}
 
 // 16-byte copies of whole rows of 8 elements are safe: every row starts 16-byte aligned and D
 // comes in whole 8-element chunks.
@@ -43,8 +49,9 @@ int vectorizable(const TensorView& t) {
 }
 
 EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const TensorView& bias1, const TensorView& bias2, const TensorView& out,
-                                    const TensorView& lse, const EvoformerOptions& options,
+                                    const TensorView& bias1, const TensorView& bias2,
+                                    const TensorView& out, const TensorView& lse,
+                                    const EvoformerOptions& options,
                                     const detail::EvoformerShape& s) {
   EvoformerDeviceParams p{};
   p.batch = s.batch;
@@ -83,8 +90,9 @@ Status device_status(cudaError_t e, const char* what) {
 
 Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas) {
   if (dtype != DType::kF16 && dtype != DType::kBF16) {
-    return Status::not_supported(std::string("q has dtype ") + dtype_name(dtype) +
-                                 "; the CUDA kernels of this version take f16 or bf16 (f32 runs on the CPU)");
+    return Status::not_supported(
+        std::string("q has dtype ") + dtype_name(dtype) +
+        "; the CUDA kernels of this version take f16 or bf16 (f32 runs on the CPU)");
   }
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
   if (head_dim == 0) {
@@ -115,9 +123,9 @@ Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas
 #endif
       false;
   if (!built || !dtype_built) {
-    return Status::not_supported("this build has no CUDA kernel for head dim " + std::to_string(head_dim) +
-                                 " and dtype " + dtype_name(dtype) +
-                                 " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES); build with the `gpu` preset");
+    return Status::not_supported(
+        "this build has no CUDA kernel for head dim " + std::to_string(head_dim) + " and dtype " +
+        dtype_name(dtype) + " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES); build with the `gpu` preset");
   }
   if (max_ctas > 0x7fffffff) {
     return Status::not_supported("the problem needs " + std::to_string(max_ctas) +
@@ -132,10 +140,10 @@ cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
   const int64_t head_dim = detail::cuda_evoformer_head_dim(dim);
 #define SCIATTN_DISPATCH_DIM(T, D) \
   if (head_dim == D) return fn.template run<T, D>();
-#define SCIATTN_DISPATCH_TYPE(T)                 \
-  SCIATTN_IF_HD16(SCIATTN_DISPATCH_DIM(T, 16))   \
-  SCIATTN_IF_HD32(SCIATTN_DISPATCH_DIM(T, 32))   \
-  SCIATTN_IF_HD64(SCIATTN_DISPATCH_DIM(T, 64))   \
+#define SCIATTN_DISPATCH_TYPE(T)               \
+  SCIATTN_IF_HD16(SCIATTN_DISPATCH_DIM(T, 16)) \
+  SCIATTN_IF_HD32(SCIATTN_DISPATCH_DIM(T, 32)) \
+  SCIATTN_IF_HD64(SCIATTN_DISPATCH_DIM(T, 64)) \
   SCIATTN_IF_HD128(SCIATTN_DISPATCH_DIM(T, 128))
 #ifdef SCIATTN_EVOFORMER_HD16
 #define SCIATTN_IF_HD16(x) x
@@ -194,20 +202,25 @@ struct BackwardLauncher {
 }  // namespace
 
 int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p) {
-  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads * p.batch * p.n;
+  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads *
+         p.batch * p.n;
 }
 int64_t evoformer_dkdv_ctas(const EvoformerDeviceParams& p) {
-  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads * p.batch *
-         p.dbias2_chunks;
+  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads *
+         p.batch * p.dbias2_chunks;
 }
-int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p) { return evoformer_forward_ctas(p); }
+int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p) {
+  return evoformer_forward_ctas(p);
+}
 
-Status check_evoformer_forward_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s) {
+Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
+                                    const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
   return check_cuda(p.q.dtype, s, blocks * s.heads * s.batch * s.n);
 }
 
-Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s) {
+Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
+                                     const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
   return check_cuda(p.q.dtype, s, blocks * s.heads * s.batch * s.n);
 }
@@ -217,17 +230,19 @@ size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
   return detail::plan_cuda_backward(s, p.dbias1.present(), p.dbias2.present()).layout.total_bytes();
 }
 
-Status run_evoformer_forward_cuda(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
-                                  Stream stream) {
-  const EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
-                                                params.out, params.lse, params.options, s);
+Status run_evoformer_forward_cuda(const EvoformerForwardParams& params,
+                                  const detail::EvoformerShape& s, Stream stream) {
+  const EvoformerDeviceParams p =
+      common_params(params.q, params.k, params.v, params.bias1, params.bias2, params.out,
+                    params.lse, params.options, s);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   return device_status(dispatch(params.q.dtype, s.dim, ForwardLauncher{p, cuda_stream}),
                        "Evoformer forward kernel launch");
 }
 
-Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
-                                   void* workspace, Stream stream) {
+Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
+                                   const detail::EvoformerShape& s, void* workspace,
+                                   Stream stream) {
   EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
                                           params.out, params.lse, params.options, s);
   p.dout = params.dout.data;
@@ -246,13 +261,16 @@ Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params, const 
   const detail::CudaBackwardWorkspace w =
       detail::plan_cuda_backward(s, params.dbias1.present(), params.dbias2.present());
   p.delta = w.layout.at<float>(workspace, w.delta);
-  p.dbias1_partial = params.dbias1.present() ? w.layout.at<float>(workspace, w.dbias1_partial) : nullptr;
-  p.dbias2_partial = params.dbias2.present() ? w.layout.at<float>(workspace, w.dbias2_partial) : nullptr;
+  p.dbias1_partial =
+      params.dbias1.present() ? w.layout.at<float>(workspace, w.dbias1_partial) : nullptr;
+  p.dbias2_partial =
+      params.dbias2.present() ? w.layout.at<float>(workspace, w.dbias2_partial) : nullptr;
   p.dbias2_chunks = w.chunks;
 
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  cudaError_t e = params.q.dtype == DType::kF16 ? launch_evoformer_backward_delta<__half>(p, cuda_stream)
-                                                 : launch_evoformer_backward_delta<__nv_bfloat16>(p, cuda_stream);
+  cudaError_t e = params.q.dtype == DType::kF16
+                      ? launch_evoformer_backward_delta<__half>(p, cuda_stream)
+                      : launch_evoformer_backward_delta<__nv_bfloat16>(p, cuda_stream);
   if (e != cudaSuccess) return device_status(e, "Evoformer backward (delta) kernel launch");
   e = dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
   if (e != cudaSuccess) return device_status(e, "Evoformer backward kernel launch");
@@ -275,8 +293,8 @@ __global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p)
       const int64_t j = e % p.len, bn = e / p.len, b = bn / p.n, n = bn % p.n;
       float sum = 0.0f;
       for (int64_t h = 0; h < p.heads; ++h) sum += p.dbias1_partial[(bn * p.heads + h) * p.len + j];
-      store_bias(p.dbias1, p.bias1_type, b * p.dbias1_stride[0] + n * p.dbias1_stride[1] + j * p.dbias1_stride[2],
-                 sum);
+      store_bias(p.dbias1, p.bias1_type,
+                 b * p.dbias1_stride[0] + n * p.dbias1_stride[1] + j * p.dbias1_stride[2], sum);
     } else {
       const int64_t x = e - d1;
       const int64_t j = x % p.len, i = (x / p.len) % p.len, bh = x / (p.len * p.len);
@@ -285,12 +303,12 @@ __global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p)
       const int64_t chunk_stride = p.batch * p.heads * p.len * p.len;
       for (int64_t c = 0; c < p.dbias2_chunks; ++c) sum += p.dbias2_partial[c * chunk_stride + x];
       store_bias(p.dbias2, p.bias2_type,
-                 b * p.dbias2_stride[0] + h * p.dbias2_stride[1] + i * p.dbias2_stride[2] + j * p.dbias2_stride[3],
+                 b * p.dbias2_stride[0] + h * p.dbias2_stride[1] + i * p.dbias2_stride[2] +
+                     j * p.dbias2_stride[3],
                  sum);
     }
   }
 }
-
 
 template <typename T>
 cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t stream) {
@@ -300,12 +318,16 @@ cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cuda
   evoformer_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
-template cudaError_t launch_evoformer_backward_delta<__half>(const EvoformerDeviceParams&, cudaStream_t);
-template cudaError_t launch_evoformer_backward_delta<__nv_bfloat16>(const EvoformerDeviceParams&, cudaStream_t);
+template cudaError_t launch_evoformer_backward_delta<__half>(const EvoformerDeviceParams&,
+                                                             cudaStream_t);
+template cudaError_t launch_evoformer_backward_delta<__nv_bfloat16>(const EvoformerDeviceParams&,
+                                                                    cudaStream_t);
 
-cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p, cudaStream_t stream) {
+cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p,
+                                                   cudaStream_t stream) {
   const int threads = 256;
-  const int64_t elements = (p.dbias1 ? p.batch * p.n * p.len : 0) + (p.dbias2 ? p.batch * p.heads * p.len * p.len : 0);
+  const int64_t elements =
+      (p.dbias1 ? p.batch * p.n * p.len : 0) + (p.dbias2 ? p.batch * p.heads * p.len * p.len : 0);
   const int64_t blocks = std::min<int64_t>((elements + threads - 1) / threads, int64_t{132} * 16);
   if (blocks == 0) return cudaSuccess;
   evoformer_bwd_dbias_reduce_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);

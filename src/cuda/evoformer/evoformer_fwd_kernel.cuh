@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (my_rows[r] < p.len) {
-        bias2_rows[r] = bias_ptr(p.bias2, p.bias2_type,
-                                 b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
+        bias2_rows[r] = bias_ptr(
+            p.bias2, p.bias2_type,
+            b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
       }
     }
   }
@@ -94,10 +95,10 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     // Start the next tile's K and V into the other buffer (freed by the barrier at the end of the
     // previous iteration), then wait for this tile's.
     if (tile + 1 < tiles) {
-      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.k[buf ^ 1], k_src, col0 + Tile::kBlockN,
-                                                                    p.len, p.dim);
-      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.v[buf ^ 1], v_src, col0 + Tile::kBlockN,
-                                                                    p.len, p.dim);
+      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(
+          smem.k[buf ^ 1], k_src, col0 + Tile::kBlockN, p.len, p.dim);
+      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(
+          smem.v[buf ^ 1], v_src, col0 + Tile::kBlockN, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -188,7 +189,8 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
         const T* vr = smem.v[buf] + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
-        const uint32_t bf[2] = {load_column_pair(vr, kPitch), load_column_pair(vr + 8 * kPitch, kPitch)};
+        const uint32_t bf[2] = {load_column_pair(vr, kPitch),
+                                load_column_pair(vr + 8 * kPitch, kPitch)};
         mma_16816<T>(o_acc[i], a, bf);
       }
     }
@@ -215,7 +217,8 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
       if (d + 1 < p.dim) {
         // Two adjacent elements: one 32-bit store when the address allows it.
         if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
-          *reinterpret_cast<uint32_t*>(out_row + d) = ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out_row + d) =
+              ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
         } else {
           out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
           out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);

@@ -19,7 +19,8 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream
 // The dtype-generic pieces of the backward.
 template <typename T>
 cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t stream);
-cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p, cudaStream_t stream);
+cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p,
+                                                   cudaStream_t stream);
 
 // CTAs of each kernel (also used to reject shapes whose 1-D grid would pass 2^31 - 1).
 int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p);
