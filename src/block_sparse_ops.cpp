@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/block_sparse_checks.h"
+#include "common/tensor_checks.h"
 #include "cpu/block_sparse_cpu.h"
 #include "cpu/block_sparse_reference.h"
 #include "sciattn/block_sparse_ops.h"
@@ -30,20 +31,6 @@ Status check_cpu(Device device, const char* op) {
   return Status::not_supported(std::string(op) +
                                " has no CUDA kernels in this version yet (they are planned); "
                                "pass CPU tensors to run it on the CPU");
-}
-
-Status check_workspace(size_t needed, void* workspace, size_t workspace_bytes) {
-  if (workspace_bytes < needed) {
-    return Status(StatusCode::kWorkspaceTooSmall,
-                  "workspace has " + std::to_string(workspace_bytes) +
-                      " bytes but this call needs " + std::to_string(needed) +
-                      " (ask workspace_size())");
-  }
-  if (needed > 0 && workspace == nullptr) {
-    return Status::invalid_argument("workspace is a null pointer but this call needs " +
-                                    std::to_string(needed) + " bytes");
-  }
-  return Status::ok_status();
 }
 
 cpu::ScoreTerms softmax_terms(const BlockSparseSoftmaxParams& p) {
@@ -143,7 +130,7 @@ Status run(const BlockSparseMatMulParams& p, void* workspace, size_t workspace_b
            Stream /*stream*/) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(workspace_size(p), workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   cpu::run_matmul(p, cpu::block_sparse_threads(p.num_threads), workspace);
   return Status::ok_status();
@@ -153,7 +140,7 @@ Status run(const BlockSparseMatMulBackwardParams& p, void* workspace, size_t wor
            Stream /*stream*/) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(workspace_size(p), workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   cpu::run_matmul_backward(p, cpu::block_sparse_threads(p.num_threads), workspace);
   return Status::ok_status();
@@ -202,7 +189,7 @@ Status run(const BlockSparseSoftmaxParams& p, void* workspace, size_t workspace_
            Stream /*stream*/) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(workspace_size(p), workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   const cpu::ScoreTerms terms = softmax_terms(p);
   cpu::softmax_forward(*p.index, p.x.sizes[0], p.x, p.y, terms, nullptr,
@@ -214,7 +201,7 @@ Status run(const BlockSparseSoftmaxBackwardParams& p, void* workspace, size_t wo
            Stream /*stream*/) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(workspace_size(p), workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   cpu::softmax_backward(*p.index, p.y.sizes[0], p.y, p.dy, p.dx, p.scale,
                         cpu::block_sparse_threads(p.num_threads), workspace);
@@ -273,7 +260,7 @@ Status run(const SparseAttentionForwardParams& p, void* workspace, size_t worksp
            Stream /*stream*/) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(workspace_size(p), workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::AttentionShape s;
   detail::check_attention_forward(p, &s);
@@ -296,7 +283,7 @@ Status run(const SparseAttentionBackwardParams& p, void* workspace, size_t works
            Stream /*stream*/) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(workspace_size(p), workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::AttentionShape s;
   detail::check_attention_backward(p, &s);

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "common/evoformer_checks.h"
+#include "common/tensor_checks.h"
 #include "cpu/evoformer_reference.h"
 #include "cpu/evoformer_tiled.h"
 #ifdef SCIATTN_WITH_CUDA
@@ -52,22 +53,6 @@ Status check_reference_size(const EvoformerOptions& o, const detail::EvoformerSh
   return Status::ok_status();
 }
 
-template <typename Params>
-Status check_workspace(const Params& p, void* workspace, size_t workspace_bytes) {
-  const size_t needed = workspace_size(p);
-  if (workspace_bytes < needed) {
-    return Status(StatusCode::kWorkspaceTooSmall,
-                  "workspace has " + std::to_string(workspace_bytes) +
-                      " bytes but this call needs " + std::to_string(needed) +
-                      " (ask workspace_size())");
-  }
-  if (needed > 0 && workspace == nullptr) {
-    return Status::invalid_argument("workspace is a null pointer but this call needs " +
-                                    std::to_string(needed) + " bytes");
-  }
-  return Status::ok_status();
-}
-
 }  // namespace
 
 Status can_implement(const EvoformerForwardParams& p, std::string* why) {
@@ -110,7 +95,7 @@ Status run(const EvoformerForwardParams& p, void* workspace, size_t workspace_by
            [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(p, workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::EvoformerShape s;
   detail::check_evoformer_forward(p, &s);
@@ -129,7 +114,7 @@ Status run(const EvoformerBackwardParams& p, void* workspace, size_t workspace_b
            [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
-  status = check_workspace(p, workspace, workspace_bytes);
+  status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::EvoformerShape s;
   detail::check_evoformer_backward(p, &s);

@@ -65,8 +65,9 @@ void add_demo_command(CLI::App& app) {
     Device where = *device == "cuda" ? Device::kCuda : Device::kCpu;
     if (where == Device::kCuda) {
       // The GPU kernels are a later milestone; the demo still shows real work on the CPU.
-      std::cerr << "note: a CUDA device is present, but Evoformer attention has no CUDA kernels in "
-                   "this version yet; running on the CPU\n";
+      std::cerr
+          << "note: a CUDA device is present, but the command-line program does not drive the "
+             "Evoformer CUDA kernels yet; running on the CPU\n";
       where = Device::kCpu;
     }
     if (!*json) {

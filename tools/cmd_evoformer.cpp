@@ -52,8 +52,9 @@ void add_evoformer_command(CLI::App& app) {
     config->device = *device == "cuda" ? Device::kCuda : Device::kCpu;
     if (config->device == Device::kCuda && device_flag->count() == 0) {
       // Chosen by default, not asked for: say why the CPU runs instead (the kernels are planned).
-      std::cerr << "note: a CUDA device is present, but Evoformer attention has no CUDA kernels in "
-                   "this version yet; running on the CPU\n";
+      std::cerr
+          << "note: a CUDA device is present, but the command-line program does not drive the "
+             "Evoformer CUDA kernels yet; running on the CPU\n";
       config->device = Device::kCpu;
     }
     config->bias1 = !flags->no_bias1;

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "run_support.h"
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
 #include "table.h"
@@ -51,86 +52,10 @@ struct SparseRunConfig {
   bool check = true;
 };
 
-struct SparseRunResult {
+struct SparseRunResult : RunMeasurements {
   int64_t padded_len = 0, nnz = 0;
   double density = 0;
-  double forward_ms = 0, backward_ms = 0, reference_forward_ms = 0, reference_backward_ms = 0;
-  size_t forward_bytes = 0, backward_bytes = 0, reference_forward_bytes = 0,
-         reference_backward_bytes = 0;
-  double forward_flops = 0, backward_flops = 0;
-  double max_error = 0, tolerance = 0;
-  std::string worst_output;
-  bool checked = false, passed = true;
 };
-
-// A host buffer and a packed view of it.
-struct Buffer {
-  std::vector<std::byte> bytes;
-  TensorView view;
-};
-
-Buffer make_buffer(DType dtype, std::vector<int64_t> sizes) {
-  Buffer b;
-  int64_t count = 1;
-  for (int64_t s : sizes) count *= s;
-  b.bytes.resize(static_cast<size_t>(count) * dtype_size(dtype));
-  b.view.data = b.bytes.data();
-  b.view.dtype = dtype;
-  b.view.rank = static_cast<int>(sizes.size());
-  int64_t stride = 1;
-  for (int d = b.view.rank - 1; d >= 0; --d) {
-    b.view.sizes[d] = sizes[static_cast<size_t>(d)];
-    b.view.strides[d] = stride;
-    stride *= sizes[static_cast<size_t>(d)];
-  }
-  return b;
-}
-
-int64_t count_of(const Buffer& b) {
-  return static_cast<int64_t>(b.bytes.size() / dtype_size(b.view.dtype));
-}
-
-// Times `repeat` calls (after one warm-up that also checks the call runs) and returns the median.
-Status time_calls(int repeat, const std::function<Status()>& call, double* ms) {
-  Status status = call();
-  if (!status.ok()) return status;
-  std::vector<double> times;
-  for (int r = 0; r < repeat; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    status = call();
-    const auto stop = std::chrono::steady_clock::now();
-    if (!status.ok()) return status;
-    times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  *ms = times[times.size() / 2];
-  return Status::ok_status();
-}
-
-// max |a - b| / max |b| over two buffers of one dtype and size; NaN counts as infinite.
-double relative_error(const Buffer& a, const Buffer& b) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < count_of(a); ++i) {
-    const double x = load_as_float(a.bytes.data(), a.view.dtype, i);
-    const double y = load_as_float(b.bytes.data(), b.view.dtype, i);
-    diff = std::max(diff, std::isnan(x - y) ? INFINITY : std::fabs(x - y));
-    scale = std::max(scale, std::fabs(y));
-  }
-  return diff / std::max(scale, 1e-30);
-}
-
-// How far two correct paths may differ, relative to the output's largest value: a few units in
-// the last place of the storage dtype (both accumulate in fp32).
-double tolerance_for(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return 4e-3;
-    case DType::kBF16:
-      return 3e-2;
-    default:
-      return 1e-4;
-  }
-}
 
 double reference_work(const SparseRunConfig& c, int64_t padded_len) {
   return static_cast<double>(c.batch) * static_cast<double>(sparsity_common(c.sparsity).num_heads) *
@@ -158,23 +83,23 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   std::mt19937_64 rng(c.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto random = [&](std::vector<int64_t> sizes) {
-    Buffer t = make_buffer(c.dtype, std::move(sizes));
-    for (int64_t i = 0; i < count_of(t); ++i)
+    HostBuffer t = make_host_buffer(c.dtype, std::move(sizes));
+    for (int64_t i = 0; i < element_count(t); ++i)
       store_from_float(t.bytes.data(), c.dtype, i, normal(rng));
     return t;
   };
-  Buffer q = random({B, H, L, D}), k = random({B, H, L, D}), v = random({B, H, L, D});
-  Buffer dout = random({B, H, L, D});
-  auto padded = [&](const Buffer& x) {
+  HostBuffer q = random({B, H, L, D}), k = random({B, H, L, D}), v = random({B, H, L, D});
+  HostBuffer dout = random({B, H, L, D});
+  auto padded = [&](const HostBuffer& x) {
     if (Lp == L) return x;
-    Buffer p = make_buffer(c.dtype, {B, H, Lp, D});
+    HostBuffer p = make_host_buffer(c.dtype, {B, H, Lp, D});
     pad_to_block_size(x.view, 2, b, 0.0, p.view);
     return p;
   };
-  const Buffer qp = padded(q), kp = padded(k), vp = padded(v), doutp = padded(dout);
-  Buffer kpm;
+  const HostBuffer qp = padded(q), kp = padded(k), vp = padded(v), doutp = padded(dout);
+  HostBuffer kpm;
   if (Lp != L || c.masked_keys > 0) {
-    kpm = make_buffer(DType::kF32, {B, Lp});
+    kpm = make_host_buffer(DType::kF32, {B, Lp});
     status = padding_key_mask(std::max<int64_t>(0, L - c.masked_keys), MaskMode::kAdd, kpm.view);
     if (!status.ok()) return status;
   }
@@ -189,7 +114,8 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   fwd.options.causal = c.causal;
   fwd.options.num_threads = c.threads;
   fwd.options.algorithm = c.path;
-  Buffer out = make_buffer(c.dtype, {B, H, Lp, D}), lse = make_buffer(DType::kF32, {B, H, Lp});
+  HostBuffer out = make_host_buffer(c.dtype, {B, H, Lp, D}),
+             lse = make_host_buffer(DType::kF32, {B, H, Lp});
   fwd.out = out.view;
   fwd.lse = lse.view;
   status = can_implement(fwd);
@@ -203,20 +129,20 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
 
   struct Compared {
     const char* name;
-    Buffer ours, reference;
+    HostBuffer ours, reference;
   };
   std::vector<Compared> compared;
   // The real rows of a [B, H, Lp, D] result (unpad_sequence_output).
-  auto unpadded = [&](const Buffer& x) {
+  auto unpadded = [&](const HostBuffer& x) {
     if (Lp == L) return x;
-    Buffer u = make_buffer(c.dtype, {B, H, L, D});
+    HostBuffer u = make_host_buffer(c.dtype, {B, H, L, D});
     unpad_sequence_output(x.view, 2, u.view);
     return u;
   };
   const bool check = c.check && reference_work(c, Lp) <= kMaxReferenceWork;
   if (check) {
     SparseAttentionForwardParams ref = fwd;
-    Buffer ref_out = make_buffer(c.dtype, {B, H, Lp, D});
+    HostBuffer ref_out = make_host_buffer(c.dtype, {B, H, Lp, D});
     ref.out = ref_out.view;
     ref.lse = TensorView();
     ref.options.algorithm = SparseAttentionAlgorithm::kReference;
@@ -239,8 +165,9 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
     bwd.lse = lse.view;
     bwd.dout = doutp.view;
     bwd.options = fwd.options;
-    Buffer dq = make_buffer(c.dtype, {B, H, Lp, D}), dk = make_buffer(c.dtype, {B, H, Lp, D}),
-           dv = make_buffer(c.dtype, {B, H, Lp, D});
+    HostBuffer dq = make_host_buffer(c.dtype, {B, H, Lp, D}),
+               dk = make_host_buffer(c.dtype, {B, H, Lp, D}),
+               dv = make_host_buffer(c.dtype, {B, H, Lp, D});
     bwd.dq = dq.view;
     bwd.dk = dk.view;
     bwd.dv = dv.view;
@@ -252,8 +179,9 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
     if (!status.ok()) return status;
     if (check) {
       SparseAttentionBackwardParams ref = bwd;
-      Buffer rdq = make_buffer(c.dtype, {B, H, Lp, D}), rdk = make_buffer(c.dtype, {B, H, Lp, D}),
-             rdv = make_buffer(c.dtype, {B, H, Lp, D});
+      HostBuffer rdq = make_host_buffer(c.dtype, {B, H, Lp, D}),
+                 rdk = make_host_buffer(c.dtype, {B, H, Lp, D}),
+                 rdv = make_host_buffer(c.dtype, {B, H, Lp, D});
       ref.dq = rdq.view;
       ref.dk = rdk.view;
       ref.dv = rdv.view;
@@ -310,26 +238,7 @@ nlohmann::json to_json(const SparseRunConfig& c, const SparseRunResult& r) {
   j["path"] = sparse_attention_algorithm_name(c.path);
   j["causal"] = c.causal;
   j["threads"] = c.threads;
-  j["forward_ms"] = r.forward_ms;
-  j["forward_extra_bytes"] = r.forward_bytes;
-  j["forward_gflops"] = r.forward_ms > 0 ? r.forward_flops / (r.forward_ms * 1e6) : 0.0;
-  if (c.backward) {
-    j["backward_ms"] = r.backward_ms;
-    j["backward_extra_bytes"] = r.backward_bytes;
-    j["backward_gflops"] = r.backward_ms > 0 ? r.backward_flops / (r.backward_ms * 1e6) : 0.0;
-  }
-  if (r.checked) {
-    j["reference_forward_ms"] = r.reference_forward_ms;
-    j["reference_forward_extra_bytes"] = r.reference_forward_bytes;
-    if (c.backward) {
-      j["reference_backward_ms"] = r.reference_backward_ms;
-      j["reference_backward_extra_bytes"] = r.reference_backward_bytes;
-    }
-    j["max_relative_error"] = r.max_error;
-    j["worst_output"] = r.worst_output;
-    j["tolerance"] = r.tolerance;
-    j["passed"] = r.passed;
-  }
+  add_measurements(r, c.backward, &j);
   return j;
 }
 

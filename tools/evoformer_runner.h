@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_support.h"
 #include "sciattn/evoformer.h"
 
 namespace sciattn::tools {
@@ -29,19 +30,8 @@ struct EvoformerRunConfig {
   bool check = true;  // also run the naive reference and compare
 };
 
-struct EvoformerRunResult {
-  double forward_ms = 0, backward_ms = 0;  // median of `repeat` calls
-  double reference_forward_ms = 0, reference_backward_ms = 0;
-  size_t forward_bytes = 0, backward_bytes = 0;  // extra memory (workspace) of each call
-  size_t reference_forward_bytes = 0, reference_backward_bytes = 0;
-  double forward_flops = 0, backward_flops = 0;
-  // Largest |ours - reference| over every output (and gradient), relative to max |reference|.
-  double max_error = 0;
-  double tolerance = 0;
-  std::string worst_output;  // the output with the largest error
-  bool checked = false;
-  bool passed = true;
-};
+// Times, extra memory and errors (see run_support.h).
+struct EvoformerRunResult : RunMeasurements {};
 
 // Runs the configuration; on failure returns the library's Status unchanged.
 Status run_evoformer_config(const EvoformerRunConfig& config, EvoformerRunResult* result);

@@ -101,6 +101,20 @@ Status check_tensor(const TensorView& t, const char* name, const char* symbolic,
   return Status::ok_status();
 }
 
+Status check_workspace(size_t needed, const void* workspace, size_t workspace_bytes) {
+  if (workspace_bytes < needed) {
+    return Status(StatusCode::kWorkspaceTooSmall,
+                  "workspace has " + std::to_string(workspace_bytes) +
+                      " bytes but this call needs " + std::to_string(needed) +
+                      " (ask workspace_size())");
+  }
+  if (needed > 0 && workspace == nullptr) {
+    return Status::invalid_argument("workspace is a null pointer but this call needs " +
+                                    std::to_string(needed) + " bytes");
+  }
+  return Status::ok_status();
+}
+
 Status check_non_overlapping(const TensorView& t, const char* name) {
   // Sort the dimensions that have more than one element by |stride|; the tensor has no two
   // elements at one address when each stride exceeds the extent of all smaller dimensions.

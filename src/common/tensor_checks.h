@@ -2,6 +2,7 @@
 // Host-only common layer: each check names the argument and says what would be accepted.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -37,6 +38,10 @@ ByteExtent byte_extent(const TensorView& t);
 // An output must not share memory with any other tensor of the call.
 Status check_disjoint(const TensorView& out, const char* out_name, const TensorView& other,
                       const char* other_name);
+
+// The caller's workspace holds at least `needed` bytes (kWorkspaceTooSmall otherwise) and is not
+// null when any are needed.
+Status check_workspace(size_t needed, const void* workspace, size_t workspace_bytes);
 
 // Multiplies positive sizes; false on int64 overflow.
 bool checked_product(std::initializer_list<int64_t> factors, int64_t* result);
