@@ -14,8 +14,8 @@
 namespace sciattn::cuda {
 
 struct EvoformerBwdTile {
-  static constexpr int kBlock =
-      64;  // keys per dK/dV CTA, queries per dQ CTA, and the tile of the other side
+  // Keys per dK/dV CTA, queries per dQ CTA, and the tile of the other side.
+  static constexpr int kBlock = 64;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
 };
