@@ -1,0 +1,190 @@
+"""Loads the compiled extension (the torch.ops.sciattn.* ops) and registers, for each op, its fake
+(meta) kernel for torch.compile and its autograd formula. The C++ side (bindings/torch/ops.cpp)
+registers the schemas and the CPU and CUDA kernels."""
+import glob
+import os
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_extension():
+    candidates = sorted(glob.glob(os.path.join(_HERE, "_sciattn_ops*.so")))
+    if not candidates:
+        raise ImportError(
+            "sciattn: the compiled extension _sciattn_ops.so is missing from "
+            f"{_HERE}; install the package with `pip install --no-build-isolation .` or build it "
+            "with scripts/build_torch_ext.sh (see docs/python.md)")
+    torch.ops.load_library(candidates[0])
+
+
+_load_extension()
+ops = torch.ops.sciattn
+
+# Algorithms the ops take as ints (the C++ enums).
+EVOFORMER_ALGORITHMS = {"tiled": 0, "reference": 1}
+ATTENTION_ALGORITHMS = {"fused": 0, "composite": 1, "reference": 2}
+MASK_MODES = {"add": 0, "mul": 1}
+MATMUL_MODES = {"sdd": 0, "dsd": 1, "dds": 2}
+
+
+def built_with_cuda() -> bool:
+    """True when this build of sciattn has its CUDA kernels (and registers CUDA op kernels)."""
+    return bool(ops.built_with_cuda())
+
+
+def _lse_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _empty0(t):
+    return t.new_empty((0,))
+
+
+# ---- Evoformer --------------------------------------------------------------------------------
+
+@torch.library.register_fake("sciattn::evoformer_fwd")
+def _evoformer_fwd_fake(q, k, v, bias1, bias2, scale, algorithm):
+    B, N, L, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B * N, H, L), dtype=_lse_dtype(q))
+
+
+@torch.library.register_fake("sciattn::evoformer_bwd")
+def _evoformer_bwd_fake(dout, q, k, v, bias1, bias2, out, lse, scale, need_dbias1, need_dbias2,
+                        algorithm):
+    db1 = bias1.new_empty(bias1.shape) if need_dbias1 else _empty0(q)
+    db2 = bias2.new_empty(bias2.shape) if need_dbias2 else _empty0(q)
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), db1, db2
+
+
+def _evoformer_setup(ctx, inputs, output):
+    q, k, v, bias1, bias2, scale, algorithm = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, bias1, bias2, out, lse)
+    ctx.scale = scale
+    ctx.algorithm = algorithm
+    ctx.bias1_float = bias1 is not None and bias1.is_floating_point()
+    ctx.has_bias2 = bias2 is not None
+
+
+def _evoformer_backward(ctx, dout, _dlse):
+    q, k, v, bias1, bias2, out, lse = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_b1 = bool(need[3]) and ctx.bias1_float
+    need_b2 = bool(need[4]) and ctx.has_bias2
+    dq, dk, dv, db1, db2 = ops.evoformer_bwd(dout, q, k, v, bias1, bias2, out, lse, ctx.scale,
+                                             need_b1, need_b2, ctx.algorithm)
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
+            db1 if need_b1 else None, db2 if need_b2 else None, None, None)
+
+
+torch.library.register_autograd("sciattn::evoformer_fwd", _evoformer_backward,
+                                setup_context=_evoformer_setup)
+
+
+# ---- Block-sparse MatMul ----------------------------------------------------------------------
+
+@torch.library.register_fake("sciattn::bsmm")
+def _bsmm_fake(a, b, layout, block, nnz, mode, trans_a, trans_b):
+    H, R, C = layout.shape
+    if mode == 0:
+        return a.new_empty((a.shape[0], nnz, block, block))
+    if mode == 1:
+        return b.new_empty((b.shape[0], H, (C if trans_a else R) * block,
+                            b.shape[2] if trans_b else b.shape[3]))
+    return a.new_empty((a.shape[0], H, a.shape[3] if trans_a else a.shape[2],
+                        (R if trans_b else C) * block))
+
+
+@torch.library.register_fake("sciattn::bsmm_bwd")
+def _bsmm_bwd_fake(dc, a, b, layout, block, nnz, mode, trans_a, trans_b, need_da, need_db):
+    return (a.new_empty(a.shape) if need_da else _empty0(a),
+            b.new_empty(b.shape) if need_db else _empty0(b))
+
+
+def _bsmm_setup(ctx, inputs, output):
+    a, b, layout, block, nnz, mode, trans_a, trans_b = inputs
+    ctx.save_for_backward(a, b, layout)
+    ctx.args = (block, nnz, mode, trans_a, trans_b)
+
+
+def _bsmm_backward(ctx, dc):
+    a, b, layout = ctx.saved_tensors
+    need_da, need_db = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
+    if not (need_da or need_db):
+        return (None,) * 8
+    da, db = ops.bsmm_bwd(dc, a, b, layout, *ctx.args, need_da, need_db)
+    return (da if need_da else None, db if need_db else None) + (None,) * 6
+
+
+torch.library.register_autograd("sciattn::bsmm", _bsmm_backward, setup_context=_bsmm_setup)
+
+
+# ---- Block-sparse Softmax ---------------------------------------------------------------------
+
+@torch.library.register_fake("sciattn::bs_softmax")
+def _bs_softmax_fake(x, layout, block, nnz, scale, rpe, key_padding_mask, attn_mask,
+                     key_padding_mask_mode, attn_mask_mode):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("sciattn::bs_softmax_bwd")
+def _bs_softmax_bwd_fake(dy, y, layout, block, nnz, scale):
+    return y.new_empty(y.shape)
+
+
+def _bs_softmax_setup(ctx, inputs, output):
+    x, layout, block, nnz, scale = inputs[:5]
+    ctx.save_for_backward(output, layout)
+    ctx.args = (block, nnz, scale)
+
+
+def _bs_softmax_backward(ctx, dy):
+    y, layout = ctx.saved_tensors
+    dx = ops.bs_softmax_bwd(dy, y, layout, *ctx.args) if ctx.needs_input_grad[0] else None
+    # rpe and the masks get no gradient, as in DeepSpeed.
+    return (dx,) + (None,) * 9
+
+
+torch.library.register_autograd("sciattn::bs_softmax", _bs_softmax_backward,
+                                setup_context=_bs_softmax_setup)
+
+
+# ---- Sparse self-attention --------------------------------------------------------------------
+
+@torch.library.register_fake("sciattn::sparse_attention_fwd")
+def _sparse_attention_fwd_fake(q, k, v, layout, block, nnz, rpe, key_padding_mask, attn_mask,
+                               scale, causal, key_padding_mask_mode, attn_mask_mode, algorithm):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+
+
+@torch.library.register_fake("sciattn::sparse_attention_bwd")
+def _sparse_attention_bwd_fake(dout, q, k, v, out, lse, layout, block, nnz, rpe,
+                               key_padding_mask, attn_mask, scale, causal, key_padding_mask_mode,
+                               attn_mask_mode, algorithm):
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+
+
+def _sparse_attention_setup(ctx, inputs, output):
+    (q, k, v, layout, block, nnz, rpe, kpm, am, scale, causal, kpm_mode, am_mode,
+     algorithm) = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, layout, rpe, kpm, am)
+    ctx.args = (block, nnz)
+    ctx.options = (scale, causal, kpm_mode, am_mode, algorithm)
+
+
+def _sparse_attention_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, layout, rpe, kpm, am = ctx.saved_tensors
+    dq, dk, dv = ops.sparse_attention_bwd(dout, q, k, v, out, lse, layout, *ctx.args, rpe, kpm,
+                                          am, *ctx.options)
+    need = ctx.needs_input_grad
+    return (dq if need[0] else None, dk if need[1] else None,
+            dv if need[2] else None) + (None,) * 11
+
+
+torch.library.register_autograd("sciattn::sparse_attention_fwd", _sparse_attention_backward,
+                                setup_context=_sparse_attention_setup)
