@@ -3,7 +3,7 @@
 # the `gpu` preset and carried in .carry/, because build trees hold absolute paths):
 #   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
 #   Google Benchmark of the kernels, and the peer comparison (bench/compare/evoformer.py).
-# Usage on the GPU machine: scripts/gpu_suite.sh [tests|sanitize|profile|bench|compare|all]...
+# Usage on the GPU machine: scripts/gpu_suite.sh [tests|sanitize|cli|profile|bench|compare|all]...
 # Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
@@ -18,6 +18,9 @@ what=("$@")
 want() { for w in "${what[@]}"; do [ "$w" = "$1" ] || [ "$w" = all ] && return 0; done; return 1; }
 status=0
 
+# The binaries may travel as one xz archive (the carry limit is 64 MiB; each binary holds every
+# kernel instantiation).
+if [ -f "$bin/bins.tar.xz" ]; then tar xJf "$bin/bins.tar.xz" -C "$bin"; fi
 nvidia-smi -L || true
 if want tests; then
   echo "== gpu tests"
@@ -36,6 +39,15 @@ if want sanitize; then
     tail -5 "$out/sanitizer_$tool.log"
     [ $rc -eq 0 ] || status=1
   done
+fi
+if want cli && [ -x "$bin/sciattn" ]; then
+  # The command-line program on the GPU: the demo (bf16 kernels against the CPU reference) and
+  # one fp32 run, each checked against the naive reference.
+  echo "== sciattn demo (GPU)"
+  "$bin/sciattn" demo 2>&1 | tee "$out/demo.log" | tail -30
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$bin/sciattn" evoformer --device cuda --dtype f32 --n 16 --len 96 --backward 2>&1 | tail -4
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want profile && [ -x "$bin/bench_evoformer_cuda" ]; then
   # Per-kernel device time of one forward + backward (triangle [1,384,384,4,32], bf16).

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "evoformer_runner.h"
 #include "report.h"
+#include "sciattn/device.h"
 
 namespace sciattn::tools {
 namespace {
@@ -51,37 +52,39 @@ void add_demo_command(CLI::App& app) {
       "Run the four Evoformer attention forms of OpenFold (MSA row with pair bias, MSA column,\n"
       "triangle start and end) at a small size, forward and backward, and compare each with the\n"
       "naive reference.");
-  auto dtype = std::make_shared<std::string>("f32");
+  auto dtype = std::make_shared<std::string>("auto");
   auto device = std::make_shared<std::string>(default_device_name());
   auto threads = std::make_shared<int>(0);
   auto json = std::make_shared<bool>(false);
-  cmd->add_option("--dtype", *dtype, "storage dtype")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  cmd->add_option("--dtype", *dtype,
+                  "storage dtype (auto: f32 on the CPU, bf16 on the GPU, whose tensor cores take "
+                  "f16 and bf16)")
+      ->check(CLI::IsMember({"auto", "f32", "f16", "bf16"}));
   cmd->add_option("--device", *device,
                   "where to run (default: cuda when a GPU and the CUDA build are present)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--threads", *threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
-    Device where = *device == "cuda" ? Device::kCuda : Device::kCpu;
-    if (where == Device::kCuda) {
-      // The GPU kernels are a later milestone; the demo still shows real work on the CPU.
-      std::cerr
-          << "note: a CUDA device is present, but the command-line program does not drive the "
-             "Evoformer CUDA kernels yet; running on the CPU\n";
-      where = Device::kCpu;
-    }
+    const Device where = *device == "cuda" ? Device::kCuda : Device::kCpu;
+    const std::string dtype_used = *dtype != "auto" ? *dtype : where == Device::kCuda ? "bf16" : "f32";
     if (!*json) {
+      const std::string engine =
+          where == Device::kCuda
+              ? "on the GPU (" + cuda_device_description() + ")"
+              : "on the CPU (" + (*threads > 0 ? std::to_string(*threads) : std::string("all")) +
+                    " threads)";
       std::cout
-          << "sciattn demo: Evoformer attention on the CPU ("
-          << (*threads > 0 ? std::to_string(*threads) : std::string("all")) << " threads), "
-          << *dtype << " storage, fp32 math.\n"
+          << "sciattn demo: Evoformer attention " << engine << ", " << dtype_used
+          << " storage, fp32 math.\n"
           << "Each form runs forward and backward (dQ, dK, dV and the bias gradients) through "
-             "the tiled path, then through the naive reference that materialises every score "
+          << (where == Device::kCuda ? "the CUDA kernels" : "the tiled path")
+          << ", then through the naive reference on the CPU, which materialises every score "
              "matrix.\n'extra mem' is the whole workspace a call takes; 'max err' is the "
              "largest difference from the naive reference over every output, relative to its "
              "largest value.\n\n";
     }
-    int code = report_runs(demo_configs(*parse_dtype(*dtype), *threads, where), *json, std::cout,
+    int code = report_runs(demo_configs(*parse_dtype(dtype_used), *threads, where), *json, std::cout,
                            std::cerr);
     // The block-sparse section is a second table; `demo --json` stays one JSON array (the
     // Evoformer runs) so that scripts reading it keep working.

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "device_mirror.h"
+
 namespace sciattn::tools {
 namespace {
 
@@ -36,11 +38,24 @@ std::string shape_of(const EvoformerRunConfig& c) {
 }
 
 Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* result) {
-  if (c.device != Device::kCpu) {
-    return Status::not_supported(
-        "the command-line program does not drive the Evoformer CUDA kernels yet (it has no device "
-        "memory handling); run with --device cpu, or call the C++ API with device tensors");
+  const bool on_gpu = c.device == Device::kCuda;
+  if (on_gpu && cuda_device_count() == 0) {
+    return Status::not_supported(built_with_cuda()
+                                     ? "--device cuda: no CUDA device is visible on this machine"
+                                     : "--device cuda: this build of sciattn has no CUDA support "
+                                       "(build with scripts/setup.sh on a machine with nvcc)");
   }
+  // On the GPU every tensor gets a device copy; the library runs on those and the results come
+  // back into the host buffers, which the reference (always on the CPU) is compared with.
+  auto place = [on_gpu](const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {
+    *view = host.view;
+    if (!on_gpu) return Status::ok_status();
+    const Status s = mirror.upload(host);
+    *view = mirror.view();
+    return s;
+  };
+  // A timed call on the GPU includes waiting for its kernels.
+  auto finish = [on_gpu](Status s) { return s.ok() && on_gpu ? cuda_synchronize() : s; };
   std::mt19937_64 rng(c.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
@@ -71,29 +86,57 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
   HostBuffer ref_out = make_host_buffer(c.dtype, qkv),
              ref_lse = make_host_buffer(DType::kF32, {c.batch * c.n, c.heads, c.len});
 
-  EvoformerForwardParams fwd;
-  fwd.q = q.view;
-  fwd.k = k.view;
-  fwd.v = v.view;
-  fwd.bias1 = bias1.view;
-  fwd.bias2 = bias2.view;
-  fwd.out = out.view;
-  fwd.lse = lse.view;
-  fwd.options.scale = c.scale;
-  fwd.options.num_threads = c.threads;
+  EvoformerForwardParams host_fwd;
+  host_fwd.q = q.view;
+  host_fwd.k = k.view;
+  host_fwd.v = v.view;
+  host_fwd.bias1 = bias1.view;
+  host_fwd.bias2 = bias2.view;
+  host_fwd.out = out.view;
+  host_fwd.lse = lse.view;
+  host_fwd.options.scale = c.scale;
+  host_fwd.options.num_threads = c.threads;
+
+  EvoformerForwardParams fwd = host_fwd;
+  DeviceMirror d_q, d_k, d_v, d_bias1, d_bias2, d_out, d_lse;
+  Status status = place(q, d_q, &fwd.q);
+  if (status.ok()) status = place(k, d_k, &fwd.k);
+  if (status.ok()) status = place(v, d_v, &fwd.v);
+  if (status.ok()) status = place(bias1, d_bias1, &fwd.bias1);
+  if (status.ok()) status = place(bias2, d_bias2, &fwd.bias2);
+  if (status.ok()) status = place(out, d_out, &fwd.out);
+  if (status.ok()) status = place(lse, d_lse, &fwd.lse);
+  if (!status.ok()) return status;
   std::string why;
-  Status status = can_implement(fwd, &why);
+  status = can_implement(fwd, &why);
   if (!status.ok()) return status;
 
   std::vector<std::byte> ws;
+  DeviceScratch d_ws;
+  // The workspace of a call, on the tensors' device.
+  auto workspace = [&](size_t bytes, void** ptr) {
+    if (!on_gpu) {
+      ws.assign(bytes, std::byte{0});
+      *ptr = ws.data();
+      return Status::ok_status();
+    }
+    const Status s = d_ws.resize(bytes);
+    *ptr = d_ws.data();
+    return s;
+  };
+  void* ws_ptr = nullptr;
   result->forward_flops = evoformer_forward_flops(fwd);
   result->forward_bytes = workspace_size(fwd);
-  ws.assign(result->forward_bytes, std::byte{0});
+  status = workspace(result->forward_bytes, &ws_ptr);
+  if (!status.ok()) return status;
   status = time_calls(
-      c.repeat, [&] { return run(fwd, ws.data(), ws.size()); }, &result->forward_ms);
+      c.repeat, [&] { return finish(run(fwd, ws_ptr, result->forward_bytes)); },
+      &result->forward_ms);
+  if (status.ok()) status = d_out.download(out);
+  if (status.ok()) status = d_lse.download(lse);
   if (!status.ok()) return status;
 
-  EvoformerForwardParams ref_fwd = fwd;
+  EvoformerForwardParams ref_fwd = host_fwd;
   ref_fwd.out = ref_out.view;
   ref_fwd.lse = ref_lse.view;
   ref_fwd.options.cpu_algorithm = EvoformerCpuAlgorithm::kReference;
@@ -130,29 +173,53 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
       dbias2 = make_host_buffer(c.dtype, {c.batch, 1, c.heads, c.len, c.len});
       rdbias2 = make_host_buffer(c.dtype, {c.batch, 1, c.heads, c.len, c.len});
     }
-    EvoformerBackwardParams bwd;
-    bwd.q = q.view;
-    bwd.k = k.view;
-    bwd.v = v.view;
-    bwd.bias1 = bias1.view;
-    bwd.bias2 = bias2.view;
-    bwd.out = out.view;
-    bwd.lse = lse.view;
-    bwd.dout = dout.view;
-    bwd.dq = dq.view;
-    bwd.dk = dk.view;
-    bwd.dv = dv.view;
-    bwd.dbias1 = dbias1.view;
-    bwd.dbias2 = dbias2.view;
-    bwd.options = fwd.options;
+    EvoformerBackwardParams host_bwd;
+    host_bwd.q = q.view;
+    host_bwd.k = k.view;
+    host_bwd.v = v.view;
+    host_bwd.bias1 = bias1.view;
+    host_bwd.bias2 = bias2.view;
+    host_bwd.out = out.view;
+    host_bwd.lse = lse.view;
+    host_bwd.dout = dout.view;
+    host_bwd.dq = dq.view;
+    host_bwd.dk = dk.view;
+    host_bwd.dv = dv.view;
+    host_bwd.dbias1 = dbias1.view;
+    host_bwd.dbias2 = dbias2.view;
+    host_bwd.options = fwd.options;
+
+    EvoformerBackwardParams bwd = host_bwd;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.bias1 = fwd.bias1;
+    bwd.bias2 = fwd.bias2;
+    bwd.out = fwd.out;
+    bwd.lse = fwd.lse;
+    DeviceMirror d_dout, d_dq, d_dk, d_dv, d_dbias1, d_dbias2;
+    status = place(dout, d_dout, &bwd.dout);
+    if (status.ok()) status = place(dq, d_dq, &bwd.dq);
+    if (status.ok()) status = place(dk, d_dk, &bwd.dk);
+    if (status.ok()) status = place(dv, d_dv, &bwd.dv);
+    if (status.ok()) status = place(dbias1, d_dbias1, &bwd.dbias1);
+    if (status.ok()) status = place(dbias2, d_dbias2, &bwd.dbias2);
+    if (!status.ok()) return status;
     result->backward_flops = evoformer_backward_flops(bwd);
     result->backward_bytes = workspace_size(bwd);
-    ws.assign(result->backward_bytes, std::byte{0});
+    status = workspace(result->backward_bytes, &ws_ptr);
+    if (!status.ok()) return status;
     status = time_calls(
-        c.repeat, [&] { return run(bwd, ws.data(), ws.size()); }, &result->backward_ms);
+        c.repeat, [&] { return finish(run(bwd, ws_ptr, result->backward_bytes)); },
+        &result->backward_ms);
+    if (status.ok()) status = d_dq.download(dq);
+    if (status.ok()) status = d_dk.download(dk);
+    if (status.ok()) status = d_dv.download(dv);
+    if (status.ok()) status = d_dbias1.download(dbias1);
+    if (status.ok()) status = d_dbias2.download(dbias2);
     if (!status.ok()) return status;
     if (c.check) {
-      EvoformerBackwardParams ref_bwd = bwd;
+      EvoformerBackwardParams ref_bwd = host_bwd;
       ref_bwd.dq = rdq.view;
       ref_bwd.dk = rdk.view;
       ref_bwd.dv = rdv.view;

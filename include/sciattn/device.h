@@ -1,6 +1,11 @@
 // Where tensors live and how work is ordered on a device. Public API layer (plain C++17).
 #pragma once
 
+#include <cstddef>
+#include <string>
+
+#include "sciattn/status.h"
+
 namespace sciattn {
 
 enum class Device : int { kCpu = 0, kCuda = 1 };
@@ -17,5 +22,19 @@ struct Stream {
 bool built_with_cuda();
 // Number of usable CUDA devices; 0 without a CUDA build, a driver or a GPU. Never fails.
 int cuda_device_count();
+
+// Device memory for callers that have no framework of their own (the command-line program,
+// examples, tests): thin wrappers of the CUDA runtime on the current device. Each returns
+// kNotSupported in a build without CUDA and kDeviceError, with the runtime's message, when the
+// runtime fails. A framework user (PyTorch) allocates with its own allocator instead.
+Status cuda_allocate(size_t bytes, void** ptr);  // *ptr = nullptr for 0 bytes
+Status cuda_free(void* ptr);                     // nullptr is fine
+Status cuda_copy_to_device(void* device_dst, const void* host_src, size_t bytes);
+Status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes);
+// Waits for the work queued on `stream` (Stream{} = the default stream) and reports any error
+// the kernels raised.
+Status cuda_synchronize(Stream stream = {});
+// "NVIDIA H200 (sm_90, 132 SMs)" for the current device; empty without one.
+std::string cuda_device_description();
 
 }  // namespace sciattn

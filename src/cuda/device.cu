@@ -3,9 +3,20 @@
 // or GPU, cudaGetDeviceCount fails and we report 0 devices.
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "sciattn/device.h"
 
 namespace sciattn {
+namespace {
+
+Status runtime_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  cudaGetLastError();
+  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
 
 bool built_with_cuda() {
   return true;
@@ -18,6 +29,45 @@ int cuda_device_count() {
     return 0;
   }
   return count;
+}
+
+Status cuda_allocate(size_t bytes, void** ptr) {
+  *ptr = nullptr;
+  if (bytes == 0) return Status::ok_status();
+  return runtime_status(cudaMalloc(ptr, bytes), "cudaMalloc");
+}
+
+Status cuda_free(void* ptr) {
+  return ptr == nullptr ? Status::ok_status() : runtime_status(cudaFree(ptr), "cudaFree");
+}
+
+Status cuda_copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return Status::ok_status();
+  return runtime_status(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice),
+                        "cudaMemcpy (host to device)");
+}
+
+Status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return Status::ok_status();
+  return runtime_status(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost),
+                        "cudaMemcpy (device to host)");
+}
+
+Status cuda_synchronize(Stream stream) {
+  return runtime_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)),
+                        "cudaStreamSynchronize");
+}
+
+std::string cuda_device_description() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cuda_device_count() == 0 || cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+         std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
 }
 
 }  // namespace sciattn

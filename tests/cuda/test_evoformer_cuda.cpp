@@ -164,14 +164,11 @@ void check_case(const EvoConfig& cfg) {
   EXPECT_TRUE(same_bytes(gpu.dbias2, again.dbias2)) << "dbias2 differs between two runs";
 }
 
-// The CPU suites' cases in f16 and bf16 (the kernels' dtypes).
+// The CPU suites' cases in every dtype (f16 and bf16 on tensor cores, f32 on the CUDA cores).
 std::vector<EvoConfig> gpu_cases() {
-  std::vector<EvoConfig> cases;
-  for (const EvoConfig& c : all_cases(kBaseSeed + 50000, /*backward=*/true)) {
-    if (c.dtype != DType::kF32) cases.push_back(c);
-  }
-  // Every head dim the kernels pad (8 -> 16, 24 -> 32, 96 -> 128) and the instantiated ones, at
-  // lengths that are not tile multiples.
+  std::vector<EvoConfig> cases = all_cases(kBaseSeed + 50000, /*backward=*/true);
+  // Every head dim the kernels pad (24 -> 32, 96 -> 128) and the instantiated ones (8 runs in
+  // 16-wide tiles), at lengths that are not tile multiples.
   uint64_t seed = kBaseSeed + 60000;
   for (int64_t D : {8, 16, 24, 32, 64, 96, 128}) {
     for (int64_t L : {1, 17, 300}) {
@@ -234,16 +231,34 @@ TEST(EvoformerCudaEdges, FullyMaskedRowsGiveZeroNotNaN) {
   }
 }
 
-TEST(EvoformerCudaEdges, Float32SaysItRunsOnTheCpu) {
+TEST(EvoformerCudaEdges, Float32AtEveryHeadDimLimit) {
   SKIP_WITHOUT_GPU();
-  EvoConfig c;
-  c.shape = {1, 1, 8, 1, 8};
-  c.dtype = DType::kF32;
-  const EvoInputs in = make_inputs(c);
-  const GpuResult r = run_gpu(in, false, false);
-  EXPECT_EQ(r.forward_status.code(), StatusCode::kNotSupported);
-  EXPECT_NE(r.forward_status.message().find("f32"), std::string::npos)
-      << r.forward_status.message();
+  uint64_t seed = kBaseSeed + 70100;
+  for (int64_t D : {1, 31, 32, 33, 128}) {
+    EvoConfig c;
+    c.shape = {1, 3, 70, 2, D};
+    c.dtype = DType::kF32;
+    c.bias1 = Bias1Kind::kBool;
+    c.bias2 = Bias2Kind::kF32;
+    c.mask_false_fraction = 0.3;
+    c.seed = seed++;
+    check_case(c);
+  }
+}
+
+TEST(EvoformerCudaEdges, Dbias2SplitOverNIntoChunks) {
+  SKIP_WITHOUT_GPU();
+  // One 64 x 64 tile of dbias2 and N = 40: the dbias2 kernel splits N into chunks whose partials
+  // are added afterwards, in f16 and bf16.
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    EvoConfig c;
+    c.shape = {1, 40, 50, 1, 32};
+    c.dtype = dt;
+    c.bias1 = Bias1Kind::kSameAsQ;
+    c.bias2 = Bias2Kind::kF32;
+    c.seed = kBaseSeed + 70200 + static_cast<uint64_t>(dt);
+    check_case(c);
+  }
 }
 
 TEST(EvoformerCudaEdges, HeadDimAbove128IsRejectedClearly) {

@@ -2,11 +2,19 @@
 // floating-point atomics; every output element is owned by one thread of one CTA, and sums that
 // cross CTAs go through fp32 partials in the workspace that a second kernel adds in a fixed order.
 //   1. evoformer_bwd_delta_kernel:  delta_i = <dO_i, O_i>
-//   2. evoformer_bwd_dkdv_kernel:   per (64 keys, h, b, chunk of N): dK, dV, and the partials of
-//                                   dbias1 (per head) and dbias2 (per chunk)
+//   2. evoformer_bwd_dkdv_kernel:   per (64 keys, h, b*n): dK, dV and the per-head dbias1 partial
 //   3. evoformer_bwd_dq_kernel:     per (64 queries, h, b*n): dQ
-//   4. evoformer_bwd_dbias_reduce_kernel: dbias1 = sum over heads, dbias2 = sum over chunks
+//   4. evoformer_bwd_dbias2_kernel: per (64 x 64 tile of dbias2[b, h], chunk of N): the sum over
+//                                   the chunk's n of dS, in order (recomputes S and dP)
+//   5. evoformer_bwd_dbias_reduce_kernel: dbias1 = sum over heads, dbias2 = sum over chunks
 // dS is formed in fp32 from fp32 P (never from P rounded to the storage type).
+//
+// Why dbias2 has its own kernel: it is a sum over N of [L, L] tiles. Accumulating it inside the
+// dK/dV kernel (one CTA walking the n of a chunk) needs an L x 64 fp32 partial per CTA, which in
+// shared memory allowed one 4-warp CTA per SM and in global memory cost a read-modify-write per
+// tile; both made the dK/dV kernel 3-10x slower than its MMA work. A separate kernel owning a
+// 64 x 64 tile keeps the sum in registers, reads bias2 once, and costs two GEMMs (S and dP) per
+// tile and n.
 #pragma once
 
 #include "cuda/evoformer/evoformer_device_utils.cuh"
@@ -22,7 +30,7 @@ struct EvoformerBwdTile {
 
 template <typename T, int kHeadDim>
 struct EvoformerBwdSmem {
-  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
   static constexpr int kTile = EvoformerBwdTile::kBlock * kPitch;
   T a[kTile];     // dK/dV kernel: K of this n; dQ kernel: Q
   T b[kTile];     // dK/dV kernel: V of this n; dQ kernel: dO
@@ -30,17 +38,25 @@ struct EvoformerBwdSmem {
   T d[2][kTile];  // the streamed tile, double-buffered: dO (dK/dV) or V (dQ)
   float lse[2][EvoformerBwdTile::kBlock];  // lse of the streamed query rows (dK/dV kernel)
   float delta[2][EvoformerBwdTile::kBlock];
-  // Followed, in the dK/dV kernel with dbias2_in_smem, by the chunk's dbias2 partial
-  // [ceil64(L)][64] floats (see dbias2_index).
 };
 
-// Index of (query q, key column k < 64) in the shared dbias2 partial. Rows are unpadded so that
-// L = 768 still fits next to the tiles; instead the key is XOR-swizzled with bits 1..2 of q,
-// which for one warp's access (q = 2t + const, k = 8 * const + g) puts the 32 lanes in 32
-// distinct banks.
-__device__ __forceinline__ int64_t dbias2_index(int64_t q, int k) {
-  return q * 64 + (k ^ static_cast<int>(((q >> 1) & 3) << 3));
-}
+// The dbias2 kernel's tiles: Q, dO (query block) and K, V (key block) of one n, double-buffered
+// over n, with the query rows' lse and delta.
+template <typename T, int kHeadDim>
+struct EvoformerDbias2Smem {
+  static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
+  static constexpr int kTile = EvoformerBwdTile::kBlock * kPitch;
+  T q[2][kTile];
+  T dout[2][kTile];
+  T k[2][kTile];
+  T v[2][kTile];
+  float lse[2][EvoformerBwdTile::kBlock];
+  float delta[2][EvoformerBwdTile::kBlock];
+  // Each thread's 32 cells of bias2 in log2 units, [warp][j][e][lane]: written and read by the
+  // same thread only (no barrier needed), lane-contiguous so that a warp's reads are
+  // conflict-free. Kept here rather than in registers, which the sum and the operands need.
+  float bias2_log2[EvoformerBwdTile::kWarps][8][4][32];
+};
 
 template <typename T>
 __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
@@ -153,125 +169,119 @@ __device__ __forceinline__ void load_row_stats(float* lse, float* delta,
   }
 }
 
+// The 1-D grid of the per-(tile, h, b*n) kernels, decoded (so that B*N is not bounded by a grid
+// dimension's 65535): tile fastest, then h, then b*n.
+struct TileHeadSlice {
+  int64_t tile, h, b, n, bn;
+};
+
+__device__ __forceinline__ TileHeadSlice decode_tile_head_slice(int64_t block, int64_t tiles,
+                                                                const EvoformerDeviceParams& p) {
+  TileHeadSlice s;
+  s.tile = block % tiles;
+  block /= tiles;
+  s.h = block % p.heads;
+  s.bn = block / p.heads;
+  s.b = s.bn / p.n;
+  s.n = s.bn % p.n;
+  return s;
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     evoformer_bwd_dkdv_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerBwdTile;
   using Smem = EvoformerBwdSmem<T, kHeadDim>;
+  constexpr int kTileDim = kTileDimFor<kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
-  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kSteps = kTileDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
-  float* dbias2_smem =
-      p.dbias2_in_smem ? reinterpret_cast<float*>(smem_raw + sizeof(Smem)) : nullptr;
 
   const int64_t key_blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
-  int64_t block = blockIdx.x;
-  const int64_t key_block = block % key_blocks;
-  block /= key_blocks;
-  const int64_t h = block % p.heads;
-  block /= p.heads;
-  const int64_t chunk = block % p.dbias2_chunks;
-  const int64_t b = block / p.dbias2_chunks;
-  const int64_t n_begin = chunk * p.n / p.dbias2_chunks,
-                n_end = (chunk + 1) * p.n / p.dbias2_chunks;
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, key_blocks, p);
+  const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t key0 = key_block * Tile::kBlock;
+  const int64_t key0 = at.tile * Tile::kBlock;
   const int64_t my_keys[2] = {key0 + warp * 16 + g, key0 + warp * 16 + g + 8};
   const int64_t q_tiles = (p.len + Tile::kBlock - 1) / Tile::kBlock;
-  float* dbias2_global =
-      p.dbias2_partial == nullptr
-          ? nullptr
-          : p.dbias2_partial + ((chunk * p.batch + b) * p.heads + h) * p.len * p.len;
-  if (dbias2_smem != nullptr) {
-    for (int64_t e = threadIdx.x; e < q_tiles * Tile::kBlock * 64; e += Tile::kThreads)
-      dbias2_smem[e] = 0.0f;
-  }
 
-  // bias2 read transposed: the thread's rows are keys, so its "row pointers" are the key columns
-  // and the stride along the tile's columns (queries) is the query stride.
+  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
+  const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+      smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+      smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len, p.dim);
+  load_row_stats(smem.lse[0], smem.delta[0], p, bn, h, 0);
+  cp_async_commit();
+
+  // The thread's rows are keys. bias1 depends on the key alone, so in this transposed tile it is
+  // a per-row constant; bias2 is read transposed: the "row pointers" are the key columns and the
+  // stride along the tile's columns (queries) is the query stride.
+  const void* bias1_keys[2] = {nullptr, nullptr};
   const void* bias2_cols[2] = {nullptr, nullptr};
-  if (p.bias2_type != BiasType::kNone) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (my_keys[r] < p.len) {
-        bias2_cols[r] = bias_ptr(
-            p.bias2, p.bias2_type,
-            b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_keys[r] * p.bias2_stride[3]);
-      }
+  for (int r = 0; r < 2; ++r) {
+    if (my_keys[r] >= p.len) continue;
+    if (p.bias1_type != BiasType::kNone) {
+      bias1_keys[r] =
+          bias_ptr(p.bias1, p.bias1_type,
+                   b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
+    }
+    if (p.bias2_type != BiasType::kNone) {
+      bias2_cols[r] =
+          bias_ptr(p.bias2, p.bias2_type,
+                   b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_keys[r] * p.bias2_stride[3]);
     }
   }
 
-  for (int64_t n = n_begin; n < n_end; ++n) {
-    const int64_t bn = b * p.n + n;
-    const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
-    const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
-        smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
-        smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len,
-                                                                 p.dim);
-    load_row_stats(smem.lse[0], smem.delta[0], p, bn, h, 0);
-    cp_async_commit();
-    // bias1 depends on the key alone: in the transposed tile it is a per-row constant.
-    const void* bias1_keys[2] = {nullptr, nullptr};
-    if (p.bias1_type != BiasType::kNone) {
+  uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
+  float dk[kOutTiles][4], dv[kOutTiles][4];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (my_keys[r] < p.len) {
-          bias1_keys[r] = bias_ptr(
-              p.bias1, p.bias1_type,
-              b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
-        }
-      }
+  for (int i = 0; i < kOutTiles; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+  float key_dbias1[2] = {0.0f, 0.0f};  // this thread's share of the sum over queries of dS
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t qt = 0; qt < q_tiles; ++qt) {
+    const int buf = static_cast<int>(qt & 1);
+    const int64_t q0 = qt * Tile::kBlock;
+    if (qt + 1 < q_tiles) {
+      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+          smem.c[buf ^ 1], q_src, q0 + Tile::kBlock, p.len, p.dim);
+      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+          smem.d[buf ^ 1], do_src, q0 + Tile::kBlock, p.len, p.dim);
+      load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();
+    if (qt == 0) {
+      load_a_frags<T, kSteps, kPitch>(k_frag, smem.a + warp * 16 * kPitch, g, t);
+      load_a_frags<T, kSteps, kPitch>(v_frag, smem.b + warp * 16 * kPitch, g, t);
+    }
+    const T* q_tile = smem.c[buf];
+    const T* do_tile = smem.d[buf];
+    const float* lse = smem.lse[buf];
+    const float* delta = smem.delta[buf];
 
-    uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
-    float dk[kOutTiles][4], dv[kOutTiles][4];
+    // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units.
+    float pt[8][4];
 #pragma unroll
-    for (int i = 0; i < kOutTiles; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
-    float key_dbias1[2] = {0.0f, 0.0f};  // this thread's share of sum over queries of dS
-
-    for (int64_t qt = 0; qt < q_tiles; ++qt) {
-      const int buf = static_cast<int>(qt & 1);
-      const int64_t q0 = qt * Tile::kBlock;
-      if (qt + 1 < q_tiles) {
-        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
-            smem.c[buf ^ 1], q_src, q0 + Tile::kBlock, p.len, p.dim);
-        load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
-            smem.d[buf ^ 1], do_src, q0 + Tile::kBlock, p.len, p.dim);
-        load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-      if (qt == 0) {
-        load_a_frags<T, kSteps, kPitch>(k_frag, smem.a + warp * 16 * kPitch, g, t);
-        load_a_frags<T, kSteps, kPitch>(v_frag, smem.b + warp * 16 * kPitch, g, t);
-      }
-      const T* q_tile = smem.c[buf];
-      const T* do_tile = smem.d[buf];
-      const float* lse = smem.lse[buf];
-      const float* delta = smem.delta[buf];
-
-      // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units.
-      float pt[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.0f;
-      add_bias_tile(p.bias1_type, pt, bias1_keys, 0, q0, p.len, t);
-      add_bias_tile(p.bias2_type, pt, bias2_cols, p.bias2_stride[2], q0, p.len, t);
+    for (int j = 0; j < 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.0f;
+    add_bias_tile(p.bias1_type, pt, bias1_keys, 0, q0, p.len, t, false);
+    add_bias_tile(p.bias2_type, pt, bias2_cols, p.bias2_stride[2], q0, p.len, t, false);
+    {
       float st[8][4];
       mma_rows_t<T, kSteps, kPitch>(st, k_frag, q_tile, g, t);
-      const float scale_log2 = p.scale * kLog2e;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -281,9 +291,11 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
           const float x = fmaf(st[j][e], scale_log2, pt[j][e]);
           pt[j][e] = valid ? prob_from_log2(x, lse[qc] * kLog2e) : 0.0f;
         }
-      // dV += P^T dO.
-      mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
-      // dP^T = V dO^T, then dS^T = P^T (dP^T - delta).
+    }
+    // dV += P^T dO.
+    mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
+    // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
+    {
       float ds[8][4];
       mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t);
 #pragma unroll
@@ -291,59 +303,26 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qc = j * 8 + 2 * t + (e & 1);
-          ds[j][e] = pt[j][e] * (ds[j][e] - delta[qc]);
-          key_dbias1[e >> 1] += ds[j][e];
+          pt[j][e] *= ds[j][e] - delta[qc];
+          key_dbias1[e >> 1] += pt[j][e];
         }
-      // dK += dS^T Q (times scale when written).
-      mma_acc_tile<T, kOutTiles, kPitch>(dk, ds, q_tile, g, t);
-      // This chunk's dbias2 partial: each element belongs to this thread alone and the n's of
-      // the chunk are added in order.
-      if (dbias2_smem != nullptr) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t q = q0 + j * 8 + 2 * t + (e & 1);
-            dbias2_smem[dbias2_index(q, warp * 16 + g + 8 * (e >> 1))] += ds[j][e];
-          }
-      } else if (dbias2_global != nullptr) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t q = q0 + j * 8 + 2 * t + (e & 1), key = my_keys[e >> 1];
-            if (q < p.len && key < p.len) {
-              float* cell = dbias2_global + q * p.len + key;
-              *cell = (n == n_begin ? 0.0f : *cell) + ds[j][e];
-            }
-          }
-      }
-      __syncthreads();  // the buffers of this tile are refilled next iteration
     }
-
-    store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t);
-    store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t);
-    if (p.dbias1_partial != nullptr) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float sum = key_dbias1[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (t == 0 && my_keys[r] < p.len) {
-          p.dbias1_partial[((b * p.n + n) * p.heads + h) * p.len + my_keys[r]] = sum;
-        }
-      }
-    }
+    // dK += dS^T Q (times scale when written).
+    mma_acc_tile<T, kOutTiles, kPitch>(dk, pt, q_tile, g, t);
+    __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
-  // The chunk's dbias2 partial, from shared memory to the workspace (coalesced along keys).
-  if (dbias2_smem != nullptr) {
-    __syncthreads();
-    const int64_t keys = min(static_cast<int64_t>(Tile::kBlock), p.len - key0);
-    for (int64_t e = threadIdx.x; e < p.len * Tile::kBlock; e += Tile::kThreads) {
-      const int64_t q = e / Tile::kBlock, k = e % Tile::kBlock;
-      if (k < keys)
-        dbias2_global[q * p.len + key0 + k] = dbias2_smem[dbias2_index(q, static_cast<int>(k))];
+  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t);
+  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t);
+  if (p.dbias1_partial != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = key_dbias1[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (t == 0 && my_keys[r] < p.len) {
+        p.dbias1_partial[(bn * p.heads + h) * p.len + my_keys[r]] = sum;
+      }
     }
   }
 }
@@ -353,34 +332,31 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     evoformer_bwd_dq_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerBwdTile;
   using Smem = EvoformerBwdSmem<T, kHeadDim>;
+  constexpr int kTileDim = kTileDimFor<kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
-  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kSteps = kTileDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   const int64_t query_blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
-  int64_t block = blockIdx.x;
-  const int64_t query_block = block % query_blocks;
-  block /= query_blocks;
-  const int64_t h = block % p.heads;
-  const int64_t bn = block / p.heads;
-  const int64_t b = bn / p.n, n = bn % p.n;
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, query_blocks, p);
+  const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t q0 = query_block * Tile::kBlock;
+  const int64_t q0 = at.tile * Tile::kBlock;
   const int64_t my_rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   const int64_t k_tiles = (p.len + Tile::kBlock - 1) / Tile::kBlock;
 
   const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
       smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
       smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len, p.dim);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
-  load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[0], v_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[0], v_src, 0, p.len, p.dim);
   cp_async_commit();
 
   float lse_log2[2], delta[2];
@@ -415,9 +391,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     const int buf = static_cast<int>(kt & 1);
     const int64_t k0 = kt * Tile::kBlock;
     if (kt + 1 < k_tiles) {
-      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], k_src,
+      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], k_src,
                                                                    k0 + Tile::kBlock, p.len, p.dim);
-      load_tile<T, Tile::kBlock, kHeadDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src,
+      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src,
                                                                    k0 + Tile::kBlock, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
@@ -432,8 +408,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     float pr[8][4], dots[8][4], ds[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
-    add_bias_tile(p.bias1_type, pr, bias1_rows, p.bias1_stride[2], k0, p.len, t);
-    add_bias_tile(p.bias2_type, pr, bias2_rows, p.bias2_stride[3], k0, p.len, t);
+    add_bias_tile(p.bias1_type, pr, bias1_rows, p.bias1_stride[2], k0, p.len, t, p.bias1_pairs);
+    add_bias_tile(p.bias2_type, pr, bias2_rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);
     mma_rows_t<T, kSteps, kPitch>(dots, q_frag, smem.c[buf], g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -452,6 +428,162 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     __syncthreads();
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t);
+}
+
+
+// CTAs per SM the dbias2 kernel is compiled for: its shared memory (8 tiles) allows four up to
+// head dim 32, two at 64 and one at 128; at four, 128 registers hold the running sum and one
+// column tile's operands (bias2 waits in shared memory) without spills.
+constexpr int dbias2_ctas_per_sm(int head_dim) {
+  return head_dim <= 32 ? 4 : head_dim <= 64 ? 2 : 1;
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm(kHeadDim))
+    evoformer_bwd_dbias2_kernel(const EvoformerDeviceParams p) {
+  using Tile = EvoformerBwdTile;
+  using Smem = EvoformerDbias2Smem<T, kHeadDim>;
+  constexpr int kTileDim = kTileDimFor<kHeadDim>;
+  constexpr int kPitch = Smem::kPitch;
+  constexpr int kSteps = kTileDim / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  // 1-D grid: key block fastest, then query block, head, batch, chunk of N.
+  const int64_t blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
+  int64_t block = blockIdx.x;
+  const int64_t key_block = block % blocks;
+  block /= blocks;
+  const int64_t query_block = block % blocks;
+  block /= blocks;
+  const int64_t h = block % p.heads;
+  block /= p.heads;
+  const int64_t b = block % p.batch;
+  const int64_t chunk = block / p.batch;
+  const int64_t n_begin = chunk * p.n / p.dbias2_chunks,
+                n_end = (chunk + 1) * p.n / p.dbias2_chunks;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t q0 = query_block * Tile::kBlock, k0 = key_block * Tile::kBlock;
+  const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};  // within the query block
+
+  // Starts the copies of n's tiles and row statistics into buffer `buf`.
+  auto load_n = [&](int64_t n, int buf) {
+    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+        smem.q[buf], slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+        smem.dout[buf], slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0,
+        p.len, p.dim);
+    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+        smem.k[buf], slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len, p.dim);
+    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+        smem.v[buf], slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len, p.dim);
+    load_row_stats(smem.lse[buf], smem.delta[buf], p, b * p.n + n, h, q0);
+    cp_async_commit();
+  };
+  load_n(n_begin, 0);
+
+  // bias2 does not depend on n: this thread's 32 cells of it, in log2 units, read once. Cells
+  // outside the L x L matrix get -inf, so that their P is 0 and they add nothing.
+  {
+    float cells[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool inside = q0 + my_row[e >> 1] < p.len && k0 + j * 8 + 2 * t + (e & 1) < p.len;
+        cells[j][e] = inside ? 0.0f : kNegInf;
+      }
+    const void* rows[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (p.bias2_type != BiasType::kNone && q0 + my_row[r] < p.len) {
+        rows[r] = bias_ptr(p.bias2, p.bias2_type,
+                           b * p.bias2_stride[0] + h * p.bias2_stride[1] +
+                               (q0 + my_row[r]) * p.bias2_stride[2]);
+      }
+    }
+    add_bias_tile(p.bias2_type, cells, rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) smem.bias2_log2[warp][j][e][lane] = cells[j][e];
+  }
+
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const int buf = static_cast<int>((n - n_begin) & 1);
+    if (n + 1 < n_end) {
+      load_n(n + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    // bias1 of this n: one row of keys, the same for both of the thread's rows.
+    float bias1_log2[8][2];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bias1_log2[j][0] = bias1_log2[j][1] = 0.0f;
+    if (p.bias1_type != BiasType::kNone) {
+      const void* row[1] = {
+          bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1])};
+      add_bias_rows<1>(p.bias1_type, bias1_log2, row, p.bias1_stride[2], k0, p.len, t,
+                       p.bias1_pairs);
+    }
+    uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
+    load_a_frags<T, kSteps, kPitch>(q_frag, smem.q[buf] + warp * 16 * kPitch, g, t);
+    load_a_frags<T, kSteps, kPitch>(do_frag, smem.dout[buf] + warp * 16 * kPitch, g, t);
+    const float* lse = smem.lse[buf];
+    const float* delta = smem.delta[buf];
+    const float lse_log2[2] = {lse[my_row[0]] * kLog2e, lse[my_row[1]] * kLog2e};
+    const float row_delta[2] = {delta[my_row[0]], delta[my_row[1]]};
+    // One n8 column tile at a time: S = Q K^T and dP = dO V^T, then dS = P (dP - delta) added to
+    // the running sum; only the sum and bias2 stay live across tiles.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const T* kr = smem.k[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
+        const uint32_t kf[2] = {load_pair(kr), load_pair(kr + 8)};
+        mma_16816<T>(dot, q_frag[st], kf);
+        const T* vr = smem.v[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
+        const uint32_t vf[2] = {load_pair(vr), load_pair(vr + 8)};
+        mma_16816<T>(dp, do_frag[st], vf);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float bias = smem.bias2_log2[warp][j][e][lane] + bias1_log2[j][e & 1];
+        const float x = fmaf(dot[e], scale_log2, bias);
+        const float prob = prob_from_log2(x, lse_log2[e >> 1]);
+        acc[j][e] = fmaf(prob, dp[e] - row_delta[e >> 1], acc[j][e]);
+      }
+    }
+    __syncthreads();  // this buffer is refilled for n + 2
+  }
+
+  // One chunk: the sum is dbias2 itself; several: this chunk's fp32 partial.
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = q0 + my_row[e >> 1], k = k0 + j * 8 + 2 * t + (e & 1);
+      if (i >= p.len || k >= p.len) continue;
+      if (p.dbias2_chunks > 1) {
+        p.dbias2_partial[(((chunk * p.batch + b) * p.heads + h) * p.len + i) * p.len + k] =
+            acc[j][e];
+      } else {
+        store_bias(p.dbias2, p.bias2_type,
+                   b * p.dbias2_stride[0] + h * p.dbias2_stride[1] + i * p.dbias2_stride[2] +
+                       k * p.dbias2_stride[3],
+                   acc[j][e]);
+      }
+    }
 }
 
 }  // namespace sciattn::cuda

@@ -51,14 +51,15 @@ struct EvoformerDeviceParams {
   // 1 when 16-byte copies are safe for that tensor's rows: D % 8 == 0, every stride over
   // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned.
   int vec_q, vec_k, vec_v, vec_dout;
-  // Backward: 1 when the dK/dV kernel keeps each chunk's dbias2 partial in shared memory.
-  int dbias2_in_smem;
+  // 1 when a thread's two adjacent bias columns can be read with one load: the bias is
+  // contiguous along keys and every row starts at an even element of an aligned buffer.
+  int bias1_pairs, bias2_pairs;
 
   // Workspace regions of the backward (fp32, packed).
   float* delta;           // [B*N, H, L]: <dO_i, O_i>
   float* dbias1_partial;  // [B, N, H, L]: sum over query rows of dS, per head
-  float* dbias2_partial;  // [chunks, B, H, L, L]: sum over this chunk's N of dS
-  int64_t dbias2_chunks;  // N is split into this many chunks (1..N)
+  float* dbias2_partial;  // [chunks, B, H, L, L]: sum over this chunk's N of dS (chunks > 1)
+  int64_t dbias2_chunks;  // N is split into this many chunks (1..N); 1 writes dbias2 directly
 };
 
 }  // namespace sciattn::cuda

@@ -19,6 +19,12 @@ template <typename T>
 struct ElementTraits;
 
 template <>
+struct ElementTraits<float> {
+  static __device__ __forceinline__ float to_float(float x) { return x; }
+  static __device__ __forceinline__ float from_float(float x) { return x; }
+};
+
+template <>
 struct ElementTraits<__half> {
   static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
@@ -40,6 +46,12 @@ struct ElementTraits<__nv_bfloat16> {
     return *reinterpret_cast<uint32_t*>(&h);
   }
 };
+
+// The width of the shared tiles and of the Q K^T reduction for an instantiated head dim: the MMA
+// reduces 16 elements at a time, so head dim 8 runs with its tiles zero-padded to 16 (the P V and
+// dS K products still produce 8 columns only).
+template <int kHeadDim>
+constexpr int kTileDimFor = kHeadDim < 16 ? 16 : kHeadDim;
 
 // D[16x8] += A[16x16] * B[16x8], A row-major, B column-major, fp32 accumulators.
 // Fragment ownership (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4):
@@ -179,7 +191,9 @@ __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64
       cp_async_16(smem + r * kPitch + c * 8, g, valid ? 16 : 0);
     }
   } else {
+    // The rare unaligned case: kept rolled so that it does not crowd the fast path's code.
     const T zero = ElementTraits<T>::from_float(0.0f);
+#pragma unroll 1
     for (int e = threadIdx.x; e < kRows * kHeadDim; e += kThreads) {
       const int r = e / kHeadDim, d = e % kHeadDim;
       const int64_t row = row0 + r;
@@ -202,45 +216,87 @@ __device__ __forceinline__ float bias_at(const void* base, int64_t offset) {
   return 0.0f;
 }
 
-// acc[j][e] += log2(e) * bias(row(e), col0 + col(j, e)) over the MMA accumulator layout of an
-// m16 x n64 tile: row(e) = e >> 1 picks one of the thread's two rows, whose bias starts at
-// rows[row] (null: the row does not exist, add nothing), and col(j, e) = j * 8 + 2t + (e & 1) is
-// read at offset col * col_stride. Columns >= `cols` are skipped (the caller masks them).
-// A bias that depends on the row alone (bias1 in a transposed tile) uses col_stride 0.
+// Two adjacent bias elements (offset, offset + 1) with one load; the caller guarantees that the
+// pair is contiguous and aligned to its size (BiasPairs below).
 template <BiasType kType>
-__device__ __forceinline__ void add_bias_tile(float acc[8][4], const void* const rows[2],
-                                              int64_t col_stride, int64_t col0, int64_t cols,
-                                              int t) {
+__device__ __forceinline__ float2 bias_pair_at(const void* base, int64_t offset) {
+  if constexpr (kType == BiasType::kF32) {
+    return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + offset);
+  } else if constexpr (kType == BiasType::kF16) {
+    return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(base) + offset));
+  } else if constexpr (kType == BiasType::kBF16) {
+    return __bfloat1622float2(
+        *reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + offset));
+  } else if constexpr (kType == BiasType::kBool) {
+    const uint16_t m = *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(base) + offset);
+    return make_float2((m & 0xff) ? 0.0f : kNegInf, (m >> 8) ? 0.0f : kNegInf);
+  } else {
+    return make_float2(0.0f, 0.0f);
+  }
+}
+
+// acc[j][e] += log2(e) * bias(row(e), col0 + col(j, e)) over the MMA accumulator layout of an
+// m16 x n64 tile (kRows = 2: e = 0..3, row(e) = e >> 1 picks one of the thread's two rows) or of
+// one of its rows (kRows = 1: e = 0..1). Row r's bias starts at rows[r] (null: the row does not
+// exist, add nothing), and col(j, e) = j * 8 + 2t + (e & 1) is read at offset col * col_stride.
+// Columns >= `cols` are skipped (the caller masks them). A bias that depends on the row alone
+// (bias1 in a transposed tile) uses col_stride 0. With `pairs` (col_stride 1, rows aligned to a
+// pair) the two columns of a thread are one load.
+template <BiasType kType, int kRows>
+__device__ __forceinline__ void add_bias_rows(float acc[8][2 * kRows],
+                                              const void* const rows[kRows], int64_t col_stride,
+                                              int64_t col0, int64_t cols, int t, bool pairs) {
+  // Offsets relative to the tile's first column stay 32-bit (and become immediates once
+  // unrolled), so the loads need no 64-bit arithmetic per element.
+  const int64_t base = col0 * col_stride;
+  const int limit = static_cast<int>(cols - col0 < 64 ? cols - col0 : 64);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int r = 0; r < kRows; ++r) {
+    if (rows[r] == nullptr) continue;
+    const void* row = bias_ptr(rows[r], kType, base);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t col = col0 + j * 8 + 2 * t + (e & 1);
-      const void* row = rows[e >> 1];
-      if (row != nullptr && col < cols) acc[j][e] += bias_at<kType>(row, col * col_stride) * kLog2e;
+    for (int j = 0; j < 8; ++j) {
+      const int c = j * 8 + 2 * t;
+      if (pairs && c + 1 < limit) {
+        const float2 b = bias_pair_at<kType>(row, c);
+        acc[j][2 * r] += b.x * kLog2e;
+        acc[j][2 * r + 1] += b.y * kLog2e;
+      } else {
+        if (c < limit) acc[j][2 * r] += bias_at<kType>(row, c * col_stride) * kLog2e;
+        if (c + 1 < limit) acc[j][2 * r + 1] += bias_at<kType>(row, (c + 1) * col_stride) * kLog2e;
+      }
     }
+  }
 }
 
 // The same with the bias type chosen at run time (one switch per tile, not per element).
-__device__ __forceinline__ void add_bias_tile(BiasType type, float acc[8][4],
-                                              const void* const rows[2], int64_t col_stride,
-                                              int64_t col0, int64_t cols, int t) {
+template <int kRows>
+__device__ __forceinline__ void add_bias_rows(BiasType type, float acc[8][2 * kRows],
+                                              const void* const rows[kRows], int64_t col_stride,
+                                              int64_t col0, int64_t cols, int t, bool pairs) {
   switch (type) {
     case BiasType::kF32:
-      add_bias_tile<BiasType::kF32>(acc, rows, col_stride, col0, cols, t);
+      add_bias_rows<BiasType::kF32, kRows>(acc, rows, col_stride, col0, cols, t, pairs);
       break;
     case BiasType::kF16:
-      add_bias_tile<BiasType::kF16>(acc, rows, col_stride, col0, cols, t);
+      add_bias_rows<BiasType::kF16, kRows>(acc, rows, col_stride, col0, cols, t, pairs);
       break;
     case BiasType::kBF16:
-      add_bias_tile<BiasType::kBF16>(acc, rows, col_stride, col0, cols, t);
+      add_bias_rows<BiasType::kBF16, kRows>(acc, rows, col_stride, col0, cols, t, pairs);
       break;
     case BiasType::kBool:
-      add_bias_tile<BiasType::kBool>(acc, rows, col_stride, col0, cols, t);
+      add_bias_rows<BiasType::kBool, kRows>(acc, rows, col_stride, col0, cols, t, pairs);
       break;
     default:
       break;
   }
+}
+
+// A whole m16 x n64 accumulator tile (the thread's two rows).
+__device__ __forceinline__ void add_bias_tile(BiasType type, float acc[8][4],
+                                              const void* const rows[2], int64_t col_stride,
+                                              int64_t col0, int64_t cols, int t, bool pairs) {
+  add_bias_rows<2>(type, acc, rows, col_stride, col0, cols, t, pairs);
 }
 
 }  // namespace sciattn::cuda

@@ -38,6 +38,18 @@ void qkv_strides(const TensorView& t, int64_t dst[4]) {
   copy_strides(t, dst, {0, 1, 2, 3});
 }
 
+// A thread's two adjacent bias columns are one aligned load: unit stride along keys, every other
+// stride even (so each row starts at an even element) and the buffer aligned to a pair.
+int bias_pairs(const TensorView& t) {
+  if (!t.present() || t.strides[4] != 1) return 0;
+  const size_t pair_bytes = 2 * dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % pair_bytes != 0) return 0;
+  for (int d = 0; d < 4; ++d) {
+    if (t.sizes[d] > 1 && t.strides[d] % 2 != 0) return 0;
+  }
+  return 1;
+}
+
 // 16-byte copies of whole rows of 8 elements are safe: every row starts 16-byte aligned and D
 // comes in whole 8-element chunks.
 int vectorizable(const TensorView& t) {
@@ -74,9 +86,11 @@ EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, co
   p.bias1 = bias1.data;
   p.bias1_type = bias_type(bias1);
   copy_strides(bias1, p.bias1_stride, {0, 1, 4});
+  p.bias1_pairs = bias_pairs(bias1);
   p.bias2 = bias2.data;
   p.bias2_type = bias_type(bias2);
   copy_strides(bias2, p.bias2_stride, {0, 2, 3, 4});
+  p.bias2_pairs = bias_pairs(bias2);
   p.lse = static_cast<float*>(lse.data);
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;
@@ -89,18 +103,21 @@ Status device_status(cudaError_t e, const char* what) {
 }
 
 Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas) {
-  if (dtype != DType::kF16 && dtype != DType::kBF16) {
-    return Status::not_supported(
-        std::string("q has dtype ") + dtype_name(dtype) +
-        "; the CUDA kernels of this version take f16 or bf16 (f32 runs on the CPU)");
-  }
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
   if (head_dim == 0) {
     return Status::not_supported("q has head dim D = " + std::to_string(s.dim) +
                                  "; the CUDA kernels take D from 1 to 128");
   }
+  if (max_ctas > 0x7fffffff) {
+    return Status::not_supported("the problem needs " + std::to_string(max_ctas) +
+                                 " thread blocks, more than one CUDA grid holds (2^31 - 1)");
+  }
+  if (dtype == DType::kF32) return Status::ok_status();  // fp32 kernels are always built
   bool built = false;
 #define SCIATTN_HAS_DIM(D) built = built || head_dim == D;
+#ifdef SCIATTN_EVOFORMER_HD8
+  SCIATTN_HAS_DIM(8)
+#endif
 #ifdef SCIATTN_EVOFORMER_HD16
   SCIATTN_HAS_DIM(16)
 #endif
@@ -127,10 +144,6 @@ Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas
         "this build has no CUDA kernel for head dim " + std::to_string(head_dim) + " and dtype " +
         dtype_name(dtype) + " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES); build with the `gpu` preset");
   }
-  if (max_ctas > 0x7fffffff) {
-    return Status::not_supported("the problem needs " + std::to_string(max_ctas) +
-                                 " thread blocks, more than one CUDA grid holds (2^31 - 1)");
-  }
   return Status::ok_status();
 }
 
@@ -141,10 +154,16 @@ cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
 #define SCIATTN_DISPATCH_DIM(T, D) \
   if (head_dim == D) return fn.template run<T, D>();
 #define SCIATTN_DISPATCH_TYPE(T)               \
+  SCIATTN_IF_HD8(SCIATTN_DISPATCH_DIM(T, 8))   \
   SCIATTN_IF_HD16(SCIATTN_DISPATCH_DIM(T, 16)) \
   SCIATTN_IF_HD32(SCIATTN_DISPATCH_DIM(T, 32)) \
   SCIATTN_IF_HD64(SCIATTN_DISPATCH_DIM(T, 64)) \
   SCIATTN_IF_HD128(SCIATTN_DISPATCH_DIM(T, 128))
+#ifdef SCIATTN_EVOFORMER_HD8
+#define SCIATTN_IF_HD8(x) x
+#else
+#define SCIATTN_IF_HD8(x)
+#endif
 #ifdef SCIATTN_EVOFORMER_HD16
 #define SCIATTN_IF_HD16(x) x
 #else
@@ -206,11 +225,14 @@ int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p) {
          p.batch * p.n;
 }
 int64_t evoformer_dkdv_ctas(const EvoformerDeviceParams& p) {
-  return (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock * p.heads *
-         p.batch * p.dbias2_chunks;
+  return evoformer_forward_ctas(p);
 }
 int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p) {
   return evoformer_forward_ctas(p);
+}
+int64_t evoformer_dbias2_ctas(const EvoformerDeviceParams& p) {
+  const int64_t blocks = (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
+  return blocks * blocks * p.heads * p.batch * p.dbias2_chunks;
 }
 
 Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
@@ -222,12 +244,16 @@ Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
 Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
                                      const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
-  return check_cuda(p.q.dtype, s, blocks * s.heads * s.batch * s.n);
+  const int64_t chunks = p.dbias2.present() ? detail::cuda_dbias2_chunks(s) : 0;
+  return check_cuda(p.q.dtype, s,
+                    std::max(blocks * s.heads * s.batch * s.n, blocks * blocks * s.heads * s.batch * chunks));
 }
 
 size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
                                               const detail::EvoformerShape& s) {
-  return detail::plan_cuda_backward(s, p.dbias1.present(), p.dbias2.present()).layout.total_bytes();
+  return detail::plan_cuda_backward(s, p.dbias1.present(), p.dbias2.present(),
+                                    p.q.dtype != DType::kF32)
+      .layout.total_bytes();
 }
 
 Status run_evoformer_forward_cuda(const EvoformerForwardParams& params,
@@ -236,6 +262,10 @@ Status run_evoformer_forward_cuda(const EvoformerForwardParams& params,
       common_params(params.q, params.k, params.v, params.bias1, params.bias2, params.out,
                     params.lse, params.options, s);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  if (params.q.dtype == DType::kF32) {
+    return device_status(launch_evoformer_forward_f32(p, cuda_stream),
+                         "Evoformer forward (fp32) kernel launch");
+  }
   return device_status(dispatch(params.q.dtype, s.dim, ForwardLauncher{p, cuda_stream}),
                        "Evoformer forward kernel launch");
 }
@@ -258,23 +288,27 @@ Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
   copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
   p.dbias2 = params.dbias2.data;
   copy_strides(params.dbias2, p.dbias2_stride, {0, 2, 3, 4});
+  const bool f32 = params.q.dtype == DType::kF32;
   const detail::CudaBackwardWorkspace w =
-      detail::plan_cuda_backward(s, params.dbias1.present(), params.dbias2.present());
+      detail::plan_cuda_backward(s, params.dbias1.present(), params.dbias2.present(), !f32);
   p.delta = w.layout.at<float>(workspace, w.delta);
   p.dbias1_partial =
       params.dbias1.present() ? w.layout.at<float>(workspace, w.dbias1_partial) : nullptr;
-  p.dbias2_partial =
-      params.dbias2.present() ? w.layout.at<float>(workspace, w.dbias2_partial) : nullptr;
+  p.dbias2_partial = params.dbias2.present() && w.chunks > 1
+                         ? w.layout.at<float>(workspace, w.dbias2_partial)
+                         : nullptr;
   p.dbias2_chunks = w.chunks;
 
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  cudaError_t e = params.q.dtype == DType::kF16
+  cudaError_t e = f32 ? launch_evoformer_backward_delta<float>(p, cuda_stream)
+                  : params.q.dtype == DType::kF16
                       ? launch_evoformer_backward_delta<__half>(p, cuda_stream)
                       : launch_evoformer_backward_delta<__nv_bfloat16>(p, cuda_stream);
   if (e != cudaSuccess) return device_status(e, "Evoformer backward (delta) kernel launch");
-  e = dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
+  e = f32 ? launch_evoformer_backward_f32(p, cuda_stream)
+          : dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
   if (e != cudaSuccess) return device_status(e, "Evoformer backward kernel launch");
-  if (p.dbias1 != nullptr || p.dbias2 != nullptr) {
+  if (p.dbias1 != nullptr || p.dbias2_partial != nullptr) {
     e = launch_evoformer_backward_dbias_reduce(p, cuda_stream);
   }
   return device_status(e, "Evoformer backward (bias reduction) kernel launch");
@@ -283,10 +317,10 @@ Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
 // ---- dtype-generic kernels and launchers ----
 
 // dbias1[b, n, j] = sum over heads of dbias1_partial; dbias2[b, h, i, j] = sum over chunks of
-// dbias2_partial; both in a fixed order.
+// dbias2_partial (when N was split into chunks); both in a fixed order.
 __global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p) {
   const int64_t d1 = p.dbias1 != nullptr ? p.batch * p.n * p.len : 0;
-  const int64_t d2 = p.dbias2 != nullptr ? p.batch * p.heads * p.len * p.len : 0;
+  const int64_t d2 = p.dbias2_partial != nullptr ? p.batch * p.heads * p.len * p.len : 0;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < d1 + d2;
        e += int64_t{gridDim.x} * blockDim.x) {
     if (e < d1) {
@@ -318,6 +352,8 @@ cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cuda
   evoformer_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
+template cudaError_t launch_evoformer_backward_delta<float>(const EvoformerDeviceParams&,
+                                                            cudaStream_t);
 template cudaError_t launch_evoformer_backward_delta<__half>(const EvoformerDeviceParams&,
                                                              cudaStream_t);
 template cudaError_t launch_evoformer_backward_delta<__nv_bfloat16>(const EvoformerDeviceParams&,
@@ -326,8 +362,8 @@ template cudaError_t launch_evoformer_backward_delta<__nv_bfloat16>(const Evofor
 cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& p,
                                                    cudaStream_t stream) {
   const int threads = 256;
-  const int64_t elements =
-      (p.dbias1 ? p.batch * p.n * p.len : 0) + (p.dbias2 ? p.batch * p.heads * p.len * p.len : 0);
+  const int64_t elements = (p.dbias1 ? p.batch * p.n * p.len : 0) +
+                           (p.dbias2_partial ? p.batch * p.heads * p.len * p.len : 0);
   const int64_t blocks = std::min<int64_t>((elements + threads - 1) / threads, int64_t{132} * 16);
   if (blocks == 0) return cudaSuccess;
   evoformer_bwd_dbias_reduce_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);

@@ -20,7 +20,7 @@ template <typename T, int kHeadDim>
 struct EvoformerFwdSmem {
   // Rows padded by 8 elements (16 bytes) so that the fragment reads of one warp, which walk down
   // 8 rows, fall in different banks, and every row start stays 16-byte aligned for cp.async.
-  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
   T q[EvoformerFwdTile::kBlockM * kPitch];
   T k[2][EvoformerFwdTile::kBlockN * kPitch];
   T v[2][EvoformerFwdTile::kBlockN * kPitch];
@@ -31,8 +31,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     evoformer_fwd_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerFwdTile;
   using Smem = EvoformerFwdSmem<T, kHeadDim>;
+  constexpr int kTileDim = kTileDimFor<kHeadDim>;  // head dim 8 runs in 16-wide tiles
   constexpr int kPitch = Smem::kPitch;
-  constexpr int kSteps = kHeadDim / 16;           // k-steps of S = Q K^T
+  constexpr int kSteps = kTileDim / 16;           // k-steps of S = Q K^T
   constexpr int kScoreTiles = Tile::kBlockN / 8;  // n8 tiles of one score row block
   constexpr int kOutTiles = kHeadDim / 8;         // n8 tiles of O
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -57,9 +58,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
   const int64_t tiles = (p.len + Tile::kBlockN - 1) / Tile::kBlockN;
 
-  load_tile<T, Tile::kBlockM, kHeadDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len, p.dim);
-  load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.k[0], k_src, 0, p.len, p.dim);
-  load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(smem.v[0], v_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len, p.dim);
+  load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.k[0], k_src, 0, p.len, p.dim);
+  load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.v[0], v_src, 0, p.len, p.dim);
   cp_async_commit();
 
   // Each thread's bias rows: bias1 is one row per (b, n); bias2 has a row per query.
@@ -95,9 +96,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     // Start the next tile's K and V into the other buffer (freed by the barrier at the end of the
     // previous iteration), then wait for this tile's.
     if (tile + 1 < tiles) {
-      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(
+      load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(
           smem.k[buf ^ 1], k_src, col0 + Tile::kBlockN, p.len, p.dim);
-      load_tile<T, Tile::kBlockN, kHeadDim, kPitch, Tile::kThreads>(
+      load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(
           smem.v[buf ^ 1], v_src, col0 + Tile::kBlockN, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
@@ -121,8 +122,8 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     float s[kScoreTiles][4];
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    add_bias_tile(p.bias1_type, s, bias1_rows, p.bias1_stride[2], col0, p.len, t);
-    add_bias_tile(p.bias2_type, s, bias2_rows, p.bias2_stride[3], col0, p.len, t);
+    add_bias_tile(p.bias1_type, s, bias1_rows, p.bias1_stride[2], col0, p.len, t, p.bias1_pairs);
+    add_bias_tile(p.bias2_type, s, bias2_rows, p.bias2_stride[3], col0, p.len, t, p.bias2_pairs);
 
     float dot[kScoreTiles][4];
 #pragma unroll

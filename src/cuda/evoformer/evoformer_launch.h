@@ -12,9 +12,15 @@ namespace sciattn::cuda {
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream);
 
-// dK/dV (with the bias partials) and dQ; delta must already be in p.delta.
+// dK/dV (with the dbias1 partial), dQ and dbias2 (or its chunk partials); delta must already be
+// in p.delta.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream);
+
+// fp32 inputs: exact fp32 kernels on the CUDA cores (evoformer_f32_kernels.cu); the backward
+// needs delta in p.delta and writes dbias2 itself (one chunk).
+cudaError_t launch_evoformer_forward_f32(const EvoformerDeviceParams& p, cudaStream_t stream);
+cudaError_t launch_evoformer_backward_f32(const EvoformerDeviceParams& p, cudaStream_t stream);
 
 // The dtype-generic pieces of the backward.
 template <typename T>
@@ -26,5 +32,6 @@ cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& 
 int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p);
 int64_t evoformer_dkdv_ctas(const EvoformerDeviceParams& p);
 int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p);
+int64_t evoformer_dbias2_ctas(const EvoformerDeviceParams& p);
 
 }  // namespace sciattn::cuda

@@ -28,25 +28,18 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
                    EvoformerFwdTile::kThreads, sizeof(EvoformerFwdSmem<T, kHeadDim>), p, stream);
 }
 
-// Shared memory a block may opt into on sm_90 (227 KiB).
-constexpr size_t kMaxSmemPerBlock = 227 * 1024;
-
 template <typename T, int kHeadDim>
-cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& params, cudaStream_t stream) {
+cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream) {
   const size_t smem = sizeof(EvoformerBwdSmem<T, kHeadDim>);
-  // The dK/dV kernel keeps each chunk's dbias2 partial in shared memory when it fits; otherwise
-  // it accumulates in the workspace directly.
-  EvoformerDeviceParams p = params;
-  const int64_t q_tiles = (p.len + EvoformerBwdTile::kBlock - 1) / EvoformerBwdTile::kBlock;
-  const size_t dbias2_bytes =
-      static_cast<size_t>(q_tiles) * EvoformerBwdTile::kBlock * 64 * sizeof(float);
-  p.dbias2_in_smem = p.dbias2_partial != nullptr && smem + dbias2_bytes <= kMaxSmemPerBlock;
   cudaError_t e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                            EvoformerBwdTile::kThreads,
-                            smem + (p.dbias2_in_smem ? dbias2_bytes : 0), p, stream);
+                            EvoformerBwdTile::kThreads, smem, p, stream);
   if (e != cudaSuccess) return e;
-  return launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
-                   EvoformerBwdTile::kThreads, smem, p, stream);
+  e = launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
+                EvoformerBwdTile::kThreads, smem, p, stream);
+  if (e != cudaSuccess || p.dbias2 == nullptr) return e;
+  return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
+                   EvoformerBwdTile::kThreads, sizeof(EvoformerDbias2Smem<T, kHeadDim>), p,
+                   stream);
 }
 
 }  // namespace sciattn::cuda
