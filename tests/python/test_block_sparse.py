@@ -1,0 +1,247 @@
+"""MatMul, Softmax and SparseSelfAttention against independent fp64 dense oracles (tolerance
+rule), forward and backward, every algorithm, masks, rpe, causal, pre-transposed keys, user
+layouts, per-instance layouts, and gradcheck in fp64."""
+import pytest
+import torch
+
+from conftest import assert_close_rule, rand, run_or_skip
+import oracle
+from sciattn.sparse_attention import (BigBirdSparsityConfig, BSLongformerSparsityConfig,
+                                      DenseSparsityConfig, FixedSparsityConfig,
+                                      LocalSlidingWindowSparsityConfig, MatMul, Softmax,
+                                      SparseSelfAttention, SparsityConfig,
+                                      VariableSparsityConfig)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def random_layout(H, R, C, p=0.5):
+    layout = (torch.rand(H, R, C) < p).long()
+    layout[0, 0, 0] = 1
+    return layout
+
+
+def _lowp(ref, dtype):
+    return ref.detach().to(dtype)
+
+
+def _grads(out, inputs, dout):
+    return torch.autograd.grad(out, inputs, dout)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode,trans_a,trans_b", [
+    ("sdd", False, False), ("sdd", False, True), ("sdd", True, False),
+    ("dsd", False, False), ("dsd", True, False), ("dsd", False, True),
+    ("dds", False, False), ("dds", False, True), ("dds", True, False)])
+def test_matmul(device, dtype, mode, trans_a, trans_b):
+    Z, H, block, R, C, K = 2, 2, 16, 3, 4, 24
+    layout = random_layout(H, R, C)
+    nnz = int(layout.sum())
+    if mode == "sdd":
+        a = rand(Z, H, K, R * block) if trans_a else rand(Z, H, R * block, K)
+        b = rand(Z, H, C * block, K) if trans_b else rand(Z, H, K, C * block)
+    elif mode == "dsd":
+        a = rand(Z, nnz, block, block)
+        rows_in = (R if trans_a else C) * block
+        b = rand(Z, H, K, rows_in) if trans_b else rand(Z, H, rows_in, K)
+    else:
+        cols_in = (C if trans_b else R) * block
+        a = rand(Z, H, cols_in, K) if trans_a else rand(Z, H, K, cols_in)
+        b = rand(Z, nnz, block, block)
+    a = a.to(device, dtype).requires_grad_(True)
+    b = b.to(device, dtype).requires_grad_(True)
+    op = MatMul(layout, block, mode, trans_a=trans_a, trans_b=trans_b)
+    c = run_or_skip(op, a, b)
+    a64, b64 = (t.detach().cpu().double().requires_grad_(True) for t in (a, b))
+    ref = oracle.matmul(a64, b64, layout, block, mode, trans_a, trans_b)
+    assert_close_rule("c", c, _lowp(ref, dtype), ref, dtype)
+    dc = rand(*c.shape, dtype=dtype, device=device)
+    da, db = _grads(c, [a, b], dc)
+    ra, rb = _grads(ref, [a64, b64], dc.cpu().double())
+    assert_close_rule("da", da, _lowp(ra, dtype), ra, dtype)
+    assert_close_rule("db", db, _lowp(rb, dtype), rb, dtype)
+
+
+def test_matmul_pads_and_squeezes_leading_dims(device):
+    layout = random_layout(1, 2, 2)
+    a, b = rand(32, 8, device=device), rand(8, 32, device=device)
+    c = MatMul(layout[0], 16, "sdd")(a, b)  # 2-D layout, 2-D operands
+    assert c.shape == (int(layout.sum()), 16, 16)
+    ref = oracle.matmul(a[None, None].cpu().double(), b[None, None].cpu().double(), layout, 16,
+                        "sdd", False, False)[0]
+    assert_close_rule("c", c, ref.float(), ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("masks", ["none", "all_add", "mul_bool", "fully_masked"])
+def test_softmax(device, dtype, masks):
+    Z, H, block, N = 2, 2, 16, 3
+    L = N * block
+    layout = random_layout(H, N, N, 0.6)
+    nnz = int(layout.sum())
+    x = rand(Z, nnz, block, block, dtype=dtype, device=device).requires_grad_(True)
+    kw = {}
+    if masks == "all_add":
+        kw = dict(rpe=rand(Z, H, L, L, dtype=dtype, device=device),
+                  key_padding_mask=torch.where(torch.rand(Z, L) > 0.2, 0.0, -float("inf")).to(
+                      device, dtype),
+                  attn_mask=torch.where(torch.rand(L, L) > 0.2, 0.0, -1e4).to(device, dtype))
+    elif masks == "mul_bool":
+        kw = dict(key_padding_mask=(torch.rand(Z, L) > 0.3).to(device, dtype),
+                  attn_mask=torch.rand(L, L, device=device) > 0.3,
+                  key_padding_mask_mode="mul", attn_mask_mode="mul")
+    elif masks == "fully_masked":
+        kpm = torch.zeros(Z, L)
+        kpm[0] = -float("inf")
+        kw = dict(key_padding_mask=kpm.to(device, dtype))
+    y = run_or_skip(Softmax(layout, block), x, scale=0.4, **kw)
+    x64 = x.detach().cpu().double().requires_grad_(True)
+    ref = oracle.softmax(x64, layout, block, 0.4, kw.get("rpe"), kw.get("key_padding_mask"),
+                         kw.get("attn_mask"), kw.get("key_padding_mask_mode", "add"),
+                         kw.get("attn_mask_mode", "add"))
+    assert_close_rule("y", y, _lowp(ref, dtype), ref, dtype)
+    if masks == "fully_masked":
+        assert torch.equal(y[0], torch.zeros_like(y[0]))
+    dy = rand(*y.shape, dtype=dtype, device=device)
+    (dx,) = _grads(y, [x], dy)
+    (rdx,) = _grads(ref, [x64], dy.cpu().double())
+    assert_close_rule("dx", dx, _lowp(rdx, dtype), rdx, dtype)
+
+
+CONFIGS = {
+    "dense": lambda H: DenseSparsityConfig(H),
+    "fixed": lambda H: FixedSparsityConfig(H, num_local_blocks=2),
+    "fixed_uni": lambda H: FixedSparsityConfig(H, num_local_blocks=2, attention="unidirectional"),
+    "variable": lambda H: VariableSparsityConfig(H, num_random_blocks=1,
+                                                 local_window_blocks=[1, 2]),
+    "bigbird": lambda H: BigBirdSparsityConfig(H, different_layout_per_head=True, seed=3),
+    "bslongformer": lambda H: BSLongformerSparsityConfig(H),
+    "local": lambda H: LocalSlidingWindowSparsityConfig(H),
+}
+
+
+def attention_case(device, dtype, config, L, masks=False, causal=False, algorithm="fused",
+                   transposed_key=False):
+    B, H, D = 2, 2, 24
+    q, k, v = (rand(B, H, L, D, dtype=dtype, device=device).requires_grad_(True)
+               for _ in range(3))
+    module = SparseSelfAttention(config, max_seq_length=128, causal=causal, algorithm=algorithm)
+    kw = {}
+    if masks:
+        kw = dict(rpe=rand(1, H, L, L, dtype=dtype, device=device),
+                  key_padding_mask=torch.where(torch.rand(B, 1, 1, L) > 0.2, 0.0, -1e4).to(
+                      device, dtype),
+                  attn_mask=(torch.rand(L, L, device=device) > 0.2).to(dtype))
+    key = k.transpose(-1, -2) if transposed_key else k
+    out = run_or_skip(module, q, key, v, **kw)
+    r = [t.detach().cpu().double().requires_grad_(True) for t in (q, k, v)]
+    n = L // config.block
+    layout = config.make_layout(128)[:, :n, :n]
+    ref = oracle.attention(*r, layout, config.block, kw.get("rpe"),
+                           None if not masks else kw["key_padding_mask"].reshape(B, L),
+                           kw.get("attn_mask"), "add", "mul", causal)
+    low = SparseSelfAttention(config, max_seq_length=128, causal=causal,
+                              algorithm="reference")(q, key, v, **kw) \
+        if device.type == "cpu" else out
+    assert_close_rule("out", out, low, ref, dtype)
+    dout = rand(*out.shape, dtype=dtype, device=device)
+    got = _grads(out, [q, k, v], dout)
+    lowg = _grads(low, [q, k, v], dout) if device.type == "cpu" else got
+    refg = _grads(ref, r, dout.cpu().double())
+    for name, g, lg, rg in zip(["dq", "dk", "dv"], got, lowg, refg):
+        assert_close_rule(name, g, lg, rg, dtype)
+
+
+@pytest.mark.parametrize("mode", list(CONFIGS))
+def test_attention_each_config(device, mode):
+    attention_case(device, torch.float32, CONFIGS[mode](2), 96)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algorithm", ["fused", "composite"])
+def test_attention_masks_algorithms(device, dtype, algorithm):
+    attention_case(device, dtype, CONFIGS["bigbird"](2), 64, masks=True, algorithm=algorithm)
+
+
+def test_attention_causal_and_transposed_key(device):
+    attention_case(device, torch.float32, CONFIGS["fixed_uni"](2), 80, causal=True,
+                   transposed_key=True)
+
+
+class DiagonalConfig(SparsityConfig):
+    """A user subclass: only the diagonal blocks (a layout no built-in config makes)."""
+
+    def make_layout(self, seq_len):
+        layout = self.setup_layout(seq_len)
+        for h in range(self.num_layout_heads):
+            layout[h] = torch.eye(seq_len // self.block, dtype=torch.int64)
+        return self.check_and_propagate_first_head_layout(layout)
+
+
+def test_user_config_works_with_every_op(device):
+    config = DiagonalConfig(num_heads=2, block=16)
+    attention_case(device, torch.float32, config, 48)
+    layout = config.make_layout(48)
+    a, b = rand(1, 2, 48, 8, device=device), rand(1, 2, 8, 48, device=device)
+    w = MatMul(layout, 16, "sdd")(a, b)
+    p = Softmax(layout, 16)(w)
+    o = MatMul(layout, 16, "dsd")(p, rand(1, 2, 48, 8, device=device))
+    assert w.shape == (1, 6, 16, 16) and o.shape == (1, 2, 48, 8)
+    ref = oracle.softmax(oracle.matmul(a.cpu().double(), b.cpu().double(), layout, 16, "sdd",
+                                       False, False), layout, 16)
+    assert_close_rule("p", p, ref.float(), ref, torch.float32)
+
+
+def test_layout_belongs_to_the_module(device):
+    """DeepSpeed's class-level op cache made two modules of one length share a layout."""
+    q = rand(1, 2, 64, 8, device=device)
+    a = SparseSelfAttention(LocalSlidingWindowSparsityConfig(2), max_seq_length=64)(q, q, q)
+    b = SparseSelfAttention(DenseSparsityConfig(2), max_seq_length=64)(q, q, q)
+    assert not torch.allclose(a, b)
+    ref = oracle.attention(*(q.cpu().double(),) * 3, DenseSparsityConfig(2).make_layout(64), 16)
+    assert_close_rule("dense", b, ref.float(), ref, torch.float32)
+
+
+def test_crop_rule_and_state_dict(device):
+    config = FixedSparsityConfig(1)
+    module = SparseSelfAttention(config, max_seq_length=256).to(device)
+    assert torch.equal(module.master_layout.cpu(), config.make_layout(256))
+    other = SparseSelfAttention(DenseSparsityConfig(1), max_seq_length=256).to(device)
+    other.load_state_dict(module.state_dict())
+    q = rand(1, 1, 160, 8, device=device)
+    assert torch.equal(other(q, q, q), module(q, q, q))
+
+
+GRADCHECK_LAYOUT = torch.tensor([[[1, 0], [1, 1]], [[0, 1], [1, 0]]])
+
+
+@pytest.mark.parametrize("mode", ["sdd", "dsd", "dds"])
+def test_gradcheck_matmul_fp64(device, mode):
+    layout, block = GRADCHECK_LAYOUT, 16
+    nnz = int(layout.sum())
+    dense = lambda *s: rand(*s, dtype=torch.float64, device=device).requires_grad_(True)
+    a = dense(1, 2, 32, 3) if mode != "dsd" else dense(1, nnz, block, block)
+    b = dense(1, 2, 3, 32) if mode == "sdd" else (
+        dense(1, 2, 32, 3) if mode == "dsd" else dense(1, nnz, block, block))
+    if mode == "dds":
+        a = dense(1, 2, 3, 32)
+    op = MatMul(layout, block, mode)
+    assert torch.autograd.gradcheck(op, (a, b))
+
+
+def test_gradcheck_softmax_fp64(device):
+    layout = GRADCHECK_LAYOUT
+    x = rand(1, int(layout.sum()), 16, 16, dtype=torch.float64,
+             device=device).requires_grad_(True)
+    kpm = torch.zeros(1, 32, dtype=torch.float64, device=device)
+    kpm[0, 3] = -float("inf")
+    op = Softmax(layout, 16)
+    assert torch.autograd.gradcheck(lambda t: op(t, scale=0.5, key_padding_mask=kpm), (x,))
+
+
+def test_gradcheck_attention_fp64(device):
+    module = SparseSelfAttention(BigBirdSparsityConfig(2, seed=1), max_seq_length=64, causal=True)
+    q, k, v = (rand(1, 2, 48, 3, dtype=torch.float64, device=device).requires_grad_(True)
+               for _ in range(3))
+    assert torch.autograd.gradcheck(module, (q, k, v))
