@@ -2,15 +2,43 @@
 # Sets up sciattn on a fresh Debian/Ubuntu machine and builds it: installs the build dependencies
 # (only those missing, so running it twice is quick and harmless), then configures and builds the
 # `cpu` preset, or the `gpu` preset when nvcc and an NVIDIA GPU are present. The program ends up at
-# build/current/tools/sciattn.
+# build/current/tools/sciattn. Then installs the Python package for PyTorch into .venv (a virtual
+# environment in the repository, git-ignored): the pinned packages of bindings/torch/requirements.txt
+# from PyPI, and sciattn itself with `pip install --no-build-isolation .`.
 #
-#   scripts/setup.sh            # dependencies + build
+#   scripts/setup.sh            # dependencies + build + Python package
 #   scripts/setup.sh --deps     # dependencies only
+#   scripts/setup.sh --python   # the Python package only (.venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deps_only=0
 [ "${1:-}" = "--deps" ] && deps_only=1
+
+# The Python package: .venv with the pinned requirements, then sciattn built against its torch
+# (CPU-only build; SCIATTN_WITH_CUDA=ON in the environment builds the CUDA kernels as well).
+setup_python() {
+  if [ ! -x .venv/bin/python ]; then
+    if ! python3 -m venv .venv 2>/dev/null; then
+      echo "setup: installing python3-venv"
+      sudo_cmd=""
+      [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+      $sudo_cmd apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq python3-venv >/dev/null
+      rm -rf .venv
+      python3 -m venv .venv
+    fi
+  fi
+  echo "setup: installing the Python requirements into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r bindings/torch/requirements.txt
+  echo "setup: building and installing the sciattn Python package"
+  .venv/bin/python -m pip install -q --no-build-isolation . -Cbuild.tool-args=-j"$(nproc)"
+}
+if [ "${1:-}" = "--python" ]; then
+  setup_python
+  exit 0
+fi
 
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
           libcli11-dev)
@@ -36,4 +64,5 @@ echo "setup: building preset '$preset' with $jobs jobs"
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j "$jobs"
 ln -sfn "$preset" build/current
-echo "setup: done; run build/current/tools/sciattn demo"
+setup_python
+echo "setup: done; run build/current/tools/sciattn demo (Python: .venv/bin/python -c 'import sciattn')"

@@ -4,7 +4,9 @@
 #      command-line program), then `sciattn demo`;
 #   2. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
 #      skipped with a message when nvcc is absent);
-#   3. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan.
+#   3. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
+#   4. the Python package (label python): installs .venv and the package (scripts/setup.sh
+#      --python), then runs pytest tests/python on the CPU.
 # Installs missing build dependencies first (scripts/setup.sh --deps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +34,11 @@ echo "== asan preset: build and test"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
+
+echo "== python: install the package into .venv and run pytest tests/python"
+python_start=$(date +%s)
+scripts/setup.sh --python
+.venv/bin/python -m pytest tests/python -q -p no:cacheprovider
+echo "== python part took $(( $(date +%s) - python_start )) s"
 
 echo "== all tests passed"
