@@ -1,9 +1,11 @@
-// GPU-machine checks of the CUDA build (label gpu): the device is found, and Evoformer attention on
-// CUDA tensors answers with a clear status until its kernels land.
+// GPU-machine checks of the CUDA build (label gpu): the device is found, and the public
+// device-memory helpers work and report runtime failures as statuses.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "sciattn/device.h"
-#include "sciattn/evoformer.h"
 
 namespace {
 
@@ -15,19 +17,34 @@ TEST(CudaDevice, BuildAndDeviceAreVisible) {
   EXPECT_GE(cuda_device_count(), 1);
 }
 
-TEST(CudaDevice, EvoformerOnCudaTensorsSaysItIsNotSupportedYet) {
+TEST(CudaDevice, MemoryHelpersRoundTrip) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-  // Only the pointers' device tag matters to validation; nothing is dereferenced on rejection.
-  alignas(16) static float dummy[64];
-  EvoformerForwardParams p;
-  p.q = TensorView::contiguous(dummy, DType::kF32, {1, 1, 2, 1, 4}, Device::kCuda);
-  p.k = TensorView::contiguous(dummy + 8, DType::kF32, {1, 1, 2, 1, 4}, Device::kCuda);
-  p.v = TensorView::contiguous(dummy + 16, DType::kF32, {1, 1, 2, 1, 4}, Device::kCuda);
-  p.out = TensorView::contiguous(dummy + 24, DType::kF32, {1, 1, 2, 1, 4}, Device::kCuda);
-  std::string why;
-  const Status s = can_implement(p, &why);
-  EXPECT_EQ(s.code(), StatusCode::kNotSupported);
-  EXPECT_NE(why.find("CUDA"), std::string::npos) << why;
+  EXPECT_NE(cuda_device_description().find("sm_"), std::string::npos)
+      << cuda_device_description();
+  std::vector<float> host(1000), back(1000, -1.0f);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
+  void* device = nullptr;
+  ASSERT_TRUE(cuda_allocate(host.size() * sizeof(float), &device).ok());
+  ASSERT_NE(device, nullptr);
+  EXPECT_TRUE(cuda_copy_to_device(device, host.data(), host.size() * sizeof(float)).ok());
+  EXPECT_TRUE(cuda_synchronize().ok());
+  EXPECT_TRUE(cuda_copy_to_host(back.data(), device, back.size() * sizeof(float)).ok());
+  EXPECT_EQ(host, back);
+  EXPECT_TRUE(cuda_free(device).ok());
+  // Zero bytes allocate nothing; freeing nullptr is fine.
+  void* none = &device;
+  EXPECT_TRUE(cuda_allocate(0, &none).ok());
+  EXPECT_EQ(none, nullptr);
+  EXPECT_TRUE(cuda_free(nullptr).ok());
+}
+
+TEST(CudaDevice, RuntimeErrorsComeBackAsDeviceError) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  void* huge = nullptr;
+  const Status s = cuda_allocate(size_t{1} << 62, &huge);  // no GPU has 4 EiB
+  EXPECT_EQ(s.code(), StatusCode::kDeviceError);
+  EXPECT_NE(s.message().find("cudaMalloc"), std::string::npos) << s.message();
+  EXPECT_EQ(huge, nullptr);
 }
 
 }  // namespace
