@@ -106,6 +106,8 @@ def test_sparse_ops_bad_input(device):
         sm(x, key_padding_mask_mode="multiply")
     with pytest.raises(TypeError, match="rpe has dtype"):
         sm(x, rpe=torch.ones(1, 1, 32, 32, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match=r"rpe must be broadcastable to \[Z, H, R\*block"):
+        sm(x, rpe=torch.zeros(3, 32, 32, device=device))
     with pytest.raises(ValueError, match=r"x must have shape \[Z, nnz, block, block\]"):
         sm(x[0])
 

@@ -83,7 +83,7 @@ def test_softmax(device, dtype, masks):
     x = rand(Z, nnz, block, block, dtype=dtype, device=device).requires_grad_(True)
     kw = {}
     if masks == "all_add":
-        kw = dict(rpe=rand(Z, H, L, L, dtype=dtype, device=device),
+        kw = dict(rpe=rand(H, L, L, dtype=dtype, device=device),  # broadcast over Z
                   key_padding_mask=torch.where(torch.rand(Z, L) > 0.2, 0.0, -float("inf")).to(
                       device, dtype),
                   attn_mask=torch.where(torch.rand(L, L) > 0.2, 0.0, -1e4).to(device, dtype))

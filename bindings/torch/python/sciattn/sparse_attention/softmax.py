@@ -35,6 +35,14 @@ class Softmax:
             _checks.same_device(t, name, x, "x")
             ok = allowed if name == "rpe" else allowed + (torch.bool,)
             _checks.dtype_in(t, name, ok, f"one of {[str(d) for d in ok]}")
+        if rpe is not None:  # DeepSpeed read rpe through its strides: broadcasting works
+            H, R, C = self.spdims
+            shape = (x.shape[0], H, R * self.block, C * self.block)
+            try:
+                rpe = rpe.expand(shape)
+            except RuntimeError:
+                raise ValueError(f"rpe must be broadcastable to [Z, H, R*block, C*block] = "
+                                 f"{list(shape)}; got {list(rpe.shape)}") from None
         kpm_mode = _checks.choice(key_padding_mask_mode, "key_padding_mask_mode", MASK_MODES)
         am_mode = _checks.choice(attn_mask_mode, "attn_mask_mode", MASK_MODES)
         return ops.bs_softmax(x, self.layout, self.block, self.nnz, s, rpe, key_padding_mask,

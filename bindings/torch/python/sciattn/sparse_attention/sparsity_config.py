@@ -32,6 +32,20 @@ def _int_list(value, name, allow_none=False):
     return [_int(v, f"{name}[{i}]") for i, v in enumerate(value)]
 
 
+def _check_global_ranges(starts, ends):
+    """DeepSpeed's checks of global_block_indices / global_block_end_indices (Variable,
+    BSLongformer)."""
+    if ends is None:
+        return
+    if len(starts) != len(ends):
+        raise ValueError(f"Global block start indices length, {len(starts)}, must be same as "
+                         f"global block end indices length, {len(ends)}!")
+    for s, e in zip(starts, ends):
+        if s >= e:
+            raise ValueError(f"Global block start index, {s}, must be smaller than global block "
+                             f"end index, {e}!")
+
+
 class SparsityConfig:
     """Base class: num_heads, block, different_layout_per_head (DeepSpeed's). A subclass that
     implements make_layout(seq_len) -> [num_heads, seq_len/block, seq_len/block] 0/1 tensor works
@@ -166,16 +180,7 @@ class VariableSparsityConfig(SparsityConfig):
         self.global_block_indices = _int_list(global_block_indices, "global_block_indices")
         self.global_block_end_indices = _int_list(global_block_end_indices,
                                                   "global_block_end_indices", allow_none=True)
-        if self.global_block_end_indices is not None:
-            if len(self.global_block_indices) != len(self.global_block_end_indices):
-                raise ValueError(
-                    f"Global block start indices length, {len(self.global_block_indices)}, must "
-                    f"be same as global block end indices length, "
-                    f"{len(self.global_block_end_indices)}!")
-            for s, e in zip(self.global_block_indices, self.global_block_end_indices):
-                if s >= e:
-                    raise ValueError(f"Global block start index, {s}, must be smaller than "
-                                     f"global block end index, {e}!")
+        _check_global_ranges(self.global_block_indices, self.global_block_end_indices)
         self.attention = self._check_attention(attention)
         self.horizontal_global_attention = _bool(horizontal_global_attention,
                                                  "horizontal_global_attention")
@@ -220,16 +225,7 @@ class BSLongformerSparsityConfig(SparsityConfig):
         self.global_block_indices = _int_list(global_block_indices, "global_block_indices")
         self.global_block_end_indices = _int_list(global_block_end_indices,
                                                   "global_block_end_indices", allow_none=True)
-        if self.global_block_end_indices is not None:
-            if len(self.global_block_indices) != len(self.global_block_end_indices):
-                raise ValueError(
-                    f"Global block start indices length, {len(self.global_block_indices)}, must "
-                    f"be same as global block end indices length, "
-                    f"{len(self.global_block_end_indices)}!")
-            for s, e in zip(self.global_block_indices, self.global_block_end_indices):
-                if s >= e:
-                    raise ValueError(f"Global block start index, {s}, must be smaller than "
-                                     f"global block end index, {e}!")
+        _check_global_ranges(self.global_block_indices, self.global_block_end_indices)
         # DeepSpeed accepts any string here (only 'unidirectional' is causal); sciattn rejects.
         self.attention = self._check_attention(attention, ValueError)
         self._validate()
