@@ -215,30 +215,39 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
       smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
       smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.dim);
+  // The bias2 tile of each query tile ([64 queries][64 keys], double-buffered) is staged in
+  // shared memory after the fixed part, copied with the Q/dO tile it belongs to.
+  unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
+  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlock);
+  auto stage_bias2 = [&](int buf, int64_t q0) {
+    if (p.bias2_type != BiasType::kNone) {
+      stage_bias_tile<Tile::kBlock, Tile::kThreads>(
+          bias2_stage + buf * bias2_stage_bytes, p.bias2, p.bias2_type,
+          b * p.bias2_stride[0] + h * p.bias2_stride[1] + q0 * p.bias2_stride[2] + key0,
+          p.bias2_stride[2], p.len - q0, p.len - key0, p.bias2_staged);
+    }
+  };
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len, p.dim);
   load_row_stats(smem.lse[0], smem.delta[0], p, bn, h, 0);
+  stage_bias2(0, 0);
   cp_async_commit();
 
   // The thread's rows are keys. bias1 depends on the key alone, so in this transposed tile it is
-  // a per-row constant; bias2 is read transposed: the "row pointers" are the key columns and the
-  // stride along the tile's columns (queries) is the query stride.
-  const void* bias1_keys[2] = {nullptr, nullptr};
-  const void* bias2_cols[2] = {nullptr, nullptr};
+  // a per-row constant, read once. bias2 is read transposed from its stage: this thread's "rows"
+  // are key columns of the stage, and its columns (queries) are the stage's rows.
+  float key_bias1[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (my_keys[r] >= p.len) continue;
-    if (p.bias1_type != BiasType::kNone) {
-      bias1_keys[r] =
-          bias_ptr(p.bias1, p.bias1_type,
-                   b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
-    }
-    if (p.bias2_type != BiasType::kNone) {
-      bias2_cols[r] =
-          bias_ptr(p.bias2, p.bias2_type,
-                   b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_keys[r] * p.bias2_stride[3]);
+    if (p.bias1_type != BiasType::kNone && my_keys[r] < p.len) {
+      key_bias1[r] = kLog2e * load_bias(p.bias1, p.bias1_type,
+                                        b * p.bias1_stride[0] + n * p.bias1_stride[1] +
+                                            my_keys[r] * p.bias1_stride[2]);
     }
   }
+  const int bias2_elem = static_cast<int>(bias_bytes(p.bias2_type));
+  const int64_t staged_query_stride =
+      p.bias2_type == BiasType::kNone ? 0 : bias_stage_pitch(p.bias2_type) / bias2_elem;
 
   uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
   float dk[kOutTiles][4], dv[kOutTiles][4];
@@ -258,6 +267,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
       load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
           smem.d[buf ^ 1], do_src, q0 + Tile::kBlock, p.len, p.dim);
       load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
+      stage_bias2(buf ^ 1, q0 + Tile::kBlock);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -276,9 +286,16 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units.
     float pt[8][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) pt[j][0] = pt[j][1] = pt[j][2] = pt[j][3] = 0.0f;
-    add_bias_tile(p.bias1_type, pt, bias1_keys, 0, q0, p.len, t, false);
-    add_bias_tile(p.bias2_type, pt, bias2_cols, p.bias2_stride[2], q0, p.len, t, false);
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pt[j][e] = key_bias1[e >> 1];
+    if (p.bias2_type != BiasType::kNone) {
+      const unsigned char* stage = bias2_stage + buf * bias2_stage_bytes;
+      const void* cols[2] = {
+          my_keys[0] < p.len ? stage + (warp * 16 + g) * bias2_elem : nullptr,
+          my_keys[1] < p.len ? stage + (warp * 16 + g + 8) * bias2_elem : nullptr};
+      add_bias_tile(p.bias2_type, pt, cols, staged_query_stride, 0, p.len - q0, t, false);
+    }
     {
       float st[8][4];
       mma_rows_t<T, kSteps, kPitch>(st, k_frag, q_tile, g, t);
@@ -355,13 +372,32 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
       smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
       smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len, p.dim);
+  // The biases of each key tile are staged in shared memory (double-buffered like K and V, after
+  // the fixed part), copied with the K/V tile they belong to.
+  unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
+  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlock);
+  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
+  const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
+  auto stage_biases = [&](int buf, int64_t k0) {
+    if (p.bias2_type != BiasType::kNone) {
+      stage_bias_tile<Tile::kBlock, Tile::kThreads>(
+          bias2_stage + buf * bias2_stage_bytes, p.bias2, p.bias2_type,
+          b * p.bias2_stride[0] + h * p.bias2_stride[1] + q0 * p.bias2_stride[2] + k0,
+          p.bias2_stride[2], p.len - q0, p.len - k0, p.bias2_staged);
+    }
+    if (p.bias1_type != BiasType::kNone) {
+      stage_bias_tile<1, Tile::kThreads>(bias1_stage + buf * bias1_stage_bytes, p.bias1,
+                                         p.bias1_type,
+                                         b * p.bias1_stride[0] + n * p.bias1_stride[1] + k0, 0, 1,
+                                         p.len - k0, p.bias1_staged);
+    }
+  };
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[0], v_src, 0, p.len, p.dim);
+  stage_biases(0, 0);
   cp_async_commit();
 
   float lse_log2[2], delta[2];
-  const void* bias1_rows[2] = {nullptr, nullptr};
-  const void* bias2_rows[2] = {nullptr, nullptr};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool valid = my_rows[r] < p.len;
@@ -370,15 +406,6 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
                     kLog2e
               : kNegInf;
     delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
-    if (p.bias1_type != BiasType::kNone) {
-      bias1_rows[r] =
-          bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1]);
-    }
-    if (p.bias2_type != BiasType::kNone && valid) {
-      bias2_rows[r] =
-          bias_ptr(p.bias2, p.bias2_type,
-                   b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
-    }
   }
 
   uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
@@ -395,6 +422,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
                                                                    k0 + Tile::kBlock, p.len, p.dim);
       load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src,
                                                                    k0 + Tile::kBlock, p.len, p.dim);
+      stage_biases(buf ^ 1, k0 + Tile::kBlock);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -408,8 +436,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     float pr[8][4], dots[8][4], ds[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
-    add_bias_tile(p.bias1_type, pr, bias1_rows, p.bias1_stride[2], k0, p.len, t, p.bias1_pairs);
-    add_bias_tile(p.bias2_type, pr, bias2_rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);
+    add_staged_biases(pr, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g,
+                      p.len - q0, p.len - k0, t);
     mma_rows_t<T, kSteps, kPitch>(dots, q_frag, smem.c[buf], g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)

@@ -54,6 +54,10 @@ struct EvoformerDeviceParams {
   // 1 when a thread's two adjacent bias columns can be read with one load: the bias is
   // contiguous along keys and every row starts at an even element of an aligned buffer.
   int bias1_pairs, bias2_pairs;
+  // 1 when the tiles of that bias can be staged in shared memory with 16-byte cp.async (unit
+  // stride along keys, every other stride and the buffer 16-byte aligned): the kernels then copy
+  // the next tile's bias with the next K/V (or Q/dO) tile instead of loading it per thread.
+  int bias1_staged, bias2_staged;
 
   // Workspace regions of the backward (fp32, packed).
   float* delta;           // [B*N, H, L]: <dO_i, O_i>

@@ -202,6 +202,59 @@ __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64
   }
 }
 
+// ---- Bias tiles staged in shared memory ----
+// A staged tile holds kRows rows of 64 bias elements in the bias's own type; rows are padded by
+// 16 bytes, which keeps a warp's fragment-order reads (8 rows x 4 column pairs) in distinct banks.
+
+__host__ __device__ inline int bias_stage_pitch(BiasType type) {
+  return 64 * static_cast<int>(bias_bytes(type)) + 16;
+}
+// Bytes of one staged tile of `rows` rows (0 for an absent bias).
+__host__ __device__ inline int bias_stage_bytes(BiasType type, int rows) {
+  return type == BiasType::kNone ? 0 : rows * bias_stage_pitch(type);
+}
+
+// Copies rows [0, kRows) x columns [0, 64) of a bias tile whose element (0, 0) is at element
+// `offset` of `base` and whose rows are `row_stride` elements apart into a stage. Rows >=
+// rows_left and columns >= cols_left are zero-filled (and never used). With `async` (the
+// bias*_staged conditions hold) the copy is 16-byte cp.async in the caller's group; otherwise
+// (an unaligned bias, rare) it is done element by element before returning.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void stage_bias_tile(unsigned char* smem, const void* base,
+                                                BiasType type, int64_t offset, int64_t row_stride,
+                                                int64_t rows_left, int64_t cols_left, bool async) {
+  const int elem = static_cast<int>(bias_bytes(type));
+  const int pitch = bias_stage_pitch(type);
+  const int64_t cols = cols_left < 64 ? cols_left : 64;
+  const char* tile = static_cast<const char*>(base) + offset * elem;
+  if (async) {
+    const int chunks = 4 * elem;  // 16-byte chunks per row of 64 elements
+    const int64_t row_bytes = cols * elem;
+    for (int e = threadIdx.x; e < kRows * chunks; e += kThreads) {
+      const int r = e / chunks, c = e % chunks;
+      const int64_t left = row_bytes - c * 16;
+      const int bytes = r < rows_left ? static_cast<int>(left < 0 ? 0 : left > 16 ? 16 : left) : 0;
+      const void* src = bytes > 0 ? tile + r * row_stride * elem + c * 16 : base;
+      cp_async_16(smem + r * pitch + c * 16, src, bytes);
+    }
+    return;
+  }
+#pragma unroll 1
+  for (int e = threadIdx.x; e < kRows * 64; e += kThreads) {
+    const int r = e / 64, c = e % 64;
+    const bool valid = r < rows_left && c < cols;
+    const char* src = tile + (r * row_stride + c) * elem;
+    unsigned char* dst = smem + r * pitch + c * elem;
+    if (elem == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = valid ? *reinterpret_cast<const uint32_t*>(src) : 0u;
+    } else if (elem == 2) {
+      *reinterpret_cast<uint16_t*>(dst) = valid ? *reinterpret_cast<const uint16_t*>(src) : 0;
+    } else {
+      *dst = valid ? *reinterpret_cast<const unsigned char*>(src) : 0;
+    }
+  }
+}
+
 // ---- Biases of one score tile ----
 
 template <BiasType kType>
@@ -297,6 +350,25 @@ __device__ __forceinline__ void add_bias_tile(BiasType type, float acc[8][4],
                                               const void* const rows[2], int64_t col_stride,
                                               int64_t col0, int64_t cols, int t, bool pairs) {
   add_bias_rows<2>(type, acc, rows, col_stride, col0, cols, t, pairs);
+}
+
+// acc += the staged biases of one m16 x n64 tile (row-major stages: bias1 one row of keys,
+// bias2 a row per query): this thread's rows are `row` and row + 8 of the stage, valid while
+// < rows_left; columns >= cols_left are skipped (the caller masks them).
+__device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigned char* bias1,
+                                                  BiasType bias1_type, const unsigned char* bias2,
+                                                  BiasType bias2_type, int row, int64_t rows_left,
+                                                  int64_t cols_left, int t) {
+  if (bias1_type != BiasType::kNone) {
+    const void* rows[2] = {bias1, bias1};
+    add_bias_tile(bias1_type, acc, rows, 1, 0, cols_left, t, true);
+  }
+  if (bias2_type != BiasType::kNone) {
+    const int pitch = bias_stage_pitch(bias2_type);
+    const void* rows[2] = {row < rows_left ? bias2 + row * pitch : nullptr,
+                           row + 8 < rows_left ? bias2 + (row + 8) * pitch : nullptr};
+    add_bias_tile(bias2_type, acc, rows, 1, 0, cols_left, t, true);
+  }
 }
 
 }  // namespace sciattn::cuda

@@ -50,6 +50,18 @@ int bias_pairs(const TensorView& t) {
   return 1;
 }
 
+// Bias tiles may be staged with 16-byte cp.async: unit stride along keys, every other stride a
+// whole number of 16-byte chunks, the buffer 16-byte aligned.
+int bias_staged(const TensorView& t) {
+  if (!t.present() || t.strides[4] != 1) return 0;
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return 0;
+  for (int d = 0; d < 4; ++d) {
+    if (t.sizes[d] > 1 && (t.strides[d] * elem) % 16 != 0) return 0;
+  }
+  return 1;
+}
+
 // 16-byte copies of whole rows of 8 elements are safe: every row starts 16-byte aligned and D
 // comes in whole 8-element chunks.
 int vectorizable(const TensorView& t) {
@@ -87,10 +99,12 @@ EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, co
   p.bias1_type = bias_type(bias1);
   copy_strides(bias1, p.bias1_stride, {0, 1, 4});
   p.bias1_pairs = bias_pairs(bias1);
+  p.bias1_staged = bias_staged(bias1);
   p.bias2 = bias2.data;
   p.bias2_type = bias_type(bias2);
   copy_strides(bias2, p.bias2_stride, {0, 2, 3, 4});
   p.bias2_pairs = bias_pairs(bias2);
+  p.bias2_staged = bias_staged(bias2);
   p.lse = static_cast<float*>(lse.data);
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;

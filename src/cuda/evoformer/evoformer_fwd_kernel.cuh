@@ -58,28 +58,33 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
   const int64_t tiles = (p.len + Tile::kBlockN - 1) / Tile::kBlockN;
 
+  // The biases of each key tile are staged in shared memory (double-buffered like K and V, after
+  // the fixed part), copied with the K/V tile they belong to: in flight while the previous tile
+  // is computed, where per-thread global loads would wait a memory latency in every tile.
+  unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
+  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlockM);
+  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
+  const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
+  auto stage_biases = [&](int buf, int64_t col0) {
+    if (p.bias2_type != BiasType::kNone) {
+      stage_bias_tile<Tile::kBlockM, Tile::kThreads>(
+          bias2_stage + buf * bias2_stage_bytes, p.bias2, p.bias2_type,
+          b * p.bias2_stride[0] + h * p.bias2_stride[1] + row0 * p.bias2_stride[2] + col0,
+          p.bias2_stride[2], p.len - row0, p.len - col0, p.bias2_staged);
+    }
+    if (p.bias1_type != BiasType::kNone) {
+      stage_bias_tile<1, Tile::kThreads>(bias1_stage + buf * bias1_stage_bytes, p.bias1,
+                                         p.bias1_type,
+                                         b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0, 0,
+                                         1, p.len - col0, p.bias1_staged);
+    }
+  };
+
   load_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len, p.dim);
   load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.k[0], k_src, 0, p.len, p.dim);
   load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.v[0], v_src, 0, p.len, p.dim);
+  stage_biases(0, 0);
   cp_async_commit();
-
-  // Each thread's bias rows: bias1 is one row per (b, n); bias2 has a row per query.
-  const void* bias1_rows[2] = {nullptr, nullptr};
-  const void* bias2_rows[2] = {nullptr, nullptr};
-  if (p.bias1_type != BiasType::kNone) {
-    bias1_rows[0] = bias1_rows[1] =
-        bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1]);
-  }
-  if (p.bias2_type != BiasType::kNone) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (my_rows[r] < p.len) {
-        bias2_rows[r] = bias_ptr(
-            p.bias2, p.bias2_type,
-            b * p.bias2_stride[0] + h * p.bias2_stride[1] + my_rows[r] * p.bias2_stride[2]);
-      }
-    }
-  }
 
   // The softmax runs in base 2: scores are multiplied by log2(e) once, exp2 is one instruction.
   const float scale_log2 = p.scale * kLog2e;
@@ -100,6 +105,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
           smem.k[buf ^ 1], k_src, col0 + Tile::kBlockN, p.len, p.dim);
       load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(
           smem.v[buf ^ 1], v_src, col0 + Tile::kBlockN, p.len, p.dim);
+      stage_biases(buf ^ 1, col0 + Tile::kBlockN);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -122,8 +128,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     float s[kScoreTiles][4];
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    add_bias_tile(p.bias1_type, s, bias1_rows, p.bias1_stride[2], col0, p.len, t, p.bias1_pairs);
-    add_bias_tile(p.bias2_type, s, bias2_rows, p.bias2_stride[3], col0, p.len, t, p.bias2_pairs);
+    add_staged_biases(s, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g,
+                      p.len - row0, p.len - col0, t);
 
     float dot[kScoreTiles][4];
 #pragma unroll

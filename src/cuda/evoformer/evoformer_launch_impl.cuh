@@ -22,15 +22,26 @@ cudaError_t launch_1d(Kernel kernel, int64_t ctas, int threads, size_t smem_byte
   return cudaGetLastError();
 }
 
+// Shared memory of the staged bias tiles (two stages of each bias present) of a kernel whose
+// tiles have `rows` rows of bias2.
+inline size_t bias_stage_smem(const EvoformerDeviceParams& p, int rows) {
+  return 2 * static_cast<size_t>(bias_stage_bytes(p.bias2_type, rows) +
+                                 bias_stage_bytes(p.bias1_type, 1));
+}
+
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {
   return launch_1d(evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p),
-                   EvoformerFwdTile::kThreads, sizeof(EvoformerFwdSmem<T, kHeadDim>), p, stream);
+                   EvoformerFwdTile::kThreads,
+                   sizeof(EvoformerFwdSmem<T, kHeadDim>) +
+                       bias_stage_smem(p, EvoformerFwdTile::kBlockM),
+                   p, stream);
 }
 
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  const size_t smem = sizeof(EvoformerBwdSmem<T, kHeadDim>);
+  const size_t smem =
+      sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_stage_smem(p, EvoformerBwdTile::kBlock);
   cudaError_t e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
                             EvoformerBwdTile::kThreads, smem, p, stream);
   if (e != cudaSuccess) return e;
