@@ -3,7 +3,8 @@
 # the `gpu` preset and carried in .carry/, because build trees hold absolute paths):
 #   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
 #   Google Benchmark of the kernels, and the peer comparison (bench/compare/evoformer.py).
-# Usage on the GPU machine: scripts/gpu_suite.sh [tests|sanitize|cli|profile|bench|compare|all]...
+# Usage on the GPU machine:
+#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|all]...
 # Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
@@ -57,6 +58,16 @@ if want profile && [ -x "$bin/bench_evoformer_cuda" ]; then
     --benchmark_min_time=0.001 > "$out/ncu_durations.log" 2>&1
   grep -E "evoformer|gpu__time_duration" "$out/ncu_durations.log" | paste - - | \
     sed -E 's/ +/ /g; s/\(([0-9]+, ?)+[0-9]+\)x\([0-9, ]+\)//g' | cut -c1-160
+fi
+if want stalls && [ -x "$bin/bench_evoformer_cuda" ]; then
+  # Why each kernel of one forward + backward waits (triangle 384, bf16): occupancy, issue-slot
+  # use and the warp-stall breakdown, for the perf record.
+  echo "== warp states (ncu)"
+  ncu --clock-control none --section Occupancy --section SchedulerStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --launch-count 5 \
+    "$bin/bench_evoformer_cuda" --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' \
+    --benchmark_min_time=0.001 > "$out/ncu_stalls.log" 2>&1
+  grep -E "^  [a-z_]+.*evoformer|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per|Stall|Warp Cycles Per Issued|Executed Ipc A|Theoretical Occ" "$out/ncu_stalls.log" | cut -c1-120 | head -80
 fi
 if want bench && [ -x "$bin/bench_evoformer_cuda" ]; then
   echo "== Google Benchmark"

@@ -234,8 +234,25 @@ __device__ __forceinline__ void stage_bias_tile(unsigned char* smem, const void*
       const int r = e / chunks, c = e % chunks;
       const int64_t left = row_bytes - c * 16;
       const int bytes = r < rows_left ? static_cast<int>(left < 0 ? 0 : left > 16 ? 16 : left) : 0;
-      const void* src = bytes > 0 ? tile + r * row_stride * elem + c * 16 : base;
-      cp_async_16(smem + r * pitch + c * 16, src, bytes);
+      const char* src = tile + r * row_stride * elem + c * 16;
+      unsigned char* dst = smem + r * pitch + c * 16;
+      if (bytes == 16 || bytes == 0) {
+        cp_async_16(dst, bytes > 0 ? src : base, bytes);
+      } else {
+        // The last chunk of a row that ends inside it: copy the elements that exist and zero the
+        // rest, so that nothing past the end of the bias is read.
+        for (int x = 0; x < 16; x += elem) {
+          if (elem == 4) {
+            *reinterpret_cast<uint32_t*>(dst + x) =
+                x < bytes ? *reinterpret_cast<const uint32_t*>(src + x) : 0u;
+          } else if (elem == 2) {
+            *reinterpret_cast<uint16_t*>(dst + x) =
+                x < bytes ? *reinterpret_cast<const uint16_t*>(src + x) : 0;
+          } else {
+            dst[x] = x < bytes ? static_cast<unsigned char>(src[x]) : 0;
+          }
+        }
+      }
     }
     return;
   }
