@@ -52,7 +52,7 @@ build=build/torch-ext-$mode
 cuda_args=(-DSCIATTN_WITH_CUDA=OFF)
 if [ "$mode" = cuda ]; then
   cuda_args=(-DSCIATTN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a
-             "-DSCIATTN_HEAD_DIMS=16;32;64;128" "-DSCIATTN_DTYPES=f16;bf16")
+             "-DSCIATTN_HEAD_DIMS=8;16;32;64;128" "-DSCIATTN_DTYPES=f16;bf16")
 fi
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)

@@ -4,7 +4,9 @@
 #   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
 #   Google Benchmark of the kernels, and the peer comparison (bench/compare/evoformer.py).
 # Usage on the GPU machine:
-#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|all]...
+#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|python|all]...
+# `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
+# here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
 # Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
@@ -80,5 +82,16 @@ if want compare; then
   PYTHONUNBUFFERED=1 python3 bench/compare/evoformer.py --lib "$bin/libsciattn_capi.so" --out "$out" \
     --dtypes "${COMPARE_DTYPES:-bfloat16,float16}" \
     2>&1 | tee "$out/compare.log" | tail -40
+fi
+if want python; then
+  echo "== Python package on CUDA tensors"
+  if scripts/build_torch_ext.sh --cuda --python python3 > "$out/torch_build.log" 2>&1; then
+    PYTHONPATH=bindings/torch/python SCIATTN_TEST_DEVICE=cuda python3 -m pytest tests/python -q \
+      -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.log" | tail -15
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    tail -30 "$out/torch_build.log"
+    status=1
+  fi
 fi
 exit $status

@@ -154,18 +154,21 @@ __device__ __forceinline__ float prob_from_log2(float x, float lse_log2) {
 
 // Starts copying the lse and delta of query rows [q0, q0 + 64) into shared memory, in the
 // caller's cp.async group (plain loads here would stall every thread at the next barrier).
-// Rows past L get 0: their probabilities are masked by the caller.
+// Rows past L get lse = +inf and delta = 0, so that their P = exp2(x - inf) is exactly 0 whatever
+// the biases are, and a padded row adds nothing anywhere without a per-element check.
 __device__ __forceinline__ void load_row_stats(float* lse, float* delta,
                                                const EvoformerDeviceParams& p, int64_t bn,
                                                int64_t h, int64_t q0) {
   for (int r = threadIdx.x; r < EvoformerBwdTile::kBlock; r += EvoformerBwdTile::kThreads) {
     const int64_t q = q0 + r;
-    const bool valid = q < p.len;
-    const float* lse_src =
-        valid ? p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2] : p.lse;
-    const float* delta_src = valid ? p.delta + (bn * p.heads + h) * p.len + q : p.delta;
-    cp_async_4(lse + r, lse_src, valid ? 4 : 0);
-    cp_async_4(delta + r, delta_src, valid ? 4 : 0);
+    if (q < p.len) {
+      cp_async_4(lse + r, p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
+                 4);
+      cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q, 4);
+    } else {
+      lse[r] = __builtin_huge_valf();
+      delta[r] = 0.0f;
+    }
   }
 }
 
@@ -245,9 +248,6 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
                                             my_keys[r] * p.bias1_stride[2]);
     }
   }
-  const int bias2_elem = static_cast<int>(bias_bytes(p.bias2_type));
-  const int64_t staged_query_stride =
-      p.bias2_type == BiasType::kNone ? 0 : bias_stage_pitch(p.bias2_type) / bias2_elem;
 
   uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
   float dk[kOutTiles][4], dv[kOutTiles][4];
@@ -289,24 +289,20 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) pt[j][e] = key_bias1[e >> 1];
-    if (p.bias2_type != BiasType::kNone) {
-      const unsigned char* stage = bias2_stage + buf * bias2_stage_bytes;
-      const void* cols[2] = {
-          my_keys[0] < p.len ? stage + (warp * 16 + g) * bias2_elem : nullptr,
-          my_keys[1] < p.len ? stage + (warp * 16 + g + 8) * bias2_elem : nullptr};
-      add_bias_tile(p.bias2_type, pt, cols, staged_query_stride, 0, p.len - q0, t, false);
-    }
+    add_staged_bias_transposed(pt, bias2_stage + buf * bias2_stage_bytes, p.bias2_type,
+                               warp * 16 + g, t);
     {
       float st[8][4];
       mma_rows_t<T, kSteps, kPitch>(st, k_frag, q_tile, g, t);
 #pragma unroll
+      // No bounds checks: a padded query column has lse = +inf (P = 0), and a padded key row only
+      // feeds dK, dV and dbias1 of that key, which are never stored.
       for (int j = 0; j < 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int qc = j * 8 + 2 * t + (e & 1);
-          const bool valid = my_keys[e >> 1] < p.len && q0 + qc < p.len;
           const float x = fmaf(st[j][e], scale_log2, pt[j][e]);
-          pt[j][e] = valid ? prob_from_log2(x, lse[qc] * kLog2e) : 0.0f;
+          pt[j][e] = prob_from_log2(x, lse[qc] * kLog2e);
         }
     }
     // dV += P^T dO.
@@ -401,10 +397,12 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool valid = my_rows[r] < p.len;
-    lse_log2[r] =
-        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] *
-                    kLog2e
+    // The shift of P = exp2(x - shift): +inf for a padded or fully masked row gives P = 0 with
+    // no per-element check.
+    const float lse =
+        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
               : kNegInf;
+    lse_log2[r] = lse == kNegInf ? __builtin_huge_valf() : lse * kLog2e;
     delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
   }
 
@@ -437,17 +435,25 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
     add_staged_biases(pr, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
-                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g,
-                      p.len - q0, p.len - k0, t);
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g, t);
     mma_rows_t<T, kSteps, kPitch>(dots, q_frag, smem.c[buf], g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool valid = my_rows[e >> 1] < p.len && k0 + j * 8 + 2 * t + (e & 1) < p.len;
-        pr[j][e] =
-            valid ? prob_from_log2(fmaf(dots[j][e], scale_log2, pr[j][e]), lse_log2[e >> 1]) : 0.0f;
+        pr[j][e] = exp2f(fmaf(dots[j][e], scale_log2, pr[j][e]) - lse_log2[e >> 1]);
       }
+    // Keys past L exist only in the last tile: their P must be 0 (a row whose lse is very
+    // negative would otherwise give inf there).
+    if (k0 + Tile::kBlock > p.len) {
+      const int cols_left = static_cast<int>(p.len - k0);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (j * 8 + 2 * t + (e & 1) >= cols_left) pr[j][e] = 0.0f;
+        }
+    }
     mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t);  // dP = dO V^T
 #pragma unroll
     for (int j = 0; j < 8; ++j)

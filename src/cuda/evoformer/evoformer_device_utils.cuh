@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/evoformer/evoformer_device_params.h"
 
@@ -219,33 +220,34 @@ __host__ __device__ inline int bias_stage_bytes(BiasType type, int rows) {
 // rows_left and columns >= cols_left are zero-filled (and never used). With `async` (the
 // bias*_staged conditions hold) the copy is 16-byte cp.async in the caller's group; otherwise
 // (an unaligned bias, rare) it is done element by element before returning.
-template <int kRows, int kThreads>
-__device__ __forceinline__ void stage_bias_tile(unsigned char* smem, const void* base,
-                                                BiasType type, int64_t offset, int64_t row_stride,
-                                                int64_t rows_left, int64_t cols_left, bool async) {
-  const int elem = static_cast<int>(bias_bytes(type));
-  const int pitch = bias_stage_pitch(type);
+template <int kRows, int kThreads, int kElem>
+__device__ __forceinline__ void stage_bias_tile_of(unsigned char* smem, const void* base,
+                                                   int64_t offset, int64_t row_stride,
+                                                   int64_t rows_left, int64_t cols_left,
+                                                   bool async) {
+  constexpr int kPitch = 64 * kElem + 16;
+  constexpr int kChunks = 4 * kElem;  // 16-byte chunks per row of 64 elements
   const int64_t cols = cols_left < 64 ? cols_left : 64;
-  const char* tile = static_cast<const char*>(base) + offset * elem;
+  const char* tile = static_cast<const char*>(base) + offset * kElem;
   if (async) {
-    const int chunks = 4 * elem;  // 16-byte chunks per row of 64 elements
-    const int64_t row_bytes = cols * elem;
-    for (int e = threadIdx.x; e < kRows * chunks; e += kThreads) {
-      const int r = e / chunks, c = e % chunks;
+    const int64_t row_bytes = cols * kElem;
+#pragma unroll
+    for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
+      const int r = e / kChunks, c = e % kChunks;
       const int64_t left = row_bytes - c * 16;
       const int bytes = r < rows_left ? static_cast<int>(left < 0 ? 0 : left > 16 ? 16 : left) : 0;
-      const char* src = tile + r * row_stride * elem + c * 16;
-      unsigned char* dst = smem + r * pitch + c * 16;
+      const char* src = tile + r * row_stride * kElem + c * 16;
+      unsigned char* dst = smem + r * kPitch + c * 16;
       if (bytes == 16 || bytes == 0) {
         cp_async_16(dst, bytes > 0 ? src : base, bytes);
       } else {
         // The last chunk of a row that ends inside it: copy the elements that exist and zero the
         // rest, so that nothing past the end of the bias is read.
-        for (int x = 0; x < 16; x += elem) {
-          if (elem == 4) {
+        for (int x = 0; x < 16; x += kElem) {
+          if constexpr (kElem == 4) {
             *reinterpret_cast<uint32_t*>(dst + x) =
                 x < bytes ? *reinterpret_cast<const uint32_t*>(src + x) : 0u;
-          } else if (elem == 2) {
+          } else if constexpr (kElem == 2) {
             *reinterpret_cast<uint16_t*>(dst + x) =
                 x < bytes ? *reinterpret_cast<const uint16_t*>(src + x) : 0;
           } else {
@@ -260,15 +262,41 @@ __device__ __forceinline__ void stage_bias_tile(unsigned char* smem, const void*
   for (int e = threadIdx.x; e < kRows * 64; e += kThreads) {
     const int r = e / 64, c = e % 64;
     const bool valid = r < rows_left && c < cols;
-    const char* src = tile + (r * row_stride + c) * elem;
-    unsigned char* dst = smem + r * pitch + c * elem;
-    if (elem == 4) {
+    const char* src = tile + (r * row_stride + c) * kElem;
+    unsigned char* dst = smem + r * kPitch + c * kElem;
+    if constexpr (kElem == 4) {
       *reinterpret_cast<uint32_t*>(dst) = valid ? *reinterpret_cast<const uint32_t*>(src) : 0u;
-    } else if (elem == 2) {
+    } else if constexpr (kElem == 2) {
       *reinterpret_cast<uint16_t*>(dst) = valid ? *reinterpret_cast<const uint16_t*>(src) : 0;
     } else {
       *dst = valid ? *reinterpret_cast<const unsigned char*>(src) : 0;
     }
+  }
+}
+
+// Copies rows [0, kRows) x columns [0, 64) of a bias tile whose element (0, 0) is at element
+// `offset` of `base` and whose rows are `row_stride` elements apart into a stage. Rows >=
+// rows_left and columns >= cols_left are zero-filled, so that readers need no bounds checks (the
+// kernels mask those cells anyway). With `async` (the bias*_staged conditions hold) the copy is
+// 16-byte cp.async in the caller's group; otherwise (an unaligned bias, rare) it is done element
+// by element before returning.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void stage_bias_tile(unsigned char* smem, const void* base,
+                                                BiasType type, int64_t offset, int64_t row_stride,
+                                                int64_t rows_left, int64_t cols_left, bool async) {
+  switch (bias_bytes(type)) {
+    case 4:
+      stage_bias_tile_of<kRows, kThreads, 4>(smem, base, offset, row_stride, rows_left, cols_left,
+                                             async);
+      break;
+    case 2:
+      stage_bias_tile_of<kRows, kThreads, 2>(smem, base, offset, row_stride, rows_left, cols_left,
+                                             async);
+      break;
+    default:
+      stage_bias_tile_of<kRows, kThreads, 1>(smem, base, offset, row_stride, rows_left, cols_left,
+                                             async);
+      break;
   }
 }
 
@@ -369,23 +397,82 @@ __device__ __forceinline__ void add_bias_tile(BiasType type, float acc[8][4],
   add_bias_rows<2>(type, acc, rows, col_stride, col0, cols, t, pairs);
 }
 
-// acc += the staged biases of one m16 x n64 tile (row-major stages: bias1 one row of keys,
-// bias2 a row per query): this thread's rows are `row` and row + 8 of the stage, valid while
-// < rows_left; columns >= cols_left are skipped (the caller masks them).
+// A bias type as a compile-time value, for generic lambdas.
+template <BiasType kType>
+using BiasTypeTag = std::integral_constant<BiasType, kType>;
+
+// Calls fn(BiasTypeTag<type>{}) for the bias type (uniform per launch: one branch per tile, not
+// per element); nothing for an absent bias.
+template <typename Fn>
+__device__ __forceinline__ void with_bias_type(BiasType type, const Fn& fn) {
+  switch (type) {
+    case BiasType::kF32:
+      fn(BiasTypeTag<BiasType::kF32>{});
+      break;
+    case BiasType::kF16:
+      fn(BiasTypeTag<BiasType::kF16>{});
+      break;
+    case BiasType::kBF16:
+      fn(BiasTypeTag<BiasType::kBF16>{});
+      break;
+    case BiasType::kBool:
+      fn(BiasTypeTag<BiasType::kBool>{});
+      break;
+    default:
+      break;
+  }
+}
+
+// acc += log2(e) * the staged biases of one m16 x n64 tile (row-major stages: bias1 one row of
+// keys, bias2 a row per query; this thread's rows are `row` and row + 8). Stages are zero-filled
+// past the matrix, so every read is in bounds and needs no check: one pair load per column pair.
 __device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigned char* bias1,
                                                   BiasType bias1_type, const unsigned char* bias2,
-                                                  BiasType bias2_type, int row, int64_t rows_left,
-                                                  int64_t cols_left, int t) {
-  if (bias1_type != BiasType::kNone) {
-    const void* rows[2] = {bias1, bias1};
-    add_bias_tile(bias1_type, acc, rows, 1, 0, cols_left, t, true);
-  }
-  if (bias2_type != BiasType::kNone) {
-    const int pitch = bias_stage_pitch(bias2_type);
-    const void* rows[2] = {row < rows_left ? bias2 + row * pitch : nullptr,
-                           row + 8 < rows_left ? bias2 + (row + 8) * pitch : nullptr};
-    add_bias_tile(bias2_type, acc, rows, 1, 0, cols_left, t, true);
-  }
+                                                  BiasType bias2_type, int row, int t) {
+  with_bias_type(bias1_type, [&](auto tag) {
+    constexpr BiasType kType = decltype(tag)::value;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 b = bias_pair_at<kType>(bias1, j * 8 + 2 * t);
+      acc[j][0] = fmaf(b.x, kLog2e, acc[j][0]);
+      acc[j][1] = fmaf(b.y, kLog2e, acc[j][1]);
+      acc[j][2] = fmaf(b.x, kLog2e, acc[j][2]);
+      acc[j][3] = fmaf(b.y, kLog2e, acc[j][3]);
+    }
+  });
+  with_bias_type(bias2_type, [&](auto tag) {
+    constexpr BiasType kType = decltype(tag)::value;
+    const int pitch = bias_stage_pitch(kType);
+    const unsigned char* r0 = bias2 + row * pitch;
+    const unsigned char* r1 = bias2 + (row + 8) * pitch;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 b0 = bias_pair_at<kType>(r0, j * 8 + 2 * t);
+      const float2 b1 = bias_pair_at<kType>(r1, j * 8 + 2 * t);
+      acc[j][0] = fmaf(b0.x, kLog2e, acc[j][0]);
+      acc[j][1] = fmaf(b0.y, kLog2e, acc[j][1]);
+      acc[j][2] = fmaf(b1.x, kLog2e, acc[j][2]);
+      acc[j][3] = fmaf(b1.y, kLog2e, acc[j][3]);
+    }
+  });
+}
+
+// The same for a transposed tile (the dK/dV kernel): the stage holds [64 queries][64 keys], this
+// thread's rows are keys `key` and key + 8 and its columns are queries.
+__device__ __forceinline__ void add_staged_bias_transposed(float acc[8][4],
+                                                           const unsigned char* stage,
+                                                           BiasType type, int key, int t) {
+  with_bias_type(type, [&](auto tag) {
+    constexpr BiasType kType = decltype(tag)::value;
+    const int pitch = bias_stage_pitch(kType);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const unsigned char* query_row = stage + (j * 8 + 2 * t + (e & 1)) * pitch;
+        acc[j][e] = fmaf(bias_at<kType>(query_row, key + 8 * (e >> 1)), kLog2e, acc[j][e]);
+      }
+  });
 }
 
 }  // namespace sciattn::cuda

@@ -116,6 +116,26 @@ Status device_status(cudaError_t e, const char* what) {
   return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Runs `launch` with the device that holds `tensor` current. The library links its own static
+// CUDA runtime, whose current device is not the caller's (PyTorch's runtime is another copy), so
+// tensors on cuda:1 would otherwise be launched on device 0. The caller's device is restored.
+template <typename Launch>
+Status on_device_of(const void* tensor, const Launch& launch) {
+  cudaPointerAttributes attributes{};
+  int current = 0;
+  if (cudaPointerGetAttributes(&attributes, tensor) != cudaSuccess ||
+      cudaGetDevice(&current) != cudaSuccess || attributes.device < 0 ||
+      attributes.device == current) {
+    cudaGetLastError();  // a host pointer or an old driver: launch where we are
+    return launch();
+  }
+  const cudaError_t e = cudaSetDevice(attributes.device);
+  if (e != cudaSuccess) return device_status(e, "cudaSetDevice to the tensors' device");
+  const Status status = launch();
+  cudaSetDevice(current);
+  return status;
+}
+
 Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas) {
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
   if (head_dim == 0) {
@@ -270,8 +290,29 @@ size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
       .layout.total_bytes();
 }
 
+namespace {
+Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
+                        Stream stream);
+Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
+                         void* workspace, Stream stream);
+}  // namespace
+
 Status run_evoformer_forward_cuda(const EvoformerForwardParams& params,
                                   const detail::EvoformerShape& s, Stream stream) {
+  return on_device_of(params.q.data, [&] { return run_forward_here(params, s, stream); });
+}
+
+Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
+                                   const detail::EvoformerShape& s, void* workspace,
+                                   Stream stream) {
+  return on_device_of(params.q.data,
+                      [&] { return run_backward_here(params, s, workspace, stream); });
+}
+
+namespace {
+
+Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
+                        Stream stream) {
   const EvoformerDeviceParams p =
       common_params(params.q, params.k, params.v, params.bias1, params.bias2, params.out,
                     params.lse, params.options, s);
@@ -284,9 +325,8 @@ Status run_evoformer_forward_cuda(const EvoformerForwardParams& params,
                        "Evoformer forward kernel launch");
 }
 
-Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
-                                   const detail::EvoformerShape& s, void* workspace,
-                                   Stream stream) {
+Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
+                         void* workspace, Stream stream) {
   EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
                                           params.out, params.lse, params.options, s);
   p.dout = params.dout.data;
@@ -327,6 +367,8 @@ Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
   }
   return device_status(e, "Evoformer backward (bias reduction) kernel launch");
 }
+
+}  // namespace
 
 // ---- dtype-generic kernels and launchers ----
 

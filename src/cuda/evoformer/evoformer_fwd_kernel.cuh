@@ -129,8 +129,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     add_staged_biases(s, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
-                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g,
-                      p.len - row0, p.len - col0, t);
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g, t);
 
     float dot[kScoreTiles][4];
 #pragma unroll
@@ -146,16 +145,24 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
 
     // Scores in log2 units, keys past L masked; then the tile's row maxima.
     float tile_max[2] = {kNegInf, kNegInf};
-    const bool last_partial = col0 + Tile::kBlockN > p.len;
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = fmaf(dot[j][e], scale_log2, s[j][e]);
-        if (last_partial && col0 + j * 8 + 2 * t + (e & 1) >= p.len) x = kNegInf;
-        s[j][e] = x;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-      }
+      for (int e = 0; e < 4; ++e) s[j][e] = fmaf(dot[j][e], scale_log2, s[j][e]);
+    // Keys past L exist only in the last tile (checked once per tile, not per element).
+    if (col0 + Tile::kBlockN > p.len) {
+      const int cols_left = static_cast<int>(p.len - col0);
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (j * 8 + 2 * t + (e & 1) >= cols_left) s[j][e] = kNegInf;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // The four threads of a row (t = 0..3) hold its 64 columns between them.
