@@ -45,7 +45,7 @@ def evoformer_attention(q, k, v, bias1=None, bias2=None, scale=None, *, algorith
 
     scale defaults to 1/sqrt(D). Differentiable in q, k, v, a float bias1 and bias2; bias
     gradients are computed only for biases that require grad. Returns [B, N, L, H, D] in q's
-    dtype. float32/float16/bfloat16 run the library (CPU; CUDA for f16/bf16 in CUDA builds);
+    dtype. float32/float16/bfloat16 run the library (CPU, and CUDA in CUDA builds);
     float64 runs a plain ATen path meant for gradcheck (docs/python.md). `algorithm`
     ("tiled" or "reference") picks the CPU implementation; "reference" is the naive C++ oracle.
     """
