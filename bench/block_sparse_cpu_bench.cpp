@@ -7,6 +7,7 @@
 // the algorithm's own FLOPs (4 * B * nnz * b^2 * D forward, 10x backward; dense: 4 * B * H * L^2 *
 // D), dense-equivalent GFLOP/s (the dense FLOPs over the time: a speed-up over dense shows as a
 // rate above dense's own), the layout's density and the call's extra memory (its workspace).
+// BM_BuildIndex times building the index of a 65,536-token layout.
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -203,6 +204,53 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_SparseAttention)
     ->Apply(shapes)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5);
+
+// Building the index (enumeration, CSR, CSC and the work splits) of the largest layouts:
+// 65,536 tokens, 16 heads, BigBird and BSLongformer with block 64 and 16 (DeepSpeed's BERT
+// recipe). The layout itself is made once outside the timed loop; the index is what a caller
+// builds once per layout and keeps. Argument: layout (0 BigBird, 1 BSLongformer), block.
+void BM_BuildIndex(benchmark::State& state) {
+  constexpr int64_t kTokens = 65536, kIndexHeads = 16;
+  const int64_t block = state.range(1);
+  SparsityConfig config;
+  if (state.range(0) == 0) {
+    BigBirdSparsityConfig c;
+    c.num_heads = kIndexHeads;
+    c.block = block;
+    config = c;
+  } else {
+    BSLongformerSparsityConfig c;
+    c.num_heads = kIndexHeads;
+    c.block = block;
+    config = c;
+  }
+  Layout layout;
+  if (!make_layout(config, kTokens, &layout).ok()) {
+    state.SkipWithError("make_layout failed");
+    return;
+  }
+  BlockSparseIndex index;
+  for (auto _ : state) {
+    if (!build_block_sparse_index(layout, block, &index).ok()) {
+      state.SkipWithError("build_block_sparse_index failed");
+      return;
+    }
+    benchmark::DoNotOptimize(index.nnz);
+  }
+  state.counters["nnz"] = static_cast<double>(index.nnz);
+  state.counters["layout_entries_M"] = static_cast<double>(layout.blocks.size()) * 1e-6;
+  state.counters["row_pieces"] = static_cast<double>(index.row_split.pieces());
+  state.counters["split_rows"] = static_cast<double>(index.row_split.split_lines);
+}
+
+BENCHMARK(BM_BuildIndex)
+    ->ArgNames({"bslongformer", "block"})
+    ->Args({0, 64})
+    ->Args({1, 64})
+    ->Args({0, 16})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.5);

@@ -32,8 +32,28 @@ namespace sciattn {
 // The block-sparse index: built once per (layout, block), shared by every op on that layout
 // =================================================================================================
 
+// How parallel kernels divide the lines (block rows, or block columns) of a layout into pieces
+// of at most max_blocks nonzero blocks each, so that a long line (a global block attends to every
+// block) is shared by several workers instead of serialising one; the pieces of a split line are
+// combined in piece order, which keeps results deterministic. Lines are numbered h * R + r (rows)
+// or h * C + c (columns); a line without blocks is one empty piece, so that its output (zero) is
+// still written.
+struct BlockSparseWorkSplit {
+  int64_t max_blocks = 0;          // the most nonzero blocks one piece holds (>= 1)
+  std::vector<int64_t> line_items;  // [lines + 1]: pieces of line l are line_items[l] .. [l+1]-1
+  std::vector<int64_t> item_line;   // [pieces] the line of each piece
+  // [pieces] the piece's positions in the row-wise (CSR: p) or column-wise (CSC: k) index, a
+  // contiguous range item_begin .. item_end - 1 of the line's range, in the line's order.
+  std::vector<int64_t> item_begin, item_end;
+  int64_t split_lines = 0;          // lines cut into more than one piece
+  int64_t max_pieces_per_line = 0;  // 1 when nothing is split
+
+  int64_t pieces() const { return static_cast<int64_t>(item_line.size()); }
+};
+
 // The nonzero blocks of a layout and the row-wise and column-wise indexes the kernels walk.
 // Build it with build_block_sparse_index; the ops hold a pointer to it, so it must outlive them.
+// Building it reads the whole layout: build it once per layout and keep it.
 struct BlockSparseIndex {
   int64_t block = 0;           // b: tokens per block side
   int64_t num_heads = 0;       // H
@@ -60,6 +80,11 @@ struct BlockSparseIndex {
   int64_t max_row_nnz = 0;  // the longest block row over all heads
   int64_t max_col_nnz = 0;  // the longest block column over all heads
 
+  // The work split of the rows (forward and dQ walk rows) and of the columns (dK/dV walk
+  // columns), with max_blocks = default_split_blocks(*this) unless rebuilt with
+  // split_block_sparse_work.
+  BlockSparseWorkSplit row_split, col_split;
+
   int64_t row_begin(int64_t h, int64_t r) const {
     return row_offsets[static_cast<size_t>(h * num_row_blocks + r)];
   }
@@ -79,6 +104,15 @@ struct BlockSparseIndex {
 // num_heads * num_row_blocks * num_col_blocks entries, an entry is not 0 or 1, or the sizes in
 // tokens overflow. A layout without any nonzero block is valid (nnz = 0).
 Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparseIndex* out);
+
+// The default piece size of the work split: twice the mean line length (rows or columns, the
+// larger), at least 16 blocks, so that ordinary lines stay whole and only lines much longer than
+// the mean (global blocks) are cut.
+int64_t default_split_blocks(const BlockSparseIndex& index);
+
+// Rebuilds index->row_split and index->col_split with pieces of at most max_blocks blocks
+// (>= 1; rejected otherwise, naming max_blocks).
+Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index);
 
 // The index SparseSelfAttention uses for an input of length seq_len: the layout built for
 // max_seq_length, cropped to the first seq_len / block blocks (spec 1.9; make_layout_for_length).

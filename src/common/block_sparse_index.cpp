@@ -1,6 +1,7 @@
 // Builds the BlockSparseIndex of a layout: the nonzero enumeration in DeepSpeed's order and the
 // row-wise (CSR) and column-wise (CSC) indexes the kernels walk. Host-only common layer.
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -48,24 +49,43 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
   const int64_t H = ix.num_heads, R = ix.num_row_blocks, C = ix.num_col_blocks;
 
   // The enumeration and the CSR: one pass in (h, I, J) order, layout.nonzero()'s order (spec 2.1).
+  // A row is scanned eight entries at a time, skipping all-zero words: at 65,536 tokens the
+  // layout has 16.7 M entries (block 64) of which well under 1% are set.
   ix.row_offsets.assign(static_cast<size_t>(H * R + 1), 0);
   std::vector<int64_t> col_counts(static_cast<size_t>(H * C), 0);
+  const uint8_t* entries_data = layout.blocks.data();
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t r = 0; r < R; ++r) {
+      const uint8_t* row = entries_data + (h * R + r) * C;
       int64_t in_row = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const uint8_t v = layout.at(h, r, c);
+      auto take = [&](int64_t c) -> Status {
+        const uint8_t v = row[c];
         if (v > 1) {
           return Status::invalid_argument("layout.blocks entry (head " + str(h) + ", row " +
                                           str(r) + ", col " + str(c) + ") is " + str(v) +
                                           "; entries must be 0 or 1");
         }
-        if (v == 0) continue;
+        if (v == 0) return Status::ok_status();
         ix.head.push_back(h);
         ix.row.push_back(r);
         ix.col.push_back(c);
         ++col_counts[static_cast<size_t>(h * C + c)];
         ++in_row;
+        return Status::ok_status();
+      };
+      int64_t c = 0;
+      for (; c + 8 <= C; c += 8) {
+        uint64_t word;
+        std::memcpy(&word, row + c, sizeof(word));
+        if (word == 0) continue;
+        for (int64_t x = c; x < c + 8; ++x) {
+          const Status s = take(x);
+          if (!s.ok()) return s;
+        }
+      }
+      for (; c < C; ++c) {
+        const Status s = take(c);
+        if (!s.ok()) return s;
       }
       ix.row_offsets[static_cast<size_t>(h * R + r + 1)] =
           ix.row_offsets[static_cast<size_t>(h * R + r)] + in_row;
@@ -92,7 +112,56 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
     ix.col_rows[slot] = ix.row[static_cast<size_t>(p)];
     ix.col_blocks[slot] = p;
   }
+  const Status split = split_block_sparse_work(default_split_blocks(ix), &ix);
+  if (!split.ok()) return split;
   *out = std::move(ix);
+  return Status::ok_status();
+}
+
+namespace {
+
+// The split of `lines` lines whose ranges are offsets[l] .. offsets[l + 1] - 1.
+BlockSparseWorkSplit split_lines(const std::vector<int64_t>& offsets, int64_t max_blocks) {
+  BlockSparseWorkSplit w;
+  w.max_blocks = max_blocks;
+  const int64_t lines = static_cast<int64_t>(offsets.size()) - 1;
+  w.line_items.assign(static_cast<size_t>(lines + 1), 0);
+  for (int64_t l = 0; l < lines; ++l) {
+    const int64_t begin = offsets[static_cast<size_t>(l)];
+    const int64_t end = offsets[static_cast<size_t>(l + 1)];
+    // Equal pieces (sizes differ by at most one) rather than max_blocks-sized ones and a short
+    // remainder, so that the pieces of a line take about the same time.
+    const int64_t n = end - begin;
+    const int64_t pieces = std::max<int64_t>(1, (n + max_blocks - 1) / max_blocks);
+    for (int64_t k = 0; k < pieces; ++k) {
+      w.item_line.push_back(l);
+      w.item_begin.push_back(begin + n * k / pieces);
+      w.item_end.push_back(begin + n * (k + 1) / pieces);
+    }
+    w.line_items[static_cast<size_t>(l + 1)] = w.line_items[static_cast<size_t>(l)] + pieces;
+    if (pieces > 1) ++w.split_lines;
+    w.max_pieces_per_line = std::max(w.max_pieces_per_line, pieces);
+  }
+  return w;
+}
+
+}  // namespace
+
+int64_t default_split_blocks(const BlockSparseIndex& index) {
+  const int64_t rows = index.num_heads * index.num_row_blocks;
+  const int64_t cols = index.num_heads * index.num_col_blocks;
+  const int64_t mean = std::max(rows > 0 ? (index.nnz + rows - 1) / rows : 0,
+                                cols > 0 ? (index.nnz + cols - 1) / cols : 0);
+  return std::max<int64_t>(16, 2 * mean);
+}
+
+Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index) {
+  if (index == nullptr) return Status::invalid_argument("index is a null pointer");
+  if (max_blocks < 1) {
+    return Status::invalid_argument("max_blocks must be >= 1; got " + str(max_blocks));
+  }
+  index->row_split = split_lines(index->row_offsets, max_blocks);
+  index->col_split = split_lines(index->col_offsets, max_blocks);
   return Status::ok_status();
 }
 

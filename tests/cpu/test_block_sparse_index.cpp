@@ -99,6 +99,100 @@ TEST(BlockSparseIndex, EmptyLayoutHasNoBlocks) {
   EXPECT_EQ(ix.max_row_nnz, 0);
 }
 
+// Checks a work split against the line ranges `offsets` from first principles: every line's
+// range is covered by its pieces exactly once, in order, each piece holds at most max_blocks
+// blocks, a line's pieces differ in size by at most one, and an empty line is one empty piece.
+void expect_split_of(const BlockSparseWorkSplit& w, const std::vector<int64_t>& offsets,
+                     int64_t max_blocks, const char* what) {
+  SCOPED_TRACE(what);
+  const int64_t lines = static_cast<int64_t>(offsets.size()) - 1;
+  EXPECT_EQ(w.max_blocks, max_blocks);
+  ASSERT_EQ(static_cast<int64_t>(w.line_items.size()), lines + 1);
+  EXPECT_EQ(w.line_items[0], 0);
+  EXPECT_EQ(w.line_items.back(), w.pieces());
+  ASSERT_EQ(w.item_begin.size(), w.item_line.size());
+  ASSERT_EQ(w.item_end.size(), w.item_line.size());
+  int64_t split = 0, most = 0;
+  for (int64_t l = 0; l < lines; ++l) {
+    const int64_t first = w.line_items[static_cast<size_t>(l)];
+    const int64_t last = w.line_items[static_cast<size_t>(l + 1)];
+    ASSERT_GE(last - first, 1) << "line " << l << " has no piece";
+    int64_t at = offsets[static_cast<size_t>(l)], smallest = INT64_MAX, largest = 0;
+    for (int64_t i = first; i < last; ++i) {
+      EXPECT_EQ(w.item_line[static_cast<size_t>(i)], l);
+      EXPECT_EQ(w.item_begin[static_cast<size_t>(i)], at) << "piece " << i << " leaves a gap";
+      const int64_t size = w.item_end[static_cast<size_t>(i)] - w.item_begin[static_cast<size_t>(i)];
+      EXPECT_LE(size, max_blocks);
+      EXPECT_GE(size, last - first > 1 ? 1 : 0);
+      smallest = std::min(smallest, size);
+      largest = std::max(largest, size);
+      at = w.item_end[static_cast<size_t>(i)];
+    }
+    EXPECT_EQ(at, offsets[static_cast<size_t>(l + 1)]) << "line " << l << " not fully covered";
+    EXPECT_LE(largest - smallest, 1) << "line " << l << " is cut unevenly";
+    if (last - first > 1) ++split;
+    most = std::max(most, last - first);
+  }
+  EXPECT_EQ(w.split_lines, split);
+  EXPECT_EQ(w.max_pieces_per_line, most);
+}
+
+TEST(BlockSparseIndex, WorkSplitCoversEveryBlockOnceInOrder) {
+  for (uint64_t s = 0; s < 12; ++s) {
+    const uint64_t seed = kBaseSeed + 200 + s;
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 rng(seed);
+    const int64_t H = 1 + static_cast<int64_t>(rng() % 3), R = 1 + static_cast<int64_t>(rng() % 40),
+                  C = 1 + static_cast<int64_t>(rng() % 40);
+    const Layout layout =
+        random_layout(H, R, C, 0.05 + 0.1 * static_cast<double>(s % 9), rng, s % 2 == 0, false);
+    BlockSparseIndex ix = make_index(layout, 32);
+    expect_split_of(ix.row_split, ix.row_offsets, default_split_blocks(ix), "rows, default");
+    expect_split_of(ix.col_split, ix.col_offsets, default_split_blocks(ix), "columns, default");
+    for (int64_t max_blocks : {1, 2, 3, 7}) {
+      ASSERT_TRUE(split_block_sparse_work(max_blocks, &ix).ok());
+      expect_split_of(ix.row_split, ix.row_offsets, max_blocks, "rows");
+      expect_split_of(ix.col_split, ix.col_offsets, max_blocks, "columns");
+    }
+  }
+}
+
+// A global block row attends to every column: with the default piece size it is the line that
+// gets cut, while the window rows stay whole.
+TEST(BlockSparseIndex, WorkSplitCutsGlobalRowsOnly) {
+  BSLongformerSparsityConfig cfg;
+  cfg.num_heads = 2;
+  cfg.block = 16;
+  Layout layout;
+  ASSERT_TRUE(make_layout(cfg, 16 * 256, &layout).ok());  // 256 block rows, global row 0
+  const BlockSparseIndex ix = make_index(layout, 16);
+  const int64_t max_blocks = default_split_blocks(ix);
+  EXPECT_LT(max_blocks, 256);
+  for (int64_t h = 0; h < 2; ++h) {
+    const int64_t global = h * 256;  // row 0 of head h
+    const int64_t pieces = ix.row_split.line_items[static_cast<size_t>(global + 1)] -
+                           ix.row_split.line_items[static_cast<size_t>(global)];
+    EXPECT_EQ(pieces, (256 + max_blocks - 1) / max_blocks);
+    const int64_t window_row = global + 100;
+    EXPECT_EQ(ix.row_split.line_items[static_cast<size_t>(window_row + 1)] -
+                  ix.row_split.line_items[static_cast<size_t>(window_row)],
+              1);
+  }
+  EXPECT_EQ(ix.row_split.split_lines, 2);  // one global row per head
+  EXPECT_EQ(ix.col_split.split_lines, 2);  // ... and one global column per head
+}
+
+TEST(BlockSparseIndex, WorkSplitOfAnEmptyLayoutAndRejections) {
+  BlockSparseIndex ix = make_index(Layout::zeros(2, 3, 4), 32);
+  EXPECT_EQ(ix.row_split.pieces(), 2 * 3);  // one empty piece per line
+  EXPECT_EQ(ix.col_split.pieces(), 2 * 4);
+  expect_split_of(ix.row_split, ix.row_offsets, default_split_blocks(ix), "rows");
+  const Status s = split_block_sparse_work(0, &ix);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(s.message(), "max_blocks")) << s.message();
+  EXPECT_EQ(split_block_sparse_work(4, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 void expect_rejected(const Layout& layout, int64_t block, const std::string& name,
                      BlockSparseIndex* out_ptr = nullptr, bool use_null = false) {
   BlockSparseIndex out;
