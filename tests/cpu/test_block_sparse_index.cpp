@@ -193,6 +193,45 @@ TEST(BlockSparseIndex, WorkSplitOfAnEmptyLayoutAndRejections) {
   EXPECT_EQ(split_block_sparse_work(4, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
+// Layouts of 2^20 entries or more are scanned by several threads: the index must be the same
+// as a plain scan's, including a bad entry found in the middle of a line.
+TEST(BlockSparseIndex, LargeLayoutScannedInParallelMatchesAPlainScan) {
+  const uint64_t seed = kBaseSeed + 300;
+  SCOPED_TRACE(seed_note(seed));
+  std::mt19937_64 rng(seed);
+  Layout layout = random_layout(2, 1024, 600, 0.004, rng, true, false);  // 1.2 M entries
+  const BlockSparseIndex ix = make_index(layout, 16);
+  std::vector<int64_t> head, row, col, offsets = {0};
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t r = 0; r < 1024; ++r) {
+      for (int64_t c = 0; c < 600; ++c) {
+        if (layout.at(h, r, c) == 0) continue;
+        head.push_back(h);
+        row.push_back(r);
+        col.push_back(c);
+      }
+      offsets.push_back(static_cast<int64_t>(head.size()));
+    }
+  ASSERT_GT(head.size(), 1000u);
+  EXPECT_EQ(ix.head, head);
+  EXPECT_EQ(ix.row, row);
+  EXPECT_EQ(ix.col, col);
+  EXPECT_EQ(ix.row_offsets, offsets);
+  for (int64_t k = 0; k < 2 * 600; ++k) {
+    for (int64_t e = ix.col_offsets[static_cast<size_t>(k)];
+         e < ix.col_offsets[static_cast<size_t>(k + 1)]; ++e) {
+      const int64_t p = ix.col_blocks[static_cast<size_t>(e)];
+      EXPECT_EQ(ix.head[static_cast<size_t>(p)] * 600 + ix.col[static_cast<size_t>(p)], k);
+    }
+  }
+  expect_split_of(ix.row_split, ix.row_offsets, default_split_blocks(ix), "rows");
+  layout.at(1, 700, 333) = 7;
+  BlockSparseIndex bad;
+  const Status s = build_block_sparse_index(layout, 16, &bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(s.message(), "(head 1, row 700, col 333) is 7")) << s.message();
+}
+
 void expect_rejected(const Layout& layout, int64_t block, const std::string& name,
                      BlockSparseIndex* out_ptr = nullptr, bool use_null = false) {
   BlockSparseIndex out;
