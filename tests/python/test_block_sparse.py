@@ -251,3 +251,29 @@ def test_gradcheck_attention_fp64(device):
     q, k, v = (rand(1, 2, 48, 3, dtype=torch.float64, device=device).requires_grad_(True)
                for _ in range(3))
     assert torch.autograd.gradcheck(module, (q, k, v))
+
+
+def test_index_cache_follows_in_place_layout_changes(device):
+    """The binding keeps the index of recently used layout tensors; changing a layout in place
+    must not be answered from that cache (the tensor's version moves on)."""
+    config = CONFIGS["bigbird"](2)
+    layout = config.make_layout(64)
+    q, k, v = (rand(1, 2, 64, 8, device=device) for _ in range(3))
+
+    def fwd(lay):  # the fused algorithm (0), masks in their default modes
+        raw = (lay, config.block, int(lay.sum()), None, None, None, None, False, 0, 1, 0)
+        return run_or_skip(torch.ops.sciattn.sparse_attention_fwd, q, k, v, *raw)[0]
+
+    first = fwd(layout)
+    assert torch.equal(fwd(layout), first)  # the cached index gives the same bits
+    with pytest.raises(ValueError, match="nnz"):  # a cached index still checks nnz
+        torch.ops.sciattn.sparse_attention_fwd(q, k, v, layout, config.block,
+                                               int(layout.sum()) + 1, None, None, None, None,
+                                               False, 0, 1, 0)
+    layout.zero_()
+    layout[:, torch.arange(4), torch.arange(4)] = 1  # diagonal blocks only, in place
+    changed = fwd(layout)
+    assert torch.equal(changed, fwd(layout.clone()))  # as a fresh layout tensor gives
+    assert not torch.allclose(changed, first)
+    ref = oracle.attention(*(t.cpu().double() for t in (q, k, v)), layout, config.block)
+    assert_close_rule("out", changed, ref.float(), ref, torch.float32)
