@@ -67,7 +67,9 @@ void add_demo_command(CLI::App& app) {
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
     const Device where = *device == "cuda" ? Device::kCuda : Device::kCpu;
-    const std::string dtype_used = *dtype != "auto" ? *dtype : where == Device::kCuda ? "bf16" : "f32";
+    const std::string dtype_used = *dtype != "auto"         ? *dtype
+                                   : where == Device::kCuda ? "bf16"
+                                                            : "f32";
     if (!*json) {
       const std::string engine =
           where == Device::kCuda
@@ -84,8 +86,8 @@ void add_demo_command(CLI::App& app) {
              "largest difference from the naive reference over every output, relative to its "
              "largest value.\n\n";
     }
-    int code = report_runs(demo_configs(*parse_dtype(dtype_used), *threads, where), *json, std::cout,
-                           std::cerr);
+    int code = report_runs(demo_configs(*parse_dtype(dtype_used), *threads, where), *json,
+                           std::cout, std::cerr);
     // The block-sparse section is a second table; `demo --json` stays one JSON array (the
     // Evoformer runs) so that scripts reading it keep working.
     if (!*json) code = std::max(code, run_sparse_demo(false, std::cout, std::cerr));

@@ -18,7 +18,8 @@ void check_f64(const at::Tensor& t, const char* name) {
 void check_f64_or_bool(const OptTensor& t, const char* name) {
   if (!t.has_value()) return;
   TORCH_CHECK_TYPE(t->scalar_type() == at::kDouble || t->scalar_type() == at::kBool, name,
-                   " has dtype ", t->scalar_type(), "; with float64 inputs it must be float64 or bool");
+                   " has dtype ", t->scalar_type(),
+                   "; with float64 inputs it must be float64 or bool");
 }
 void check_shape(const at::Tensor& t, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK_VALUE(t.sizes() == shape, name, " must have shape ", shape, "; got ", t.sizes());
@@ -71,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor> evoformer_probs(const at::Tensor& q, const at
                                                    double scale) {
   at::Tensor s = at::einsum("bnihd,bnjhd->bnhij", {q, k}) * scale;
   if (bias1) s = s + mask_term(*bias1, 0, q.options());  // [B, N, 1, 1, L] broadcasts
-  if (bias2) s = s + *bias2;                              // [B, 1, H, L, L] broadcasts
+  if (bias2) s = s + *bias2;                             // [B, 1, H, L, L] broadcasts
   return safe_softmax(s);
 }
 
@@ -85,15 +86,15 @@ struct Blocks {
 Blocks blocks_of(const at::Tensor& layout, const at::Device& device) {
   TORCH_CHECK_VALUE(layout.dim() == 3, "layout must have shape [H, R, C]; got ", layout.sizes());
   at::Tensor nz = layout.to(at::kCPU).ne(0).nonzero().to(device);
-  return {nz.select(1, 0), nz.select(1, 1), nz.select(1, 2), layout.size(0), layout.size(1),
-          layout.size(2)};
+  return {nz.select(1, 0), nz.select(1, 1), nz.select(1, 2),
+          layout.size(0),  layout.size(1),  layout.size(2)};
 }
 
 // Sparse [Z, nnz, b, b] -> its logical dense [Z, H, R*b, C*b], `fill` outside the layout.
 at::Tensor to_dense(const at::Tensor& s, const Blocks& bl, int64_t b, double fill) {
   TORCH_CHECK_VALUE(s.dim() == 4 && s.size(1) == bl.h.size(0) && s.size(2) == b && s.size(3) == b,
-                    "a sparse tensor must have shape [Z, nnz, block, block] = [Z, ",
-                    bl.h.size(0), ", ", b, ", ", b, "]; got ", s.sizes());
+                    "a sparse tensor must have shape [Z, nnz, block, block] = [Z, ", bl.h.size(0),
+                    ", ", b, ", ", b, "]; got ", s.sizes());
   const int64_t Z = s.size(0);
   at::Tensor d = at::full({Z, bl.H, bl.R, bl.C, b, b}, fill, s.options());
   d.index_put_({Slice(), bl.h, bl.r, bl.c}, s);
@@ -128,8 +129,8 @@ std::tuple<at::Tensor, at::Tensor> matmul_operands(const at::Tensor& a, const at
   at::Tensor B = mode == 2 ? to_dense(b, bl, block, 0.0) : b;
   A = maybe_t(A, trans_a);
   B = maybe_t(B, trans_b);
-  TORCH_CHECK_VALUE(A.size(-1) == B.size(-2), "the inner sizes of op(a) ", A.sizes(),
-                    " and op(b) ", B.sizes(), " must be equal");
+  TORCH_CHECK_VALUE(A.size(-1) == B.size(-2), "the inner sizes of op(a) ", A.sizes(), " and op(b) ",
+                    B.sizes(), " must be equal");
   return {A, B};
 }
 
@@ -140,8 +141,8 @@ at::Tensor attention_scores(const at::Tensor& q, const at::Tensor& k, const Bloc
   check_f64(q, "query");
   check_f64(k, "key");
   TORCH_CHECK_VALUE(q.dim() == 4 && k.sizes() == q.sizes(),
-                    "query and key must have the same shape [B, H, L, D]; got ", q.sizes(),
-                    " and ", k.sizes());
+                    "query and key must have the same shape [B, H, L, D]; got ", q.sizes(), " and ",
+                    k.sizes());
   const int64_t L = q.size(2);
   TORCH_CHECK_VALUE(bl.H == q.size(1) && bl.R * block == L && bl.C * block == L,
                     "layout [H, L/block, L/block] must be [", q.size(1), ", ", L / block, ", ",
@@ -152,8 +153,10 @@ at::Tensor attention_scores(const at::Tensor& q, const at::Tensor& k, const Bloc
   if (rpe) s = s + rpe->to(at::kDouble);
   if (kpm) s = s + mask_term(*kpm, kpm_mode, q.options()).view({q.size(0), 1, 1, L});
   if (am) s = s + mask_term(*am, am_mode, q.options());
-  at::Tensor keep = layout.to(q.device()).ne(0).repeat_interleave(block, 1).repeat_interleave(
-      block, 2);  // [H, L, L]
+  at::Tensor keep = layout.to(q.device())
+                        .ne(0)
+                        .repeat_interleave(block, 1)
+                        .repeat_interleave(block, 2);  // [H, L, L]
   if (causal) keep = keep & at::ones({L, L}, keep.options()).tril();
   return s.masked_fill(keep.logical_not(), -kInf);
 }
@@ -186,8 +189,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer
   at::Tensor dv = at::einsum("bnhij,bnihd->bnjhd", {p, dout}).contiguous();
   at::Tensor dbias1 = need_dbias1 ? ds.sum({2, 3}).reshape(bias1->sizes()).contiguous()
                                   : at::empty({0}, q.options());
-  at::Tensor dbias2 = need_dbias2 ? ds.sum(1, /*keepdim=*/true).contiguous()
-                                  : at::empty({0}, q.options());
+  at::Tensor dbias2 =
+      need_dbias2 ? ds.sum(1, /*keepdim=*/true).contiguous() : at::empty({0}, q.options());
   return {dq, dk, dv, dbias1, dbias2};
 }
 
@@ -201,8 +204,8 @@ at::Tensor bsmm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layo
 
 std::tuple<at::Tensor, at::Tensor> bsmm_bwd(const at::Tensor& dc, const at::Tensor& a,
                                             const at::Tensor& b, const at::Tensor& layout,
-                                            int64_t block, int64_t mode, bool trans_a,
-                                            bool trans_b, bool need_da, bool need_db) {
+                                            int64_t block, int64_t mode, bool trans_a, bool trans_b,
+                                            bool need_da, bool need_db) {
   const Blocks bl = blocks_of(layout, a.device());
   auto [A, B] = matmul_operands(a, b, bl, block, mode, trans_a, trans_b);
   check_f64(dc, "dc");
@@ -256,8 +259,8 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(
   const Blocks bl = blocks_of(layout, q.device());
   check_f64(v, "value");
   check_shape(v, q.sizes(), "value");
-  at::Tensor s = attention_scores(q, k, bl, layout, block, rpe, key_padding_mask, attn_mask,
-                                  scale, causal, key_padding_mask_mode, attn_mask_mode);
+  at::Tensor s = attention_scores(q, k, bl, layout, block, rpe, key_padding_mask, attn_mask, scale,
+                                  causal, key_padding_mask_mode, attn_mask_mode);
   auto [p, lse] = safe_softmax(s);
   return {at::matmul(p, v).contiguous(), lse.contiguous()};
 }
@@ -273,8 +276,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
   check_shape(v, q.sizes(), "value");
   check_shape(dout, q.sizes(), "dout");
   const double sc = evo_scale(scale, q.size(3));
-  at::Tensor s = attention_scores(q, k, bl, layout, block, rpe, key_padding_mask, attn_mask,
-                                  scale, causal, key_padding_mask_mode, attn_mask_mode);
+  at::Tensor s = attention_scores(q, k, bl, layout, block, rpe, key_padding_mask, attn_mask, scale,
+                                  causal, key_padding_mask_mode, attn_mask_mode);
   at::Tensor p = std::get<0>(safe_softmax(s));
   at::Tensor dp = at::matmul(dout, v.transpose(-1, -2));
   at::Tensor ds = p * (dp - (p * dp).sum(-1, /*keepdim=*/true));

@@ -27,8 +27,8 @@ at::Tensor bsmm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layo
                 int64_t mode, bool trans_a, bool trans_b);
 std::tuple<at::Tensor, at::Tensor> bsmm_bwd(const at::Tensor& dc, const at::Tensor& a,
                                             const at::Tensor& b, const at::Tensor& layout,
-                                            int64_t block, int64_t mode, bool trans_a,
-                                            bool trans_b, bool need_da, bool need_db);
+                                            int64_t block, int64_t mode, bool trans_a, bool trans_b,
+                                            bool need_da, bool need_db);
 
 at::Tensor bs_softmax(const at::Tensor& x, const at::Tensor& layout, int64_t block, double scale,
                       const OptTensor& rpe, const OptTensor& key_padding_mask,

@@ -153,8 +153,8 @@ std::tuple<at::Tensor, at::Tensor> evoformer_fwd(at::Tensor q, at::Tensor k, at:
                                                  OptTensor bias1, OptTensor bias2,
                                                  std::optional<double> scale, int64_t algorithm) {
   check_dim(q, 5, "q", "[B, N, L, H, D]");
-  check_same_device(q, "q", {{&k, "k"}, {&v, "v"}, {opt_ptr(bias1), "bias1"},
-                             {opt_ptr(bias2), "bias2"}});
+  check_same_device(q, "q",
+                    {{&k, "k"}, {&v, "v"}, {opt_ptr(bias1), "bias1"}, {opt_ptr(bias2), "bias2"}});
   if (q.scalar_type() == at::kDouble) {
     return fp64::evoformer_fwd(q, k, v, bias1, bias2, scale);
   }
@@ -178,11 +178,17 @@ std::tuple<at::Tensor, at::Tensor> evoformer_fwd(at::Tensor q, at::Tensor k, at:
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer_bwd(
     at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, OptTensor bias1, OptTensor bias2,
-    at::Tensor out, at::Tensor lse, std::optional<double> scale, bool need_dbias1,
-    bool need_dbias2, int64_t algorithm) {
+    at::Tensor out, at::Tensor lse, std::optional<double> scale, bool need_dbias1, bool need_dbias2,
+    int64_t algorithm) {
   check_dim(q, 5, "q", "[B, N, L, H, D]");
-  check_same_device(q, "q", {{&dout, "dout"}, {&k, "k"}, {&v, "v"}, {opt_ptr(bias1), "bias1"},
-                             {opt_ptr(bias2), "bias2"}, {&out, "out"}, {&lse, "lse"}});
+  check_same_device(q, "q",
+                    {{&dout, "dout"},
+                     {&k, "k"},
+                     {&v, "v"},
+                     {opt_ptr(bias1), "bias1"},
+                     {opt_ptr(bias2), "bias2"},
+                     {&out, "out"},
+                     {&lse, "lse"}});
   TORCH_CHECK_VALUE(!need_dbias1 || (bias1.has_value() && bias1->is_floating_point()),
                     "need_dbias1 needs a floating-point bias1");
   TORCH_CHECK_VALUE(!need_dbias2 || bias2.has_value(), "need_dbias2 needs bias2");
@@ -193,10 +199,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(q.sizes(), q.options());
   at::Tensor dv = at::empty(q.sizes(), q.options());
-  at::Tensor dbias1 = need_dbias1 ? at::empty(bias1->sizes(), bias1->options())
-                                  : at::empty({0}, q.options());
-  at::Tensor dbias2 = need_dbias2 ? at::empty(bias2->sizes(), bias2->options())
-                                  : at::empty({0}, q.options());
+  at::Tensor dbias1 =
+      need_dbias1 ? at::empty(bias1->sizes(), bias1->options()) : at::empty({0}, q.options());
+  at::Tensor dbias2 =
+      need_dbias2 ? at::empty(bias2->sizes(), bias2->options()) : at::empty({0}, q.options());
   EvoformerBackwardParams p;
   p.q = view_of(q, "q");
   p.k = view_of(k, "k");
@@ -348,8 +354,8 @@ at::Tensor bsmm(at::Tensor a, at::Tensor b, const at::Tensor& layout, int64_t bl
 
 std::tuple<at::Tensor, at::Tensor> bsmm_bwd(at::Tensor dc, at::Tensor a, at::Tensor b,
                                             const at::Tensor& layout, int64_t block, int64_t nnz,
-                                            int64_t mode, bool trans_a, bool trans_b,
-                                            bool need_da, bool need_db) {
+                                            int64_t mode, bool trans_a, bool trans_b, bool need_da,
+                                            bool need_db) {
   check_same_device(a, "a", {{&b, "b"}, {&dc, "dc"}});
   TORCH_CHECK_VALUE(need_da || need_db, "need_da or need_db must be true");
   if (a.scalar_type() == at::kDouble) {
@@ -374,12 +380,13 @@ std::tuple<at::Tensor, at::Tensor> bsmm_bwd(at::Tensor dc, at::Tensor a, at::Ten
 }
 
 at::Tensor bs_softmax(at::Tensor x, const at::Tensor& layout, int64_t block, int64_t nnz,
-                      double scale, OptTensor rpe, OptTensor key_padding_mask,
-                      OptTensor attn_mask, int64_t key_padding_mask_mode,
-                      int64_t attn_mask_mode) {
+                      double scale, OptTensor rpe, OptTensor key_padding_mask, OptTensor attn_mask,
+                      int64_t key_padding_mask_mode, int64_t attn_mask_mode) {
   check_dim(x, 4, "x", "[Z, nnz, block, block]");
-  check_same_device(x, "x", {{opt_ptr(rpe), "rpe"}, {opt_ptr(key_padding_mask), "key_padding_mask"},
-                             {opt_ptr(attn_mask), "attn_mask"}});
+  check_same_device(x, "x",
+                    {{opt_ptr(rpe), "rpe"},
+                     {opt_ptr(key_padding_mask), "key_padding_mask"},
+                     {opt_ptr(attn_mask), "attn_mask"}});
   if (x.scalar_type() == at::kDouble) {
     return fp64::bs_softmax(x, layout, block, scale, rpe, key_padding_mask, attn_mask,
                             key_padding_mask_mode, attn_mask_mode);
@@ -420,8 +427,8 @@ at::Tensor bs_softmax_bwd(at::Tensor dy, at::Tensor y, const at::Tensor& layout,
   return dx;
 }
 
-SparseAttentionOptions attention_options(std::optional<double> scale, bool causal,
-                                         int64_t kpm_mode, int64_t attn_mode, int64_t algorithm) {
+SparseAttentionOptions attention_options(std::optional<double> scale, bool causal, int64_t kpm_mode,
+                                         int64_t attn_mode, int64_t algorithm) {
   SparseAttentionOptions o;
   o.scale = scale_of(scale);
   o.causal = causal;
@@ -439,9 +446,12 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(
     OptTensor rpe, OptTensor key_padding_mask, OptTensor attn_mask, std::optional<double> scale,
     bool causal, int64_t key_padding_mask_mode, int64_t attn_mask_mode, int64_t algorithm) {
   check_dim(q, 4, "query", "[B, H, L, D]");
-  check_same_device(q, "query", {{&k, "key"}, {&v, "value"}, {opt_ptr(rpe), "rpe"},
-                                 {opt_ptr(key_padding_mask), "key_padding_mask"},
-                                 {opt_ptr(attn_mask), "attn_mask"}});
+  check_same_device(q, "query",
+                    {{&k, "key"},
+                     {&v, "value"},
+                     {opt_ptr(rpe), "rpe"},
+                     {opt_ptr(key_padding_mask), "key_padding_mask"},
+                     {opt_ptr(attn_mask), "attn_mask"}});
   if (q.scalar_type() == at::kDouble) {
     return fp64::sparse_attention_fwd(q, k, v, layout, block, rpe, key_padding_mask, attn_mask,
                                       scale, causal, key_padding_mask_mode, attn_mask_mode);
@@ -470,10 +480,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
     OptTensor attn_mask, std::optional<double> scale, bool causal, int64_t key_padding_mask_mode,
     int64_t attn_mask_mode, int64_t algorithm) {
   check_dim(q, 4, "query", "[B, H, L, D]");
-  check_same_device(q, "query", {{&dout, "dout"}, {&k, "key"}, {&v, "value"}, {&out, "out"},
-                                 {&lse, "lse"}, {opt_ptr(rpe), "rpe"},
-                                 {opt_ptr(key_padding_mask), "key_padding_mask"},
-                                 {opt_ptr(attn_mask), "attn_mask"}});
+  check_same_device(q, "query",
+                    {{&dout, "dout"},
+                     {&k, "key"},
+                     {&v, "value"},
+                     {&out, "out"},
+                     {&lse, "lse"},
+                     {opt_ptr(rpe), "rpe"},
+                     {opt_ptr(key_padding_mask), "key_padding_mask"},
+                     {opt_ptr(attn_mask), "attn_mask"}});
   if (q.scalar_type() == at::kDouble) {
     return fp64::sparse_attention_bwd(dout, q, k, v, layout, block, rpe, key_padding_mask,
                                       attn_mask, scale, causal, key_padding_mask_mode,
@@ -520,9 +535,8 @@ std::vector<int64_t> to_vec(c10::ArrayRef<int64_t> a) {
 at::Tensor sparsity_layout(const std::string& mode, int64_t num_heads, int64_t block,
                            bool different_layout_per_head, int64_t num_local_blocks,
                            int64_t num_global_blocks, const std::string& attention,
-                           bool horizontal_global_attention,
-                           int64_t num_different_global_patterns, int64_t num_random_blocks,
-                           c10::ArrayRef<int64_t> local_window_blocks,
+                           bool horizontal_global_attention, int64_t num_different_global_patterns,
+                           int64_t num_random_blocks, c10::ArrayRef<int64_t> local_window_blocks,
                            c10::ArrayRef<int64_t> global_block_indices,
                            std::optional<c10::ArrayRef<int64_t>> global_block_end_indices,
                            int64_t num_sliding_window_blocks, int64_t seed, int64_t seq_len,
@@ -585,8 +599,8 @@ at::Tensor sparsity_layout(const std::string& mode, int64_t num_heads, int64_t b
   } else {
     check_status(make_layout(config, seq_len, &layout), "make_layout");
   }
-  at::Tensor t = at::empty({layout.num_heads, layout.num_row_blocks, layout.num_col_blocks},
-                           at::kLong);
+  at::Tensor t =
+      at::empty({layout.num_heads, layout.num_row_blocks, layout.num_col_blocks}, at::kLong);
   int64_t* dst = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < layout.size(); ++i) dst[i] = layout.blocks[static_cast<size_t>(i)];
   return t;
@@ -606,13 +620,13 @@ std::string parse_deepspeed_sparsity_config_json(const std::string& text, int64_
                                                  int64_t seed) {
   TORCH_CHECK_VALUE(seed >= 0, "seed must be >= 0; got ", seed);
   SparsityConfig config;
-  check_status(parse_deepspeed_sparsity_config(text, num_heads, &config,
-                                               static_cast<uint64_t>(seed)),
-               "sparse_attention config");
+  check_status(
+      parse_deepspeed_sparsity_config(text, num_heads, &config, static_cast<uint64_t>(seed)),
+      "sparse_attention config");
   std::ostringstream os;
   const SparsityCommon& common = sparsity_common(config);
-  os << "{\"mode\": \"" << sparsity_mode_name(sparsity_mode(config)) << "\", \"num_heads\": "
-     << common.num_heads << ", \"block\": " << common.block;
+  os << "{\"mode\": \"" << sparsity_mode_name(sparsity_mode(config))
+     << "\", \"num_heads\": " << common.num_heads << ", \"block\": " << common.block;
   auto b = [](bool x) { return x ? "true" : "false"; };
   std::visit(
       [&](const auto& c) {
@@ -624,8 +638,8 @@ std::string parse_deepspeed_sparsity_config_json(const std::string& text, int64_
         if constexpr (std::is_same_v<T, FixedSparsityConfig>) {
           os << ", \"num_local_blocks\": " << c.num_local_blocks
              << ", \"num_global_blocks\": " << c.num_global_blocks << ", \"attention\": \""
-             << attention_direction_name(c.attention) << "\", \"horizontal_global_attention\": "
-             << b(c.horizontal_global_attention)
+             << attention_direction_name(c.attention)
+             << "\", \"horizontal_global_attention\": " << b(c.horizontal_global_attention)
              << ", \"num_different_global_patterns\": " << c.num_different_global_patterns;
         } else if constexpr (std::is_same_v<T, VariableSparsityConfig>) {
           os << ", \"num_random_blocks\": " << c.num_random_blocks << ", \"local_window_blocks\": ";
@@ -633,8 +647,10 @@ std::string parse_deepspeed_sparsity_config_json(const std::string& text, int64_
           os << ", \"global_block_indices\": ";
           json_list(os, c.global_block_indices);
           os << ", \"global_block_end_indices\": ";
-          if (c.global_block_end_indices) json_list(os, *c.global_block_end_indices);
-          else os << "null";
+          if (c.global_block_end_indices)
+            json_list(os, *c.global_block_end_indices);
+          else
+            os << "null";
           os << ", \"attention\": \"" << attention_direction_name(c.attention)
              << "\", \"horizontal_global_attention\": " << b(c.horizontal_global_attention);
         } else if constexpr (std::is_same_v<T, BigBirdSparsityConfig>) {
@@ -647,8 +663,10 @@ std::string parse_deepspeed_sparsity_config_json(const std::string& text, int64_
              << ", \"global_block_indices\": ";
           json_list(os, c.global_block_indices);
           os << ", \"global_block_end_indices\": ";
-          if (c.global_block_end_indices) json_list(os, *c.global_block_end_indices);
-          else os << "null";
+          if (c.global_block_end_indices)
+            json_list(os, *c.global_block_end_indices);
+          else
+            os << "null";
           os << ", \"attention\": \"" << attention_direction_name(c.attention) << "\"";
         }
       },
@@ -710,14 +728,14 @@ TORCH_LIBRARY(sciattn, m) {
   m.def("built_with_cuda() -> bool", &built_with_cuda_op);
 }
 
-#define SCIATTN_REGISTER_KERNELS(m)                          \
-  m.impl("evoformer_fwd", &evoformer_fwd);                   \
-  m.impl("evoformer_bwd", &evoformer_bwd);                   \
-  m.impl("bsmm", &bsmm);                                     \
-  m.impl("bsmm_bwd", &bsmm_bwd);                             \
-  m.impl("bs_softmax", &bs_softmax);                         \
-  m.impl("bs_softmax_bwd", &bs_softmax_bwd);                 \
-  m.impl("sparse_attention_fwd", &sparse_attention_fwd);     \
+#define SCIATTN_REGISTER_KERNELS(m)                      \
+  m.impl("evoformer_fwd", &evoformer_fwd);               \
+  m.impl("evoformer_bwd", &evoformer_bwd);               \
+  m.impl("bsmm", &bsmm);                                 \
+  m.impl("bsmm_bwd", &bsmm_bwd);                         \
+  m.impl("bs_softmax", &bs_softmax);                     \
+  m.impl("bs_softmax_bwd", &bs_softmax_bwd);             \
+  m.impl("sparse_attention_fwd", &sparse_attention_fwd); \
   m.impl("sparse_attention_bwd", &sparse_attention_bwd)
 
 TORCH_LIBRARY_IMPL(sciattn, CPU, m) {

@@ -39,7 +39,7 @@ namespace sciattn {
 // or h * C + c (columns); a line without blocks is one empty piece, so that its output (zero) is
 // still written.
 struct BlockSparseWorkSplit {
-  int64_t max_blocks = 0;          // the most nonzero blocks one piece holds (>= 1)
+  int64_t max_blocks = 0;           // the most nonzero blocks one piece holds (>= 1)
   std::vector<int64_t> line_items;  // [lines + 1]: pieces of line l are line_items[l] .. [l+1]-1
   std::vector<int64_t> item_line;   // [pieces] the line of each piece
   // [pieces] the piece's positions in the row-wise (CSR: p) or column-wise (CSC: k) index, a

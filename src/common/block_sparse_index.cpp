@@ -91,9 +91,9 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
   for (int64_t l = 0; l < lines; ++l) {
     const int64_t c = bad[static_cast<size_t>(l)];
     if (c >= 0) {
-      return Status::invalid_argument(
-          "layout.blocks entry (head " + str(l / R) + ", row " + str(l % R) + ", col " + str(c) +
-          ") is " + str(entries_data[l * C + c]) + "; entries must be 0 or 1");
+      return Status::invalid_argument("layout.blocks entry (head " + str(l / R) + ", row " +
+                                      str(l % R) + ", col " + str(c) + ") is " +
+                                      str(entries_data[l * C + c]) + "; entries must be 0 or 1");
     }
     ix.max_row_nnz = std::max(ix.max_row_nnz, ix.row_offsets[static_cast<size_t>(l + 1)]);
     ix.row_offsets[static_cast<size_t>(l + 1)] += ix.row_offsets[static_cast<size_t>(l)];

@@ -121,7 +121,8 @@ void expect_split_of(const BlockSparseWorkSplit& w, const std::vector<int64_t>& 
     for (int64_t i = first; i < last; ++i) {
       EXPECT_EQ(w.item_line[static_cast<size_t>(i)], l);
       EXPECT_EQ(w.item_begin[static_cast<size_t>(i)], at) << "piece " << i << " leaves a gap";
-      const int64_t size = w.item_end[static_cast<size_t>(i)] - w.item_begin[static_cast<size_t>(i)];
+      const int64_t size =
+          w.item_end[static_cast<size_t>(i)] - w.item_begin[static_cast<size_t>(i)];
       EXPECT_LE(size, max_blocks);
       EXPECT_GE(size, last - first > 1 ? 1 : 0);
       smallest = std::min(smallest, size);

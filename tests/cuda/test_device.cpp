@@ -19,8 +19,7 @@ TEST(CudaDevice, BuildAndDeviceAreVisible) {
 
 TEST(CudaDevice, MemoryHelpersRoundTrip) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-  EXPECT_NE(cuda_device_description().find("sm_"), std::string::npos)
-      << cuda_device_description();
+  EXPECT_NE(cuda_device_description().find("sm_"), std::string::npos) << cuda_device_description();
   std::vector<float> host(1000), back(1000, -1.0f);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
   void* device = nullptr;

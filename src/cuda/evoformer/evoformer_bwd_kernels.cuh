@@ -262,10 +262,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
     const int buf = static_cast<int>(qt & 1);
     const int64_t q0 = qt * Tile::kBlock;
     if (qt + 1 < q_tiles) {
-      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-          smem.c[buf ^ 1], q_src, q0 + Tile::kBlock, p.len, p.dim);
-      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-          smem.d[buf ^ 1], do_src, q0 + Tile::kBlock, p.len, p.dim);
+      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], q_src,
+                                                                   q0 + Tile::kBlock, p.len, p.dim);
+      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], do_src,
+                                                                   q0 + Tile::kBlock, p.len, p.dim);
       load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
       stage_bias2(buf ^ 1, q0 + Tile::kBlock);
       cp_async_commit();
@@ -382,10 +382,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
           p.bias2_stride[2], p.len - q0, p.len - k0, p.bias2_staged);
     }
     if (p.bias1_type != BiasType::kNone) {
-      stage_bias_tile<1, Tile::kThreads>(bias1_stage + buf * bias1_stage_bytes, p.bias1,
-                                         p.bias1_type,
-                                         b * p.bias1_stride[0] + n * p.bias1_stride[1] + k0, 0, 1,
-                                         p.len - k0, p.bias1_staged);
+      stage_bias_tile<1, Tile::kThreads>(
+          bias1_stage + buf * bias1_stage_bytes, p.bias1, p.bias1_type,
+          b * p.bias1_stride[0] + n * p.bias1_stride[1] + k0, 0, 1, p.len - k0, p.bias1_staged);
     }
   };
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
@@ -465,7 +464,6 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t);
 }
 
-
 // CTAs per SM the dbias2 kernel is compiled for: its shared memory (8 tiles) allows four up to
 // head dim 32, two at 64 and one at 128; at four, 128 registers hold the running sum and one
 // column tile's operands (bias2 waits in shared memory) without spills.
@@ -508,8 +506,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
     load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
         smem.q[buf], slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
     load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-        smem.dout[buf], slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0,
-        p.len, p.dim);
+        smem.dout[buf], slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len,
+        p.dim);
     load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
         smem.k[buf], slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len, p.dim);
     load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
@@ -534,9 +532,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (p.bias2_type != BiasType::kNone && q0 + my_row[r] < p.len) {
-        rows[r] = bias_ptr(p.bias2, p.bias2_type,
-                           b * p.bias2_stride[0] + h * p.bias2_stride[1] +
-                               (q0 + my_row[r]) * p.bias2_stride[2]);
+        rows[r] = bias_ptr(
+            p.bias2, p.bias2_type,
+            b * p.bias2_stride[0] + h * p.bias2_stride[1] + (q0 + my_row[r]) * p.bias2_stride[2]);
       }
     }
     add_bias_tile(p.bias2_type, cells, rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);

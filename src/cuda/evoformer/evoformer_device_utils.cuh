@@ -321,12 +321,14 @@ __device__ __forceinline__ float2 bias_pair_at(const void* base, int64_t offset)
   if constexpr (kType == BiasType::kF32) {
     return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + offset);
   } else if constexpr (kType == BiasType::kF16) {
-    return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(base) + offset));
+    return __half22float2(
+        *reinterpret_cast<const __half2*>(static_cast<const __half*>(base) + offset));
   } else if constexpr (kType == BiasType::kBF16) {
     return __bfloat1622float2(
         *reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + offset));
   } else if constexpr (kType == BiasType::kBool) {
-    const uint16_t m = *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(base) + offset);
+    const uint16_t m =
+        *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(base) + offset);
     return make_float2((m & 0xff) ? 0.0f : kNegInf, (m >> 8) ? 0.0f : kNegInf);
   } else {
     return make_float2(0.0f, 0.0f);

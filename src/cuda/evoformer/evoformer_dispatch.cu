@@ -279,8 +279,9 @@ Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
                                      const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
   const int64_t chunks = p.dbias2.present() ? detail::cuda_dbias2_chunks(s) : 0;
-  return check_cuda(p.q.dtype, s,
-                    std::max(blocks * s.heads * s.batch * s.n, blocks * blocks * s.heads * s.batch * chunks));
+  return check_cuda(
+      p.q.dtype, s,
+      std::max(blocks * s.heads * s.batch * s.n, blocks * blocks * s.heads * s.batch * chunks));
 }
 
 size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,

@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
       for (int c = 0; c < kF32PerLane; ++c) o[c] *= rescale;
       const int count = static_cast<int>(p.len - j0 < 32 ? p.len - j0 : 32);
       add_weighted_rows(
-          o, prob, count,
-          [&](int k) { return f32_row(p.v, p.v_stride, r.b, r.n, j0 + k, r.h); }, p.dim, lane);
+          o, prob, count, [&](int k) { return f32_row(p.v, p.v_stride, r.b, r.n, j0 + k, r.h); },
+          p.dim, lane);
       row_max = new_max;
     }
     const float sum = warp_sum(lane_sum);

@@ -73,10 +73,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
           p.bias2_stride[2], p.len - row0, p.len - col0, p.bias2_staged);
     }
     if (p.bias1_type != BiasType::kNone) {
-      stage_bias_tile<1, Tile::kThreads>(bias1_stage + buf * bias1_stage_bytes, p.bias1,
-                                         p.bias1_type,
-                                         b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0, 0,
-                                         1, p.len - col0, p.bias1_staged);
+      stage_bias_tile<1, Tile::kThreads>(
+          bias1_stage + buf * bias1_stage_bytes, p.bias1, p.bias1_type,
+          b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0, 0, 1, p.len - col0, p.bias1_staged);
     }
   };
 

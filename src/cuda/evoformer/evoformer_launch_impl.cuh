@@ -31,11 +31,10 @@ inline size_t bias_stage_smem(const EvoformerDeviceParams& p, int rows) {
 
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  return launch_1d(evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p),
-                   EvoformerFwdTile::kThreads,
-                   sizeof(EvoformerFwdSmem<T, kHeadDim>) +
-                       bias_stage_smem(p, EvoformerFwdTile::kBlockM),
-                   p, stream);
+  return launch_1d(
+      evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p), EvoformerFwdTile::kThreads,
+      sizeof(EvoformerFwdSmem<T, kHeadDim>) + bias_stage_smem(p, EvoformerFwdTile::kBlockM), p,
+      stream);
 }
 
 template <typename T, int kHeadDim>
@@ -49,8 +48,7 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream
                 EvoformerBwdTile::kThreads, smem, p, stream);
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
   return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
-                   EvoformerBwdTile::kThreads, sizeof(EvoformerDbias2Smem<T, kHeadDim>), p,
-                   stream);
+                   EvoformerBwdTile::kThreads, sizeof(EvoformerDbias2Smem<T, kHeadDim>), p, stream);
 }
 
 }  // namespace sciattn::cuda
