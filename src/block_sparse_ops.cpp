@@ -10,6 +10,12 @@
 #include "cpu/block_sparse_reference.h"
 #include "sciattn/block_sparse_ops.h"
 
+#ifdef SCIATTN_WITH_CUDA
+#include "common/block_sparse_device_index.h"
+#include "cuda/block_sparse_ops_cuda.h"
+#include "cuda/sparse_attention_cuda.h"
+#endif
+
 namespace sciattn {
 namespace {
 
@@ -18,20 +24,74 @@ Status report(Status status, std::string* why) {
   return status;
 }
 
-// CUDA tensors: the block-sparse kernels for the GPU are a later milestone; say so clearly.
-Status check_cpu(Device device, const char* op) {
-  if (device == Device::kCpu) return Status::ok_status();
-  if (!built_with_cuda()) {
-    return Status::not_supported(
-        std::string("the tensors are on a CUDA device but this build of sciattn has no CUDA "
-                    "support; configure with the `cuda` or `gpu` preset (SCIATTN_WITH_CUDA=ON), "
-                    "or pass CPU tensors to run ") +
-        op + " on the CPU");
+// CUDA tensors: a build with the kernels and an index uploaded to the GPU; then what the kernels
+// themselves accept (`kernel_check`, called only when the rest is fine).
+// SCIATTN_CUDA_ONLY(statement): the statement in a CUDA build, nothing otherwise (where the
+// kernel checks are never called). SCIATTN_ON_CUDA(tensor, statement): runs the statement when
+// the tensor is on a CUDA device (only possible in a CUDA build, can_implement having passed).
+#ifdef SCIATTN_WITH_CUDA
+#define SCIATTN_CUDA_ONLY(statement) statement
+#define SCIATTN_ON_CUDA(tensor, statement) \
+  if ((tensor).device == Device::kCuda) {  \
+    statement;                             \
   }
-  return Status::not_supported(std::string(op) +
-                               " has no CUDA kernels in this version yet (they are planned); "
-                               "pass CPU tensors to run it on the CPU");
+#else
+#define SCIATTN_CUDA_ONLY(statement) return Status::ok_status()
+#define SCIATTN_ON_CUDA(tensor, statement) ((void)0)
+#endif
+
+template <typename KernelCheck>
+Status check_device(const TensorView& tensor, const BlockSparseIndex* index,
+                    [[maybe_unused]] const char* op, KernelCheck kernel_check) {
+  if (tensor.device == Device::kCpu) return Status::ok_status();
+#ifdef SCIATTN_WITH_CUDA
+  Status status = detail::check_device_index(*index, tensor.data);
+  if (status.ok()) status = kernel_check();
+  return status;
+#else
+  (void)index;
+  (void)kernel_check;
+  return Status::not_supported(
+      std::string("the tensors are on a CUDA device but this build of sciattn has no CUDA "
+                  "support; configure with the `cuda` or `gpu` preset (SCIATTN_WITH_CUDA=ON), "
+                  "or pass CPU tensors to run ") +
+      op + " on the CPU");
+#endif
 }
+
+#ifdef SCIATTN_WITH_CUDA
+// Sparse attention on the GPU: the fused kernels or the composite of the GPU ops; the reference
+// algorithm is the CPU's specification only.
+template <typename Params>
+Status check_attention_cuda(const Params& p, const detail::AttentionShape& s) {
+  switch (p.options.algorithm) {
+    case SparseAttentionAlgorithm::kFused:
+      return cuda::check_sparse_attention_fused_cuda(p, s);
+    case SparseAttentionAlgorithm::kComposite:
+      return cuda::check_sparse_attention_composite_cuda(p, s);
+    case SparseAttentionAlgorithm::kReference:
+      break;
+  }
+  return Status::not_supported(
+      "options.algorithm: the reference algorithm runs on CPU tensors only; on CUDA tensors use "
+      "fused (the default) or composite");
+}
+
+template <typename Params>
+size_t attention_workspace_size_cuda(const Params& p, const detail::AttentionShape& s) {
+  return p.options.algorithm == SparseAttentionAlgorithm::kFused
+             ? cuda::sparse_attention_fused_workspace_size_cuda(p, s)
+             : cuda::sparse_attention_composite_workspace_size_cuda(p, s);
+}
+
+template <typename Params>
+Status run_attention_cuda(const Params& p, const detail::AttentionShape& s, void* workspace,
+                          Stream stream) {
+  return p.options.algorithm == SparseAttentionAlgorithm::kFused
+             ? cuda::run_sparse_attention_fused_cuda(p, s, workspace, stream)
+             : cuda::run_sparse_attention_composite_cuda(p, s, workspace, stream);
+}
+#endif
 
 cpu::ScoreTerms softmax_terms(const BlockSparseSoftmaxParams& p) {
   cpu::ScoreTerms t;
@@ -101,20 +161,29 @@ const char* sparse_attention_algorithm_name(SparseAttentionAlgorithm a) {
 Status can_implement(const BlockSparseMatMulParams& p, std::string* why) {
   detail::MatMulShape s;
   Status status = detail::check_matmul(p, &s);
-  if (status.ok()) status = check_cpu(p.a.device, "the block-sparse MatMul");
+  if (status.ok()) {
+    status = check_device(p.a, p.index, "the block-sparse MatMul", [&] {
+      SCIATTN_CUDA_ONLY(return cuda::check_block_sparse_matmul_cuda(p));
+    });
+  }
   return report(status, why);
 }
 
 Status can_implement(const BlockSparseMatMulBackwardParams& p, std::string* why) {
   detail::MatMulShape s;
   Status status = detail::check_matmul_backward(p, &s);
-  if (status.ok()) status = check_cpu(p.a.device, "the block-sparse MatMul");
+  if (status.ok()) {
+    status = check_device(p.a, p.index, "the block-sparse MatMul", [&] {
+      SCIATTN_CUDA_ONLY(return cuda::check_block_sparse_matmul_cuda(p));
+    });
+  }
   return report(status, why);
 }
 
 size_t workspace_size(const BlockSparseMatMulParams& p) {
   detail::MatMulShape s;
   if (!can_implement(p).ok()) return 0;
+  SCIATTN_ON_CUDA(p.a, return cuda::block_sparse_matmul_workspace_size_cuda(p));
   detail::check_matmul(p, &s);
   return cpu::matmul_workspace_size(p, s, cpu::block_sparse_threads(p.num_threads));
 }
@@ -122,26 +191,29 @@ size_t workspace_size(const BlockSparseMatMulParams& p) {
 size_t workspace_size(const BlockSparseMatMulBackwardParams& p) {
   detail::MatMulShape s;
   if (!can_implement(p).ok()) return 0;
+  SCIATTN_ON_CUDA(p.a, return cuda::block_sparse_matmul_workspace_size_cuda(p));
   detail::check_matmul_backward(p, &s);
   return cpu::matmul_backward_workspace_size(p, s, cpu::block_sparse_threads(p.num_threads));
 }
 
 Status run(const BlockSparseMatMulParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
+  SCIATTN_ON_CUDA(p.a, return cuda::run_block_sparse_matmul_cuda(p, workspace, stream));
   cpu::run_matmul(p, cpu::block_sparse_threads(p.num_threads), workspace);
   return Status::ok_status();
 }
 
 Status run(const BlockSparseMatMulBackwardParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
+  SCIATTN_ON_CUDA(p.a, return cuda::run_block_sparse_matmul_cuda(p, workspace, stream));
   cpu::run_matmul_backward(p, cpu::block_sparse_threads(p.num_threads), workspace);
   return Status::ok_status();
 }
@@ -164,33 +236,44 @@ double block_sparse_matmul_flops(const BlockSparseMatMulParams& p) {
 Status can_implement(const BlockSparseSoftmaxParams& p, std::string* why) {
   int64_t batch = 0;
   Status status = detail::check_softmax(p, &batch);
-  if (status.ok()) status = check_cpu(p.x.device, "the block-sparse Softmax");
+  if (status.ok()) {
+    status = check_device(p.x, p.index, "the block-sparse Softmax", [&] {
+      SCIATTN_CUDA_ONLY(return cuda::check_block_sparse_softmax_cuda(p));
+    });
+  }
   return report(status, why);
 }
 
 Status can_implement(const BlockSparseSoftmaxBackwardParams& p, std::string* why) {
   int64_t batch = 0;
   Status status = detail::check_softmax_backward(p, &batch);
-  if (status.ok()) status = check_cpu(p.y.device, "the block-sparse Softmax");
+  if (status.ok()) {
+    status = check_device(p.y, p.index, "the block-sparse Softmax", [&] {
+      SCIATTN_CUDA_ONLY(return cuda::check_block_sparse_softmax_cuda(p));
+    });
+  }
   return report(status, why);
 }
 
 size_t workspace_size(const BlockSparseSoftmaxParams& p) {
   if (!can_implement(p).ok()) return 0;
+  SCIATTN_ON_CUDA(p.x, return cuda::block_sparse_softmax_workspace_size_cuda(p));
   return cpu::softmax_workspace_size(*p.index, cpu::block_sparse_threads(p.num_threads));
 }
 
 size_t workspace_size(const BlockSparseSoftmaxBackwardParams& p) {
   if (!can_implement(p).ok()) return 0;
+  SCIATTN_ON_CUDA(p.y, return cuda::block_sparse_softmax_workspace_size_cuda(p));
   return cpu::softmax_backward_workspace_size(*p.index, cpu::block_sparse_threads(p.num_threads));
 }
 
 Status run(const BlockSparseSoftmaxParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
+  SCIATTN_ON_CUDA(p.x, return cuda::run_block_sparse_softmax_cuda(p, workspace, stream));
   const cpu::ScoreTerms terms = softmax_terms(p);
   cpu::softmax_forward(*p.index, p.x.sizes[0], p.x, p.y, terms, nullptr,
                        cpu::block_sparse_threads(p.num_threads), workspace);
@@ -198,11 +281,12 @@ Status run(const BlockSparseSoftmaxParams& p, void* workspace, size_t workspace_
 }
 
 Status run(const BlockSparseSoftmaxBackwardParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
+  SCIATTN_ON_CUDA(p.y, return cuda::run_block_sparse_softmax_cuda(p, workspace, stream));
   cpu::softmax_backward(*p.index, p.y.sizes[0], p.y, p.dy, p.dx, p.scale,
                         cpu::block_sparse_threads(p.num_threads), workspace);
   return Status::ok_status();
@@ -213,14 +297,20 @@ Status run(const BlockSparseSoftmaxBackwardParams& p, void* workspace, size_t wo
 Status can_implement(const SparseAttentionForwardParams& p, std::string* why) {
   detail::AttentionShape s;
   Status status = detail::check_attention_forward(p, &s);
-  if (status.ok()) status = check_cpu(p.q.device, "sparse attention");
+  if (status.ok()) {
+    status = check_device(p.q, p.index, "sparse attention",
+                          [&] { SCIATTN_CUDA_ONLY(return check_attention_cuda(p, s)); });
+  }
   return report(status, why);
 }
 
 Status can_implement(const SparseAttentionBackwardParams& p, std::string* why) {
   detail::AttentionShape s;
   Status status = detail::check_attention_backward(p, &s);
-  if (status.ok()) status = check_cpu(p.q.device, "sparse attention");
+  if (status.ok()) {
+    status = check_device(p.q, p.index, "sparse attention",
+                          [&] { SCIATTN_CUDA_ONLY(return check_attention_cuda(p, s)); });
+  }
   return report(status, why);
 }
 
@@ -228,6 +318,7 @@ size_t workspace_size(const SparseAttentionForwardParams& p) {
   detail::AttentionShape s;
   if (!can_implement(p).ok()) return 0;
   detail::check_attention_forward(p, &s);
+  SCIATTN_ON_CUDA(p.q, return attention_workspace_size_cuda(p, s));
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
     case SparseAttentionAlgorithm::kFused:
@@ -244,6 +335,7 @@ size_t workspace_size(const SparseAttentionBackwardParams& p) {
   detail::AttentionShape s;
   if (!can_implement(p).ok()) return 0;
   detail::check_attention_backward(p, &s);
+  SCIATTN_ON_CUDA(p.q, return attention_workspace_size_cuda(p, s));
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
     case SparseAttentionAlgorithm::kFused:
@@ -257,13 +349,14 @@ size_t workspace_size(const SparseAttentionBackwardParams& p) {
 }
 
 Status run(const SparseAttentionForwardParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::AttentionShape s;
   detail::check_attention_forward(p, &s);
+  SCIATTN_ON_CUDA(p.q, return run_attention_cuda(p, s, workspace, stream));
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
     case SparseAttentionAlgorithm::kFused:
@@ -280,13 +373,14 @@ Status run(const SparseAttentionForwardParams& p, void* workspace, size_t worksp
 }
 
 Status run(const SparseAttentionBackwardParams& p, void* workspace, size_t workspace_bytes,
-           Stream /*stream*/) {
+           [[maybe_unused]] Stream stream) {
   Status status = can_implement(p);
   if (!status.ok()) return status;
   status = detail::check_workspace(workspace_size(p), workspace, workspace_bytes);
   if (!status.ok()) return status;
   detail::AttentionShape s;
   detail::check_attention_backward(p, &s);
+  SCIATTN_ON_CUDA(p.q, return run_attention_cuda(p, s, workspace, stream));
   const int threads = cpu::block_sparse_threads(p.options.num_threads);
   switch (p.options.algorithm) {
     case SparseAttentionAlgorithm::kFused:

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,6 +52,11 @@ struct BlockSparseWorkSplit {
   int64_t pieces() const { return static_cast<int64_t>(item_line.size()); }
 };
 
+// A copy of an index's arrays in CUDA device memory, which the GPU kernels read (32-bit, plus
+// the fused attention kernel's tile lists). Opaque; made by upload_block_sparse_index and freed
+// when the last index holding it goes away.
+struct BlockSparseDeviceIndex;
+
 // The nonzero blocks of a layout and the row-wise and column-wise indexes the kernels walk.
 // Build it with build_block_sparse_index; the ops hold a pointer to it, so it must outlive them.
 // Building it reads the whole layout: build it once per layout and keep it.
@@ -85,6 +91,11 @@ struct BlockSparseIndex {
   // split_block_sparse_work.
   BlockSparseWorkSplit row_split, col_split;
 
+  // The device copy the GPU ops read, on the CUDA device it was uploaded to; null until
+  // upload_block_sparse_index. An op on CUDA tensors fails, saying so, without it. Rebuilding
+  // the splits (split_block_sparse_work) drops it, since it would no longer match.
+  std::shared_ptr<const BlockSparseDeviceIndex> device;
+
   int64_t row_begin(int64_t h, int64_t r) const {
     return row_offsets[static_cast<size_t>(h * num_row_blocks + r)];
   }
@@ -111,8 +122,15 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
 int64_t default_split_blocks(const BlockSparseIndex& index);
 
 // Rebuilds index->row_split and index->col_split with pieces of at most max_blocks blocks
-// (>= 1; rejected otherwise, naming max_blocks).
+// (>= 1; rejected otherwise, naming max_blocks). Drops index->device: upload again afterwards.
 Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index);
+
+// Copies the index to CUDA device `device` (an ordinal; index->device), for the ops on CUDA
+// tensors of that device: once per layout and device, like building it. The memory (a few int32 per nonzero block) is
+// allocated here with cudaMalloc and freed with the last copy of the index; the copy is
+// synchronous. Fails with kNotSupported in a build without CUDA, kDeviceError when the runtime
+// fails, and kInvalidArgument when a count does not fit the kernels' 32-bit indexes.
+Status upload_block_sparse_index(BlockSparseIndex* index, int device = 0);
 
 // The index SparseSelfAttention uses for an input of length seq_len: the layout built for
 // max_seq_length, cropped to the first seq_len / block blocks (spec 1.9; make_layout_for_length).

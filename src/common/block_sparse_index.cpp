@@ -186,6 +186,7 @@ Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index) {
   }
   index->row_split = split_lines(index->row_offsets, max_blocks);
   index->col_split = split_lines(index->col_offsets, max_blocks);
+  index->device.reset();  // the device copy holds the old splits
   return Status::ok_status();
 }
 

@@ -1,0 +1,54 @@
+// The device copy of a BlockSparseIndex that the GPU kernels read: 32-bit arrays in one CUDA
+// allocation. Host-only C++ (no CUDA headers), so the ops' dispatch point can check it; made by
+// upload_block_sparse_index (src/cuda/block_sparse/block_sparse_device_index.cu).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sciattn/block_sparse_ops.h"
+
+namespace sciattn {
+
+struct BlockSparseDeviceIndex {
+  // A BlockSparseWorkSplit on the device (see its comment in sciattn/block_sparse_ops.h).
+  struct Split {
+    int32_t pieces = 0;
+    int32_t max_blocks = 0;
+    const int32_t* line_items = nullptr;  // [lines + 1]
+    const int32_t* item_line = nullptr;   // [pieces]
+    const int32_t* item_begin = nullptr;  // [pieces]
+    const int32_t* item_end = nullptr;    // [pieces]
+  };
+
+  int device = -1;         // the CUDA device ordinal the arrays live on
+  void* memory = nullptr;  // the one allocation holding every array below
+  size_t bytes = 0;
+
+  int32_t block = 0, num_heads = 0, num_row_blocks = 0, num_col_blocks = 0, nnz = 0;
+  int32_t max_row_nnz = 0, max_col_nnz = 0;
+
+  // The host index's arrays, as int32 (see BlockSparseIndex).
+  const int32_t* head = nullptr;         // [nnz]
+  const int32_t* row = nullptr;          // [nnz]
+  const int32_t* col = nullptr;          // [nnz]
+  const int32_t* row_offsets = nullptr;  // [H * R + 1]
+  const int32_t* col_offsets = nullptr;  // [H * C + 1]
+  const int32_t* col_rows = nullptr;     // [nnz]
+  const int32_t* col_blocks = nullptr;   // [nnz]
+  Split row_split, col_split;
+
+  BlockSparseDeviceIndex() = default;
+  BlockSparseDeviceIndex(const BlockSparseDeviceIndex&) = delete;
+  BlockSparseDeviceIndex& operator=(const BlockSparseDeviceIndex&) = delete;
+  ~BlockSparseDeviceIndex();  // frees `memory`
+};
+
+namespace detail {
+// The checks every op on CUDA tensors makes of its index: uploaded, matching the host index it
+// travels with, and on the device that holds `tensor_data` (a device pointer of the call). The
+// message names `index` and says how to upload.
+Status check_device_index(const BlockSparseIndex& index, const void* tensor_data);
+}  // namespace detail
+
+}  // namespace sciattn

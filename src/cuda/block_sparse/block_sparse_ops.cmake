@@ -1,0 +1,5 @@
+# Sources of the GPU MatMul / Softmax / composite attention (included by src/cuda/CMakeLists.txt;
+# paths relative to src/cuda).
+list(APPEND sciattn_cuda_sources
+  block_sparse/block_sparse_ops_dispatch.cu
+)
