@@ -8,7 +8,7 @@
 #                                             # package into .carry/deps (for the GPU machine)
 #
 # --cuda (the default when nvcc and a CUDA-enabled torch are present) builds the CUDA kernels
-# (sm_90a, every head dim and dtype, as the `gpu` preset) and registers the CUDA kernels of the ops.
+# (sm_90a, every head dim and dtype, as the `gpu` preset; SCIATTN_HEAD_DIMS="32;64" builds fewer) and registers the CUDA kernels of the ops.
 # The build tree is build/torch-ext-{cpu,cuda}. nlohmann-json is looked up in the usual places and
 # in .carry/deps/nlohmann_json (made by --carry-deps).
 set -euo pipefail
@@ -52,7 +52,7 @@ build=build/torch-ext-$mode
 cuda_args=(-DSCIATTN_WITH_CUDA=OFF)
 if [ "$mode" = cuda ]; then
   cuda_args=(-DSCIATTN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a
-             "-DSCIATTN_HEAD_DIMS=8;16;32;64;128" "-DSCIATTN_DTYPES=f16;bf16")
+             "-DSCIATTN_HEAD_DIMS=${SCIATTN_HEAD_DIMS:-8;16;32;64;128}" "-DSCIATTN_DTYPES=f16;bf16")
 fi
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)

@@ -1,0 +1,31 @@
+# Locates torch for the PyTorch extension (SCIATTN_WITH_TORCH) and compiles everything of this
+# build with torch's C++ ABI. Included by the top-level CMakeLists.txt before the library.
+#
+# The ABI matters for the library too, not only for the extension: the library's Status carries a
+# std::string that the extension reads, and std::string's layout depends on
+# _GLIBCXX_USE_CXX11_ABI. A compiler whose default differs from torch's (the GPU machine's
+# /opt/gcc) built a library with the old layout and an extension with the new one, and the first
+# error message read across them crashed the process.
+#
+# Torch is located by asking the Python interpreter (Python3_EXECUTABLE, which pip and
+# scripts/build_torch_ext.sh pass) rather than with find_package(Torch): the PyPI wheels are CUDA
+# builds, and TorchConfig.cmake insists on a CUDA toolkit even for a CPU-only extension.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+execute_process(
+  COMMAND ${Python3_EXECUTABLE} -c
+    "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch.compiled_with_cxx11_abi())); print(torch.__version__)"
+  OUTPUT_VARIABLE torch_query RESULT_VARIABLE torch_query_rc ERROR_VARIABLE torch_query_err
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT torch_query_rc EQUAL 0)
+  message(FATAL_ERROR
+    "SCIATTN_WITH_TORCH: `${Python3_EXECUTABLE} -c 'import torch'` failed:\n${torch_query_err}\n"
+    "Install torch in that interpreter first; with pip, build without isolation: "
+    "pip install --no-build-isolation .")
+endif()
+string(REPLACE "\n" ";" torch_query "${torch_query}")
+list(GET torch_query 0 SCIATTN_TORCH_DIR)
+list(GET torch_query 1 SCIATTN_TORCH_CXX11_ABI)
+list(GET torch_query 2 SCIATTN_TORCH_VERSION)
+message(STATUS "sciattn: torch ${SCIATTN_TORCH_VERSION} at ${SCIATTN_TORCH_DIR}")
+
+add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${SCIATTN_TORCH_CXX11_ABI})
