@@ -2,4 +2,7 @@
 # paths relative to src/cuda).
 list(APPEND sciattn_cuda_sources
   block_sparse/block_sparse_ops_dispatch.cu
+  block_sparse/block_sparse_matmul.cu
+  block_sparse/block_sparse_softmax.cu
+  block_sparse/sparse_attention_composite.cu
 )

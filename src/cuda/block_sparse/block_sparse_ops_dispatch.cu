@@ -1,27 +1,119 @@
-// The GPU MatMul / Softmax / composite attention: not written yet (issue 5); every entry point
-// reports kNotSupported. CUDA layer (host code).
+// The GPU block-sparse MatMul and Softmax as the ops' dispatch point sees them (declared in
+// cuda/block_sparse_ops_cuda.h): what the kernels accept, their workspace (none), and the public
+// forward and backward expressed through the sdd / dsd / dds and Softmax launchers, following the
+// CPU path (cpu/block_sparse_matmul.cpp) operand for operand. CUDA layer (host code).
+#include <cuda_runtime_api.h>
+
+#include "cuda/block_sparse/block_sparse_launch.h"
 #include "cuda/block_sparse_ops_cuda.h"
 
 namespace sciattn::cuda {
 namespace {
-Status not_yet(const char* op) {
-  return Status::not_supported(std::string(op) +
-                               " has no CUDA kernels in this version yet; pass CPU tensors");
+
+using bs::transposed;
+
+TensorView op(const TensorView& t, bool trans) {
+  return trans ? transposed(t) : t;
 }
+
+cudaStream_t stream_of(Stream stream) {
+  return static_cast<cudaStream_t>(stream.handle);
+}
+
+#define SCIATTN_BS_TRY(expr)           \
+  do {                                 \
+    Status status_ = (expr);           \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+Status matmul_here(const BlockSparseMatMulParams& p, cudaStream_t stream) {
+  const BlockSparseDeviceIndex& ix = *p.index->device;
+  switch (p.mode) {
+    case BlockSparseMatMulMode::kSdd:
+      return bs::launch_sdd(ix, op(p.a, p.trans_a), op(p.b, p.trans_b), p.c, stream);
+    case BlockSparseMatMulMode::kDsd:
+      return bs::launch_dsd(ix, p.a, p.trans_a, op(p.b, p.trans_b), p.c, stream);
+    case BlockSparseMatMulMode::kDds:
+      return bs::launch_dds(ix, op(p.a, p.trans_a), p.b, p.trans_b, p.c, stream);
+  }
+  return Status::invalid_argument("mode must be BlockSparseMatMulMode::kSdd, kDsd or kDds");
+}
+
+// The backward of C = op(A) op(B) (spec 2.2), as on the CPU: a dense gradient is written through
+// the view of its operand's op() (transposed back for free); a sparse gradient is the gradient of
+// the sparse operand's logical matrix restricted to the layout.
+//   sdd: d op(A) = dC op(B)^T (dsd), d op(B) = op(A)^T dC (dds);
+//   dsd: dS = dC op(B)^T, or op(B) dC^T when A is transposed (sdd); d op(B) = op(S)^T dC (dsd);
+//   dds: d op(A) = dC op(S)^T (dds); dS = op(A)^T dC, or dC^T op(A) when B is transposed (sdd).
+Status matmul_backward_here(const BlockSparseMatMulBackwardParams& p, cudaStream_t stream) {
+  const BlockSparseDeviceIndex& ix = *p.index->device;
+  const TensorView op_a = op(p.a, p.trans_a), op_b = op(p.b, p.trans_b);
+  switch (p.mode) {
+    case BlockSparseMatMulMode::kSdd:
+      if (p.da.present()) {
+        SCIATTN_BS_TRY(
+            bs::launch_dsd(ix, p.dc, false, transposed(op_b), op(p.da, p.trans_a), stream));
+      }
+      if (p.db.present()) {
+        SCIATTN_BS_TRY(
+            bs::launch_dds(ix, transposed(op_a), p.dc, false, op(p.db, p.trans_b), stream));
+      }
+      return Status::ok_status();
+    case BlockSparseMatMulMode::kDsd:
+      if (p.da.present()) {
+        SCIATTN_BS_TRY(!p.trans_a ? bs::launch_sdd(ix, p.dc, transposed(op_b), p.da, stream)
+                                  : bs::launch_sdd(ix, op_b, transposed(p.dc), p.da, stream));
+      }
+      if (p.db.present()) {
+        SCIATTN_BS_TRY(bs::launch_dsd(ix, p.a, !p.trans_a, p.dc, op(p.db, p.trans_b), stream));
+      }
+      return Status::ok_status();
+    case BlockSparseMatMulMode::kDds:
+      if (p.da.present()) {
+        SCIATTN_BS_TRY(bs::launch_dds(ix, p.dc, p.b, !p.trans_b, op(p.da, p.trans_a), stream));
+      }
+      if (p.db.present()) {
+        SCIATTN_BS_TRY(!p.trans_b ? bs::launch_sdd(ix, transposed(op_a), p.dc, p.db, stream)
+                                  : bs::launch_sdd(ix, transposed(p.dc), op_a, p.db, stream));
+      }
+      return Status::ok_status();
+  }
+  return Status::invalid_argument("mode must be BlockSparseMatMulMode::kSdd, kDsd or kDds");
+}
+
+#undef SCIATTN_BS_TRY
+
+bs::SoftmaxTerms terms_of(const BlockSparseSoftmaxParams& p) {
+  bs::SoftmaxTerms t;
+  t.scale = p.scale;
+  t.rpe = p.rpe;
+  t.key_padding_mask = p.key_padding_mask;
+  t.attn_mask = p.attn_mask;
+  t.key_padding_mask_mode = p.key_padding_mask_mode;
+  t.attn_mask_mode = p.attn_mask_mode;
+  t.causal = p.causal;
+  return t;
+}
+
 }  // namespace
 
+// The kernels take everything the common checks accept: f32 / f16 / bf16, blocks 16 to 128, any
+// strides on dense operands, rpe and masks in every accepted dtype with any strides, and any size
+// (grid-stride loops over int64 tile and row counts, int64 element offsets).
 Status check_block_sparse_matmul_cuda(const BlockSparseMatMulParams&) {
-  return not_yet("the block-sparse MatMul");
+  return Status::ok_status();
 }
 Status check_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams&) {
-  return not_yet("the block-sparse MatMul");
+  return Status::ok_status();
 }
 Status check_block_sparse_softmax_cuda(const BlockSparseSoftmaxParams&) {
-  return not_yet("the block-sparse Softmax");
+  return Status::ok_status();
 }
 Status check_block_sparse_softmax_cuda(const BlockSparseSoftmaxBackwardParams&) {
-  return not_yet("the block-sparse Softmax");
+  return Status::ok_status();
 }
+
+// No scratch: the MatMul accumulates in registers and the Softmax re-reads its row.
 size_t block_sparse_matmul_workspace_size_cuda(const BlockSparseMatMulParams&) {
   return 0;
 }
@@ -34,41 +126,27 @@ size_t block_sparse_softmax_workspace_size_cuda(const BlockSparseSoftmaxParams&)
 size_t block_sparse_softmax_workspace_size_cuda(const BlockSparseSoftmaxBackwardParams&) {
   return 0;
 }
-Status run_block_sparse_matmul_cuda(const BlockSparseMatMulParams&, void*, Stream) {
-  return not_yet("the block-sparse MatMul");
+
+Status run_block_sparse_matmul_cuda(const BlockSparseMatMulParams& p, void*, Stream stream) {
+  return bs::on_device_of(p.a.data, [&] { return matmul_here(p, stream_of(stream)); });
 }
-Status run_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams&, void*, Stream) {
-  return not_yet("the block-sparse MatMul");
+Status run_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams& p, void*,
+                                    Stream stream) {
+  return bs::on_device_of(p.a.data, [&] { return matmul_backward_here(p, stream_of(stream)); });
 }
-Status run_block_sparse_softmax_cuda(const BlockSparseSoftmaxParams&, void*, Stream) {
-  return not_yet("the block-sparse Softmax");
+
+Status run_block_sparse_softmax_cuda(const BlockSparseSoftmaxParams& p, void*, Stream stream) {
+  return bs::on_device_of(p.x.data, [&] {
+    return bs::launch_softmax_forward(*p.index->device, p.x.sizes[0], p.x, p.y, terms_of(p),
+                                      TensorView{}, stream_of(stream));
+  });
 }
-Status run_block_sparse_softmax_cuda(const BlockSparseSoftmaxBackwardParams&, void*, Stream) {
-  return not_yet("the block-sparse Softmax");
-}
-Status check_sparse_attention_composite_cuda(const SparseAttentionForwardParams&,
-                                             const detail::AttentionShape&) {
-  return not_yet("composite sparse attention");
-}
-Status check_sparse_attention_composite_cuda(const SparseAttentionBackwardParams&,
-                                             const detail::AttentionShape&) {
-  return not_yet("composite sparse attention");
-}
-size_t sparse_attention_composite_workspace_size_cuda(const SparseAttentionForwardParams&,
-                                                      const detail::AttentionShape&) {
-  return 0;
-}
-size_t sparse_attention_composite_workspace_size_cuda(const SparseAttentionBackwardParams&,
-                                                      const detail::AttentionShape&) {
-  return 0;
-}
-Status run_sparse_attention_composite_cuda(const SparseAttentionForwardParams&,
-                                           const detail::AttentionShape&, void*, Stream) {
-  return not_yet("composite sparse attention");
-}
-Status run_sparse_attention_composite_cuda(const SparseAttentionBackwardParams&,
-                                           const detail::AttentionShape&, void*, Stream) {
-  return not_yet("composite sparse attention");
+Status run_block_sparse_softmax_cuda(const BlockSparseSoftmaxBackwardParams& p, void*,
+                                     Stream stream) {
+  return bs::on_device_of(p.y.data, [&] {
+    return bs::launch_softmax_backward(*p.index->device, p.y.sizes[0], p.y, p.dy, p.dx, p.scale,
+                                       stream_of(stream));
+  });
 }
 
 }  // namespace sciattn::cuda

@@ -1,0 +1,422 @@
+// The GPU block-sparse MatMul kernels: sdd, dsd and dds on logical (already transposed) views,
+// fp32 accumulation, any strides on dense operands. CUDA layer (kernels and their launchers).
+//
+// One kernel shape serves the three modes: a CTA of 256 threads owns one TM x TN tile of the
+// output and accumulates it over a list of "segments", each a product of a TM x len slice of the
+// left operand with a len x TN slice of the right one:
+//   sdd: one segment per tile (len = K): rows of x for the block's row, columns of y for its
+//        column; the tile lies inside block p of c.
+//   dsd: a tile of rows of one output block line times TN dense columns; one segment (len = b)
+//        per block of that line, walked in CSR order (row-wise) or CSC order (when S is
+//        transposed).
+//   dds: the mirror image: TM dense rows times a tile of one output block column.
+// Each output element is owned by one thread and summed over the segments in index order and
+// over k in increasing order, so results are bitwise reproducible (no atomics, no split-K). An
+// output line without blocks has no segments and stores zeros, so every element is written.
+//
+// Operands are read element by element through their strides and converted to fp32 into shared
+// memory (any stride, including a transposed view or a last stride != 1, takes the same path);
+// the threads of a warp walk the operand's smaller stride so that the reads stay as contiguous as
+// the view allows. The multiply is fp32 FMA from shared memory with a 16 x 16 thread grid, each
+// thread holding (TM / 16) x (TN / 16) accumulators.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/block_sparse/block_sparse_launch.h"
+#include "cuda/evoformer/evoformer_device_utils.cuh"
+
+namespace sciattn::cuda::bs {
+namespace {
+
+enum class Mode : int { kSdd = 0, kDsd = 1, kDds = 2 };
+
+constexpr int kThreads = 256;
+constexpr int kGridSide = 16;   // threads form a kGridSide x kGridSide grid over the tile
+constexpr int kInnerStep = 16;  // k elements staged in shared memory per step
+// A CTA walks tiles with a grid-stride loop; beyond this many CTAs it takes several tiles.
+constexpr int64_t kMaxGrid = int64_t{1} << 24;
+static_assert(kGridSide * kGridSide == kThreads, "the thread grid covers the CTA");
+
+// A rank-4 view as the kernel reads it: element (i0, i1, r, c) at data[i0*s0 + i1*s1 + r*s2 +
+// c*s3].
+struct View4 {
+  const void* data = nullptr;
+  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t rows = 0, cols = 0;
+};
+
+View4 view4(const TensorView& t) {
+  return {t.data, t.strides[0], t.strides[1], t.strides[2], t.strides[3], t.sizes[2], t.sizes[3]};
+}
+
+struct MatMulArgs {
+  // sdd: x = op(A) [Z, H, M, K], y = op(B) [Z, H, K, N], out = c [Z, nnz, b, b].
+  // dsd: x = S [Z, nnz, b, b], y [Z, H, Kin, N], out [Z, H, Mout, N].
+  // dds: x [Z, H, M, Kin], y = S [Z, nnz, b, b], out [Z, H, M, Nout].
+  View4 x, y, out;
+  bool trans_s = false;
+  int64_t batch = 0;
+  int64_t tiles = 0;
+  int32_t block = 0, heads = 0, row_blocks = 0, col_blocks = 0, nnz = 0;
+  const int32_t* head = nullptr;
+  const int32_t* row = nullptr;
+  const int32_t* col = nullptr;
+  const int32_t* row_offsets = nullptr;
+  const int32_t* col_offsets = nullptr;
+  const int32_t* col_rows = nullptr;
+  const int32_t* col_block_ids = nullptr;  // the CSC positions p
+};
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+__device__ __forceinline__ int64_t abs64(int64_t a) {
+  return a < 0 ? -a : a;
+}
+
+// One operand slice of a segment: element (i, k) (left) or (k, j) (right) at
+// base[i_or_k * rs + k_or_j * cs].
+template <typename T>
+struct Slice {
+  const T* base;
+  int64_t rs, cs;
+};
+
+// Stages a kInnerStep x TN (right) or TM x kInnerStep (left, stored transposed) slice into shared
+// memory as fp32. `lines` of the outer dimension are valid (the rest read as 0), and so are
+// `depth` of the k dimension. `k_fast` makes consecutive threads walk k (the view's smaller
+// stride is along k), otherwise the outer dimension.
+template <typename T, int kOuter, int kPitch>
+__device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_stride,
+                                      int64_t k_stride, int lines, int depth, bool k_fast) {
+  constexpr int kElems = kOuter * kInnerStep;
+#pragma unroll
+  for (int e0 = 0; e0 < kElems; e0 += kThreads) {
+    const int e = e0 + static_cast<int>(threadIdx.x);
+    if (kElems % kThreads != 0 && e >= kElems) break;
+    const int o = k_fast ? e / kInnerStep : e % kOuter;
+    const int k = k_fast ? e % kInnerStep : e / kOuter;
+    float v = 0.0f;
+    if (o < lines && k < depth) {
+      v = ElementTraits<T>::to_float(base[o * outer_stride + k * k_stride]);
+    }
+    smem[k * kPitch + o] = v;
+  }
+}
+
+// acc += A[TM x len] * B[len x TN] for one segment.
+template <typename TA, typename TB, int TM, int TN>
+__device__ __forceinline__ void accumulate(float (&acc)[TM / kGridSide][TN / kGridSide],
+                                           float* a_smem, float* b_smem, const Slice<TA>& a,
+                                           int a_rows, const Slice<TB>& b, int b_cols,
+                                           int64_t len) {
+  constexpr int kPitchA = TM + 1, kPitchB = TN + 1;  // +1: conflict-free transposed stores
+  const int ty = static_cast<int>(threadIdx.x) / kGridSide;
+  const int tx = static_cast<int>(threadIdx.x) % kGridSide;
+  const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
+  const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
+  for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
+    const int depth = static_cast<int>(min64(kInnerStep, len - k0));
+    stage<TA, TM, kPitchA>(a_smem, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
+    stage<TB, TN, kPitchB>(b_smem, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kInnerStep; ++k) {
+      float av[TM / kGridSide], bv[TN / kGridSide];
+#pragma unroll
+      for (int i = 0; i < TM / kGridSide; ++i) av[i] = a_smem[k * kPitchA + ty + kGridSide * i];
+#pragma unroll
+      for (int j = 0; j < TN / kGridSide; ++j) bv[j] = b_smem[k * kPitchB + tx + kGridSide * j];
+#pragma unroll
+      for (int i = 0; i < TM / kGridSide; ++i)
+#pragma unroll
+        for (int j = 0; j < TN / kGridSide; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();  // the next step overwrites the staged slices
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ const T* at(const void* data, int64_t offset) {
+  return static_cast<const T*>(data) + offset;
+}
+
+template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN>
+__global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
+  __shared__ float a_smem[kInnerStep * (TM + 1)];
+  __shared__ float b_smem[kInnerStep * (TN + 1)];
+  const int ty = static_cast<int>(threadIdx.x) / kGridSide;
+  const int tx = static_cast<int>(threadIdx.x) % kGridSide;
+  const int64_t b = a.block;
+
+  for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+    float acc[TM / kGridSide][TN / kGridSide];
+#pragma unroll
+    for (int i = 0; i < TM / kGridSide; ++i)
+#pragma unroll
+      for (int j = 0; j < TN / kGridSide; ++j) acc[i][j] = 0.0f;
+
+    TC* out = nullptr;  // the tile's element (0, 0)
+    int out_rows = TM, out_cols = TN;
+    int64_t out_rs = a.out.s2, out_cs = a.out.s3;
+
+    if constexpr (kMode == Mode::kSdd) {
+      // Tiles: (z, p, tile row, tile column) with the tile inside block p.
+      const int64_t per_row = b / TN, per_block = (b / TM) * per_row;
+      const int64_t z = t / (a.nnz * per_block), rest = t % (a.nnz * per_block);
+      const int64_t p = rest / per_block, sub = rest % per_block;
+      const int64_t r0 = (sub / per_row) * TM, c0 = (sub % per_row) * TN;
+      const int64_t h = a.head[p], i_blk = a.row[p], j_blk = a.col[p];
+      const Slice<TA> xs{at<TA>(a.x.data, z * a.x.s0 + h * a.x.s1 + (i_blk * b + r0) * a.x.s2),
+                         a.x.s2, a.x.s3};
+      const Slice<TB> ys{at<TB>(a.y.data, z * a.y.s0 + h * a.y.s1 + (j_blk * b + c0) * a.y.s3),
+                         a.y.s2, a.y.s3};
+      accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, xs, TM, ys, TN, a.x.cols);
+      out = const_cast<TC*>(
+          at<TC>(a.out.data, z * a.out.s0 + p * a.out.s1 + r0 * a.out.s2 + c0 * a.out.s3));
+    } else if constexpr (kMode == Mode::kDsd) {
+      // Tiles: (z, h, output block line o, tile row inside the line, tile of N columns).
+      const int64_t n = a.y.cols;
+      const int64_t lines = a.trans_s ? a.col_blocks : a.row_blocks;
+      const int64_t n_tiles = (n + TN - 1) / TN, m_tiles = b / TM;
+      const int64_t per_line = m_tiles * n_tiles, per_h = lines * per_line;
+      const int64_t z = t / (a.heads * per_h), rest = t % (a.heads * per_h);
+      const int64_t h = rest / per_h, o = (rest % per_h) / per_line, sub = rest % per_line;
+      const int64_t r0 = (sub / n_tiles) * TM, n0 = (sub % n_tiles) * TN;
+      out_cols = static_cast<int>(min64(TN, n - n0));
+      const int64_t s_base = z * a.x.s0;
+      const int64_t y_base = z * a.y.s0 + h * a.y.s1 + n0 * a.y.s3;
+      if (!a.trans_s) {
+        // out[I*b + r, :] += S_p[r, c] * y[J_p*b + c, :] over the blocks p of block row I.
+        const int64_t begin = a.row_offsets[h * a.row_blocks + o];
+        const int64_t end = a.row_offsets[h * a.row_blocks + o + 1];
+        for (int64_t p = begin; p < end; ++p) {
+          const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s2), a.x.s2, a.x.s3};
+          const Slice<TB> ys{at<TB>(a.y.data, y_base + int64_t{a.col[p]} * b * a.y.s2), a.y.s2,
+                             a.y.s3};
+          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, ss, TM, ys, out_cols, b);
+        }
+      } else {
+        // out[J*b + c, :] += S_p[r, c] * y[I_p*b + r, :] over the blocks p of block column J:
+        // the left slice is S_p transposed, element (c, r) at r * s2 + c.
+        const int64_t begin = a.col_offsets[h * a.col_blocks + o];
+        const int64_t end = a.col_offsets[h * a.col_blocks + o + 1];
+        for (int64_t e = begin; e < end; ++e) {
+          const int64_t p = a.col_block_ids[e];
+          const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s3), a.x.s3, a.x.s2};
+          const Slice<TB> ys{at<TB>(a.y.data, y_base + int64_t{a.col_rows[e]} * b * a.y.s2), a.y.s2,
+                             a.y.s3};
+          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, ss, TM, ys, out_cols, b);
+        }
+      }
+      out = const_cast<TC*>(at<TC>(
+          a.out.data, z * a.out.s0 + h * a.out.s1 + (o * b + r0) * a.out.s2 + n0 * a.out.s3));
+    } else {
+      // dds. Tiles: (z, h, output block line o, tile of M rows, tile column inside the line).
+      const int64_t m = a.x.rows;
+      const int64_t lines = a.trans_s ? a.row_blocks : a.col_blocks;
+      const int64_t m_tiles = (m + TM - 1) / TM, n_tiles = b / TN;
+      const int64_t per_line = m_tiles * n_tiles, per_h = lines * per_line;
+      const int64_t z = t / (a.heads * per_h), rest = t % (a.heads * per_h);
+      const int64_t h = rest / per_h, o = (rest % per_h) / per_line, sub = rest % per_line;
+      const int64_t m0 = (sub / n_tiles) * TM, c0 = (sub % n_tiles) * TN;
+      out_rows = static_cast<int>(min64(TM, m - m0));
+      const int64_t x_base = z * a.x.s0 + h * a.x.s1 + m0 * a.x.s2;
+      const int64_t s_base = z * a.y.s0;
+      if (!a.trans_s) {
+        // out[:, J*b + c] += x[:, I_p*b + r] * S_p[r, c] over the blocks p of block column J.
+        const int64_t begin = a.col_offsets[h * a.col_blocks + o];
+        const int64_t end = a.col_offsets[h * a.col_blocks + o + 1];
+        for (int64_t e = begin; e < end; ++e) {
+          const int64_t p = a.col_block_ids[e];
+          const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col_rows[e]} * b * a.x.s3), a.x.s2,
+                             a.x.s3};
+          const Slice<TB> ss{at<TB>(a.y.data, s_base + p * a.y.s1 + c0 * a.y.s3), a.y.s2, a.y.s3};
+          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, xs, out_rows, ss, TN, b);
+        }
+      } else {
+        // out[:, I*b + r] += x[:, J_p*b + c] * S_p[r, c] over the blocks p of block row I: the
+        // right slice is S_p transposed, element (c, r) at r * s2 + c.
+        const int64_t begin = a.row_offsets[h * a.row_blocks + o];
+        const int64_t end = a.row_offsets[h * a.row_blocks + o + 1];
+        for (int64_t p = begin; p < end; ++p) {
+          const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col[p]} * b * a.x.s3), a.x.s2,
+                             a.x.s3};
+          const Slice<TB> ss{at<TB>(a.y.data, s_base + p * a.y.s1 + c0 * a.y.s2), a.y.s3, a.y.s2};
+          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, xs, out_rows, ss, TN, b);
+        }
+      }
+      out = const_cast<TC*>(at<TC>(
+          a.out.data, z * a.out.s0 + h * a.out.s1 + m0 * a.out.s2 + (o * b + c0) * a.out.s3));
+    }
+
+#pragma unroll
+    for (int i = 0; i < TM / kGridSide; ++i) {
+      const int r = ty + kGridSide * i;
+#pragma unroll
+      for (int j = 0; j < TN / kGridSide; ++j) {
+        const int c = tx + kGridSide * j;
+        if (r < out_rows && c < out_cols) {
+          out[r * out_rs + c * out_cs] = ElementTraits<TC>::from_float(acc[i][j]);
+        }
+      }
+    }
+  }
+}
+
+// The tile shape of a mode for block b: dimensions inside a block are min(b, 64); dense ones 64.
+constexpr int kDenseTile = 64;
+
+template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN>
+cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(std::min(args.tiles, kMaxGrid));
+  matmul_kernel<kMode, TA, TB, TC, TM, TN><<<grid, kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <Mode kMode, typename TA, typename TB, typename TC>
+cudaError_t launch_typed(const MatMulArgs& args, cudaStream_t stream) {
+  // The block-local tile side: the block itself up to 64, so a 128 block is 2 x 2 tiles.
+  const int side = std::min(args.block, 64);
+#define SCIATTN_BS_TILE(S)                                                 \
+  if (side == S) {                                                         \
+    if constexpr (kMode == Mode::kSdd) {                                   \
+      return launch_tiles<kMode, TA, TB, TC, S, S>(args, stream);          \
+    } else if constexpr (kMode == Mode::kDsd) {                            \
+      return launch_tiles<kMode, TA, TB, TC, S, kDenseTile>(args, stream); \
+    } else {                                                               \
+      return launch_tiles<kMode, TA, TB, TC, kDenseTile, S>(args, stream); \
+    }                                                                      \
+  }
+  SCIATTN_BS_TILE(16)
+  SCIATTN_BS_TILE(32)
+  SCIATTN_BS_TILE(64)
+#undef SCIATTN_BS_TILE
+  return cudaErrorInvalidValue;  // blocks are 16, 32, 64 or 128 (checked by the index)
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+MatMulArgs make_args(const BlockSparseDeviceIndex& ix, const TensorView& x, const TensorView& y,
+                     const TensorView& out, bool trans_s, int64_t batch) {
+  MatMulArgs a;
+  a.x = view4(x);
+  a.y = view4(y);
+  a.out = view4(out);
+  a.trans_s = trans_s;
+  a.batch = batch;
+  a.block = ix.block;
+  a.heads = ix.num_heads;
+  a.row_blocks = ix.num_row_blocks;
+  a.col_blocks = ix.num_col_blocks;
+  a.nnz = ix.nnz;
+  a.head = ix.head;
+  a.row = ix.row;
+  a.col = ix.col;
+  a.row_offsets = ix.row_offsets;
+  a.col_offsets = ix.col_offsets;
+  a.col_rows = ix.col_rows;
+  a.col_block_ids = ix.col_blocks;
+  return a;
+}
+
+bool is(DType a, DType want) {
+  return a == want;
+}
+
+// Runs launch_typed<kMode, TA, TB, TC> for the dtypes given, among the combinations the mode
+// instantiates: all one type for every mode; (T, T, f32) for sdd and (f32, T, T) for dsd, the
+// composite attention's fp32 scores.
+template <Mode kMode>
+Status dispatch_types(const MatMulArgs& args, DType ta, DType tb, DType tc, cudaStream_t stream,
+                      const char* what) {
+  using F = float;
+  using H = __half;
+  using B = __nv_bfloat16;
+  cudaError_t e = cudaErrorNotSupported;
+  bool found = true;
+  if (ta == tb && tb == tc) {
+    if (is(ta, DType::kF32)) {
+      e = launch_typed<kMode, F, F, F>(args, stream);
+    } else if (is(ta, DType::kF16)) {
+      e = launch_typed<kMode, H, H, H>(args, stream);
+    } else if (is(ta, DType::kBF16)) {
+      e = launch_typed<kMode, B, B, B>(args, stream);
+    } else {
+      found = false;
+    }
+  } else if constexpr (kMode == Mode::kSdd) {
+    if (ta == tb && is(tc, DType::kF32) && is(ta, DType::kF16)) {
+      e = launch_typed<kMode, H, H, F>(args, stream);
+    } else if (ta == tb && is(tc, DType::kF32) && is(ta, DType::kBF16)) {
+      e = launch_typed<kMode, B, B, F>(args, stream);
+    } else {
+      found = false;
+    }
+  } else if constexpr (kMode == Mode::kDsd) {
+    if (is(ta, DType::kF32) && tb == tc && is(tb, DType::kF16)) {
+      e = launch_typed<kMode, F, H, H>(args, stream);
+    } else if (is(ta, DType::kF32) && tb == tc && is(tb, DType::kBF16)) {
+      e = launch_typed<kMode, F, B, B>(args, stream);
+    } else {
+      found = false;
+    }
+  } else {
+    found = false;
+  }
+  if (!found) {
+    return Status::not_supported(std::string(what) + ": this combination of operand dtypes (" +
+                                 dtype_name(ta) + ", " + dtype_name(tb) + ", " + dtype_name(tc) +
+                                 ") has no kernel");
+  }
+  return launch_status(e, what);
+}
+
+}  // namespace
+
+Status launch_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+Status launch_sdd(const BlockSparseDeviceIndex& ix, const TensorView& x, const TensorView& y,
+                  const TensorView& c, cudaStream_t stream) {
+  const int64_t batch = x.sizes[0], side = std::min(ix.block, 64);
+  MatMulArgs args = make_args(ix, x, y, c, false, batch);
+  args.tiles = batch * ix.nnz * (ix.block / side) * (ix.block / side);
+  if (args.tiles == 0) return Status::ok_status();  // a layout without blocks: nothing to write
+  return dispatch_types<Mode::kSdd>(args, x.dtype, y.dtype, c.dtype, stream,
+                                    "the block-sparse sdd kernel");
+}
+
+Status launch_dsd(const BlockSparseDeviceIndex& ix, const TensorView& s, bool trans_s,
+                  const TensorView& y, const TensorView& out, cudaStream_t stream) {
+  const int64_t batch = s.sizes[0], side = std::min(ix.block, 64);
+  const int64_t lines = trans_s ? ix.num_col_blocks : ix.num_row_blocks;
+  MatMulArgs args = make_args(ix, s, y, out, trans_s, batch);
+  args.tiles = batch * ix.num_heads * lines * (ix.block / side) * ceil_div(y.sizes[3], kDenseTile);
+  if (args.tiles == 0) return Status::ok_status();
+  return dispatch_types<Mode::kDsd>(args, s.dtype, y.dtype, out.dtype, stream,
+                                    "the block-sparse dsd kernel");
+}
+
+Status launch_dds(const BlockSparseDeviceIndex& ix, const TensorView& x, const TensorView& s,
+                  bool trans_s, const TensorView& out, cudaStream_t stream) {
+  const int64_t batch = x.sizes[0], side = std::min(ix.block, 64);
+  const int64_t lines = trans_s ? ix.num_row_blocks : ix.num_col_blocks;
+  MatMulArgs args = make_args(ix, x, s, out, trans_s, batch);
+  args.tiles = batch * ix.num_heads * lines * ceil_div(x.sizes[2], kDenseTile) * (ix.block / side);
+  if (args.tiles == 0) return Status::ok_status();
+  return dispatch_types<Mode::kDds>(args, x.dtype, s.dtype, out.dtype, stream,
+                                    "the block-sparse dds kernel");
+}
+
+}  // namespace sciattn::cuda::bs

@@ -1,0 +1,1127 @@
+// The GPU block-sparse ops (label gpu): MatMul sdd / dsd / dds with every transpose, forward and
+// backward; Softmax forward (scale, rpe, both masks in every mode and dtype, causal, in place)
+// and backward; the composite sparse attention (kComposite) forward and backward. Each result is
+// checked against the fp64 oracle of block_sparse_test_util.h with the tolerance rule, the CPU
+// path on the same inputs being lowp_ref; outputs start NaN-poisoned so an unwritten element
+// fails; a second run must give the same bytes. Each test skips without a CUDA device. The tests
+// with "Small" in their name are the quick subset for compute-sanitizer:
+//   --gtest_filter='*Small*'
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpu/block_sparse_test_util.h"
+#include "sciattn/device.h"
+
+namespace sciattn {
+namespace {
+
+using namespace sciattn::bstest;
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+// ---- device memory ------------------------------------------------------------------------------
+
+// A device copy of a HostTensor's whole storage (poison and padding included), and the matching
+// device view; copy_to brings the storage back, so writes outside the view show as well.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(const HostTensor& h) {
+    if (!h.present()) return;
+    bytes_ = h.storage_bytes();
+    EXPECT_EQ(cudaMalloc(&base_, bytes_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(base_, h.base(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    view_ = h.view();
+    view_.data =
+        static_cast<std::byte*>(base_) + (static_cast<const std::byte*>(h.data()) - h.base());
+    view_.device = Device::kCuda;
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  ~DeviceCopy() { cudaFree(base_); }
+  const TensorView& view() const { return view_; }
+  void copy_to(HostTensor& h) const {
+    if (base_ != nullptr) {
+      ASSERT_EQ(cudaMemcpy(h.base(), base_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  TensorView view_{};
+};
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) {
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+    }
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void* ptr = nullptr;
+};
+
+// Runs an op on the GPU with a device workspace of exactly workspace_size(p) bytes (one byte past
+// an aligned address with `misalign`) on `stream`, and waits for it.
+template <class Params>
+Status run_gpu(const Params& p, bool misalign = false, cudaStream_t stream = nullptr) {
+  const size_t bytes = workspace_size(p);
+  DeviceBuffer ws(bytes + (misalign ? 1 : 0));
+  void* ptr = ws.ptr == nullptr ? nullptr : static_cast<std::byte*>(ws.ptr) + (misalign ? 1 : 0);
+  const Status s = run(p, ptr, bytes, Stream{stream});
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  return s;
+}
+
+bool same_storage(const HostTensor& a, const HostTensor& b) {
+  if (a.present() != b.present()) return false;
+  return !a.present() || std::memcmp(a.base(), b.base(), a.storage_bytes()) == 0;
+}
+
+void upload(BlockSparseIndex& ix) {
+  const Status s = upload_block_sparse_index(&ix, 0);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+}
+
+// =================================================================================================
+// MatMul
+// =================================================================================================
+
+// How the dense operands and outputs are stored: packed, a view into a padded buffer (every
+// stride differs from the packed one, unaligned start), or with the last two dimensions swapped
+// in memory (last stride != 1).
+enum class Storage { kPacked, kPadded, kPermuted };
+
+struct MMCase {
+  BlockSparseMatMulMode mode = BlockSparseMatMulMode::kSdd;
+  bool ta = false, tb = false;
+  DType dtype = DType::kF32;
+  int64_t block = 16, Z = 2, H = 2, R = 3, C = 2;
+  int64_t extra = 24;  // K for sdd, N for dsd, M for dds
+  Storage storage = Storage::kPacked;
+  bool small = false;  // part of the sanitizer subset
+  uint64_t seed = kBaseSeed;
+
+  std::string name() const {
+    static const char* storages[] = {"", "_padded", "_permuted"};
+    return std::string(small ? "Small_" : "") + matmul_mode_name(mode) + (ta ? "_ta" : "") +
+           (tb ? "_tb" : "") + "_" + dtype_name(dtype) + "_b" + std::to_string(block) + "_Z" +
+           std::to_string(Z) + "H" + std::to_string(H) + "R" + std::to_string(R) + "C" +
+           std::to_string(C) + "x" + std::to_string(extra) + storages[static_cast<int>(storage)] +
+           "_s" + std::to_string(seed - kBaseSeed);
+  }
+};
+
+void PrintTo(const MMCase& c, std::ostream* os) {
+  *os << c.name() << " " << seed_note(c.seed);
+}
+
+HostTensor dense_tensor(DType dt, const std::vector<int64_t>& sizes, Storage st) {
+  switch (st) {
+    case Storage::kPadded:
+      return test::make_tensor(dt, sizes, test::Layout::kPadded);
+    case Storage::kPermuted:
+      return HostTensor::permuted(dt, sizes, {0, 1, 3, 2});
+    case Storage::kPacked:
+      break;
+  }
+  return HostTensor::packed(dt, sizes);
+}
+
+struct MMProblem {
+  MMCase c;
+  Layout layout;
+  BlockSparseIndex ix;
+  HostTensor a, b, dc;
+  bool a_sparse = false, b_sparse = false, c_sparse = false;
+  std::vector<int64_t> c_sizes;
+};
+
+MMProblem make_mm_problem(const MMCase& c) {
+  MMProblem p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed);
+  // A per-head layout with an empty block row (head 0) and an empty block column (last head):
+  // their dense outputs must come out as zeros.
+  p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+  p.ix = make_index(p.layout, c.block);
+  upload(p.ix);
+  const int64_t rb = c.R * c.block, cb = c.C * c.block, b = c.block;
+  const std::vector<int64_t> sparse = {c.Z, p.ix.nnz, b, b};
+  switch (c.mode) {
+    case BlockSparseMatMulMode::kSdd: {
+      const int64_t k = c.extra;
+      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, k, rb}) : dims({c.Z, c.H, rb, k}),
+                         c.storage);
+      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, cb, k}) : dims({c.Z, c.H, k, cb}),
+                         c.storage);
+      p.c_sparse = true;
+      p.c_sizes = sparse;
+      break;
+    }
+    case BlockSparseMatMulMode::kDsd: {
+      const int64_t n = c.extra, kin = c.ta ? rb : cb, m = c.ta ? cb : rb;
+      p.a = HostTensor::packed(c.dtype, sparse);
+      p.a_sparse = true;
+      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, n, kin}) : dims({c.Z, c.H, kin, n}),
+                         c.storage);
+      p.c_sizes = {c.Z, c.H, m, n};
+      break;
+    }
+    case BlockSparseMatMulMode::kDds: {
+      const int64_t m = c.extra, kin = c.tb ? cb : rb, n = c.tb ? rb : cb;
+      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, kin, m}) : dims({c.Z, c.H, m, kin}),
+                         c.storage);
+      p.b = HostTensor::packed(c.dtype, sparse);
+      p.b_sparse = true;
+      p.c_sizes = {c.Z, c.H, m, n};
+      break;
+    }
+  }
+  p.dc = p.c_sparse ? HostTensor::packed(c.dtype, p.c_sizes)
+                    : dense_tensor(c.dtype, p.c_sizes, c.storage);
+  test::fill_normal(p.a, rng);
+  test::fill_normal(p.b, rng);
+  test::fill_normal(p.dc, rng);
+  return p;
+}
+
+// A fresh (poisoned) output of these sizes: sparse packed, dense in the case's storage.
+HostTensor mm_output(const MMProblem& p, const std::vector<int64_t>& sizes, bool sparse) {
+  return sparse ? HostTensor::packed(p.c.dtype, sizes)
+                : dense_tensor(p.c.dtype, sizes, p.c.storage);
+}
+
+BlockSparseMatMulParams mm_forward(const MMProblem& p, const TensorView& a, const TensorView& b,
+                                   const TensorView& c) {
+  BlockSparseMatMulParams f;
+  f.index = &p.ix;
+  f.mode = p.c.mode;
+  f.trans_a = p.c.ta;
+  f.trans_b = p.c.tb;
+  f.a = a;
+  f.b = b;
+  f.c = c;
+  return f;
+}
+
+BlockSparseMatMulBackwardParams mm_backward(const MMProblem& p, const TensorView& a,
+                                            const TensorView& b, const TensorView& dc,
+                                            const TensorView& da, const TensorView& db) {
+  BlockSparseMatMulBackwardParams g;
+  g.index = &p.ix;
+  g.mode = p.c.mode;
+  g.trans_a = p.c.ta;
+  g.trans_b = p.c.tb;
+  g.a = a;
+  g.b = b;
+  g.dc = dc;
+  g.da = da;
+  g.db = db;
+  return g;
+}
+
+Dense4 mm_logical(const MMProblem& p, const HostTensor& t, bool sparse, bool trans) {
+  if (!sparse) return dense_op(t, trans);
+  const Dense4 d = sparse_logical(t, p.layout, p.c.block);
+  return trans ? d.transposed() : d;
+}
+
+Vec mm_stored_grad(const MMProblem& p, const Dense4& d_op, bool sparse, bool trans) {
+  const Dense4 d = trans ? d_op.transposed() : d_op;
+  return sparse ? sparse_blocks(d, p.layout, p.c.block) : d.v;
+}
+
+struct MMOracle {
+  Vec c, da, db;
+};
+
+MMOracle mm_oracle(const MMProblem& p) {
+  MMOracle o;
+  const Dense4 op_a = mm_logical(p, p.a, p.a_sparse, p.c.ta);
+  const Dense4 op_b = mm_logical(p, p.b, p.b_sparse, p.c.tb);
+  const Dense4 c = matmul(op_a, op_b);
+  o.c = p.c_sparse ? sparse_blocks(c, p.layout, p.c.block) : c.v;
+  const Dense4 dc = p.c_sparse ? sparse_logical(p.dc, p.layout, p.c.block) : dense_op(p.dc, false);
+  o.da = mm_stored_grad(p, matmul(dc, op_b.transposed()), p.a_sparse, p.c.ta);
+  o.db = mm_stored_grad(p, matmul(op_a.transposed(), dc), p.b_sparse, p.c.tb);
+  return o;
+}
+
+std::vector<MMCase> mm_cases() {
+  std::vector<MMCase> cases;
+  uint64_t seed = kBaseSeed + 2100;
+  const BlockSparseMatMulMode modes[] = {BlockSparseMatMulMode::kSdd, BlockSparseMatMulMode::kDsd,
+                                         BlockSparseMatMulMode::kDds};
+  // Every mode x transpose x dtype; the block rotates through 16, 32, 64 and 128 and the layout
+  // is rectangular (R != C), so a mixed-up transpose cannot pass.
+  int rot = 0;
+  for (BlockSparseMatMulMode mode : modes)
+    for (int t = 0; t < 4; ++t)
+      for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+        MMCase c;
+        c.mode = mode;
+        c.ta = (t & 1) != 0;
+        c.tb = (t & 2) != 0;
+        c.dtype = dt;
+        c.block = int64_t{16} << (rot++ % 4);
+        c.R = c.block >= 64 ? 2 : 3;
+        c.Z = c.block >= 64 ? 1 : 2;
+        c.C = c.block == 128 ? 1 : 2;
+        if (c.block == 128) c.R = 2;
+        // Odd inner / dense sizes: not a multiple of 16 nor of the 64-wide dense tile.
+        c.extra = mode == BlockSparseMatMulMode::kSdd ? 40 : 70;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+  // Sizes that break naive tiling (1, 7, a long K / N / M of 300), odd batch and heads, and
+  // strided or transposed-in-memory operands; the small ones form the sanitizer subset.
+  for (BlockSparseMatMulMode mode : modes) {
+    for (int64_t extra : {1, 7, 300}) {
+      MMCase c;
+      c.mode = mode;
+      c.extra = extra;
+      c.ta = extra == 7;
+      c.tb = extra != 1;
+      c.dtype = extra == 300 ? DType::kBF16 : DType::kF32;
+      c.Z = extra == 7 ? 3 : 1;
+      c.H = extra == 1 ? 1 : 3;
+      c.small = extra != 300;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+    for (Storage st : {Storage::kPadded, Storage::kPermuted}) {
+      for (int t = 0; t < 4; ++t) {
+        MMCase c;
+        c.mode = mode;
+        c.storage = st;
+        c.ta = (t & 1) != 0;
+        c.tb = (t & 2) != 0;
+        c.dtype = st == Storage::kPadded ? DType::kF16 : DType::kBF16;
+        c.block = st == Storage::kPadded ? 32 : 16;
+        c.extra = 33;
+        c.small = t == 3;
+        c.seed = seed++;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+class MatMulCuda : public ::testing::TestWithParam<MMCase> {};
+
+TEST_P(MatMulCuda, ForwardMatchesOracleAndIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const MMProblem p = make_mm_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  const MMOracle o = mm_oracle(p);
+  HostTensor cpu = mm_output(p, p.c_sizes, p.c_sparse);
+  ASSERT_TRUE(run_op(mm_forward(p, p.a.view(), p.b.view(), cpu.view())).ok());
+
+  DeviceCopy a(p.a), b(p.b);
+  HostTensor got = mm_output(p, p.c_sizes, p.c_sparse), again = got;
+  DeviceCopy c(got), c2(again);
+  const Status s = run_gpu(mm_forward(p, a.view(), b.view(), c.view()));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  c.copy_to(got);
+  EXPECT_TRUE(within_tolerance("c", got.values(), cpu.values(), o.c, p.c.dtype));
+  EXPECT_EQ(got.touched_outside_view(), 0) << "c written outside its view";
+  ASSERT_TRUE(run_gpu(mm_forward(p, a.view(), b.view(), c2.view())).ok());
+  c2.copy_to(again);
+  EXPECT_TRUE(same_storage(got, again)) << "a second run gave different bits";
+}
+
+TEST_P(MatMulCuda, BackwardMatchesOracle) {
+  SKIP_WITHOUT_GPU();
+  const MMProblem p = make_mm_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  const MMOracle o = mm_oracle(p);
+  HostTensor cpu_da = mm_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor cpu_db = mm_output(p, p.b.sizes(), p.b_sparse);
+  ASSERT_TRUE(
+      run_op(mm_backward(p, p.a.view(), p.b.view(), p.dc.view(), cpu_da.view(), cpu_db.view()))
+          .ok());
+
+  DeviceCopy a(p.a), b(p.b), dc(p.dc);
+  HostTensor da = mm_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor db = mm_output(p, p.b.sizes(), p.b_sparse);
+  HostTensor da_only = da, db_only = db;
+  DeviceCopy d_da(da), d_db(db), d_da_only(da_only), d_db_only(db_only);
+  const Status s = run_gpu(mm_backward(p, a.view(), b.view(), dc.view(), d_da.view(), d_db.view()));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  d_da.copy_to(da);
+  d_db.copy_to(db);
+  EXPECT_TRUE(within_tolerance("da", da.values(), cpu_da.values(), o.da, p.c.dtype));
+  EXPECT_TRUE(within_tolerance("db", db.values(), cpu_db.values(), o.db, p.c.dtype));
+  EXPECT_EQ(da.touched_outside_view(), 0);
+  EXPECT_EQ(db.touched_outside_view(), 0);
+
+  // Each gradient alone gives the same bits as both together.
+  ASSERT_TRUE(
+      run_gpu(mm_backward(p, a.view(), b.view(), dc.view(), d_da_only.view(), TensorView{})).ok());
+  ASSERT_TRUE(
+      run_gpu(mm_backward(p, a.view(), b.view(), dc.view(), TensorView{}, d_db_only.view())).ok());
+  d_da_only.copy_to(da_only);
+  d_db_only.copy_to(db_only);
+  EXPECT_TRUE(same_storage(da_only, da));
+  EXPECT_TRUE(same_storage(db_only, db));
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSparse, MatMulCuda, ::testing::ValuesIn(mm_cases()),
+                         [](const ::testing::TestParamInfo<MMCase>& param_info) {
+                           return param_info.param.name();
+                         });
+
+// DeepSpeed's attention shapes on a real BigBird layout, with the key pre-transposed in memory
+// ([B, H, D, L] viewed as [B, H, L, D]): W = sdd_nt(Q, K), then O = dsd_nn(W, V).
+TEST(MatMulCudaSmall, AttentionShapedProductsOnBigBirdLayout) {
+  SKIP_WITHOUT_GPU();
+  BigBirdSparsityConfig cfg;
+  cfg.num_heads = 2;
+  cfg.block = 32;
+  cfg.seed = 3;
+  Layout layout;
+  ASSERT_TRUE(make_layout(cfg, 256, &layout).ok());
+  BlockSparseIndex ix = make_index(layout, 32);
+  upload(ix);
+  std::mt19937_64 rng(kBaseSeed + 2090);
+  HostTensor q = HostTensor::packed(DType::kF16, {1, 2, 256, 64});
+  HostTensor k = HostTensor::permuted(DType::kF16, {1, 2, 256, 64}, {0, 1, 3, 2});
+  test::fill_normal(q, rng);
+  test::fill_normal(k, rng);
+  HostTensor w = HostTensor::packed(DType::kF16, {1, ix.nnz, 32, 32});
+  DeviceCopy dq(q), dk(k), dw(w);
+  BlockSparseMatMulParams f;
+  f.index = &ix;
+  f.mode = BlockSparseMatMulMode::kSdd;
+  f.trans_b = true;
+  f.a = dq.view();
+  f.b = dk.view();
+  f.c = dw.view();
+  const Status s = run_gpu(f);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  dw.copy_to(w);
+  const Vec want = sparse_blocks(matmul(dense_op(q, false), dense_op(k, true)), layout, 32);
+  HostTensor cpu = HostTensor::packed(DType::kF16, {1, ix.nnz, 32, 32});
+  BlockSparseMatMulParams fc = f;
+  fc.a = q.view();
+  fc.b = k.view();
+  fc.c = cpu.view();
+  ASSERT_TRUE(run_op(fc).ok());
+  EXPECT_TRUE(within_tolerance("w", w.values(), cpu.values(), want, DType::kF16));
+}
+
+// =================================================================================================
+// Softmax
+// =================================================================================================
+
+enum class RpeKind { kNone, kSameDtype, kF32, kBroadcast };
+enum class MaskKind { kNone, kAdd, kMul, kBool };
+
+const char* mask_name(MaskKind k) {
+  static const char* names[] = {"none", "add", "mul", "bool"};
+  return names[static_cast<int>(k)];
+}
+
+MaskMode mode_of(MaskKind k) {
+  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
+}
+
+HostTensor make_mask(MaskKind k, DType dtype, const std::vector<int64_t>& sizes, bool strided,
+                     std::mt19937_64& rng) {
+  if (k == MaskKind::kNone) return HostTensor();
+  const DType dt = k == MaskKind::kBool ? DType::kBool : dtype;
+  HostTensor m =
+      strided ? test::make_tensor(dt, sizes, test::Layout::kPadded) : HostTensor::packed(dt, sizes);
+  fill_mask(m, mode_of(k), 0.2, rng);
+  return m;
+}
+
+struct SMCase {
+  DType dtype = DType::kF32;
+  int64_t block = 16, Z = 2, H = 2, R = 3, C = 3;
+  float scale = 1.0f;
+  RpeKind rpe = RpeKind::kNone;
+  MaskKind kpm = MaskKind::kNone, attn = MaskKind::kNone;
+  DType mask_dtype = DType::kF32;  // of float masks: f32 or x's dtype
+  bool causal = false, in_place = false, strided = false, small = false;
+  uint64_t seed = kBaseSeed;
+
+  std::string name() const {
+    static const char* rpes[] = {"none", "dtype", "f32", "bcast"};
+    std::string s = std::string(small ? "Small_" : "") + dtype_name(dtype) + "_b" +
+                    std::to_string(block) + "_Z" + std::to_string(Z) + "H" + std::to_string(H) +
+                    "R" + std::to_string(R) + "C" + std::to_string(C) + "_rpe" +
+                    rpes[static_cast<int>(rpe)] + "_kpm" + mask_name(kpm) + "_attn" +
+                    mask_name(attn) + "_m" + dtype_name(mask_dtype);
+    if (scale != 1.0f) s += "_scaled";
+    if (causal) s += "_causal";
+    if (in_place) s += "_inplace";
+    if (strided) s += "_strided";
+    return s + "_s" + std::to_string(seed - kBaseSeed);
+  }
+};
+
+void PrintTo(const SMCase& c, std::ostream* os) {
+  *os << c.name() << " " << seed_note(c.seed);
+}
+
+struct SMProblem {
+  SMCase c;
+  Layout layout;
+  BlockSparseIndex ix;
+  HostTensor x, rpe, kpm, attn, dy;
+};
+
+// A sparse tensor of the problem: packed, or with padded strides on Z, nnz and the block rows.
+HostTensor sparse_tensor(const SMCase& c, int64_t nnz) {
+  const std::vector<int64_t> sizes = {c.Z, nnz, c.block, c.block};
+  return c.strided ? test::make_tensor(c.dtype, sizes, test::Layout::kPadded)
+                   : HostTensor::packed(c.dtype, sizes);
+}
+
+SMProblem make_sm_problem(const SMCase& c) {
+  SMProblem p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed);
+  p.layout = random_layout(c.H, c.R, c.C, 0.6, rng, /*empty_row=*/true);
+  p.ix = make_index(p.layout, c.block);
+  upload(p.ix);
+  const int64_t rows = c.R * c.block, cols = c.C * c.block;
+  p.x = sparse_tensor(c, p.ix.nnz);
+  p.dy = sparse_tensor(c, p.ix.nnz);
+  test::fill_normal(p.x, rng, 2.0);
+  test::fill_normal(p.dy, rng);
+  switch (c.rpe) {
+    case RpeKind::kNone:
+      break;
+    case RpeKind::kSameDtype:
+      p.rpe = test::make_tensor(c.dtype, {c.Z, c.H, rows, cols}, test::Layout::kPadded);
+      break;
+    case RpeKind::kF32:
+      p.rpe = HostTensor::packed(DType::kF32, {c.Z, c.H, rows, cols});
+      break;
+    case RpeKind::kBroadcast:
+      // One [rows, cols] table shared by every batch and head, stored transposed: strides
+      // (0, 0, 1, rows).
+      p.rpe =
+          HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, 1, rows}, 0, rows * cols);
+      break;
+  }
+  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
+  const DType mdt = c.mask_dtype == DType::kF32 ? DType::kF32 : c.dtype;
+  p.kpm = make_mask(c.kpm, mdt, {c.Z, cols}, c.strided, rng);
+  p.attn = make_mask(c.attn, mdt, {rows, cols}, c.strided, rng);
+  // Query row 1 fully masked when there is an attention mask to do it with: y = 0, not NaN.
+  if (p.attn.present()) {
+    for (int64_t j = 0; j < cols; ++j) {
+      p.attn.set(cols + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
+    }
+  }
+  return p;
+}
+
+BlockSparseSoftmaxParams sm_forward(const SMProblem& p, const TensorView& x, const TensorView& y,
+                                    const TensorView& rpe, const TensorView& kpm,
+                                    const TensorView& attn) {
+  BlockSparseSoftmaxParams f;
+  f.index = &p.ix;
+  f.x = p.c.in_place ? y : x;
+  f.y = y;
+  f.scale = p.c.scale;
+  f.rpe = rpe;
+  f.key_padding_mask = kpm;
+  f.attn_mask = attn;
+  f.key_padding_mask_mode = mode_of(p.c.kpm);
+  f.attn_mask_mode = mode_of(p.c.attn);
+  f.causal = p.c.causal;
+  return f;
+}
+
+SoftmaxProblem sm_oracle_problem(const SMProblem& p) {
+  SoftmaxProblem o;
+  o.layout = &p.layout;
+  o.b = p.c.block;
+  o.Z = p.c.Z;
+  o.scale = p.c.scale;
+  o.x = sparse_logical(p.x, p.layout, p.c.block);
+  if (p.rpe.present()) o.rpe = dense_op(p.rpe, false);
+  if (p.kpm.present()) o.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
+  if (p.attn.present()) o.attn = mask_terms(p.attn, mode_of(p.c.attn));
+  o.causal = p.c.causal;
+  return o;
+}
+
+// sparse_logical reads a packed tensor; a strided one goes through a packed copy of its values.
+HostTensor packed_copy(const HostTensor& t) {
+  HostTensor r = HostTensor::packed(t.dtype(), t.sizes());
+  const Vec v = t.values();
+  for (int64_t i = 0; i < r.numel(); ++i) r.set(i, v[static_cast<size_t>(i)]);
+  return r;
+}
+
+std::vector<SMCase> sm_cases() {
+  std::vector<SMCase> cases;
+  uint64_t seed = kBaseSeed + 2300;
+  auto add = [&](SMCase c) {
+    c.seed = seed++;
+    cases.push_back(c);
+  };
+  // Every mask kind of each mask in each dtype, float masks in f32 and in x's dtype, the block
+  // rotating through 16, 32, 64 and 128.
+  int rot = 0;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (MaskKind m : {MaskKind::kAdd, MaskKind::kMul, MaskKind::kBool}) {
+      SMCase c;
+      c.dtype = dt;
+      c.block = int64_t{16} << (rot++ % 4);
+      if (c.block >= 64) c.R = c.C = 2;
+      if (c.block == 128) c.Z = 1;
+      c.kpm = m;
+      c.attn = m == MaskKind::kAdd ? MaskKind::kMul : MaskKind::kAdd;
+      c.mask_dtype = rot % 2 == 0 ? DType::kF32 : dt;
+      c.scale = 0.4f;
+      add(c);
+    }
+  }
+  // rpe in x's dtype (strided), in f32, and broadcast through 0 strides.
+  for (RpeKind r : {RpeKind::kSameDtype, RpeKind::kF32, RpeKind::kBroadcast}) {
+    SMCase c;
+    c.dtype = r == RpeKind::kF32 ? DType::kBF16 : DType::kF16;
+    c.rpe = r;
+    c.kpm = MaskKind::kBool;
+    add(c);
+  }
+  SMCase c;
+  c.scale = 0.125f;
+  c.small = true;
+  add(c);
+  c = SMCase();
+  c.causal = true;
+  c.attn = MaskKind::kMul;
+  c.block = 32;
+  c.small = true;
+  add(c);
+  c = SMCase();
+  c.in_place = true;
+  c.kpm = MaskKind::kAdd;
+  c.dtype = DType::kBF16;
+  c.small = true;
+  add(c);
+  c = SMCase();
+  c.strided = true;
+  c.kpm = MaskKind::kMul;
+  c.attn = MaskKind::kBool;
+  c.dtype = DType::kF16;
+  c.small = true;
+  add(c);
+  c = SMCase();
+  c.R = 2;
+  c.C = 5;
+  c.rpe = RpeKind::kF32;
+  c.kpm = MaskKind::kMul;
+  c.attn = MaskKind::kBool;
+  c.causal = true;
+  add(c);
+  c = SMCase();
+  c.Z = c.H = c.R = c.C = 1;
+  c.block = 128;
+  c.small = true;
+  add(c);
+  // Many rows: more rows than one grid-stride pass of a small grid would cover is not needed
+  // (the grid covers every row), but a long row (16 blocks) exercises the lanes' loop.
+  c = SMCase();
+  c.R = 4;
+  c.C = 16;
+  c.block = 64;
+  c.Z = 1;
+  c.dtype = DType::kBF16;
+  c.kpm = MaskKind::kAdd;
+  add(c);
+  return cases;
+}
+
+class SoftmaxCuda : public ::testing::TestWithParam<SMCase> {};
+
+TEST_P(SoftmaxCuda, ForwardMatchesOracleAndIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const SMProblem p = make_sm_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  const SoftmaxProblem op = sm_oracle_problem(p);
+  const Vec want = sparse_blocks(softmax_oracle(op), p.layout, p.c.block);
+
+  HostTensor cpu = p.c.in_place ? p.x : sparse_tensor(p.c, p.ix.nnz);
+  ASSERT_TRUE(
+      run_op(sm_forward(p, p.x.view(), cpu.view(), p.rpe.view(), p.kpm.view(), p.attn.view()))
+          .ok());
+
+  DeviceCopy x(p.x), rpe(p.rpe), kpm(p.kpm), attn(p.attn);
+  HostTensor got = p.c.in_place ? p.x : sparse_tensor(p.c, p.ix.nnz), again = got;
+  DeviceCopy y(got), y2(again);
+  const Status s = run_gpu(sm_forward(p, x.view(), y.view(), rpe.view(), kpm.view(), attn.view()));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  y.copy_to(got);
+  EXPECT_TRUE(within_tolerance("y", got.values(), cpu.values(), want, p.c.dtype));
+  EXPECT_EQ(got.touched_outside_view(), 0);
+  ASSERT_TRUE(
+      run_gpu(sm_forward(p, x.view(), y2.view(), rpe.view(), kpm.view(), attn.view())).ok());
+  y2.copy_to(again);
+  EXPECT_TRUE(same_storage(got, again)) << "a second run gave different bits";
+}
+
+TEST_P(SoftmaxCuda, BackwardMatchesOracle) {
+  SKIP_WITHOUT_GPU();
+  const SMProblem p = make_sm_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  // y: the CPU forward's output, the input both backwards get.
+  HostTensor y = sparse_tensor(p.c, p.ix.nnz);
+  SMProblem fwd_p = p;
+  fwd_p.c.in_place = false;
+  ASSERT_TRUE(
+      run_op(sm_forward(fwd_p, p.x.view(), y.view(), p.rpe.view(), p.kpm.view(), p.attn.view()))
+          .ok());
+  const Dense4 y_log = sparse_logical(packed_copy(y), p.layout, p.c.block);
+  const Dense4 dy_log = sparse_logical(packed_copy(p.dy), p.layout, p.c.block);
+  const Vec want = sparse_blocks(
+      softmax_backward_oracle(p.layout, p.c.block, p.c.scale, y_log, dy_log), p.layout, p.c.block);
+
+  auto params = [&](const TensorView& yv, const TensorView& dyv, const TensorView& dxv) {
+    BlockSparseSoftmaxBackwardParams g;
+    g.index = &p.ix;
+    g.y = yv;
+    g.dy = dyv;
+    g.dx = dxv;
+    g.scale = p.c.scale;
+    return g;
+  };
+  HostTensor cpu = p.c.in_place ? p.dy : sparse_tensor(p.c, p.ix.nnz);
+  ASSERT_TRUE(run_op(params(y.view(), p.c.in_place ? cpu.view() : p.dy.view(), cpu.view())).ok());
+
+  DeviceCopy dy_dev(p.dy), y_dev(y);
+  HostTensor got = p.c.in_place ? p.dy : sparse_tensor(p.c, p.ix.nnz);
+  DeviceCopy dx(got);
+  const Status s =
+      run_gpu(params(y_dev.view(), p.c.in_place ? dx.view() : dy_dev.view(), dx.view()));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  dx.copy_to(got);
+  EXPECT_TRUE(within_tolerance("dx", got.values(), cpu.values(), want, p.c.dtype));
+  EXPECT_EQ(got.touched_outside_view(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSparse, SoftmaxCuda, ::testing::ValuesIn(sm_cases()),
+                         [](const ::testing::TestParamInfo<SMCase>& param_info) {
+                           return param_info.param.name();
+                         });
+
+// =================================================================================================
+// Composite sparse attention
+// =================================================================================================
+
+enum class AttnLayout { kRandom, kBigBird, kFixedUni };
+// kKeyT: K and V stored [B, H, D, L] (DeepSpeed's pre-transposed key) viewed as [B, H, L, D];
+// kPadded: every input and output a view into a padded buffer.
+enum class QkvStorage { kPacked, kPadded, kKeyT };
+
+struct ATCase {
+  DType dtype = DType::kF32;
+  int64_t block = 16, B = 2, H = 2, N = 3, D = 32;  // L = N * block
+  AttnLayout layout = AttnLayout::kRandom;
+  MaskKind kpm = MaskKind::kNone, attn = MaskKind::kNone;
+  RpeKind rpe = RpeKind::kNone;
+  bool causal = false, small = false;
+  std::optional<float> scale;
+  QkvStorage storage = QkvStorage::kPacked;
+  uint64_t seed = kBaseSeed;
+
+  int64_t L() const { return N * block; }
+  std::string name() const {
+    static const char* layouts[] = {"random", "bigbird", "fixeduni"};
+    static const char* rpes[] = {"none", "dtype", "f32", "bcast"};
+    static const char* storages[] = {"packed", "padded", "keyt"};
+    std::string s = std::string(small ? "Small_" : "") + dtype_name(dtype) + "_b" +
+                    std::to_string(block) + "_B" + std::to_string(B) + "H" + std::to_string(H) +
+                    "L" + std::to_string(L()) + "D" + std::to_string(D) + "_" +
+                    layouts[static_cast<int>(layout)] + "_kpm" + mask_name(kpm) + "_attn" +
+                    mask_name(attn) + "_rpe" + rpes[static_cast<int>(rpe)] + "_" +
+                    storages[static_cast<int>(storage)];
+    if (causal) s += "_causal";
+    if (scale) s += "_scaled";
+    return s + "_s" + std::to_string(seed - kBaseSeed);
+  }
+};
+
+void PrintTo(const ATCase& c, std::ostream* os) {
+  *os << c.name() << " " << seed_note(c.seed);
+}
+
+HostTensor qkv_tensor(const ATCase& c, bool key_or_value = false) {
+  const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
+  if (c.storage == QkvStorage::kKeyT && key_or_value) {
+    return HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2});
+  }
+  if (c.storage == QkvStorage::kPadded) {
+    return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
+  }
+  return HostTensor::packed(c.dtype, sizes);
+}
+
+struct ATProblem {
+  ATCase c;
+  Layout layout;
+  BlockSparseIndex ix;
+  HostTensor q, k, v, dout, rpe, kpm, attn;
+};
+
+Layout attn_layout(const ATCase& c, std::mt19937_64& rng) {
+  Layout layout;
+  switch (c.layout) {
+    case AttnLayout::kRandom:
+      return random_layout(c.H, c.N, c.N, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+    case AttnLayout::kBigBird: {
+      BigBirdSparsityConfig cfg;
+      cfg.num_heads = c.H;
+      cfg.block = c.block;
+      cfg.different_layout_per_head = true;
+      cfg.seed = c.seed;
+      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
+      return layout;
+    }
+    case AttnLayout::kFixedUni: {
+      FixedSparsityConfig cfg;
+      cfg.num_heads = c.H;
+      cfg.block = c.block;
+      cfg.num_local_blocks = 2;
+      cfg.attention = AttentionDirection::kUnidirectional;
+      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
+      return layout;
+    }
+  }
+  return layout;
+}
+
+ATProblem make_at_problem(const ATCase& c) {
+  ATProblem p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed);
+  p.layout = attn_layout(c, rng);
+  p.ix = make_index(p.layout, c.block);
+  upload(p.ix);
+  p.q = qkv_tensor(c);
+  p.k = qkv_tensor(c, true);
+  p.v = qkv_tensor(c, true);
+  p.dout = qkv_tensor(c);
+  test::fill_normal(p.q, rng);
+  test::fill_normal(p.k, rng);
+  test::fill_normal(p.v, rng);
+  test::fill_normal(p.dout, rng);
+  const int64_t L = c.L();
+  if (c.rpe == RpeKind::kF32) p.rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
+  if (c.rpe == RpeKind::kSameDtype) p.rpe = HostTensor::packed(c.dtype, {c.B, c.H, L, L});
+  if (c.rpe == RpeKind::kBroadcast) {
+    p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
+  }
+  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, false, rng);
+  p.attn = make_mask(c.attn, c.dtype, {L, L}, false, rng);
+  if (p.attn.present() && L > 2) {
+    // Query 2 sees no key: out 0, lse -inf, zero gradients.
+    for (int64_t j = 0; j < L; ++j) p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
+  }
+  return p;
+}
+
+SparseAttentionOptions at_options(const ATCase& c) {
+  SparseAttentionOptions o;
+  o.scale = c.scale;
+  o.causal = c.causal;
+  o.key_padding_mask_mode = mode_of(c.kpm);
+  o.attn_mask_mode = mode_of(c.attn);
+  o.algorithm = SparseAttentionAlgorithm::kComposite;
+  return o;
+}
+
+AttnProblem at_oracle_problem(const ATProblem& p) {
+  AttnProblem a;
+  a.layout = &p.layout;
+  a.b = p.c.block;
+  a.B = p.c.B;
+  a.H = p.c.H;
+  a.L = p.c.L();
+  a.D = p.c.D;
+  // The scale as the library holds it: a float.
+  a.scale = static_cast<double>(
+      p.c.scale ? *p.c.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.D))));
+  a.q = dense_op(p.q, false);
+  a.k = dense_op(p.k, false);
+  a.v = dense_op(p.v, false);
+  if (p.rpe.present()) a.rpe = dense_op(p.rpe, false);
+  if (p.kpm.present()) a.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
+  if (p.attn.present()) a.attn = mask_terms(p.attn, mode_of(p.c.attn));
+  a.causal = p.c.causal;
+  return a;
+}
+
+// The tensors of one attention call (host or device views of the problem's inputs).
+struct AttnViews {
+  TensorView q, k, v, rpe, kpm, attn, dout;
+};
+
+SparseAttentionForwardParams at_forward(const ATProblem& p, const AttnViews& in,
+                                        const TensorView& out, const TensorView& lse) {
+  SparseAttentionForwardParams f;
+  f.index = &p.ix;
+  f.q = in.q;
+  f.k = in.k;
+  f.v = in.v;
+  f.rpe = in.rpe;
+  f.key_padding_mask = in.kpm;
+  f.attn_mask = in.attn;
+  f.out = out;
+  f.lse = lse;
+  f.options = at_options(p.c);
+  return f;
+}
+
+SparseAttentionBackwardParams at_backward(const ATProblem& p, const AttnViews& in,
+                                          const TensorView& out, const TensorView& lse,
+                                          const TensorView& dq, const TensorView& dk,
+                                          const TensorView& dv) {
+  SparseAttentionBackwardParams g;
+  g.index = &p.ix;
+  g.q = in.q;
+  g.k = in.k;
+  g.v = in.v;
+  g.rpe = in.rpe;
+  g.key_padding_mask = in.kpm;
+  g.attn_mask = in.attn;
+  g.out = out;
+  g.lse = lse;
+  g.dout = in.dout;
+  g.dq = dq;
+  g.dk = dk;
+  g.dv = dv;
+  g.options = at_options(p.c);
+  return g;
+}
+
+std::vector<ATCase> at_cases() {
+  std::vector<ATCase> cases;
+  uint64_t seed = kBaseSeed + 2500;
+  auto add = [&](ATCase c) {
+    c.seed = seed++;
+    cases.push_back(c);
+  };
+  // Each dtype at each block, with the masks, rpe and layouts rotating through the cases.
+  int rot = 0;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t block : {16, 32, 64, 128}) {
+      ATCase c;
+      c.dtype = dt;
+      c.block = block;
+      c.N = block >= 64 ? 3 : 4;  // BigBird's window needs 3 blocks
+      c.B = block == 128 ? 1 : 2;
+      c.D = block == 16 ? 64 : 32;
+      c.layout = static_cast<AttnLayout>(rot % 3);
+      c.kpm = static_cast<MaskKind>(rot % 4);
+      c.attn = static_cast<MaskKind>((rot + 2) % 4);
+      c.rpe = static_cast<RpeKind>(rot % 4);
+      c.storage = static_cast<QkvStorage>(rot % 3);
+      c.causal = rot % 5 == 1;
+      if (rot % 3 == 2) c.scale = 0.3f;
+      ++rot;
+      add(c);
+    }
+  }
+  // The sanitizer subset: small, with every feature at least once.
+  ATCase c;
+  c.small = true;
+  c.dtype = DType::kBF16;
+  c.kpm = MaskKind::kBool;
+  c.attn = MaskKind::kMul;
+  c.rpe = RpeKind::kBroadcast;
+  c.causal = true;
+  c.storage = QkvStorage::kKeyT;
+  add(c);
+  c = ATCase();
+  c.small = true;
+  c.dtype = DType::kF16;
+  c.D = 17;  // a head dim that is not a multiple of 16
+  c.B = 1;
+  c.H = 3;
+  c.kpm = MaskKind::kAdd;
+  c.rpe = RpeKind::kF32;
+  c.storage = QkvStorage::kPadded;
+  add(c);
+  c = ATCase();
+  c.small = true;
+  c.layout = AttnLayout::kFixedUni;
+  c.causal = true;
+  c.N = 4;
+  c.D = 8;
+  add(c);
+  return cases;
+}
+
+class CompositeCuda : public ::testing::TestWithParam<ATCase> {};
+
+TEST_P(CompositeCuda, ForwardAndBackwardMatchOracleAndAreDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const ATProblem p = make_at_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  const AttnProblem a = at_oracle_problem(p);
+  const AttnForward of = attention_oracle(a);
+  const AttnGrads og = attention_backward_oracle(a, dense_op(p.dout, false));
+
+  // lowp_ref: the CPU composite on the same inputs.
+  const AttnViews host{p.q.view(),   p.k.view(),    p.v.view(),   p.rpe.view(),
+                       p.kpm.view(), p.attn.view(), p.dout.view()};
+  HostTensor out_cpu = qkv_tensor(p.c);
+  HostTensor lse_cpu = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  ASSERT_TRUE(run_op(at_forward(p, host, out_cpu.view(), lse_cpu.view())).ok());
+  HostTensor dq_cpu = qkv_tensor(p.c), dk_cpu = qkv_tensor(p.c), dv_cpu = qkv_tensor(p.c);
+  ASSERT_TRUE(run_op(at_backward(p, host, out_cpu.view(), lse_cpu.view(), dq_cpu.view(),
+                                 dk_cpu.view(), dv_cpu.view()))
+                  .ok());
+
+  DeviceCopy q(p.q), k(p.k), v(p.v), rpe(p.rpe), kpm(p.kpm), attn(p.attn), dout(p.dout);
+  const AttnViews dev{q.view(),   k.view(),    v.view(),   rpe.view(),
+                      kpm.view(), attn.view(), dout.view()};
+  HostTensor out = qkv_tensor(p.c);
+  HostTensor lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  HostTensor dq = qkv_tensor(p.c), dk = qkv_tensor(p.c), dv = qkv_tensor(p.c);
+  HostTensor out2 = out, lse2 = lse, dq2 = dq, dk2 = dk, dv2 = dv;
+  {
+    DeviceCopy d_out(out), d_lse(lse), d_dq(dq), d_dk(dk), d_dv(dv);
+    Status s = run_gpu(at_forward(p, dev, d_out.view(), d_lse.view()), /*misalign=*/true);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    s = run_gpu(
+        at_backward(p, dev, d_out.view(), d_lse.view(), d_dq.view(), d_dk.view(), d_dv.view()));
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    d_out.copy_to(out);
+    d_lse.copy_to(lse);
+    d_dq.copy_to(dq);
+    d_dk.copy_to(dk);
+    d_dv.copy_to(dv);
+  }
+  EXPECT_TRUE(within_tolerance("out", out.values(), out_cpu.values(), of.out.v, p.c.dtype));
+  EXPECT_TRUE(within_tolerance("lse", lse.values(), lse_cpu.values(), of.lse, DType::kF32));
+  EXPECT_TRUE(within_tolerance("dq", dq.values(), dq_cpu.values(), og.dq.v, p.c.dtype));
+  EXPECT_TRUE(within_tolerance("dk", dk.values(), dk_cpu.values(), og.dk.v, p.c.dtype));
+  EXPECT_TRUE(within_tolerance("dv", dv.values(), dv_cpu.values(), og.dv.v, p.c.dtype));
+  EXPECT_EQ(out.touched_outside_view() + dq.touched_outside_view() + dk.touched_outside_view() +
+                dv.touched_outside_view(),
+            0);
+
+  // Again on a stream of its own: the same bytes.
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  {
+    DeviceCopy d_out(out2), d_lse(lse2), d_dq(dq2), d_dk(dk2), d_dv(dv2);
+    ASSERT_TRUE(run_gpu(at_forward(p, dev, d_out.view(), d_lse.view()), false, stream).ok());
+    ASSERT_TRUE(run_gpu(at_backward(p, dev, d_out.view(), d_lse.view(), d_dq.view(), d_dk.view(),
+                                    d_dv.view()),
+                        false, stream)
+                    .ok());
+    d_out.copy_to(out2);
+    d_lse.copy_to(lse2);
+    d_dq.copy_to(dq2);
+    d_dk.copy_to(dk2);
+    d_dv.copy_to(dv2);
+  }
+  cudaStreamDestroy(stream);
+  EXPECT_TRUE(same_storage(out, out2));
+  EXPECT_TRUE(same_storage(lse, lse2));
+  EXPECT_TRUE(same_storage(dq, dq2));
+  EXPECT_TRUE(same_storage(dk, dk2));
+  EXPECT_TRUE(same_storage(dv, dv2));
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSparse, CompositeCuda, ::testing::ValuesIn(at_cases()),
+                         [](const ::testing::TestParamInfo<ATCase>& param_info) {
+                           return param_info.param.name();
+                         });
+
+// =================================================================================================
+// Rejections and edge cases
+// =================================================================================================
+
+// CUDA tensors with an index that was never uploaded: every op refuses, naming `index`.
+TEST(BlockSparseCudaSmall, IndexNotUploadedIsRejected) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(kBaseSeed + 2700);
+  const Layout layout = random_layout(1, 2, 2, 0.7, rng);
+  const BlockSparseIndex ix = make_index(layout, 16);  // not uploaded
+  HostTensor x = HostTensor::packed(DType::kF32, {1, ix.nnz, 16, 16});
+  HostTensor dense = HostTensor::packed(DType::kF32, {1, 1, 32, 32});
+  test::fill_normal(x, rng);
+  test::fill_normal(dense, rng);
+  HostTensor y = HostTensor::packed(DType::kF32, {1, ix.nnz, 16, 16});
+  DeviceCopy dx(x), dd(dense), dy(y);
+
+  BlockSparseMatMulParams mm;
+  mm.index = &ix;
+  mm.mode = BlockSparseMatMulMode::kSdd;
+  mm.a = dd.view();
+  mm.b = dd.view();
+  mm.c = dy.view();
+  std::string why;
+  EXPECT_EQ(can_implement(mm, &why).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(why, "index")) << why;
+  EXPECT_TRUE(mentions(why, "upload_block_sparse_index")) << why;
+  EXPECT_FALSE(run(mm, nullptr, 0).ok());
+
+  BlockSparseSoftmaxParams sm;
+  sm.index = &ix;
+  sm.x = dx.view();
+  sm.y = dy.view();
+  EXPECT_EQ(can_implement(sm, &why).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(why, "index")) << why;
+  EXPECT_FALSE(run(sm, nullptr, 0).ok());
+}
+
+// A layout with a single block: every other block row is empty, and the dsd must write zeros
+// there (head 0 has no block at all, so all of its output is exactly 0).
+TEST(BlockSparseCudaSmall, DsdOfAnEmptyLineWritesZeros) {
+  SKIP_WITHOUT_GPU();
+  Layout layout = Layout::zeros(2, 3, 2);
+  layout.at(1, 2, 0) = 1;  // one block: every other line of either head is empty
+  BlockSparseIndex ix = make_index(layout, 32);
+  upload(ix);
+  std::mt19937_64 rng(kBaseSeed + 2710);
+  HostTensor s = HostTensor::packed(DType::kBF16, {2, ix.nnz, 32, 32});
+  HostTensor y = HostTensor::packed(DType::kBF16, {2, 2, 64, 5});
+  test::fill_normal(s, rng);
+  test::fill_normal(y, rng);
+  HostTensor out = HostTensor::packed(DType::kBF16, {2, 2, 96, 5});
+  DeviceCopy ds(s), dy(y), dout(out);
+  BlockSparseMatMulParams f;
+  f.index = &ix;
+  f.mode = BlockSparseMatMulMode::kDsd;
+  f.a = ds.view();
+  f.b = dy.view();
+  f.c = dout.view();
+  ASSERT_TRUE(run_gpu(f).ok());
+  dout.copy_to(out);
+  const Vec got = out.values();
+  const Dense4 want = matmul(sparse_logical(s, layout, 32), dense_op(y, false));
+  EXPECT_TRUE(within_tolerance("out", got, rounded(want.v, DType::kBF16), want.v, DType::kBF16));
+  // Rows of head 0 are all zeros, exactly.
+  for (int64_t z = 0; z < 2; ++z)
+    for (int64_t i = 0; i < 96 * 5; ++i) {
+      EXPECT_EQ(got[static_cast<size_t>(z * 2 * 96 * 5 + i)], 0.0) << "z " << z << " element " << i;
+    }
+}
+
+}  // namespace
+}  // namespace sciattn
