@@ -3,9 +3,8 @@
 #
 # The ABI matters for the library too, not only for the extension: the library's Status carries a
 # std::string that the extension reads, and std::string's layout depends on
-# _GLIBCXX_USE_CXX11_ABI. A compiler whose default differs from torch's (the GPU machine's
-# /opt/gcc) built a library with the old layout and an extension with the new one, and the first
-# error message read across them crashed the process.
+# _GLIBCXX_USE_CXX11_ABI, so a compiler whose default differs from torch's must not build the two
+# halves differently.
 #
 # Torch is located by asking the Python interpreter (Python3_EXECUTABLE, which pip and
 # scripts/build_torch_ext.sh pass) rather than with find_package(Torch): the PyPI wheels are CUDA

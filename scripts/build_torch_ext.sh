@@ -8,7 +8,8 @@
 #                                             # package into .carry/deps (for the GPU machine)
 #
 # --cuda (the default when nvcc and a CUDA-enabled torch are present) builds the CUDA kernels
-# (sm_90a, every head dim and dtype, as the `gpu` preset; SCIATTN_HEAD_DIMS="32;64" builds fewer) and registers the CUDA kernels of the ops.
+# (sm_90a, every head dim and dtype, as the `gpu` preset; SCIATTN_HEAD_DIMS="32;64" builds fewer)
+# and registers the CUDA kernels of the ops.
 # The build tree is build/torch-ext-{cpu,cuda}. nlohmann-json is looked up in the usual places and
 # in .carry/deps/nlohmann_json (made by --carry-deps).
 set -euo pipefail
@@ -46,6 +47,19 @@ if [ "$mode" = auto ]; then
   fi
 fi
 
+# The compiler: SCIATTN_TORCH_CXX, else the system's /usr/bin/g++ when there is one, rather than
+# $CXX. On the GPU machine $CXX (and $CUDAHOSTCXX) is /opt/gcc/bin/g++, a wrapper whose start files
+# and libgcc break C++ exceptions in a torch extension: a ten-line extension that raises ValueError
+# from TORCH_CHECK_VALUE segfaults when linked by it and raises cleanly when linked by /usr/bin/g++
+# (checked 2026-11-30). Every error the ops report to Python is such an exception.
+cxx=${SCIATTN_TORCH_CXX:-}
+[ -z "$cxx" ] && [ -x /usr/bin/g++ ] && cxx=/usr/bin/g++
+compiler_args=()
+if [ -n "$cxx" ]; then
+  compiler_args=(-DCMAKE_CXX_COMPILER="$cxx")
+  [ "$mode" = cuda ] && compiler_args+=(-DCMAKE_CUDA_HOST_COMPILER="$cxx")
+fi
+
 prefix_path="$torch_prefix"
 [ -d .carry/deps/nlohmann_json ] && prefix_path="$prefix_path;$PWD/.carry/deps/nlohmann_json"
 build=build/torch-ext-$mode
@@ -59,7 +73,7 @@ command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 
 echo "build_torch_ext: $mode build in $build with $jobs jobs (python: $python)"
 cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DSCIATTN_WITH_TORCH=ON "${cuda_args[@]}" \
+  -DSCIATTN_WITH_TORCH=ON "${cuda_args[@]}" "${compiler_args[@]}" \
   -DSCIATTN_BUILD_TESTS=OFF -DSCIATTN_BUILD_BENCH=OFF -DSCIATTN_BUILD_EXAMPLES=OFF \
   -DSCIATTN_BUILD_TOOLS=OFF -DSCIATTN_BUILD_CAPI=OFF \
   -DPython3_EXECUTABLE="$("$python" -c 'import sys; print(sys.executable)')" "-DCMAKE_PREFIX_PATH=$prefix_path" >/dev/null
