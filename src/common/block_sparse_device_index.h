@@ -38,6 +38,34 @@ struct BlockSparseDeviceIndex {
   const int32_t* col_blocks = nullptr;   // [nnz]
   Split row_split, col_split;
 
+  // The fused attention's tile index (common/sparse_attention_tiles.h) as int32; num_tiles is 0
+  // for a non-square layout, which only the MatMul / Softmax ops take.
+  struct TileWork {
+    int32_t pieces = 0;
+    int32_t max_tiles = 0;
+    int32_t slots = 0;  // pieces of split lines (fp32 partials)
+    int32_t num_split_lines = 0;
+    const int32_t* line_items = nullptr;   // [lines + 1]
+    const int32_t* item_line = nullptr;    // [pieces]
+    const int32_t* item_begin = nullptr;   // [pieces] positions in the tile list
+    const int32_t* item_end = nullptr;     // [pieces]
+    const int32_t* item_slot = nullptr;    // [pieces] partial slot, -1 when the line is whole
+    const int32_t* split_lines = nullptr;  // [num_split_lines]
+  };
+  struct Tiles {
+    int32_t sub = 1, shift = 0, full_mask = 1;
+    int32_t num_tiles = 0;  // per side
+    int32_t nnz = 0;
+    const int32_t* row_offsets = nullptr;  // [H * num_tiles + 1]
+    const int32_t* row_cols = nullptr;     // [nnz]
+    const int32_t* row_masks = nullptr;    // [nnz]
+    const int32_t* col_offsets = nullptr;  // [H * num_tiles + 1]
+    const int32_t* col_rows = nullptr;     // [nnz]
+    const int32_t* col_masks = nullptr;    // [nnz]
+    TileWork rows, cols;
+  };
+  Tiles tiles;
+
   BlockSparseDeviceIndex() = default;
   BlockSparseDeviceIndex(const BlockSparseDeviceIndex&) = delete;
   BlockSparseDeviceIndex& operator=(const BlockSparseDeviceIndex&) = delete;

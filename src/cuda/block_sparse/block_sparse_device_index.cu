@@ -1,5 +1,6 @@
-// upload_block_sparse_index: packs a BlockSparseIndex's arrays as int32 into one buffer and
-// copies it to the current CUDA device. CUDA layer (host code).
+// upload_block_sparse_index: packs a BlockSparseIndex's arrays, and the fused attention's tile
+// index built from it, as int32 into one buffer and copies it to the chosen CUDA device. CUDA
+// layer (host code).
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "common/block_sparse_device_index.h"
+#include "common/sparse_attention_tiles.h"
 
 namespace sciattn {
 namespace {
@@ -61,6 +63,38 @@ BlockSparseDeviceIndex::Split device_split(const int32_t* base, const SplitOffse
   d.item_line = base + o.item_line;
   d.item_begin = base + o.item_begin;
   d.item_end = base + o.item_end;
+  return d;
+}
+
+struct TileWorkOffsets {
+  size_t line_items, item_line, item_begin, item_end, item_slot, split_lines;
+};
+
+TileWorkOffsets add_tile_work(Int32Packer& packer, const detail::SparseAttentionTileWork& w,
+                              bool* fits) {
+  TileWorkOffsets o{};
+  o.line_items = packer.add(w.split.line_items, fits);
+  o.item_line = packer.add(w.split.item_line, fits);
+  o.item_begin = packer.add(w.split.item_begin, fits);
+  o.item_end = packer.add(w.split.item_end, fits);
+  o.item_slot = packer.add(w.item_slot, fits);
+  o.split_lines = packer.add(w.split_lines, fits);
+  return o;
+}
+
+BlockSparseDeviceIndex::TileWork device_tile_work(const int32_t* base, const TileWorkOffsets& o,
+                                                  const detail::SparseAttentionTileWork& w) {
+  BlockSparseDeviceIndex::TileWork d;
+  d.pieces = static_cast<int32_t>(w.split.pieces());
+  d.max_tiles = static_cast<int32_t>(w.split.max_blocks);
+  d.slots = static_cast<int32_t>(w.slots);
+  d.num_split_lines = static_cast<int32_t>(w.split_lines.size());
+  d.line_items = base + o.line_items;
+  d.item_line = base + o.item_line;
+  d.item_begin = base + o.item_begin;
+  d.item_end = base + o.item_end;
+  d.item_slot = base + o.item_slot;
+  d.split_lines = base + o.split_lines;
   return d;
 }
 
@@ -127,6 +161,22 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
   const size_t col_blocks = packer.add(ix.col_blocks, &fits);
   const SplitOffsets row_split = add_split(packer, ix.row_split, &fits);
   const SplitOffsets col_split = add_split(packer, ix.col_split, &fits);
+  // The fused attention's tiles, for square layouts (sparse self-attention); the MatMul and
+  // Softmax ops also take rectangular ones, which get none.
+  detail::SparseAttentionTiles tiles;
+  const bool with_tiles = ix.num_row_blocks == ix.num_col_blocks;
+  if (with_tiles) {
+    const Status built = detail::build_sparse_attention_tiles(ix, &tiles);
+    if (!built.ok()) return built;
+  }
+  const size_t tile_row_offsets = packer.add(tiles.row_offsets, &fits);
+  const size_t tile_row_cols = packer.add(tiles.row_cols, &fits);
+  const size_t tile_row_masks = packer.add(tiles.row_masks, &fits);
+  const size_t tile_col_offsets = packer.add(tiles.col_offsets, &fits);
+  const size_t tile_col_rows = packer.add(tiles.col_rows, &fits);
+  const size_t tile_col_masks = packer.add(tiles.col_masks, &fits);
+  const TileWorkOffsets tile_rows = add_tile_work(packer, tiles.rows, &fits);
+  const TileWorkOffsets tile_cols = add_tile_work(packer, tiles.cols, &fits);
   if (!fits) {
     return Status::invalid_argument(
         "index has a count that does not fit the GPU kernels' 32-bit "
@@ -165,6 +215,22 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
   d->col_blocks = base + col_blocks;
   d->row_split = device_split(base, row_split, ix.row_split);
   d->col_split = device_split(base, col_split, ix.col_split);
+  if (with_tiles) {
+    BlockSparseDeviceIndex::Tiles& t = d->tiles;
+    t.sub = static_cast<int32_t>(tiles.sub);
+    t.shift = static_cast<int32_t>(tiles.shift);
+    t.full_mask = static_cast<int32_t>(tiles.full_mask);
+    t.num_tiles = static_cast<int32_t>(tiles.num_tiles);
+    t.nnz = static_cast<int32_t>(tiles.nnz);
+    t.row_offsets = base + tile_row_offsets;
+    t.row_cols = base + tile_row_cols;
+    t.row_masks = base + tile_row_masks;
+    t.col_offsets = base + tile_col_offsets;
+    t.col_rows = base + tile_col_rows;
+    t.col_masks = base + tile_col_masks;
+    t.rows = device_tile_work(base, tile_rows, tiles.rows);
+    t.cols = device_tile_work(base, tile_cols, tiles.cols);
+  }
   index->device = std::move(d);
   return Status::ok_status();
 }

@@ -1,38 +1,379 @@
-// The fused block-sparse attention on the GPU: not written yet (issue 5); every entry point
-// reports kNotSupported. CUDA layer (host code).
+// The one place where the fused block-sparse attention's runtime values (dtype, head dim) become
+// template arguments of its CUDA kernels, plus its CUDA-specific checks and the workspace plan
+// shared by workspace_size and the launch. CUDA layer (host code).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/block_sparse_device_index.h"
+#include "common/workspace_layout.h"
+#include "cuda/block_sparse/sparse_attention_launch.h"
 #include "cuda/sparse_attention_cuda.h"
 
 namespace sciattn::cuda {
 namespace {
-Status not_yet() {
-  return Status::not_supported(
-      "fused sparse attention has no CUDA kernels in this version yet; pass CPU tensors");
+
+constexpr int64_t kTile = 64;  // SparseTile::kSize (the tile index's kTile)
+constexpr int64_t kMaxHeadDim = 128;
+
+// The instantiated head dim that runs head dim `dim`: the smallest of 32, 64, 128 built into
+// this binary that is >= dim (columns past dim are zero-filled); 0 when there is none.
+int64_t kernel_head_dim(int64_t dim) {
+  const int64_t built[] = {
+#ifdef SCIATTN_SPARSE_HD32
+      32,
+#endif
+#ifdef SCIATTN_SPARSE_HD64
+      64,
+#endif
+#ifdef SCIATTN_SPARSE_HD128
+      128,
+#endif
+      0};
+  for (int64_t d : built) {
+    if (d >= dim) return d;
+  }
+  return 0;
 }
+
+bool dtype_built(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return true;  // the fp32 kernels are always built
+    case DType::kF16:
+#ifdef SCIATTN_SPARSE_F16
+      return true;
+#else
+      return false;
+#endif
+    case DType::kBF16:
+#ifdef SCIATTN_SPARSE_BF16
+      return true;
+#else
+      return false;
+#endif
+    default:
+      return false;
+  }
+}
+
+BiasType term_type(const TensorView& t) {
+  if (!t.present()) return BiasType::kNone;
+  switch (t.dtype) {
+    case DType::kF32:
+      return BiasType::kF32;
+    case DType::kF16:
+      return BiasType::kF16;
+    case DType::kBF16:
+      return BiasType::kBF16;
+    case DType::kBool:
+      return BiasType::kBool;
+  }
+  return BiasType::kNone;
+}
+
+void copy_strides(const TensorView& t, int64_t* dst, int n) {
+  for (int d = 0; d < n; ++d) dst[d] = t.present() ? t.strides[d] : 0;
+}
+
+// 16-byte copies of whole rows of 8 elements are safe: unit stride on D, D in whole 8-element
+// chunks, every row start 16-byte aligned.
+int vectorizable(const TensorView& t) {
+  if (t.strides[3] != 1 || t.sizes[3] % 8 != 0) return 0;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return 0;
+  for (int d = 0; d < 3; ++d) {
+    if (t.sizes[d] > 1 && t.strides[d] % 8 != 0) return 0;
+  }
+  return 1;
+}
+
+Status device_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Runs `launch` with the device that holds `tensor` current. The library links its own static
+// CUDA runtime, whose current device is not the caller's (PyTorch's runtime is another copy), so
+// tensors on cuda:1 would otherwise be launched on device 0. The caller's device is restored.
+template <typename Launch>
+Status on_device_of(const void* tensor, const Launch& launch) {
+  cudaPointerAttributes attributes{};
+  int current = 0;
+  if (cudaPointerGetAttributes(&attributes, tensor) != cudaSuccess ||
+      cudaGetDevice(&current) != cudaSuccess || attributes.device < 0 ||
+      attributes.device == current) {
+    cudaGetLastError();  // a host pointer or an old driver: launch where we are
+    return launch();
+  }
+  const cudaError_t e = cudaSetDevice(attributes.device);
+  if (e != cudaSuccess) return device_status(e, "cudaSetDevice to the tensors' device");
+  const Status status = launch();
+  cudaSetDevice(current);
+  return status;
+}
+
+const BlockSparseDeviceIndex::Tiles& tiles_of(const BlockSparseIndex* index) {
+  return index->device->tiles;
+}
+
+// The workspace of a call: delta (backward) and the fp32 partials of split lines (tensor-core
+// path only; the fp32 path walks whole lines). Both workspace_size and the launch use it.
+struct FusedPlan {
+  detail::WorkspaceLayout layout;
+  size_t delta = 0, fwd_partial = 0, dq_partial = 0, dk_partial = 0, dv_partial = 0;
+  int64_t part_dim = 0;
+  bool has_fwd = false, has_dq = false, has_dkdv = false;
+};
+
+FusedPlan plan_forward(const SparseAttentionForwardParams& p, const detail::AttentionShape& s) {
+  FusedPlan plan;
+  if (p.q.dtype == DType::kF32) return plan;
+  const auto& t = tiles_of(p.index);
+  plan.part_dim = kernel_head_dim(s.dim);
+  if (t.rows.slots > 0) {
+    plan.has_fwd = true;
+    plan.fwd_partial =
+        plan.layout.add<float>(s.batch * t.rows.slots * (kTile * plan.part_dim + 2 * kTile));
+  }
+  return plan;
+}
+
+FusedPlan plan_backward(const SparseAttentionBackwardParams& p, const detail::AttentionShape& s) {
+  FusedPlan plan;
+  plan.delta = plan.layout.add<float>(s.batch * s.heads * s.len);
+  if (p.q.dtype == DType::kF32) return plan;
+  const auto& t = tiles_of(p.index);
+  plan.part_dim = kernel_head_dim(s.dim);
+  if (t.rows.slots > 0) {
+    plan.has_dq = true;
+    plan.dq_partial = plan.layout.add<float>(s.batch * t.rows.slots * kTile * plan.part_dim);
+  }
+  if (t.cols.slots > 0) {
+    plan.has_dkdv = true;
+    plan.dk_partial = plan.layout.add<float>(s.batch * t.cols.slots * kTile * plan.part_dim);
+    plan.dv_partial = plan.layout.add<float>(s.batch * t.cols.slots * kTile * plan.part_dim);
+  }
+  return plan;
+}
+
+Status check_common(const BlockSparseIndex* index, DType dtype, const detail::AttentionShape& s) {
+  if (s.dim < 1 || s.dim > kMaxHeadDim) {
+    return Status::not_supported("q has head dim D = " + std::to_string(s.dim) +
+                                 "; the fused CUDA kernels take D from 1 to " +
+                                 std::to_string(kMaxHeadDim) +
+                                 " (run padded to 32, 64 or 128); use the composite algorithm "
+                                 "or CPU tensors for larger head dims");
+  }
+  if (!dtype_built(dtype) || (dtype != DType::kF32 && kernel_head_dim(s.dim) == 0)) {
+    return Status::not_supported(
+        "this build has no fused sparse attention CUDA kernel for head dim D = " +
+        std::to_string(s.dim) + " and dtype " + dtype_name(dtype) +
+        " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES choose 32, 64, 128 and f16, bf16); build with the "
+        "`gpu` preset");
+  }
+  const BlockSparseDeviceIndex* d = index->device.get();
+  if (d == nullptr || d->tiles.num_tiles == 0) {
+    return Status::invalid_argument(
+        "index: its device copy has no tile index for the fused kernels (the layout is not "
+        "square); upload a square index with upload_block_sparse_index");
+  }
+  const int64_t pieces = std::max<int64_t>(d->tiles.rows.pieces, d->tiles.cols.pieces);
+  if (s.batch * pieces > 0x7fffffff) {
+    return Status::not_supported("the problem needs " + std::to_string(s.batch * pieces) +
+                                 " thread blocks (B * pieces), more than one CUDA grid holds "
+                                 "(2^31 - 1)");
+  }
+  return Status::ok_status();
+}
+
+// The fields shared by forward and backward.
+SparseAttentionDeviceParams common_params(
+    const BlockSparseIndex* index, const TensorView& q, const TensorView& k, const TensorView& v,
+    const TensorView& rpe, const TensorView& kpm, const TensorView& attn, const TensorView& out,
+    const TensorView& lse, const SparseAttentionOptions& options, const detail::AttentionShape& s) {
+  SparseAttentionDeviceParams p{};
+  p.batch = s.batch;
+  p.heads = s.heads;
+  p.len = s.len;
+  p.dim = s.dim;
+  p.scale = detail::attention_scale(options, s.dim);
+  p.causal = options.causal ? 1 : 0;
+  p.q = q.data;
+  copy_strides(q, p.q_stride, 4);
+  p.k = k.data;
+  copy_strides(k, p.k_stride, 4);
+  p.v = v.data;
+  copy_strides(v, p.v_stride, 4);
+  p.vec_q = vectorizable(q);
+  p.vec_k = vectorizable(k);
+  p.vec_v = vectorizable(v);
+  p.rpe = rpe.data;
+  p.rpe_type = term_type(rpe);
+  copy_strides(rpe, p.rpe_stride, 4);
+  p.kpm = kpm.data;
+  p.kpm_type = term_type(kpm);
+  copy_strides(kpm, p.kpm_stride, 2);
+  p.kpm_mul =
+      kpm.present() && kpm.dtype != DType::kBool && options.key_padding_mask_mode == MaskMode::kMul;
+  p.attn = attn.data;
+  p.attn_type = term_type(attn);
+  copy_strides(attn, p.attn_stride, 2);
+  p.attn_mul =
+      attn.present() && attn.dtype != DType::kBool && options.attn_mask_mode == MaskMode::kMul;
+  p.has_terms = rpe.present() || kpm.present() || attn.present();
+  p.out = out.data;
+  copy_strides(out, p.out_stride, 4);
+  p.lse = static_cast<float*>(lse.data);
+  copy_strides(lse, p.lse_stride, 3);
+  p.tiles = tiles_of(index);
+  return p;
+}
+
+// Calls fn.template run<T, kHeadDim>() for the runtime dtype (f16 / bf16) and head dim.
+template <typename Fn>
+cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
+  const int64_t head_dim = kernel_head_dim(dim);
+#define SCIATTN_SPARSE_DIM(T, D) \
+  if (head_dim == D) return fn.template run<T, D>();
+#ifdef SCIATTN_SPARSE_HD32
+#define SCIATTN_SPARSE_IF32(T) SCIATTN_SPARSE_DIM(T, 32)
+#else
+#define SCIATTN_SPARSE_IF32(T)
+#endif
+#ifdef SCIATTN_SPARSE_HD64
+#define SCIATTN_SPARSE_IF64(T) SCIATTN_SPARSE_DIM(T, 64)
+#else
+#define SCIATTN_SPARSE_IF64(T)
+#endif
+#ifdef SCIATTN_SPARSE_HD128
+#define SCIATTN_SPARSE_IF128(T) SCIATTN_SPARSE_DIM(T, 128)
+#else
+#define SCIATTN_SPARSE_IF128(T)
+#endif
+#define SCIATTN_SPARSE_TYPE(T) SCIATTN_SPARSE_IF32(T) SCIATTN_SPARSE_IF64(T) SCIATTN_SPARSE_IF128(T)
+#ifdef SCIATTN_SPARSE_F16
+  if (dtype == DType::kF16) {
+    SCIATTN_SPARSE_TYPE(__half)
+  }
+#endif
+#ifdef SCIATTN_SPARSE_BF16
+  if (dtype == DType::kBF16) {
+    SCIATTN_SPARSE_TYPE(__nv_bfloat16)
+  }
+#endif
+#undef SCIATTN_SPARSE_TYPE
+#undef SCIATTN_SPARSE_IF32
+#undef SCIATTN_SPARSE_IF64
+#undef SCIATTN_SPARSE_IF128
+#undef SCIATTN_SPARSE_DIM
+  (void)dtype;
+  (void)head_dim;
+  (void)fn;
+  return cudaErrorInvalidValue;  // unreachable after the checks
+}
+
+struct ForwardLauncher {
+  const SparseAttentionDeviceParams& p;
+  cudaStream_t stream;
+  template <typename T, int D>
+  cudaError_t run() const {
+    return launch_sparse_attention_forward<T, D>(p, stream);
+  }
+};
+
+struct BackwardLauncher {
+  const SparseAttentionDeviceParams& p;
+  cudaStream_t stream;
+  template <typename T, int D>
+  cudaError_t run() const {
+    return launch_sparse_attention_backward<T, D>(p, stream);
+  }
+};
+
+Status run_forward_here(const SparseAttentionForwardParams& params, const detail::AttentionShape& s,
+                        void* workspace, Stream stream) {
+  SparseAttentionDeviceParams p =
+      common_params(params.index, params.q, params.k, params.v, params.rpe, params.key_padding_mask,
+                    params.attn_mask, params.out, params.lse, params.options, s);
+  const FusedPlan plan = plan_forward(params, s);
+  p.part_dim = static_cast<int>(plan.part_dim);
+  p.fwd_partial = plan.has_fwd ? plan.layout.at<float>(workspace, plan.fwd_partial) : nullptr;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  if (params.q.dtype == DType::kF32) {
+    return device_status(launch_sparse_attention_forward_f32(p, cuda_stream),
+                         "fused sparse attention forward (fp32) kernel launch");
+  }
+  return device_status(dispatch(params.q.dtype, s.dim, ForwardLauncher{p, cuda_stream}),
+                       "fused sparse attention forward kernel launch");
+}
+
+Status run_backward_here(const SparseAttentionBackwardParams& params,
+                         const detail::AttentionShape& s, void* workspace, Stream stream) {
+  SparseAttentionDeviceParams p =
+      common_params(params.index, params.q, params.k, params.v, params.rpe, params.key_padding_mask,
+                    params.attn_mask, params.out, params.lse, params.options, s);
+  p.dout = params.dout.data;
+  copy_strides(params.dout, p.dout_stride, 4);
+  p.vec_dout = vectorizable(params.dout);
+  p.dq = params.dq.data;
+  copy_strides(params.dq, p.dq_stride, 4);
+  p.dk = params.dk.data;
+  copy_strides(params.dk, p.dk_stride, 4);
+  p.dv = params.dv.data;
+  copy_strides(params.dv, p.dv_stride, 4);
+  const FusedPlan plan = plan_backward(params, s);
+  p.part_dim = static_cast<int>(plan.part_dim);
+  p.delta = plan.layout.at<float>(workspace, plan.delta);
+  p.dq_partial = plan.has_dq ? plan.layout.at<float>(workspace, plan.dq_partial) : nullptr;
+  p.dk_partial = plan.has_dkdv ? plan.layout.at<float>(workspace, plan.dk_partial) : nullptr;
+  p.dv_partial = plan.has_dkdv ? plan.layout.at<float>(workspace, plan.dv_partial) : nullptr;
+
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  const DType dtype = params.q.dtype;
+  cudaError_t e = dtype == DType::kF32 ? launch_sparse_attention_delta<float>(p, cuda_stream)
+                  : dtype == DType::kF16
+                      ? launch_sparse_attention_delta<__half>(p, cuda_stream)
+                      : launch_sparse_attention_delta<__nv_bfloat16>(p, cuda_stream);
+  if (e != cudaSuccess) return device_status(e, "fused sparse attention backward (delta) launch");
+  e = dtype == DType::kF32 ? launch_sparse_attention_backward_f32(p, cuda_stream)
+                           : dispatch(dtype, s.dim, BackwardLauncher{p, cuda_stream});
+  return device_status(e, "fused sparse attention backward kernel launch");
+}
+
 }  // namespace
 
-Status check_sparse_attention_fused_cuda(const SparseAttentionForwardParams&,
-                                         const detail::AttentionShape&) {
-  return not_yet();
+Status check_sparse_attention_fused_cuda(const SparseAttentionForwardParams& p,
+                                         const detail::AttentionShape& s) {
+  return check_common(p.index, p.q.dtype, s);
 }
-Status check_sparse_attention_fused_cuda(const SparseAttentionBackwardParams&,
-                                         const detail::AttentionShape&) {
-  return not_yet();
+
+Status check_sparse_attention_fused_cuda(const SparseAttentionBackwardParams& p,
+                                         const detail::AttentionShape& s) {
+  return check_common(p.index, p.q.dtype, s);
 }
-size_t sparse_attention_fused_workspace_size_cuda(const SparseAttentionForwardParams&,
-                                                  const detail::AttentionShape&) {
-  return 0;
+
+size_t sparse_attention_fused_workspace_size_cuda(const SparseAttentionForwardParams& p,
+                                                  const detail::AttentionShape& s) {
+  return plan_forward(p, s).layout.total_bytes();
 }
-size_t sparse_attention_fused_workspace_size_cuda(const SparseAttentionBackwardParams&,
-                                                  const detail::AttentionShape&) {
-  return 0;
+
+size_t sparse_attention_fused_workspace_size_cuda(const SparseAttentionBackwardParams& p,
+                                                  const detail::AttentionShape& s) {
+  return plan_backward(p, s).layout.total_bytes();
 }
-Status run_sparse_attention_fused_cuda(const SparseAttentionForwardParams&,
-                                       const detail::AttentionShape&, void*, Stream) {
-  return not_yet();
+
+Status run_sparse_attention_fused_cuda(const SparseAttentionForwardParams& p,
+                                       const detail::AttentionShape& s, void* workspace,
+                                       Stream stream) {
+  return on_device_of(p.q.data, [&] { return run_forward_here(p, s, workspace, stream); });
 }
-Status run_sparse_attention_fused_cuda(const SparseAttentionBackwardParams&,
-                                       const detail::AttentionShape&, void*, Stream) {
-  return not_yet();
+
+Status run_sparse_attention_fused_cuda(const SparseAttentionBackwardParams& p,
+                                       const detail::AttentionShape& s, void* workspace,
+                                       Stream stream) {
+  return on_device_of(p.q.data, [&] { return run_backward_here(p, s, workspace, stream); });
 }
 
 }  // namespace sciattn::cuda

@@ -1,0 +1,326 @@
+// The fused block-sparse attention backward on tensor cores, deterministic by construction (no
+// floating-point atomics; every output element is owned by one thread of one CTA):
+//   1. delta_i = <dO_i, O_i> (sparse_attention_f32.cu, dtype-generic), in the workspace
+//   2. sparse_attention_dkdv_kernel: per (piece of a 64-key tile column, batch): dK, dV over the
+//      piece's nonzero query tiles (the column list)
+//   3. sparse_attention_dq_kernel: per (piece of a 64-query tile row, batch): dQ over the piece's
+//      nonzero key tiles (the row list)
+//   4. sparse_attention_sum_kernel: the pieces of split lines, written as fp32 partials, added
+//      in piece order
+// Both recompute P = exp(S - lse) from the forward's lse; dS is formed in fp32 from fp32 P. CUDA
+// layer; instantiated per (dtype, head dim) in generated files.
+#pragma once
+
+#include "cuda/block_sparse/sparse_attention_device.cuh"
+
+namespace sciattn::cuda {
+
+template <typename T, int kHeadDim>
+struct SparseBwdSmem {
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kTile = SparseTile::kSize * kPitch;
+  T a[kTile];                       // dK/dV kernel: K of this key tile; dQ kernel: Q
+  T b[kTile];                       // dK/dV kernel: V; dQ kernel: dO
+  T c[2][kTile];                    // the streamed tile, double-buffered: Q (dK/dV) or K (dQ)
+  T d[2][kTile];                    // the streamed tile, double-buffered: dO (dK/dV) or V (dQ)
+  float lse[2][SparseTile::kSize];  // lse and delta of the streamed query rows (dK/dV kernel)
+  float delta[2][SparseTile::kSize];
+};
+
+// The A fragments of `tile` rows warp*16.. for k-step s, read from shared memory (used where
+// keeping all of them in registers across the loop would spill).
+template <typename T, int kPitch>
+__device__ __forceinline__ void load_a_frag(uint32_t frag[4], const T* tile, int s, int g, int t) {
+  frag[0] = load_pair(tile + g * kPitch + s * 16 + 2 * t);
+  frag[1] = load_pair(tile + (g + 8) * kPitch + s * 16 + 2 * t);
+  frag[2] = load_pair(tile + g * kPitch + s * 16 + 2 * t + 8);
+  frag[3] = load_pair(tile + (g + 8) * kPitch + s * 16 + 2 * t + 8);
+}
+
+// acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim: rows warp*16.. of `a_tile`) * rows^T, rows = the
+// 64 rows of `tile`; the A fragments are read from shared memory step by step.
+template <typename T, int kSteps, int kPitch>
+__device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile, const T* tile,
+                                                int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    uint32_t a[4];
+    load_a_frag<T, kPitch>(a, a_tile, s, g, t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const T* r = tile + (j * 8 + g) * kPitch + s * 16 + 2 * t;
+      const uint32_t bf[2] = {load_pair(r), load_pair(r + 8)};
+      mma_16816<T>(acc[j], a, bf);
+    }
+  }
+}
+
+// Fragments kept in registers up to head dim 64; at 128 they are re-read from shared memory
+// (the accumulators of dK and dV, or dQ, already take 64-128 registers).
+template <int kHeadDim>
+constexpr bool kSparseFragsInRegisters = kHeadDim <= 64;
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads)
+    sparse_attention_dkdv_kernel(const SparseAttentionDeviceParams p) {
+  using Smem = SparseBwdSmem<T, kHeadDim>;
+  constexpr int kPitch = Smem::kPitch;
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  constexpr bool kRegs = kSparseFragsInRegisters<kHeadDim>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  const PieceOf at = decode_piece(p.tiles.cols, p.tiles.num_tiles);
+  const int64_t b = at.b, h = at.h;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t key0 = at.tile * SparseTile::kSize;
+  const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};  // keys inside the tile
+  const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
+
+  const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
+  const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h);
+  if (at.begin < at.end) {
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
+        smem.a, slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h), key0, p.len, p.dim);
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
+        smem.b, slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h), key0, p.len, p.dim);
+    const int64_t q0 = int64_t{p.tiles.col_rows[at.begin]} * SparseTile::kSize;
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[0], q_src, q0, p.len, p.dim);
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[0], do_src, q0, p.len, p.dim);
+    load_sparse_row_stats(smem.lse[0], smem.delta[0], p, b, h, q0);
+    cp_async_commit();
+  }
+
+  uint32_t k_frag[kRegs ? kSteps : 1][4], v_frag[kRegs ? kSteps : 1][4];
+  float dk[kOutTiles][4], dv[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dk[i][x] = dv[i][x] = 0.0f;
+
+  for (int e = at.begin; e < at.end; ++e) {
+    const int buf = (e - at.begin) & 1;
+    const int64_t q0 = int64_t{p.tiles.col_rows[e]} * SparseTile::kSize;
+    const int mask = p.tiles.col_masks[e];
+    if (e + 1 < at.end) {
+      const int64_t next0 = int64_t{p.tiles.col_rows[e + 1]} * SparseTile::kSize;
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[buf ^ 1], q_src, next0, p.len,
+                                                              p.dim);
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[buf ^ 1], do_src, next0, p.len,
+                                                              p.dim);
+      load_sparse_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, b, h, next0);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* kw = smem.a + warp * 16 * kPitch;
+    const T* vw = smem.b + warp * 16 * kPitch;
+    if constexpr (kRegs) {
+      if (e == at.begin) {
+        load_a_frags<T, kSteps, kPitch>(k_frag, kw, g, t);
+        load_a_frags<T, kSteps, kPitch>(v_frag, vw, g, t);
+      }
+    }
+    const T* q_tile = smem.c[buf];
+    const T* do_tile = smem.d[buf];
+    const float* lse = smem.lse[buf];
+    const float* delta = smem.delta[buf];
+
+    // P^T (this warp's 16 keys x 64 queries) from S^T = K Q^T and the score terms. The thread's
+    // rows are keys and its columns queries, so the layout bit and the terms are read with
+    // (query, key) swapped.
+    float pt[8][4];
+    if constexpr (kRegs) {
+      mma_rows_t<T, kSteps, kPitch>(pt, k_frag, q_tile, g, t);
+    } else {
+      mma_rows_t_smem<T, kSteps, kPitch>(pt, kw, q_tile, g, t);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
+        const int64_t i = q0 + qc, jj = key0 + kc;
+        const float s =
+            element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
+        pt[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[qc]);
+      }
+    // dV += P^T dO.
+    mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
+    // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
+    {
+      float ds[8][4];
+      if constexpr (kRegs) {
+        mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t);
+      } else {
+        mma_rows_t_smem<T, kSteps, kPitch>(ds, vw, do_tile, g, t);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+    }
+    // dK += dS^T Q (times scale when written).
+    mma_acc_tile<T, kOutTiles, kPitch>(dk, pt, q_tile, g, t);
+    __syncthreads();  // the buffers of this tile are refilled next iteration
+  }
+
+  if (at.slot >= 0) {
+    const int64_t slot = (b * p.tiles.cols.slots + at.slot) * int64_t{SparseTile::kSize} * kHeadDim;
+    store_partial_rows<kHeadDim>(dk, p.scale, p.dk_partial + slot, warp, g, t);
+    store_partial_rows<kHeadDim>(dv, 1.0f, p.dv_partial + slot, warp, g, t);
+    return;
+  }
+  store_slice_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, h, my_keys, p.len, p.dim, t);
+  store_slice_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, h, my_keys, p.len, p.dim, t);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads)
+    sparse_attention_dq_kernel(const SparseAttentionDeviceParams p) {
+  using Smem = SparseBwdSmem<T, kHeadDim>;
+  constexpr int kPitch = Smem::kPitch;
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  constexpr bool kRegs = kSparseFragsInRegisters<kHeadDim>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  const PieceOf at = decode_piece(p.tiles.rows, p.tiles.num_tiles);
+  const int64_t b = at.b, h = at.h;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t q0 = at.tile * SparseTile::kSize;
+  const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
+  const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
+
+  const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
+  const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
+  if (at.begin < at.end) {
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
+        smem.a, slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h), q0, p.len, p.dim);
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
+        smem.b, slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h), q0, p.len, p.dim);
+    const int64_t k0 = int64_t{p.tiles.row_cols[at.begin]} * SparseTile::kSize;
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[0], k_src, k0, p.len, p.dim);
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[0], v_src, k0, p.len, p.dim);
+    cp_async_commit();
+  }
+
+  float lse[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool valid = my_rows[r] < p.len && at.begin < at.end;
+    lse[r] = valid ? p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
+                   : kNegInf;
+    delta[r] = valid ? p.delta[(b * p.heads + h) * p.len + my_rows[r]] : 0.0f;
+  }
+
+  uint32_t q_frag[kRegs ? kSteps : 1][4], do_frag[kRegs ? kSteps : 1][4];
+  float dq[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+  for (int e = at.begin; e < at.end; ++e) {
+    const int buf = (e - at.begin) & 1;
+    const int64_t k0 = int64_t{p.tiles.row_cols[e]} * SparseTile::kSize;
+    const int mask = p.tiles.row_masks[e];
+    if (e + 1 < at.end) {
+      const int64_t next0 = int64_t{p.tiles.row_cols[e + 1]} * SparseTile::kSize;
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[buf ^ 1], k_src, next0, p.len,
+                                                              p.dim);
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[buf ^ 1], v_src, next0, p.len,
+                                                              p.dim);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* qw = smem.a + warp * 16 * kPitch;
+    const T* dow = smem.b + warp * 16 * kPitch;
+    if constexpr (kRegs) {
+      if (e == at.begin) {
+        load_a_frags<T, kSteps, kPitch>(q_frag, qw, g, t);
+        load_a_frags<T, kSteps, kPitch>(do_frag, dow, g, t);
+      }
+    }
+    float pr[8][4];
+    if constexpr (kRegs) {
+      mma_rows_t<T, kSteps, kPitch>(pr, q_frag, smem.c[buf], g, t);
+    } else {
+      mma_rows_t_smem<T, kSteps, kPitch>(pr, qw, smem.c[buf], g, t);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+        const int64_t i = q0 + r, jj = k0 + c;
+        const float s =
+            element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
+        pr[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[x >> 1]);
+      }
+    {
+      float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
+      if constexpr (kRegs) {
+        mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t);
+      } else {
+        mma_rows_t_smem<T, kSteps, kPitch>(ds, dow, smem.d[buf], g, t);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
+      mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t);  // dQ += dS K
+    }
+    __syncthreads();
+  }
+
+  if (at.slot >= 0) {
+    const int64_t slot = (b * p.tiles.rows.slots + at.slot) * int64_t{SparseTile::kSize} * kHeadDim;
+    store_partial_rows<kHeadDim>(dq, p.scale, p.dq_partial + slot, warp, g, t);
+    return;
+  }
+  store_slice_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, h, my_rows, p.len, p.dim, t);
+}
+
+// Where the sum kernel reads the partials of one gradient and writes its sum.
+struct SparseSumTarget {
+  const float* partial;  // [B, work.slots, 64 x kHeadDim]
+  void* out;             // [B, H, L, D], unit stride on D
+  int64_t stride[4];
+};
+
+// The pieces of the split lines of `work`, added in piece order: one CTA per (split line,
+// batch); out[b, h, tile * 64 + r, d] = sum over the line's pieces of partial[slot][r][d].
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads)
+    sparse_attention_sum_kernel(const SparseAttentionDeviceParams p,
+                                const BlockSparseDeviceIndex::TileWork work,
+                                const SparseSumTarget target) {
+  const int64_t k = blockIdx.x % work.num_split_lines, b = blockIdx.x / work.num_split_lines;
+  const int line = work.split_lines[k];
+  const int p0 = work.line_items[line], p1 = work.line_items[line + 1];
+  const int64_t h = line / p.tiles.num_tiles;
+  const int64_t row0 = int64_t{line % p.tiles.num_tiles} * SparseTile::kSize;
+  constexpr int64_t kSlot = int64_t{SparseTile::kSize} * kHeadDim;
+  const float* first = target.partial + (b * work.slots + work.item_slot[p0]) * kSlot;
+  T* out = static_cast<T*>(target.out) + b * target.stride[0] + h * target.stride[1];
+  for (int e = threadIdx.x; e < SparseTile::kSize * kHeadDim; e += SparseTile::kThreads) {
+    const int r = e / kHeadDim, d = e % kHeadDim;
+    const int64_t row = row0 + r;
+    if (row >= p.len || d >= p.dim) continue;
+    float sum = 0.0f;
+    for (int q = 0; q < p1 - p0; ++q) sum += first[q * kSlot + e];
+    out[row * target.stride[2] + d] = ElementTraits<T>::from_float(sum);
+  }
+}
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,188 @@
+// Device helpers of the fused block-sparse attention kernels: strided tile loads, the score terms
+// (rpe, masks, causal, the layout's sub-block mask) and the row statistics. CUDA layer; the MMA
+// and fragment helpers are the Evoformer kernels' (GPU-verified), included unchanged.
+#pragma once
+
+#include "cuda/block_sparse/sparse_attention_params.h"
+#include "cuda/evoformer/evoformer_bwd_kernels.cuh"  // load_a_frags, mma_rows_t, mma_acc_tile
+#include "cuda/evoformer/evoformer_device_utils.cuh"
+
+namespace sciattn::cuda {
+
+struct SparseTile {
+  static constexpr int kSize = 64;  // rows and columns of a kernel tile (SparseAttentionTiles)
+  static constexpr int kWarps = 4;  // 16 rows each
+  static constexpr int kThreads = kWarps * 32;
+};
+
+// The (b, h) slice of a [B, H, L, D] tensor: element (row, d) is at base[row * row_stride +
+// d * col_stride]. DeepSpeed's pre-transposed key has col_stride != 1 (and no 16-byte copies).
+struct StridedSlice {
+  const void* base;
+  int64_t row_stride, col_stride;
+  int vec;
+};
+
+template <typename T>
+__device__ __forceinline__ StridedSlice slice_bh(const void* data, const int64_t stride[4], int vec,
+                                                 int64_t b, int64_t h) {
+  return {static_cast<const T*>(data) + b * stride[0] + h * stride[1], stride[2], stride[3], vec};
+}
+
+// Starts loading rows [row0, row0 + kRows) x [0, kHeadDim) of a slice into shared memory (row
+// pitch kPitch); rows >= len and columns >= dim are zero-filled, so padding adds nothing to any
+// product. With 16-byte copies the load is cp.async (the caller commits and waits); otherwise it
+// is element by element and complete on return (the barrier before use publishes it).
+template <typename T, int kRows, int kHeadDim, int kPitch>
+__device__ __forceinline__ void load_slice_rows(T* smem, const StridedSlice& src, int64_t row0,
+                                                int64_t len, int64_t dim) {
+  const T* base = static_cast<const T*>(src.base);
+  if (src.vec) {
+    constexpr int kChunks = kHeadDim / 8;
+#pragma unroll
+    for (int e = threadIdx.x; e < kRows * kChunks; e += SparseTile::kThreads) {
+      const int r = e / kChunks, c = e % kChunks;
+      const int64_t row = row0 + r;
+      const bool valid = row < len && c * 8 < dim;
+      const T* g = valid ? base + row * src.row_stride + c * 8 : base;
+      cp_async_16(smem + r * kPitch + c * 8, g, valid ? 16 : 0);
+    }
+  } else {
+    const T zero = ElementTraits<T>::from_float(0.0f);
+#pragma unroll 1
+    for (int e = threadIdx.x; e < kRows * kHeadDim; e += SparseTile::kThreads) {
+      const int r = e / kHeadDim, d = e % kHeadDim;
+      const int64_t row = row0 + r;
+      smem[r * kPitch + d] =
+          (row < len && d < dim) ? base[row * src.row_stride + d * src.col_stride] : zero;
+    }
+  }
+}
+
+// The additive value of a mask element: kMul (not bool) maps 0 to -inf and anything else to 0;
+// kAdd and bool masks are added as read (a bool already reads as 0 / -inf).
+__device__ __forceinline__ float mask_value(const void* base, BiasType type, int mul,
+                                            int64_t offset) {
+  const float x = load_bias(base, type, offset);
+  return mul ? (x == 0.0f ? kNegInf : 0.0f) : x;
+}
+
+// The score of element (i, j) of (b, h) from its raw dot product, in the CPU path's order
+// (ScoreTerms::apply): dot * scale, + rpe, + key padding mask, + attention mask. The caller has
+// checked that (i, j) is inside the matrix and kept by the layout and the causal rule.
+__device__ __forceinline__ float score_of(const SparseAttentionDeviceParams& p, float dot,
+                                          int64_t b, int64_t h, int64_t i, int64_t j) {
+  float s = dot * p.scale;
+  if (p.has_terms) {
+    if (p.rpe_type != BiasType::kNone) {
+      s += load_bias(
+          p.rpe, p.rpe_type,
+          b * p.rpe_stride[0] + h * p.rpe_stride[1] + i * p.rpe_stride[2] + j * p.rpe_stride[3]);
+    }
+    if (p.kpm_type != BiasType::kNone) {
+      s += mask_value(p.kpm, p.kpm_type, p.kpm_mul, b * p.kpm_stride[0] + j * p.kpm_stride[1]);
+    }
+    if (p.attn_type != BiasType::kNone) {
+      s += mask_value(p.attn, p.attn_type, p.attn_mul, i * p.attn_stride[0] + j * p.attn_stride[1]);
+    }
+  }
+  return s;
+}
+
+// Whether tile element (r, c) (query row r, key column c inside the tile, i and j in the whole
+// matrix) takes part: inside L x L, its layout sub-block present in `mask`, and not removed by
+// the causal rule.
+__device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& p, int mask, int r,
+                                             int c, int64_t i, int64_t j) {
+  if (i >= p.len || j >= p.len) return false;
+  if (p.causal && j > i) return false;
+  if (mask != p.tiles.full_mask) {
+    const int bit = (r >> p.tiles.shift) * p.tiles.sub + (c >> p.tiles.shift);
+    if (((mask >> bit) & 1) == 0) return false;
+  }
+  return true;
+}
+
+// Starts copying the lse and delta of query rows [q0, q0 + 64) of (b, h) into shared memory in
+// the caller's cp.async group. Rows past L get lse = -inf (probability 0) and delta = 0.
+__device__ __forceinline__ void load_sparse_row_stats(float* lse, float* delta,
+                                                      const SparseAttentionDeviceParams& p,
+                                                      int64_t b, int64_t h, int64_t q0) {
+  for (int r = threadIdx.x; r < SparseTile::kSize; r += SparseTile::kThreads) {
+    const int64_t q = q0 + r;
+    if (q < p.len) {
+      cp_async_4(lse + r, p.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
+                 4);
+      cp_async_4(delta + r, p.delta + (b * p.heads + h) * p.len + q, 4);
+    } else {
+      lse[r] = kNegInf;
+      delta[r] = 0.0f;
+    }
+  }
+}
+
+// P = exp(s - lse) for a natural-unit score s; a row without any unmasked key (lse = -inf) has
+// P = 0, as on the CPU.
+__device__ __forceinline__ float prob_of(float s, float lse) {
+  return lse == kNegInf ? 0.0f : exp2f((s - lse) * kLog2e);
+}
+
+// Writes this warp's 16 rows (rows[r], r = 0..1 of this thread) x dim of an accumulator times
+// `factor` into the (b, h) slice of a [B, H, L, D] output with unit stride on D.
+template <typename T, int kOutTiles>
+__device__ __forceinline__ void store_slice_rows(const float acc[kOutTiles][4], float factor,
+                                                 void* base, const int64_t stride[4], int64_t b,
+                                                 int64_t h, const int64_t rows[2], int64_t len,
+                                                 int64_t dim, int t) {
+  T* out = static_cast<T*>(base) + b * stride[0] + h * stride[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= len) continue;
+    T* row = out + rows[r] * stride[2];
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      const int d = i * 8 + 2 * t;
+      if (d < dim) row[d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
+      if (d + 1 < dim) row[d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
+    }
+  }
+}
+
+// Writes this warp's rows of an accumulator times `factor` into a [64 x kHeadDim] fp32 partial
+// (row-major; rows of this tile numbered from 0).
+template <int kHeadDim>
+__device__ __forceinline__ void store_partial_rows(const float acc[kHeadDim / 8][4], float factor,
+                                                   float* partial, int warp, int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float* row = partial + (warp * 16 + g + 8 * r) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+      *reinterpret_cast<float2*>(row + i * 8 + 2 * t) =
+          make_float2(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor);
+    }
+  }
+}
+
+// The piece of a 1-D grid of (piece, batch) CTAs: piece fastest.
+struct PieceOf {
+  int64_t b, h, tile;    // batch, head and tile line (row or column) of the piece
+  int begin, end, slot;  // its range in the tile list, and its partial slot (-1: whole line)
+};
+
+__device__ __forceinline__ PieceOf decode_piece(const BlockSparseDeviceIndex::TileWork& w,
+                                                int num_tiles) {
+  PieceOf o;
+  const int64_t block = blockIdx.x;
+  const int piece = static_cast<int>(block % w.pieces);
+  o.b = block / w.pieces;
+  const int line = w.item_line[piece];
+  o.h = line / num_tiles;
+  o.tile = line % num_tiles;
+  o.begin = w.item_begin[piece];
+  o.end = w.item_end[piece];
+  o.slot = w.item_slot[piece];
+  return o;
+}
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,253 @@
+// The fused block-sparse attention forward on tensor cores (m16n8k16, fp32 accumulate): one CTA
+// per (piece of a 64-query tile row, batch), four warps of 16 query rows, streaming over the
+// piece's nonzero 64-key tiles with an online softmax. K/V tiles are double-buffered with
+// cp.async. A whole tile row writes O and the fp32 log-sum-exp; a piece of a split row writes its
+// unnormalised O, row maxima and row sums to an fp32 slot, and the combine kernel merges the
+// pieces in order. CUDA layer; instantiated per (dtype, head dim) in generated files.
+#pragma once
+
+#include "cuda/block_sparse/sparse_attention_device.cuh"
+
+namespace sciattn::cuda {
+
+template <typename T, int kHeadDim>
+struct SparseFwdSmem {
+  // Rows padded by 8 elements (16 bytes): a warp's fragment reads walk 8 rows and fall in
+  // different banks, and every row start stays 16-byte aligned for cp.async.
+  static constexpr int kPitch = kHeadDim + 8;
+  static constexpr int kTile = SparseTile::kSize * kPitch;
+  T q[kTile];
+  T k[2][kTile];
+  T v[2][kTile];
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads)
+    sparse_attention_fwd_kernel(const SparseAttentionDeviceParams p) {
+  using Smem = SparseFwdSmem<T, kHeadDim>;
+  constexpr int kPitch = Smem::kPitch;
+  constexpr int kSteps = kHeadDim / 16;               // k-steps of S = Q K^T
+  constexpr int kScoreTiles = SparseTile::kSize / 8;  // n8 tiles of a score row block
+  constexpr int kOutTiles = kHeadDim / 8;             // n8 tiles of O
+  // At head dim 128 Q's fragments are re-read from shared memory for each key tile instead of
+  // living in 32 registers across the loop, which keeps the kernel free of spills.
+  constexpr bool kQInRegisters = kHeadDim <= 64;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
+
+  const PieceOf at = decode_piece(p.tiles.rows, p.tiles.num_tiles);
+  const int64_t b = at.b, h = at.h;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row0 = at.tile * SparseTile::kSize;
+  const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};  // rows inside the tile
+  const int64_t my_rows[2] = {row0 + my_r[0], row0 + my_r[1]};
+
+  const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
+  const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
+  const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
+
+  float row_max[2] = {kNegInf, kNegInf};  // running max of the (natural-unit) scores
+  float row_sum[2] = {0.0f, 0.0f};        // this thread's share of the running sum
+  float o_acc[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
+  uint32_t q_frag[kQInRegisters ? kSteps : 1][4];
+
+  if (at.begin < at.end) {
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.q, q_src, row0, p.len, p.dim);
+    const int64_t col0 = int64_t{p.tiles.row_cols[at.begin]} * SparseTile::kSize;
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.k[0], k_src, col0, p.len, p.dim);
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.v[0], v_src, col0, p.len, p.dim);
+    cp_async_commit();
+  }
+
+  for (int e = at.begin; e < at.end; ++e) {
+    const int buf = (e - at.begin) & 1;
+    const int64_t col0 = int64_t{p.tiles.row_cols[e]} * SparseTile::kSize;
+    const int mask = p.tiles.row_masks[e];
+    // Start the next tile's K and V into the other buffer (freed by the barrier that ended the
+    // previous iteration), then wait for this tile's.
+    if (e + 1 < at.end) {
+      const int64_t next0 = int64_t{p.tiles.row_cols[e + 1]} * SparseTile::kSize;
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.k[buf ^ 1], k_src, next0, p.len,
+                                                              p.dim);
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.v[buf ^ 1], v_src, next0, p.len,
+                                                              p.dim);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* qw = smem.q + warp * 16 * kPitch;
+    if constexpr (kQInRegisters) {
+      if (e == at.begin) load_a_frags<T, kSteps, kPitch>(q_frag, qw, g, t);
+    }
+
+    // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+    float s[kScoreTiles][4];
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        uint32_t a[4];
+        if constexpr (kQInRegisters) {
+          a[0] = q_frag[st][0];
+          a[1] = q_frag[st][1];
+          a[2] = q_frag[st][2];
+          a[3] = q_frag[st][3];
+        } else {
+          a[0] = load_pair(qw + g * kPitch + st * 16 + 2 * t);
+          a[1] = load_pair(qw + (g + 8) * kPitch + st * 16 + 2 * t);
+          a[2] = load_pair(qw + g * kPitch + st * 16 + 2 * t + 8);
+          a[3] = load_pair(qw + (g + 8) * kPitch + st * 16 + 2 * t + 8);
+        }
+        const T* kr = smem.k[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
+        const uint32_t bf[2] = {load_pair(kr), load_pair(kr + 8)};
+        mma_16816<T>(s[j], a, bf);
+      }
+    }
+    // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
+    // causal rule) are -inf. Then the tile's row maxima.
+    float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+        const int64_t i = row0 + r, jj = col0 + c;
+        s[j][x] = element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
+        tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // The four threads of a row (t = 0..3) hold its 64 columns between them.
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    }
+    float rescale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float new_max = fmaxf(row_max[r], tile_max[r]);
+      // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
+      // scores gives 0 instead of exp(-inf - -inf) = NaN.
+      const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
+      rescale[r] = exp2f(row_max[r] * kLog2e - shift_log2);
+      row_max[r] = new_max;
+      row_sum[r] *= rescale[r];
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j) {
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], kLog2e, -shift_log2));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
+        row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      o_acc[i][0] *= rescale[0];
+      o_acc[i][1] *= rescale[0];
+      o_acc[i][2] *= rescale[1];
+      o_acc[i][3] *= rescale[1];
+    }
+    // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.
+#pragma unroll
+    for (int kk = 0; kk < SparseTile::kSize / 16; ++kk) {
+      const uint32_t a[4] = {ElementTraits<T>::pack(s[2 * kk][0], s[2 * kk][1]),
+                             ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                             ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        const T* vr = smem.v[buf] + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
+        const uint32_t bf[2] = {load_column_pair(vr, kPitch),
+                                load_column_pair(vr + 8 * kPitch, kPitch)};
+        mma_16816<T>(o_acc[i], a, bf);
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  if (at.slot >= 0) {
+    // A piece of a split row: the unnormalised O and the row statistics, for the combine kernel.
+    float* slot =
+        p.fwd_partial + (b * p.tiles.rows.slots + at.slot) *
+                            (int64_t{SparseTile::kSize} * kHeadDim + 2 * SparseTile::kSize);
+    store_partial_rows<kHeadDim>(o_acc, 1.0f, slot, warp, g, t);
+    if (t == 0) {
+      float* stats = slot + SparseTile::kSize * kHeadDim;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        stats[my_r[r]] = row_max[r];
+        stats[SparseTile::kSize + my_r[r]] = row_sum[r];
+      }
+    }
+    return;
+  }
+  // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf.
+  const float inv[2] = {row_sum[0] > 0.0f ? 1.0f / row_sum[0] : 0.0f,
+                        row_sum[1] > 0.0f ? 1.0f / row_sum[1] : 0.0f};
+  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + h * p.out_stride[1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (my_rows[r] >= p.len) continue;
+    T* out_row = out + my_rows[r] * p.out_stride[2];
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      const int d = i * 8 + 2 * t;
+      if (d < p.dim) out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv[r]);
+      if (d + 1 < p.dim)
+        out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv[r]);
+    }
+    if (p.lse != nullptr && t == 0) {
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] =
+          row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : kNegInf;
+    }
+  }
+}
+
+// Merges the pieces of the split rows, in piece order: one CTA per (split row, batch).
+//   M = max_p m_p,  sum = sum_p l_p exp(m_p - M),  O = sum_p O_p exp(m_p - M) / sum,
+//   lse = M + log(sum)  (O = 0 and lse = -inf when sum is 0).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads)
+    sparse_attention_fwd_combine_kernel(const SparseAttentionDeviceParams p) {
+  const BlockSparseDeviceIndex::TileWork& w = p.tiles.rows;
+  const int64_t k = blockIdx.x % w.num_split_lines, b = blockIdx.x / w.num_split_lines;
+  const int line = w.split_lines[k];
+  const int p0 = w.line_items[line], p1 = w.line_items[line + 1];
+  const int64_t h = line / p.tiles.num_tiles, row0 = int64_t{line % p.tiles.num_tiles} * 64;
+  constexpr int64_t kSlot = int64_t{SparseTile::kSize} * kHeadDim + 2 * SparseTile::kSize;
+  const float* first = p.fwd_partial + (b * w.slots + w.item_slot[p0]) * kSlot;
+  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + h * p.out_stride[1];
+  for (int e = threadIdx.x; e < SparseTile::kSize * kHeadDim; e += SparseTile::kThreads) {
+    const int r = e / kHeadDim, d = e % kHeadDim;
+    const int64_t row = row0 + r;
+    if (row >= p.len || d >= p.dim) continue;
+    float m = kNegInf;
+    for (int q = 0; q < p1 - p0; ++q)
+      m = fmaxf(m, first[q * kSlot + SparseTile::kSize * kHeadDim + r]);
+    float sum = 0.0f, o = 0.0f;
+    if (m != kNegInf) {
+      for (int q = 0; q < p1 - p0; ++q) {
+        const float* slot = first + q * kSlot;
+        const float f = exp2f((slot[SparseTile::kSize * kHeadDim + r] - m) * kLog2e);
+        sum += slot[SparseTile::kSize * kHeadDim + SparseTile::kSize + r] * f;
+        o += slot[r * kHeadDim + d] * f;
+      }
+    }
+    out[row * p.out_stride[2] + d] = ElementTraits<T>::from_float(sum > 0.0f ? o / sum : 0.0f);
+    if (d == 0 && p.lse != nullptr) {
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] =
+          sum > 0.0f ? m + logf(sum) : kNegInf;
+    }
+  }
+}
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,63 @@
+// The bodies of the per-instantiation launchers of the fused block-sparse attention (see
+// sparse_attention_launch.h). CUDA layer.
+#pragma once
+
+#include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
+#include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
+#include "cuda/block_sparse/sparse_attention_launch.h"
+
+namespace sciattn::cuda {
+
+// Launches `kernel` on a 1-D grid of `ctas` CTAs with `smem_bytes` of dynamic shared memory,
+// raising the kernel's limit first when it needs more than the default 48 KiB.
+template <typename Kernel, typename... Args>
+cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cudaStream_t stream,
+                             const Args&... args) {
+  if (ctas == 0) return cudaSuccess;
+  if (smem_bytes > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<static_cast<unsigned>(ctas), SparseTile::kThreads, smem_bytes, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p,
+                                            cudaStream_t stream) {
+  cudaError_t e =
+      launch_sparse_1d(sparse_attention_fwd_kernel<T, kHeadDim>, p.batch * p.tiles.rows.pieces,
+                       sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
+  if (e != cudaSuccess || p.tiles.rows.num_split_lines == 0) return e;
+  return launch_sparse_1d(sparse_attention_fwd_combine_kernel<T, kHeadDim>,
+                          p.batch * p.tiles.rows.num_split_lines, 0, stream, p);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& p,
+                                             cudaStream_t stream) {
+  const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim>);
+  cudaError_t e = launch_sparse_1d(sparse_attention_dkdv_kernel<T, kHeadDim>,
+                                   p.batch * p.tiles.cols.pieces, smem, stream, p);
+  if (e != cudaSuccess) return e;
+  e = launch_sparse_1d(sparse_attention_dq_kernel<T, kHeadDim>, p.batch * p.tiles.rows.pieces, smem,
+                       stream, p);
+  if (e != cudaSuccess) return e;
+  // The split lines' partials, added in piece order (each kernel reads what the kernels above
+  // wrote on the same stream).
+  auto sum = [&](const BlockSparseDeviceIndex::TileWork& work, const float* partial, void* out,
+                 const int64_t stride[4]) {
+    if (work.num_split_lines == 0) return cudaSuccess;
+    SparseSumTarget target{partial, out, {stride[0], stride[1], stride[2], stride[3]}};
+    return launch_sparse_1d(sparse_attention_sum_kernel<T, kHeadDim>,
+                            p.batch * work.num_split_lines, 0, stream, p, work, target);
+  };
+  e = sum(p.tiles.cols, p.dk_partial, p.dk, p.dk_stride);
+  if (e != cudaSuccess) return e;
+  e = sum(p.tiles.cols, p.dv_partial, p.dv, p.dv_stride);
+  if (e != cudaSuccess) return e;
+  return sum(p.tiles.rows, p.dq_partial, p.dq, p.dq_stride);
+}
+
+}  // namespace sciattn::cuda
