@@ -254,49 +254,116 @@ BlockSparseIndex index_of(const at::Tensor& layout_in, int64_t block, int64_t nn
 // cannot be confused with a later one, and the version of its data when the index was built:
 // any in-place change of the layout (or of a view of it) bumps the version and misses. Inference
 // tensors have no version counter and are never cached.
+//
+// The ops on CUDA tensors also need the index's device copy (upload_block_sparse_index), once per
+// layout and CUDA device, like the index itself. An entry keeps one index per device it has been
+// used on: the first upload goes into a copy of the host-only index, which then replaces it (the
+// CPU ops read the host arrays of any copy), so that a layout used on one GPU is held once on the
+// host. Indexes are handed out as shared_ptr<const>: one that is evicted (or replaced) while an
+// op still runs with it stays alive until that op returns, and its device memory is released
+// with cudaFree, which waits for the kernels already queued on the device, so an asynchronous
+// kernel never reads freed memory. Building and uploading happen outside the lock (they take
+// milliseconds at 65,536 tokens); two threads that miss together both build, and the first to
+// finish is kept.
 class IndexCache {
  public:
-  std::shared_ptr<const BlockSparseIndex> get(const at::Tensor& layout, int64_t block,
-                                              int64_t nnz) {
-    if (layout.is_inference()) {
-      return std::make_shared<const BlockSparseIndex>(index_of(layout, block, nnz));
-    }
+  // device: -1 for the CPU ops, else the CUDA device ordinal of the op's tensors.
+  std::shared_ptr<const BlockSparseIndex> get(const at::Tensor& layout, int64_t block, int64_t nnz,
+                                              int device) {
+    if (layout.is_inference()) return build(nullptr, layout, block, nnz, device);
     const int64_t version = static_cast<int64_t>(layout._version());
+    std::shared_ptr<const BlockSparseIndex> base;  // a host index of this layout, if cached
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (it->layout.unsafeGetTensorImpl() == layout.unsafeGetTensorImpl() &&
-            it->version == version && it->block == block) {
-          TORCH_CHECK_VALUE(it->index->nnz == nnz, "nnz is ", nnz, " but the layout has ",
-                            it->index->nnz, " nonzero blocks");
-          entries_.splice(entries_.begin(), entries_, it);  // most recently used first
-          return entries_.front().index;
+      auto it = find(layout, version, block);
+      if (it != entries_.end()) {
+        TORCH_CHECK_VALUE(it->copies.front().index->nnz == nnz, "nnz is ", nnz,
+                          " but the layout has ", it->copies.front().index->nnz, " nonzero blocks");
+        entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+        const Entry& e = entries_.front();
+        if (device < 0) return e.copies.front().index;  // the CPU ops read any copy
+        for (const Copy& c : e.copies) {
+          if (c.device == device) return c.index;
         }
+        base = e.copies.front().index;
       }
     }
-    auto index = std::make_shared<const BlockSparseIndex>(index_of(layout, block, nnz));
+    std::shared_ptr<const BlockSparseIndex> index = build(base, layout, block, nnz, device);
     std::lock_guard<std::mutex> lock(mutex_);
-    entries_.push_front({layout, version, block, index});
-    if (entries_.size() > kCapacity) entries_.pop_back();
+    auto it = find(layout, version, block);
+    if (it == entries_.end()) {
+      entries_.push_front({layout, version, block, {{device, index}}});
+      if (entries_.size() > kCapacity) entries_.pop_back();
+      return index;
+    }
+    for (Copy& c : it->copies) {
+      if (c.device == device) return c.index;  // another thread was first
+      if (c.device < 0 && device >= 0) {       // the device copy also serves the CPU ops
+        c = {device, index};
+        return index;
+      }
+    }
+    if (device >= 0) it->copies.push_back({device, index});
     return index;
   }
 
  private:
   static constexpr size_t kCapacity = 8;
+  struct Copy {
+    int device;  // -1: host arrays only; else the CUDA device of index->device
+    std::shared_ptr<const BlockSparseIndex> index;
+  };
   struct Entry {
     at::Tensor layout;
     int64_t version;
     int64_t block;
-    std::shared_ptr<const BlockSparseIndex> index;
+    std::vector<Copy> copies;  // never empty; at most one per device
   };
+
+  std::list<Entry>::iterator find(const at::Tensor& layout, int64_t version, int64_t block) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->layout.unsafeGetTensorImpl() == layout.unsafeGetTensorImpl() &&
+          it->version == version && it->block == block) {
+        return it;
+      }
+    }
+    return entries_.end();
+  }
+
+  // A new index: a copy of base (without its device copy) or built from the layout, uploaded to
+  // `device` when that is a CUDA device.
+  static std::shared_ptr<const BlockSparseIndex> build(
+      const std::shared_ptr<const BlockSparseIndex>& base, const at::Tensor& layout, int64_t block,
+      int64_t nnz, int device) {
+    BlockSparseIndex index;
+    if (base != nullptr) {
+      index = *base;
+      index.device = nullptr;
+    } else {
+      index = index_of(layout, block, nnz);
+    }
+    if (device >= 0) upload(&index, device);
+    return std::make_shared<const BlockSparseIndex>(std::move(index));
+  }
+
+  static void upload(BlockSparseIndex* index, int device) {
+#ifdef SCIATTN_TORCH_CUDA
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+#endif
+    check_status(upload_block_sparse_index(index, device), "block-sparse layout (device upload)");
+  }
+
   std::mutex mutex_;
   std::list<Entry> entries_;
 };
 
+// The index of `layout` for an op on `like`'s device: host arrays for CPU tensors, plus the
+// device copy on like's CUDA device for CUDA tensors.
 std::shared_ptr<const BlockSparseIndex> cached_index_of(const at::Tensor& layout, int64_t block,
-                                                        int64_t nnz) {
+                                                        int64_t nnz, const at::Tensor& like) {
   static IndexCache cache;
-  return cache.get(layout, block, nnz);
+  const int device = like.is_cuda() ? static_cast<int>(like.device().index()) : -1;
+  return cache.get(layout, block, nnz, device);
 }
 
 MaskMode mask_mode(int64_t m, const char* name) {
@@ -335,7 +402,7 @@ at::Tensor bsmm(at::Tensor a, at::Tensor b, const at::Tensor& layout, int64_t bl
   if (a.scalar_type() == at::kDouble) {
     return fp64::bsmm(a, b, layout, block, mode, trans_a, trans_b);
   }
-  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz);
+  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz, a);
   at::Tensor c = at::empty(shape, a.options());
   BlockSparseMatMulParams p;
   p.index = index.get();
@@ -361,7 +428,7 @@ std::tuple<at::Tensor, at::Tensor> bsmm_bwd(at::Tensor dc, at::Tensor a, at::Ten
   if (a.scalar_type() == at::kDouble) {
     return fp64::bsmm_bwd(dc, a, b, layout, block, mode, trans_a, trans_b, need_da, need_db);
   }
-  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz);
+  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz, a);
   at::Tensor da = need_da ? at::empty(a.sizes(), a.options()) : at::empty({0}, a.options());
   at::Tensor db = need_db ? at::empty(b.sizes(), b.options()) : at::empty({0}, b.options());
   BlockSparseMatMulBackwardParams p;
@@ -391,7 +458,7 @@ at::Tensor bs_softmax(at::Tensor x, const at::Tensor& layout, int64_t block, int
     return fp64::bs_softmax(x, layout, block, scale, rpe, key_padding_mask, attn_mask,
                             key_padding_mask_mode, attn_mask_mode);
   }
-  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz);
+  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz, x);
   at::Tensor y = at::empty(x.sizes(), x.options());
   BlockSparseSoftmaxParams p;
   p.index = index.get();
@@ -414,7 +481,7 @@ at::Tensor bs_softmax_bwd(at::Tensor dy, at::Tensor y, const at::Tensor& layout,
   if (y.scalar_type() == at::kDouble) {
     return fp64::bs_softmax_bwd(dy, y, layout, block, scale);
   }
-  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz);
+  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz, y);
   at::Tensor dx = at::empty(y.sizes(), y.options());
   BlockSparseSoftmaxBackwardParams p;
   p.index = index.get();
@@ -456,7 +523,7 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(
     return fp64::sparse_attention_fwd(q, k, v, layout, block, rpe, key_padding_mask, attn_mask,
                                       scale, causal, key_padding_mask_mode, attn_mask_mode);
   }
-  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz);
+  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz, q);
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   SparseAttentionForwardParams p;
@@ -494,7 +561,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
                                       attn_mask, scale, causal, key_padding_mask_mode,
                                       attn_mask_mode);
   }
-  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz);
+  const std::shared_ptr<const BlockSparseIndex> index = cached_index_of(layout, block, nnz, q);
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(q.sizes(), q.options());
   at::Tensor dv = at::empty(q.sizes(), q.options());

@@ -4,7 +4,7 @@ layouts, per-instance layouts, and gradcheck in fp64."""
 import pytest
 import torch
 
-from conftest import assert_close_rule, rand, run_or_skip
+from conftest import DEVICE, assert_close_rule, rand, run_or_skip
 import oracle
 from sciattn.sparse_attention import (BigBirdSparsityConfig, BSLongformerSparsityConfig,
                                       DenseSparsityConfig, FixedSparsityConfig,
@@ -277,3 +277,72 @@ def test_index_cache_follows_in_place_layout_changes(device):
     assert not torch.allclose(changed, first)
     ref = oracle.attention(*(t.cpu().double() for t in (q, k, v)), layout, config.block)
     assert_close_rule("out", changed, ref.float(), ref, torch.float32)
+
+
+def test_index_cache_per_device_and_threads(device):
+    """One layout tensor used on the CPU and on the test device (its index is uploaded once per
+    CUDA device and kept next to the host index), from several threads at once: every call gives
+    the bits of a single-threaded call on its device."""
+    import threading
+    config = CONFIGS["bigbird"](2)
+    layout = config.make_layout(128)
+    raw = (layout, config.block, int(layout.sum()), None, None, None, None, False, 0, 1, 0)
+    q, k, v = (rand(1, 2, 128, 16) for _ in range(3))
+    dq, dk, dv = (t.to(device) for t in (q, k, v))
+    cpu_out = torch.ops.sciattn.sparse_attention_fwd(q, k, v, *raw)[0]
+    dev_out = run_or_skip(torch.ops.sciattn.sparse_attention_fwd, dq, dk, dv, *raw)[0]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    results, errors = [], []
+
+    def worker(i):
+        try:
+            on_dev = i % 2 == 0
+            out = torch.ops.sciattn.sparse_attention_fwd(*((dq, dk, dv) if on_dev else (q, k, v)),
+                                                         *raw)[0]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            results.append((on_dev, out))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for on_dev, out in results:
+        assert torch.equal(out, dev_out if on_dev else cpu_out)
+    ref = oracle.attention(*(t.double() for t in (q, k, v)), layout, config.block)
+    assert_close_rule("out", dev_out, cpu_out, ref, torch.float32)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA tensors only (SCIATTN_TEST_DEVICE=cuda)")
+def test_cuda_layout_tensor_and_second_device(device):
+    """The layout may itself be a CUDA tensor (it is read on the host once), and each CUDA device
+    gets its own copy of the index."""
+    config = CONFIGS["fixed"](2)
+    layout = config.make_layout(64)
+    raw = (config.block, int(layout.sum()), None, None, None, None, False, 0, 1, 0)
+    q, k, v = (rand(1, 2, 64, 16, dtype=torch.bfloat16) for _ in range(3))
+    ref = torch.ops.sciattn.sparse_attention_fwd(q, k, v, layout, *raw)[0]
+    devices = [torch.device("cuda", i) for i in range(min(2, torch.cuda.device_count()))]
+    for d in devices:
+        for lay in (layout, layout.to(d)):
+            out = run_or_skip(torch.ops.sciattn.sparse_attention_fwd, q.to(d), k.to(d), v.to(d),
+                              lay, *raw)[0]
+            assert out.device == d
+            r64 = oracle.attention(*(t.double() for t in (q, k, v)), layout, config.block)
+            assert_close_rule(f"out on {d}", out, ref, r64, torch.bfloat16)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA tensors only (SCIATTN_TEST_DEVICE=cuda)")
+def test_cuda_unsupported_path_names_the_op(device):
+    """A path the GPU build does not have (the CPU-only reference algorithm; any op whose kernel
+    is not written yet) raises NotImplementedError naming the op, never a crash."""
+    config = CONFIGS["bigbird"](2)
+    q, k, v = (rand(1, 2, 64, 16, dtype=torch.float16, device=device) for _ in range(3))
+    module = SparseSelfAttention(config, max_seq_length=64, algorithm="reference")
+    with pytest.raises(NotImplementedError, match="sciattn.SparseSelfAttention"):
+        module(q, k, v)

@@ -61,6 +61,10 @@ class SparseSelfAttention(nn.Module):
     def _set_layout(self, layout):
         self._layout_cpu = layout.detach().to("cpu", torch.int64).contiguous()
         self._crop_nnz = _crop_nnz(self._layout_cpu)
+        # One crop (a view) per length, kept: the ops cache the layout's index (and its copy on
+        # each CUDA device) per layout tensor object, so a fresh view on every call would rebuild
+        # and re-upload the index every time.
+        self._crops = {}
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -101,7 +105,9 @@ class SparseSelfAttention(nn.Module):
             raise ValueError(f"query has H = {H} heads but the layout has "
                              f"{self._layout_cpu.shape[0]} (sparsity_config.num_heads must be {H})")
         n = L // self.block
-        layout = self._layout_cpu[:, :n, :n]
+        layout = self._crops.get(n)
+        if layout is None:
+            layout = self._crops[n] = self._layout_cpu[:, :n, :n]
         nnz = self._crop_nnz[n]
         low = query.dtype != torch.float64
         mask_dtypes = (query.dtype, torch.float32, torch.bool) if low else (torch.float64,
