@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "device_mirror.h"
+#include "layout_flags.h"
 #include "run_support.h"
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
@@ -28,7 +30,6 @@
 namespace sciattn::tools {
 namespace {
 
-constexpr int kExitBadInput = 2;
 // The dense reference is plain single-threaded loops over every (query, key) pair; past this many
 // pairs times D it takes minutes, so the check is skipped with a note.
 constexpr double kMaxReferenceWork = 1e10;
@@ -46,6 +47,7 @@ struct SparseRunConfig {
   std::optional<float> scale;
   int64_t masked_keys = 0;  // the last keys of every sequence removed by a key padding mask
   SparseAttentionAlgorithm path = SparseAttentionAlgorithm::kFused;
+  Device device = Device::kCpu;  // where the library runs; the reference always runs on the CPU
   int repeat = 3;
   int threads = 0;
   uint64_t seed = 0;
@@ -64,6 +66,16 @@ double reference_work(const SparseRunConfig& c, int64_t padded_len) {
 }
 
 Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
+  Status status = check_device_usable(c.device);
+  if (!status.ok()) return status;
+  const bool on_gpu = c.device == Device::kCuda;
+  // A timed call on the GPU includes waiting for its kernels.
+  auto finish = [on_gpu](Status s) { return s.ok() && on_gpu ? cuda_synchronize() : s; };
+  // On the GPU every tensor gets a device copy (DeviceMirror); the library runs on those and the
+  // results come back into the host buffers, which the reference (on the CPU) is compared with.
+  auto place = [&c](const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {
+    return place_tensor(c.device, host, mirror, view);
+  };
   const SparsityCommon& common = sparsity_common(c.sparsity);
   const int64_t H = common.num_heads, b = common.block, B = c.batch, D = c.dim;
   // A length that is not a multiple of the block is padded (pad_to_block_size) and the padded
@@ -73,8 +85,12 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   BlockSparseIndex index;
   // SparseSelfAttention's crop rule: the layout for Lp is the top-left crop of the one built for
   // max_seq_length, which must therefore be at least Lp.
-  Status status = build_sparse_attention_index(
-      c.sparsity, c.max_seq_length > 0 ? c.max_seq_length : Lp, Lp, &index);
+  status = build_sparse_attention_index(c.sparsity, c.max_seq_length > 0 ? c.max_seq_length : Lp,
+                                        Lp, &index);
+  if (!status.ok()) return status;
+  // The GPU ops read the index's device copy. The command's buffers live on the current device,
+  // which is device 0 (the program never selects another).
+  if (on_gpu) status = upload_block_sparse_index(&index, 0);
   if (!status.ok()) return status;
   r->nnz = index.nnz;
   r->density = static_cast<double>(index.nnz) /
@@ -104,27 +120,44 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
     if (!status.ok()) return status;
   }
 
-  SparseAttentionForwardParams fwd;
-  fwd.index = &index;
-  fwd.q = qp.view;
-  fwd.k = kp.view;
-  fwd.v = vp.view;
-  fwd.key_padding_mask = kpm.view;
-  fwd.options.scale = c.scale;
-  fwd.options.causal = c.causal;
-  fwd.options.num_threads = c.threads;
-  fwd.options.algorithm = c.path;
+  // host_fwd: every tensor on the host (the reference's call); fwd: the library's call, on the
+  // run's device.
+  SparseAttentionForwardParams host_fwd;
+  host_fwd.index = &index;
+  host_fwd.q = qp.view;
+  host_fwd.k = kp.view;
+  host_fwd.v = vp.view;
+  host_fwd.key_padding_mask = kpm.view;
+  host_fwd.options.scale = c.scale;
+  host_fwd.options.causal = c.causal;
+  host_fwd.options.num_threads = c.threads;
+  host_fwd.options.algorithm = c.path;
   HostBuffer out = make_host_buffer(c.dtype, {B, H, Lp, D}),
              lse = make_host_buffer(DType::kF32, {B, H, Lp});
-  fwd.out = out.view;
-  fwd.lse = lse.view;
+  host_fwd.out = out.view;
+  host_fwd.lse = lse.view;
+  SparseAttentionForwardParams fwd = host_fwd;
+  DeviceMirror d_q, d_k, d_v, d_kpm, d_out, d_lse;
+  status = place(qp, d_q, &fwd.q);
+  if (status.ok()) status = place(kp, d_k, &fwd.k);
+  if (status.ok()) status = place(vp, d_v, &fwd.v);
+  if (status.ok()) status = place(kpm, d_kpm, &fwd.key_padding_mask);
+  if (status.ok()) status = place(out, d_out, &fwd.out);
+  if (status.ok()) status = place(lse, d_lse, &fwd.lse);
+  if (!status.ok()) return status;
   status = can_implement(fwd);
   if (!status.ok()) return status;
-  std::vector<std::byte> ws(workspace_size(fwd));
-  r->forward_bytes = ws.size();
+  RunWorkspace ws(c.device);
+  void* ws_ptr = nullptr;
+  r->forward_bytes = workspace_size(fwd);
   r->forward_flops = sparse_attention_forward_flops(fwd);
-  status = time_calls(
-      c.repeat, [&] { return run(fwd, ws.data(), ws.size()); }, &r->forward_ms);
+  status = ws.get(r->forward_bytes, &ws_ptr);
+  if (status.ok()) {
+    status = time_calls(
+        c.repeat, [&] { return finish(run(fwd, ws_ptr, r->forward_bytes)); }, &r->forward_ms);
+  }
+  if (status.ok()) status = d_out.download(out);
+  if (status.ok()) status = d_lse.download(lse);
   if (!status.ok()) return status;
 
   struct Compared {
@@ -141,7 +174,7 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   };
   const bool check = c.check && reference_work(c, Lp) <= kMaxReferenceWork;
   if (check) {
-    SparseAttentionForwardParams ref = fwd;
+    SparseAttentionForwardParams ref = host_fwd;
     HostBuffer ref_out = make_host_buffer(c.dtype, {B, H, Lp, D});
     ref.out = ref_out.view;
     ref.lse = TensorView();
@@ -155,30 +188,50 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   }
 
   if (c.backward) {
-    SparseAttentionBackwardParams bwd;
-    bwd.index = &index;
+    SparseAttentionBackwardParams host_bwd;
+    host_bwd.index = &index;
+    host_bwd.q = host_fwd.q;
+    host_bwd.k = host_fwd.k;
+    host_bwd.v = host_fwd.v;
+    host_bwd.key_padding_mask = host_fwd.key_padding_mask;
+    host_bwd.out = out.view;
+    host_bwd.lse = lse.view;
+    host_bwd.dout = doutp.view;
+    host_bwd.options = host_fwd.options;
+    HostBuffer dq = make_host_buffer(c.dtype, {B, H, Lp, D}),
+               dk = make_host_buffer(c.dtype, {B, H, Lp, D}),
+               dv = make_host_buffer(c.dtype, {B, H, Lp, D});
+    host_bwd.dq = dq.view;
+    host_bwd.dk = dk.view;
+    host_bwd.dv = dv.view;
+    SparseAttentionBackwardParams bwd = host_bwd;
     bwd.q = fwd.q;
     bwd.k = fwd.k;
     bwd.v = fwd.v;
     bwd.key_padding_mask = fwd.key_padding_mask;
-    bwd.out = out.view;
-    bwd.lse = lse.view;
-    bwd.dout = doutp.view;
-    bwd.options = fwd.options;
-    HostBuffer dq = make_host_buffer(c.dtype, {B, H, Lp, D}),
-               dk = make_host_buffer(c.dtype, {B, H, Lp, D}),
-               dv = make_host_buffer(c.dtype, {B, H, Lp, D});
-    bwd.dq = dq.view;
-    bwd.dk = dk.view;
-    bwd.dv = dv.view;
-    std::vector<std::byte> bws(workspace_size(bwd));
-    r->backward_bytes = bws.size();
+    bwd.out = fwd.out;
+    bwd.lse = fwd.lse;
+    DeviceMirror d_dout, d_dq, d_dk, d_dv;
+    status = place(doutp, d_dout, &bwd.dout);
+    if (status.ok()) status = place(dq, d_dq, &bwd.dq);
+    if (status.ok()) status = place(dk, d_dk, &bwd.dk);
+    if (status.ok()) status = place(dv, d_dv, &bwd.dv);
+    if (!status.ok()) return status;
+    r->backward_bytes = workspace_size(bwd);
     r->backward_flops = sparse_attention_backward_flops(bwd);
-    status = time_calls(
-        c.repeat, [&] { return run(bwd, bws.data(), bws.size()); }, &r->backward_ms);
+    status = ws.get(r->backward_bytes, &ws_ptr);
+    if (status.ok()) {
+      status = time_calls(
+          c.repeat, [&] { return finish(run(bwd, ws_ptr, r->backward_bytes)); }, &r->backward_ms);
+    }
+    if (status.ok()) status = d_dq.download(dq);
+    if (status.ok()) status = d_dk.download(dk);
+    if (status.ok()) status = d_dv.download(dv);
     if (!status.ok()) return status;
     if (check) {
-      SparseAttentionBackwardParams ref = bwd;
+      // The reference backward reads the library's forward output and lse (downloaded above),
+      // as a training step would.
+      SparseAttentionBackwardParams ref = host_bwd;
       HostBuffer rdq = make_host_buffer(c.dtype, {B, H, Lp, D}),
                  rdk = make_host_buffer(c.dtype, {B, H, Lp, D}),
                  rdv = make_host_buffer(c.dtype, {B, H, Lp, D});
@@ -236,6 +289,7 @@ nlohmann::json to_json(const SparseRunConfig& c, const SparseRunResult& r) {
   j["density"] = r.density;
   j["dtype"] = dtype_name(c.dtype);
   j["path"] = sparse_attention_algorithm_name(c.path);
+  j["device"] = device_name(c.device);
   j["causal"] = c.causal;
   j["threads"] = c.threads;
   add_measurements(r, c.backward, &j);
@@ -246,9 +300,9 @@ nlohmann::json to_json(const SparseRunConfig& c, const SparseRunResult& r) {
 // failed or an error exceeded its tolerance.
 int report_sparse_runs(const std::vector<SparseRunConfig>& configs, bool json, std::ostream& out,
                        std::ostream& err) {
-  TextTable table({"layout", "shape [B,H,L,D]", "block", "nnz (density)", "dtype", "path", "fwd ms",
-                   "bwd ms", "GFLOP/s", "extra mem", "dense ref fwd ms", "dense ref bwd ms",
-                   "max err", "tol", "check"});
+  TextTable table({"layout", "shape [B,H,L,D]", "block", "nnz (density)", "dtype", "path", "device",
+                   "fwd ms", "bwd ms", "GFLOP/s", "extra mem", "dense ref fwd ms",
+                   "dense ref bwd ms", "max err", "tol", "check"});
   nlohmann::json all = nlohmann::json::array();
   int code = 0;
   size_t rows = 0;
@@ -271,7 +325,7 @@ int report_sparse_runs(const std::vector<SparseRunConfig>& configs, bool json, s
       table.add_row(
           {label, shape_of(c), std::to_string(sparsity_common(c.sparsity).block),
            std::to_string(r.nnz) + " (" + fixed(100.0 * r.density, 1) + "%)", dtype_name(c.dtype),
-           sparse_attention_algorithm_name(c.path), fixed(r.forward_ms, 2),
+           sparse_attention_algorithm_name(c.path), device_name(c.device), fixed(r.forward_ms, 2),
            c.backward ? fixed(r.backward_ms, 2) : "-", ms > 0 ? fixed(flops / (ms * 1e6), 1) : "-",
            human_bytes(std::max(r.forward_bytes, r.backward_bytes)),
            r.checked ? fixed(r.reference_forward_ms, 1) : "-",
@@ -289,159 +343,6 @@ int report_sparse_runs(const std::vector<SparseRunConfig>& configs, bool json, s
   return code;
 }
 
-// ---- flags --------------------------------------------------------------------------------------
-
-[[noreturn]] void fail(const std::string& message) {
-  std::cerr << "error: " << message << "\n";
-  throw CLI::RuntimeError(kExitBadInput);
-}
-
-// The layout flags, named after DeepSpeed's parameters as in `sciattn layout`. They have no CLI
-// default: the config's own default applies unless the flag is given.
-struct LayoutFlags {
-  std::string mode = "fixed";
-  int64_t heads = 4;
-  int64_t block = kDefaultBlock;
-  std::string config_path;
-  bool different_layout_per_head = false;
-  int64_t num_local_blocks = 0, num_global_blocks = 0, num_different_global_patterns = 0;
-  int64_t num_random_blocks = 0, num_sliding_window_blocks = 0;
-  std::string attention;
-  bool horizontal_global_attention = false;
-  std::vector<int64_t> local_window_blocks, global_block_indices, global_block_end_indices;
-  CLI::Option *mode_opt = nullptr, *block_opt = nullptr, *config_opt = nullptr;
-  std::vector<std::pair<CLI::Option*, std::function<void(SparsityConfig&, const CLI::Option*)>>>
-      params;
-};
-
-// Applies `setter` to the config when the config has the field it sets (the setter's return type
-// makes it invocable only then); a flag given for a mode without that parameter is an error.
-template <typename Setter>
-void set_field(SparsityConfig& config, const CLI::Option* opt, Setter setter) {
-  if (opt->count() == 0) return;
-  bool applied = false;
-  std::visit(
-      [&](auto& alternative) {
-        if constexpr (std::is_invocable_v<Setter&, decltype(alternative)>) {
-          setter(alternative);
-          applied = true;
-        }
-      },
-      config);
-  if (!applied) {
-    fail(opt->get_name() + " does not apply to --mode " +
-         sparsity_mode_name(sparsity_mode(config)));
-  }
-}
-
-// Registers a parameter flag whose value `field` is copied into every config that has it.
-// Registers a parameter flag whose value is copied into the config's field `member` when the
-// config has one (f lives in a shared_ptr the command's callback holds).
-#define SCIATTN_LAYOUT_PARAM(flag, member, help)                                             \
-  do {                                                                                       \
-    CLI::Option* opt = cmd->add_option(flag, f.member, help);                                \
-    LayoutFlags* fp = &f;                                                                    \
-    f.params.push_back({opt, [fp](SparsityConfig& config, const CLI::Option* o) {            \
-                          set_field(config, o,                                               \
-                                    [fp](auto& c) -> decltype(void(c.member = fp->member)) { \
-                                      c.member = fp->member;                                 \
-                                    });                                                      \
-                        }});                                                                 \
-  } while (0)
-
-void add_layout_flags(CLI::App* cmd, LayoutFlags& f) {
-  f.mode_opt = cmd->add_option("--mode", f.mode,
-                               "layout: dense, fixed (default), variable, bigbird, bslongformer "
-                               "or local_sliding_window");
-  cmd->add_option("--heads,--num-heads", f.heads, "H: attention heads (default 4)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  f.block_opt = cmd->add_option("--block", f.block, "block size: 16 (default), 32, 64 or 128");
-  f.config_opt = cmd->add_option("--config", f.config_path,
-                                 "a DeepSpeed JSON config (its sparse_attention section); flags "
-                                 "given as well override its values");
-  SCIATTN_LAYOUT_PARAM("--num-local-blocks", num_local_blocks, "fixed: local window in blocks");
-  SCIATTN_LAYOUT_PARAM("--num-global-blocks", num_global_blocks, "fixed, bigbird: global blocks");
-  SCIATTN_LAYOUT_PARAM("--num-different-global-patterns", num_different_global_patterns,
-                       "fixed: global patterns cycled over the heads");
-  SCIATTN_LAYOUT_PARAM("--num-random-blocks", num_random_blocks,
-                       "variable, bigbird: random blocks per block row");
-  SCIATTN_LAYOUT_PARAM("--num-sliding-window-blocks", num_sliding_window_blocks,
-                       "bigbird, bslongformer, local_sliding_window: window in blocks");
-  SCIATTN_LAYOUT_PARAM("--local-window-blocks", local_window_blocks,
-                       "variable: local window sizes, e.g. 1,2,3");
-  SCIATTN_LAYOUT_PARAM("--global-block-indices", global_block_indices,
-                       "variable, bslongformer: global blocks, e.g. 0,4");
-  SCIATTN_LAYOUT_PARAM("--global-block-end-indices", global_block_end_indices,
-                       "variable, bslongformer: ends of global ranges");
-  for (const char* list :
-       {"--local-window-blocks", "--global-block-indices", "--global-block-end-indices"}) {
-    cmd->get_option(list)->delimiter(',');
-  }
-  // Flags and the direction need their own setters (bool flags, a parsed enum).
-  CLI::Option* per_head = cmd->add_flag("--different-layout-per-head", f.different_layout_per_head,
-                                        "a layout per head");
-  LayoutFlags* fp = &f;
-  f.params.push_back(
-      {per_head, [fp](SparsityConfig& config, const CLI::Option* o) {
-         set_field(config, o, [fp](auto& c) -> decltype(void(c.different_layout_per_head = true)) {
-           c.different_layout_per_head = fp->different_layout_per_head;
-         });
-       }});
-  CLI::Option* horizontal =
-      cmd->add_flag("--horizontal-global-attention", f.horizontal_global_attention,
-                    "fixed, variable: global rows see every block");
-  f.params.push_back({horizontal, [fp](SparsityConfig& config, const CLI::Option* o) {
-                        set_field(
-                            config, o,
-                            [fp](auto& c) -> decltype(void(c.horizontal_global_attention = true)) {
-                              c.horizontal_global_attention = fp->horizontal_global_attention;
-                            });
-                      }});
-  CLI::Option* attention =
-      cmd->add_option("--attention", f.attention, "bidirectional or unidirectional");
-  f.params.push_back({attention, [fp](SparsityConfig& config, const CLI::Option* o) {
-                        if (o->count() == 0) return;
-                        const auto d = parse_attention_direction(fp->attention);
-                        if (!d) {
-                          fail("--attention must be bidirectional or unidirectional; got \"" +
-                               fp->attention + "\"");
-                        }
-                        set_field(config, o, [&](auto& c) -> decltype(void(c.attention = *d)) {
-                          c.attention = *d;
-                        });
-                      }});
-}
-
-#undef SCIATTN_LAYOUT_PARAM
-
-SparsityConfig config_from_flags(const LayoutFlags& f, uint64_t seed) {
-  SparsityConfig config;
-  const auto mode = parse_sparsity_mode(f.mode);
-  if (!mode || *mode == SparsityMode::kUser) {
-    fail(
-        "--mode must be one of dense, fixed, variable, bigbird, bslongformer, "
-        "local_sliding_window; got \"" +
-        f.mode + "\"");
-  }
-  if (f.config_opt->count() > 0) {
-    const Status s = load_deepspeed_sparsity_config(f.config_path, f.heads, &config, seed);
-    if (!s.ok()) fail(s.message());
-    if (f.mode_opt->count() > 0 && *mode != sparsity_mode(config)) {
-      fail(std::string("--mode ") + f.mode + " contradicts the mode of " + f.config_path);
-    }
-  } else {
-    config = default_sparsity_config(*mode, f.heads);
-  }
-  SparsityCommon& common = sparsity_common(config);
-  common.num_heads = f.heads;
-  common.seed = seed;
-  if (f.block_opt->count() > 0) common.block = f.block;
-  for (const auto& [opt, apply] : f.params) apply(config, opt);
-  const Status s = validate_sparsity_config(config);
-  if (!s.ok()) fail(s.message());
-  return config;
-}
-
 }  // namespace
 
 void add_sparse_command(CLI::App& app) {
@@ -449,16 +350,19 @@ void add_sparse_command(CLI::App& app) {
       "sparse",
       "Run block-sparse self-attention (DeepSpeed's SparseSelfAttention semantics) once on random\n"
       "inputs: Q, K, V [B, H, L, D] on a layout from DeepSpeed's sparsity configs, through the\n"
-      "fused or the composite (sdd -> softmax -> dsd) path, and compare with dense attention\n"
-      "that applies the layout as a mask. A length that is not a multiple of the block is padded\n"
+      "fused or the composite (sdd -> softmax -> dsd) path, on the GPU (--device cuda, the\n"
+      "default when a GPU and the CUDA build are present) or the CPU, and compare with dense\n"
+      "attention on the CPU that applies the layout as a mask. A length that is not a multiple of "
+      "the block is padded\n"
       "and the padding masked.");
   auto flags = std::make_shared<LayoutFlags>();
   auto config = std::make_shared<SparseRunConfig>();
-  auto dtype = std::make_shared<std::string>("f32");
+  auto dtype = std::make_shared<std::string>("auto");
   auto path = std::make_shared<std::string>("fused");
+  auto device = std::make_shared<std::string>(default_device_name());
   auto json = std::make_shared<bool>(false);
   auto no_check = std::make_shared<bool>(false);
-  add_layout_flags(cmd, *flags);
+  add_layout_flags(cmd, flags.get(), /*default_heads=*/4);
   cmd->add_option("--len,--seq-len", config->len, "L: sequence length in tokens (default 512)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--max-seq-length", config->max_seq_length,
@@ -468,10 +372,16 @@ void add_sparse_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--dim,-d", config->dim, "D: head dim (default 64)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--dtype", *dtype, "storage dtype (default f32)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  cmd->add_option("--path", *path, "fused (default) or composite")
+  cmd->add_option("--dtype", *dtype,
+                  "storage dtype (auto, the default: f32 on the CPU, bf16 on the GPU, whose "
+                  "tensor cores take f16 and bf16)")
+      ->check(CLI::IsMember({"auto", "f32", "f16", "bf16"}));
+  cmd->add_option("--algorithm,--path", *path, "fused (default) or composite")
       ->check(CLI::IsMember({"fused", "composite"}));
+  cmd->add_option("--device", *device,
+                  "where the library runs (default: cuda when a GPU and the CUDA build are "
+                  "present); the dense reference always runs on the CPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--backward", config->backward, "also run and time the backward");
   cmd->add_flag("--causal", config->causal, "token-level causal masking inside diagonal blocks");
   cmd->add_option("--scale", config->scale, "softmax scale (default 1/sqrt(D))");
@@ -487,7 +397,10 @@ void add_sparse_command(CLI::App& app) {
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
     config->sparsity = config_from_flags(*flags, config->seed);
-    config->dtype = *parse_dtype(*dtype);
+    config->device = *device == "cuda" ? Device::kCuda : Device::kCpu;
+    config->dtype = *parse_dtype(*dtype != "auto"                  ? *dtype
+                                 : config->device == Device::kCuda ? "bf16"
+                                                                   : "f32");
     config->path = *path == "composite" ? SparseAttentionAlgorithm::kComposite
                                         : SparseAttentionAlgorithm::kFused;
     config->check = !*no_check;
@@ -503,14 +416,18 @@ void add_sparse_command(CLI::App& app) {
   });
 }
 
-int run_sparse_demo(bool json, std::ostream& out, std::ostream& err) {
+int run_sparse_demo(bool json, Device device, int threads, std::ostream& out, std::ostream& err) {
   // DeepSpeed's layouts at BERT-like sizes: BigBird and BSLongformer (global rows), Fixed
   // unidirectional with token-level causal masking, and a length that needs padding. L = 512
   // keeps the dense reference, plain single-threaded loops, to a few seconds for the section.
-  auto make = [](SparsityConfig sparsity, int64_t len, DType dtype, SparseAttentionAlgorithm path,
-                 bool causal) {
+  // On the GPU every run is in f16 or bf16 (what its tensor cores take); on the CPU the BigBird
+  // runs stay in f32.
+  const bool on_gpu = device == Device::kCuda;
+  const DType wide = on_gpu ? DType::kBF16 : DType::kF32;
+  auto make = [device, threads](const SparsityConfig& sparsity, int64_t len, DType dtype,
+                                SparseAttentionAlgorithm path, bool causal) {
     SparseRunConfig c;
-    c.sparsity = std::move(sparsity);
+    c.sparsity = sparsity;
     c.name = sparsity_mode_name(sparsity_mode(c.sparsity));
     c.batch = 1;
     c.len = len;
@@ -519,29 +436,30 @@ int run_sparse_demo(bool json, std::ostream& out, std::ostream& err) {
     c.backward = true;
     c.causal = causal;
     c.path = path;
+    c.device = device;
+    c.threads = threads;
     c.repeat = 3;
     c.seed = 2026;
     return c;
   };
-  BigBirdSparsityConfig bigbird;
-  bigbird.num_heads = 4;
-  FixedSparsityConfig fixed_uni;
-  fixed_uni.num_heads = 4;
-  fixed_uni.attention = AttentionDirection::kUnidirectional;
-  BSLongformerSparsityConfig longformer;
-  longformer.num_heads = 4;
-  longformer.block = 32;
+  const SparsityConfig bigbird = default_sparsity_config(SparsityMode::kBigBird, 4);
+  SparsityConfig fixed_uni = default_sparsity_config(SparsityMode::kFixed, 4);
+  std::get<FixedSparsityConfig>(fixed_uni).attention = AttentionDirection::kUnidirectional;
+  SparsityConfig longformer = default_sparsity_config(SparsityMode::kBSLongformer, 4);
+  sparsity_common(longformer).block = 32;
   const std::vector<SparseRunConfig> configs = {
-      make(bigbird, 512, DType::kF32, SparseAttentionAlgorithm::kFused, false),
-      make(bigbird, 512, DType::kF32, SparseAttentionAlgorithm::kComposite, false),
+      make(bigbird, 512, wide, SparseAttentionAlgorithm::kFused, false),
+      make(bigbird, 512, wide, SparseAttentionAlgorithm::kComposite, false),
       make(fixed_uni, 512, DType::kBF16, SparseAttentionAlgorithm::kFused, true),
       make(longformer, 500, DType::kF16, SparseAttentionAlgorithm::kFused, false),
   };
   if (!json) {
-    out << "\nBlock-sparse self-attention (DeepSpeed's SparseSelfAttention) on the CPU, forward "
-           "and backward.\n'fused' streams over each query block's nonzero key blocks with an "
-           "online softmax; 'composite' is DeepSpeed's sdd -> softmax -> dsd. 'max err' compares "
-           "with dense attention that applies the layout as a mask.\n\n";
+    const std::string engine =
+        on_gpu ? "on the GPU (" + cuda_device_description() + ")" : std::string("on the CPU");
+    out << "\nBlock-sparse self-attention (DeepSpeed's SparseSelfAttention) " << engine
+        << ", forward and backward.\n'fused' streams over each query block's nonzero key blocks "
+           "with an online softmax; 'composite' is DeepSpeed's sdd -> softmax -> dsd. 'max err' "
+           "compares with dense attention on the CPU that applies the layout as a mask.\n\n";
   }
   return report_sparse_runs(configs, json, out, err);
 }

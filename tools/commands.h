@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <ostream>
 
+#include "sciattn/device.h"
+
 namespace sciattn::tools {
 
 void add_demo_command(CLI::App& app);
@@ -14,8 +16,8 @@ void add_layout_command(CLI::App& app);
 void add_sparse_command(CLI::App& app);
 
 // The block-sparse section of `sciattn demo` (in cmd_sparse.cpp): a few sparse self-attention
-// runs, printed as a table (or a JSON array) on `out`; errors go to `err`. Returns 0, or 1 when a
-// run failed or exceeded its tolerance.
-int run_sparse_demo(bool json, std::ostream& out, std::ostream& err);
+// runs on `device` (CPU threads: `threads`, 0 = all), printed as a table (or a JSON array) on
+// `out`; errors go to `err`. Returns 0, or 1 when a run failed or exceeded its tolerance.
+int run_sparse_demo(bool json, Device device, int threads, std::ostream& out, std::ostream& err);
 
 }  // namespace sciattn::tools

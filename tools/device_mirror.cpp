@@ -35,4 +35,35 @@ Status DeviceScratch::resize(size_t bytes) {
   return s;
 }
 
+const char* default_device_name() {
+  return built_with_cuda() && cuda_device_count() > 0 ? "cuda" : "cpu";
+}
+
+Status check_device_usable(Device device) {
+  if (device != Device::kCuda || cuda_device_count() > 0) return Status::ok_status();
+  return Status::not_supported(built_with_cuda()
+                                   ? "--device cuda: no CUDA device is visible on this machine"
+                                   : "--device cuda: this build of sciattn has no CUDA support "
+                                     "(build with scripts/setup.sh on a machine with nvcc)");
+}
+
+Status place_tensor(Device device, const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {
+  *view = host.view;
+  if (device != Device::kCuda) return Status::ok_status();
+  const Status s = mirror.upload(host);
+  *view = mirror.view();
+  return s;
+}
+
+Status RunWorkspace::get(size_t bytes, void** ptr) {
+  if (device_ != Device::kCuda) {
+    host_.assign(bytes, std::byte{0});
+    *ptr = host_.data();
+    return Status::ok_status();
+  }
+  const Status s = scratch_.resize(bytes);
+  *ptr = scratch_.data();
+  return s;
+}
+
 }  // namespace sciattn::tools

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "run_support.h"
 #include "sciattn/device.h"
@@ -45,6 +46,31 @@ class DeviceScratch {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// "cuda" when this build has CUDA and a GPU is visible, else "cpu": the commands' default device.
+const char* default_device_name();
+
+// OK when a command can run on `device`; for kCuda without a CUDA build or a visible GPU, a
+// kNotSupported Status that says which ("--device cuda: ...").
+Status check_device_usable(Device device);
+
+// Puts one tensor of a run where the run happens: on the CPU *view is host.view; on the GPU the
+// mirror gets a device copy of host and *view points at it. An absent host buffer stays absent.
+Status place_tensor(Device device, const HostBuffer& host, DeviceMirror& mirror, TensorView* view);
+
+// The workspace of a run's calls, on the run's device (host bytes or device memory), reused
+// from call to call.
+class RunWorkspace {
+ public:
+  explicit RunWorkspace(Device device) : device_(device) {}
+  // Makes room for `bytes` and sets *ptr to it (nullptr for 0 bytes on the GPU).
+  Status get(size_t bytes, void** ptr);
+
+ private:
+  Device device_;
+  std::vector<std::byte> host_;
+  DeviceScratch scratch_;
 };
 
 }  // namespace sciattn::tools

@@ -39,20 +39,12 @@ std::string shape_of(const EvoformerRunConfig& c) {
 
 Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* result) {
   const bool on_gpu = c.device == Device::kCuda;
-  if (on_gpu && cuda_device_count() == 0) {
-    return Status::not_supported(built_with_cuda()
-                                     ? "--device cuda: no CUDA device is visible on this machine"
-                                     : "--device cuda: this build of sciattn has no CUDA support "
-                                       "(build with scripts/setup.sh on a machine with nvcc)");
-  }
+  Status status = check_device_usable(c.device);
+  if (!status.ok()) return status;
   // On the GPU every tensor gets a device copy; the library runs on those and the results come
   // back into the host buffers, which the reference (always on the CPU) is compared with.
-  auto place = [on_gpu](const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {
-    *view = host.view;
-    if (!on_gpu) return Status::ok_status();
-    const Status s = mirror.upload(host);
-    *view = mirror.view();
-    return s;
+  auto place = [&c](const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {
+    return place_tensor(c.device, host, mirror, view);
   };
   // A timed call on the GPU includes waiting for its kernels.
   auto finish = [on_gpu](Status s) { return s.ok() && on_gpu ? cuda_synchronize() : s; };
@@ -99,7 +91,7 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
 
   EvoformerForwardParams fwd = host_fwd;
   DeviceMirror d_q, d_k, d_v, d_bias1, d_bias2, d_out, d_lse;
-  Status status = place(q, d_q, &fwd.q);
+  status = place(q, d_q, &fwd.q);
   if (status.ok()) status = place(k, d_k, &fwd.k);
   if (status.ok()) status = place(v, d_v, &fwd.v);
   if (status.ok()) status = place(bias1, d_bias1, &fwd.bias1);
@@ -111,19 +103,9 @@ Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* res
   status = can_implement(fwd, &why);
   if (!status.ok()) return status;
 
-  std::vector<std::byte> ws;
-  DeviceScratch d_ws;
-  // The workspace of a call, on the tensors' device.
-  auto workspace = [&](size_t bytes, void** ptr) {
-    if (!on_gpu) {
-      ws.assign(bytes, std::byte{0});
-      *ptr = ws.data();
-      return Status::ok_status();
-    }
-    const Status s = d_ws.resize(bytes);
-    *ptr = d_ws.data();
-    return s;
-  };
+  std::vector<std::byte> ws;  // the reference's, on the CPU
+  RunWorkspace run_ws(c.device);
+  auto workspace = [&](size_t bytes, void** ptr) { return run_ws.get(bytes, ptr); };
   void* ws_ptr = nullptr;
   result->forward_flops = evoformer_forward_flops(fwd);
   result->forward_bytes = workspace_size(fwd);

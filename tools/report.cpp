@@ -5,10 +5,6 @@
 
 namespace sciattn::tools {
 
-const char* default_device_name() {
-  return built_with_cuda() && cuda_device_count() > 0 ? "cuda" : "cpu";
-}
-
 size_t reference_bytes(const EvoformerRunConfig& c) {
   // Two fp32 score tensors [B, N, H, L, L] dominate the naive backward.
   const double scores = static_cast<double>(c.batch) * static_cast<double>(c.n) *

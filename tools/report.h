@@ -6,6 +6,7 @@
 #include <ostream>
 #include <vector>
 
+#include "device_mirror.h"
 #include "evoformer_runner.h"
 #include "table.h"
 
@@ -19,9 +20,6 @@ struct EvoformerFlags {
   bool json = false;
   std::optional<float> scale;
 };
-
-// "cuda" when this build has CUDA and a GPU is visible, else "cpu".
-const char* default_device_name();
 
 // Bytes the naive reference would take for this configuration (forward and backward).
 size_t reference_bytes(const EvoformerRunConfig& config);

@@ -139,8 +139,8 @@ TEST(Cli, SparseBothPathsEveryDtype) {
   for (const char* path : {"fused", "composite"}) {
     for (const char* dtype : {"f32", "f16", "bf16"}) {
       const std::string args = std::string(
-                                   "sparse --mode bigbird --heads 2 --len 200 --dim 16 "
-                                   "--backward --repeat 1 --json --path ") +
+                                   "sparse --device cpu --mode bigbird --heads 2 --len 200 "
+                                   "--dim 16 --backward --repeat 1 --json --algorithm ") +
                                path + " --dtype " + dtype;
       SCOPED_TRACE(args);
       const CommandResult r = run_cli(args);
@@ -154,10 +154,12 @@ TEST(Cli, SparseBothPathsEveryDtype) {
 
 TEST(Cli, SparseLayoutFlagsAndTable) {
   const CommandResult r = run_cli(
-      "sparse --mode fixed --attention unidirectional --num-local-blocks 2 --causal --heads 2 "
-      "--block 32 --len 256 --dim 8 --masked-keys 5 --backward --repeat 1 --threads 3");
+      "sparse --device cpu --mode fixed --attention unidirectional --num-local-blocks 2 --causal "
+      "--heads 2 --block 32 --len 256 --dim 8 --masked-keys 5 --backward --repeat 1 --threads 3 "
+      "--path composite");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("fixed causal"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("composite"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ok"), std::string::npos) << r.output;
 }
 
@@ -176,6 +178,71 @@ TEST(Cli, SparseBadLayoutFlagsAreExplained) {
   const CommandResult r = run_cli("sparse --dtype f64");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("Usage"), std::string::npos) << r.output;
+}
+
+// --device cuda runs the GPU kernels and matches the CPU reference (a CUDA build on a GPU), or
+// says plainly why it cannot: no CUDA build or no device, or (while the block-sparse kernels are
+// being written) the library's not-supported message naming the op.
+TEST(Cli, SparseOnCudaRunsOrExplains) {
+  for (const char* algorithm : {"fused", "composite"}) {
+    const std::string args = std::string(
+                                 "sparse --device cuda --mode bigbird --heads 2 --len 200 "
+                                 "--dim 64 --backward --repeat 1 --json --dtype bf16 "
+                                 "--algorithm ") +
+                             algorithm;
+    SCOPED_TRACE(args);
+    const CommandResult r = run_cli(args);
+    if (r.exit_code == 0) {
+      const nlohmann::json runs = parse_json_output(r.output);
+      expect_all_passed(runs, 1);
+      EXPECT_EQ(runs[0]["device"].get<std::string>(), "cuda");
+    } else {
+      EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
+      EXPECT_TRUE(r.output.find("no CUDA support") != std::string::npos ||
+                  r.output.find("no CUDA device") != std::string::npos ||
+                  r.output.find("not supported") != std::string::npos ||
+                  r.output.find("not yet") != std::string::npos)
+          << r.output;
+    }
+  }
+}
+
+#ifndef SCIATTN_CLI_HAS_CUDA
+// In a build without CUDA, --device cuda fails at once with a message that says so, for every
+// command that takes it.
+TEST(Cli, DeviceCudaWithoutCudaBuildIsExplained) {
+  for (const char* args : {"sparse --device cuda --len 64 --heads 1",
+                           "evoformer --device cuda --n 2 --len 8", "demo --device cuda"}) {
+    SCOPED_TRACE(args);
+    const CommandResult r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("--device cuda: this build of sciattn has no CUDA support"),
+              std::string::npos)
+        << r.output;
+  }
+}
+#endif
+
+// `sciattn layout` and `sciattn sparse` share their layout flags (tools/layout_flags.h): the same
+// flags work, and the same mistakes get the same message, in both.
+TEST(Cli, LayoutAndSparseShareLayoutFlags) {
+  const CommandResult ok = run_cli(
+      "layout --mode bslongformer --heads 2 --block 32 --len 256 --num-sliding-window-blocks 5 "
+      "--global-block-indices 0,3 --json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  const nlohmann::json j = nlohmann::json::parse(ok.output);
+  EXPECT_EQ(j["config"]["num_sliding_window_blocks"].get<int>(), 5);
+  EXPECT_EQ(j["config"]["global_block_indices"], nlohmann::json({0, 3}));
+  EXPECT_EQ(j["num_heads"].get<int>(), 2);
+  for (const char* command : {"layout --len 64", "sparse --device cpu --len 64"}) {
+    const CommandResult r = run_cli(std::string(command) + " --mode fixed --num-random-blocks 2");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--num-random-blocks does not apply to --mode fixed; it is a "
+                            "parameter of: variable, bigbird"),
+              std::string::npos)
+        << command << "\n"
+        << r.output;
+  }
 }
 
 }  // namespace
