@@ -1,0 +1,693 @@
+// The fused block-sparse attention on the GPU (label gpu): the CUDA kernels, forward and
+// backward, against the fp64 oracle with the tolerance rule (the CPU fused path, which the
+// CPU suites check against the same oracle, gives lowp_ref), for every sparsity config, block
+// 16/32/64/128, head dims 32/64/128 and a padded one, f16/bf16/f32, both mask modes and bool
+// masks, rpe, causal, strided and pre-transposed inputs, empty block rows, fully masked rows, and
+// lengths from one block to a few thousand tokens with split rows and columns; bitwise
+// determinism; NaN-poisoned outputs; the rejections. Each test skips without a CUDA device.
+// Quick subset for compute-sanitizer: --gtest_filter='*Small*'. Test layer (tests/cuda).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpu/block_sparse_test_util.h"
+#include "sciattn/device.h"
+
+namespace sciattn {
+namespace {
+
+using namespace sciattn::bstest;
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+// A device copy of a HostTensor's whole storage (padding included), and the matching view.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(const HostTensor& h) {
+    if (!h.present()) return;
+    bytes_ = h.storage_bytes();
+    EXPECT_EQ(cudaMalloc(&base_, bytes_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(base_, h.base(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    view_ = h.view();
+    view_.data =
+        static_cast<std::byte*>(base_) + (static_cast<const std::byte*>(h.data()) - h.base());
+    view_.device = Device::kCuda;
+  }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+  ~DeviceCopy() { cudaFree(base_); }
+  const TensorView& view() const { return view_; }
+  void copy_to(HostTensor& h) const {
+    if (base_ != nullptr) {
+      ASSERT_EQ(cudaMemcpy(h.base(), base_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t bytes_ = 0;
+  TensorView view_{};
+};
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) {
+    if (bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+      // Poisoned: the kernels must never read workspace they have not written.
+      EXPECT_EQ(cudaMemset(ptr, 0xff, bytes), cudaSuccess);
+    }
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void* ptr = nullptr;
+};
+
+enum class Config { kRandom, kDense, kFixed, kVariable, kBigBird, kBSLongformer, kLocal };
+enum class MaskKind { kNone, kAdd, kMul, kBool };
+enum class RpeKind { kNone, kF32, kSameAsQ, kBroadcast };
+// kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer. kKeyT: K and V stored [B, H, D, L]
+// (DeepSpeed's pre-transposed key), element loads. kPadded: padded strides and an unaligned
+// start for every tensor, outputs included (element loads).
+enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
+
+const char* config_name(Config c) {
+  static const char* names[] = {"random",  "dense",        "fixed", "variable",
+                                "bigbird", "bslongformer", "local"};
+  return names[static_cast<int>(c)];
+}
+const char* mask_name(MaskKind k) {
+  static const char* names[] = {"none", "add", "mul", "bool"};
+  return names[static_cast<int>(k)];
+}
+MaskMode mode_of(MaskKind k) {
+  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
+}
+
+struct GpuCase {
+  DType dtype = DType::kBF16;
+  int64_t block = 16, B = 2, H = 2, N = 4, D = 32;  // L = N * block
+  Config config = Config::kRandom;
+  bool per_head = true;
+  MaskKind kpm = MaskKind::kNone, attn = MaskKind::kNone;
+  RpeKind rpe = RpeKind::kNone;
+  bool causal = false;
+  std::optional<float> scale;
+  Storage storage = Storage::kPacked;
+  int64_t split_blocks = 0;  // > 0: split_block_sparse_work(split_blocks) before the upload
+  bool masked_row = false;   // query 2 sees no key (fully masked row)
+  uint64_t seed = kBaseSeed;
+
+  int64_t L() const { return N * block; }
+  std::string name() const {
+    static const char* rpes[] = {"none", "f32", "same", "bcast"};
+    static const char* storages[] = {"packed", "padded", "blhd", "keyt"};
+    std::string s = std::string(dtype_name(dtype)) + "_b" + std::to_string(block) + "_B" +
+                    std::to_string(B) + "H" + std::to_string(H) + "L" + std::to_string(L()) + "D" +
+                    std::to_string(D) + "_" + config_name(config) + "_kpm" + mask_name(kpm) +
+                    "_attn" + mask_name(attn) + "_rpe" + rpes[static_cast<int>(rpe)] + "_" +
+                    storages[static_cast<int>(storage)];
+    if (causal) s += "_causal";
+    if (scale) s += "_scaled";
+    if (split_blocks) s += "_split" + std::to_string(split_blocks);
+    if (masked_row) s += "_maskedrow";
+    return s + "_s" + std::to_string(seed - kBaseSeed);
+  }
+};
+
+void PrintTo(const GpuCase& c, std::ostream* os) {
+  *os << c.name() << " " << seed_note(c.seed);
+}
+
+HostTensor qkv_tensor(const GpuCase& c, bool key_or_value, bool output) {
+  const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
+  switch (c.storage) {
+    case Storage::kPadded:
+      return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
+    case Storage::kBLHD:
+      return HostTensor::permuted(c.dtype, sizes, {0, 2, 1, 3});
+    case Storage::kKeyT:
+      if (key_or_value && !output) return HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2});
+      break;
+    case Storage::kPacked:
+      break;
+  }
+  return HostTensor::packed(c.dtype, sizes);
+}
+
+sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
+  sciattn::Layout layout;
+  SparsityConfig cfg;
+  switch (c.config) {
+    case Config::kRandom:
+      return random_layout(c.H, c.N, c.N, 0.4, rng, /*empty_row=*/true, /*empty_col=*/true);
+    case Config::kDense:
+      cfg = DenseSparsityConfig{};
+      break;
+    case Config::kFixed: {
+      FixedSparsityConfig f;
+      f.different_layout_per_head = c.per_head;
+      f.num_local_blocks = 4;
+      f.num_different_global_patterns = c.per_head ? 2 : 1;
+      f.attention =
+          c.causal ? AttentionDirection::kUnidirectional : AttentionDirection::kBidirectional;
+      cfg = f;
+      break;
+    }
+    case Config::kVariable: {
+      VariableSparsityConfig v;
+      v.different_layout_per_head = c.per_head;
+      v.num_random_blocks = 1;
+      v.local_window_blocks = {2, 3};
+      v.global_block_indices = {0};
+      v.horizontal_global_attention = !c.causal;
+      cfg = v;
+      break;
+    }
+    case Config::kBigBird: {
+      BigBirdSparsityConfig b;
+      b.different_layout_per_head = c.per_head;
+      b.num_random_blocks = 1;
+      cfg = b;
+      break;
+    }
+    case Config::kBSLongformer: {
+      BSLongformerSparsityConfig l;
+      l.different_layout_per_head = c.per_head;
+      cfg = l;
+      break;
+    }
+    case Config::kLocal:
+      cfg = LocalSlidingWindowSparsityConfig{};
+      break;
+  }
+  SparsityCommon& common = sparsity_common(cfg);
+  common.num_heads = c.H;
+  common.block = c.block;
+  common.seed = c.seed;
+  const Status s = make_layout(cfg, c.L(), &layout);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return layout;
+}
+
+HostTensor make_mask(MaskKind k, DType dtype, std::vector<int64_t> sizes, std::mt19937_64& rng) {
+  if (k == MaskKind::kNone) return HostTensor();
+  HostTensor m = HostTensor::packed(k == MaskKind::kBool ? DType::kBool : dtype, sizes);
+  fill_mask(m, mode_of(k), 0.15, rng);
+  return m;
+}
+
+struct Problem {
+  GpuCase c;
+  sciattn::Layout layout;
+  BlockSparseIndex ix;
+  HostTensor q, k, v, dout, rpe, kpm, attn;
+};
+
+Problem make_problem(const GpuCase& c) {
+  Problem p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed);
+  p.layout = make_case_layout(c, rng);
+  p.ix = make_index(p.layout, c.block);
+  if (c.split_blocks > 0) {
+    EXPECT_TRUE(split_block_sparse_work(c.split_blocks, &p.ix).ok());
+  }
+  EXPECT_TRUE(upload_block_sparse_index(&p.ix, 0).ok());
+  p.q = qkv_tensor(c, false, false);
+  p.k = qkv_tensor(c, true, false);
+  p.v = qkv_tensor(c, true, false);
+  p.dout = qkv_tensor(c, false, false);
+  test::fill_normal(p.q, rng);
+  test::fill_normal(p.k, rng);
+  test::fill_normal(p.v, rng);
+  test::fill_normal(p.dout, rng);
+  const int64_t L = c.L();
+  switch (c.rpe) {
+    case RpeKind::kNone:
+      break;
+    case RpeKind::kF32:
+      p.rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
+      break;
+    case RpeKind::kSameAsQ:
+      p.rpe = HostTensor::packed(c.dtype, {c.B, c.H, L, L});
+      break;
+    case RpeKind::kBroadcast:
+      p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
+      break;
+  }
+  if (p.rpe.present()) test::fill_normal(p.rpe, rng, 0.5);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, rng);
+  p.attn = make_mask(c.attn, c.dtype, {L, L}, rng);
+  if (c.masked_row && p.attn.present() && L > 2) {
+    for (int64_t j = 0; j < L; ++j) {
+      p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
+    }
+  }
+  return p;
+}
+
+SparseAttentionOptions options_of(const GpuCase& c) {
+  SparseAttentionOptions o;
+  o.scale = c.scale;
+  o.causal = c.causal;
+  o.key_padding_mask_mode = mode_of(c.kpm);
+  o.attn_mask_mode = mode_of(c.attn);
+  o.algorithm = SparseAttentionAlgorithm::kFused;
+  return o;
+}
+
+AttnProblem oracle_problem(const Problem& p) {
+  AttnProblem a;
+  a.layout = &p.layout;
+  a.b = p.c.block;
+  a.B = p.c.B;
+  a.H = p.c.H;
+  a.L = p.c.L();
+  a.D = p.c.D;
+  // The scale as the library holds it: a float.
+  a.scale = static_cast<double>(
+      p.c.scale ? *p.c.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.D))));
+  a.q = dense_op(p.q, false);
+  a.k = dense_op(p.k, false);
+  a.v = dense_op(p.v, false);
+  if (p.rpe.present()) a.rpe = dense_op(p.rpe, false);
+  if (p.kpm.present()) a.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
+  if (p.attn.present()) a.attn = mask_terms(p.attn, mode_of(p.c.attn));
+  a.causal = p.c.causal;
+  return a;
+}
+
+// The CPU fused path (lowp_ref): out / lse, then dq / dk / dv from that out and lse.
+struct CpuRun {
+  HostTensor out, lse, dq, dk, dv;
+};
+
+CpuRun run_cpu(const Problem& p) {
+  CpuRun r;
+  r.out = qkv_tensor(p.c, false, true);
+  r.lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  SparseAttentionForwardParams f;
+  f.index = &p.ix;
+  f.q = p.q.view();
+  f.k = p.k.view();
+  f.v = p.v.view();
+  f.rpe = p.rpe.view();
+  f.key_padding_mask = p.kpm.view();
+  f.attn_mask = p.attn.view();
+  f.out = r.out.view();
+  f.lse = r.lse.view();
+  f.options = options_of(p.c);
+  Status s = run_op(f);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  r.dq = qkv_tensor(p.c, false, true);
+  r.dk = qkv_tensor(p.c, false, true);
+  r.dv = qkv_tensor(p.c, false, true);
+  SparseAttentionBackwardParams g;
+  g.index = &p.ix;
+  g.q = f.q;
+  g.k = f.k;
+  g.v = f.v;
+  g.rpe = f.rpe;
+  g.key_padding_mask = f.key_padding_mask;
+  g.attn_mask = f.attn_mask;
+  g.out = r.out.view();
+  g.lse = r.lse.view();
+  g.dout = p.dout.view();
+  g.dq = r.dq.view();
+  g.dk = r.dk.view();
+  g.dv = r.dv.view();
+  g.options = f.options;
+  s = run_op(g);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return r;
+}
+
+// One GPU forward and backward (the backward from the GPU forward's out and lse), outputs
+// NaN-poisoned before the run and copied back.
+struct GpuRun {
+  Status forward_status, backward_status;
+  HostTensor out, lse, dq, dk, dv;
+};
+
+GpuRun run_gpu(const Problem& p) {
+  GpuRun r;
+  DeviceCopy q(p.q), k(p.k), v(p.v), dout(p.dout), rpe(p.rpe), kpm(p.kpm), attn(p.attn);
+  r.out = qkv_tensor(p.c, false, true);
+  r.lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  DeviceCopy out(r.out), lse(r.lse);
+  SparseAttentionForwardParams f;
+  f.index = &p.ix;
+  f.q = q.view();
+  f.k = k.view();
+  f.v = v.view();
+  f.rpe = rpe.view();
+  f.key_padding_mask = kpm.view();
+  f.attn_mask = attn.view();
+  f.out = out.view();
+  f.lse = lse.view();
+  f.options = options_of(p.c);
+  {
+    const size_t bytes = workspace_size(f);
+    DeviceBuffer ws(bytes);
+    r.forward_status = run(f, ws.ptr, bytes);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  out.copy_to(r.out);
+  lse.copy_to(r.lse);
+  if (!r.forward_status.ok()) return r;
+
+  r.dq = qkv_tensor(p.c, false, true);
+  r.dk = qkv_tensor(p.c, false, true);
+  r.dv = qkv_tensor(p.c, false, true);
+  DeviceCopy dq(r.dq), dk(r.dk), dv(r.dv);
+  SparseAttentionBackwardParams g;
+  g.index = &p.ix;
+  g.q = f.q;
+  g.k = f.k;
+  g.v = f.v;
+  g.rpe = f.rpe;
+  g.key_padding_mask = f.key_padding_mask;
+  g.attn_mask = f.attn_mask;
+  g.out = f.out;
+  g.lse = f.lse;
+  g.dout = dout.view();
+  g.dq = dq.view();
+  g.dk = dk.view();
+  g.dv = dv.view();
+  g.options = f.options;
+  {
+    const size_t bytes = workspace_size(g);
+    DeviceBuffer ws(bytes);
+    r.backward_status = run(g, ws.ptr, bytes);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  dq.copy_to(r.dq);
+  dk.copy_to(r.dk);
+  dv.copy_to(r.dv);
+  return r;
+}
+
+void check_case(const GpuCase& c) {
+  SCOPED_TRACE(c.name() + " " + seed_note(c.seed));
+  const Problem p = make_problem(c);
+  ASSERT_NE(p.ix.device, nullptr);
+  const AttnProblem a = oracle_problem(p);
+  const AttnForward o = attention_oracle(a);
+  const CpuRun cpu = run_cpu(p);
+
+  const GpuRun gpu = run_gpu(p);
+  ASSERT_TRUE(gpu.forward_status.ok()) << gpu.forward_status.to_string();
+  ASSERT_TRUE(gpu.backward_status.ok()) << gpu.backward_status.to_string();
+  EXPECT_TRUE(within_tolerance("out", gpu.out.values(), cpu.out.values(), o.out.v, c.dtype));
+  EXPECT_TRUE(within_tolerance("lse", gpu.lse.values(), cpu.lse.values(), o.lse, DType::kF32));
+  // The gradients of the GPU's own forward, against the oracle's (the CPU backward from the CPU
+  // forward is lowp_ref: both read an out rounded to the dtype).
+  const AttnGrads og = attention_backward_oracle(a, dense_op(p.dout, false));
+  EXPECT_TRUE(within_tolerance("dq", gpu.dq.values(), cpu.dq.values(), og.dq.v, c.dtype));
+  EXPECT_TRUE(within_tolerance("dk", gpu.dk.values(), cpu.dk.values(), og.dk.v, c.dtype));
+  EXPECT_TRUE(within_tolerance("dv", gpu.dv.values(), cpu.dv.values(), og.dv.v, c.dtype));
+  EXPECT_EQ(gpu.out.touched_outside_view() + gpu.dq.touched_outside_view() +
+                gpu.dk.touched_outside_view() + gpu.dv.touched_outside_view(),
+            0)
+      << "a kernel wrote outside an output's view";
+
+  const GpuRun again = run_gpu(p);
+  EXPECT_TRUE(gpu.out.same_bytes(again.out)) << "out differs between two runs";
+  EXPECT_TRUE(gpu.lse.same_bytes(again.lse)) << "lse differs between two runs";
+  EXPECT_TRUE(gpu.dq.same_bytes(again.dq)) << "dq differs between two runs";
+  EXPECT_TRUE(gpu.dk.same_bytes(again.dk)) << "dk differs between two runs";
+  EXPECT_TRUE(gpu.dv.same_bytes(again.dv)) << "dv differs between two runs";
+}
+
+// ---- the cases ------------------------------------------------------------------------------
+
+// Small shapes (L <= 256, the sanitizer subset): every config, block, head dim, dtype and
+// feature at least once.
+std::vector<GpuCase> small_cases() {
+  std::vector<GpuCase> cases;
+  uint64_t seed = kBaseSeed + 80000;
+  auto add = [&](GpuCase c) {
+    c.seed = seed++;
+    cases.push_back(c);
+  };
+  const DType dtypes[] = {DType::kBF16, DType::kF16};
+  const int64_t blocks[] = {16, 32, 64, 128};
+  const int64_t dims[] = {32, 64, 128, 48};
+  // Every config type in both dtypes, the block and head dim rotating.
+  int rot = 0;
+  for (Config cfg : {Config::kRandom, Config::kDense, Config::kFixed, Config::kVariable,
+                     Config::kBigBird, Config::kBSLongformer, Config::kLocal}) {
+    for (DType dt : dtypes) {
+      GpuCase c;
+      c.dtype = dt;
+      c.config = cfg;
+      c.block = blocks[rot % 4];
+      c.D = dims[(rot / 2) % 4];
+      // At least 3 blocks: BigBird's and BSLongformer's windows need them.
+      c.N = c.block == 128 ? 3 : c.block == 64 ? 3 : 256 / c.block;
+      if (cfg == Config::kFixed || cfg == Config::kLocal) c.causal = (rot % 2) == 0;
+      ++rot;
+      add(c);
+    }
+  }
+  // Every mask mode on both masks, with a fully masked row, and rpe of each kind.
+  rot = 0;
+  for (MaskKind m : {MaskKind::kAdd, MaskKind::kMul, MaskKind::kBool}) {
+    for (DType dt : dtypes) {
+      GpuCase c;
+      c.dtype = dt;
+      c.block = blocks[rot % 4];
+      c.N = c.block >= 64 ? 2 : 5;
+      c.kpm = m;
+      c.attn = m == MaskKind::kBool ? MaskKind::kMul : m;
+      c.masked_row = true;
+      c.rpe = static_cast<RpeKind>(1 + rot % 3);
+      ++rot;
+      add(c);
+    }
+  }
+  // Token-level causal on random layouts (rows whose blocks all lie above the diagonal become
+  // fully masked), an explicit scale, and a bool attention mask with a fully masked row.
+  GpuCase c;
+  c.causal = true;
+  c.attn = MaskKind::kBool;
+  c.masked_row = true;
+  c.scale = 0.3f;
+  c.dtype = DType::kF16;
+  add(c);
+  // Strided inputs: padded (element loads, unaligned), heads interleaved, pre-transposed K/V.
+  for (Storage st : {Storage::kPadded, Storage::kBLHD, Storage::kKeyT}) {
+    c = GpuCase();
+    c.storage = st;
+    c.kpm = MaskKind::kAdd;
+    c.D = st == Storage::kBLHD ? 64 : 32;
+    add(c);
+  }
+  // Odd head dims (padded columns, element loads for D % 8 != 0) and the single block.
+  for (int64_t d : {1, 20, 100}) {
+    c = GpuCase();
+    c.D = d;
+    c.dtype = d == 20 ? DType::kF16 : DType::kBF16;
+    add(c);
+  }
+  c = GpuCase();
+  c.B = c.H = c.N = 1;
+  c.block = 64;
+  c.attn = MaskKind::kMul;
+  add(c);
+  // Forced splits: pieces of one layout block, so that every line of more than one tile is split
+  // (forward combine and backward sums), in blocks smaller than and larger than the tile.
+  for (int64_t b : {16, 128}) {
+    c = GpuCase();
+    c.config = Config::kBigBird;
+    c.block = b;
+    c.N = b == 16 ? 16 : 3;
+    c.split_blocks = 1;
+    c.kpm = MaskKind::kAdd;
+    c.attn = MaskKind::kAdd;
+    c.masked_row = true;
+    c.D = b == 16 ? 64 : 128;
+    add(c);
+  }
+  // fp32 on the CUDA cores, with every feature.
+  for (int64_t b : {16, 64}) {
+    c = GpuCase();
+    c.dtype = DType::kF32;
+    c.block = b;
+    c.N = b == 16 ? 6 : 2;
+    c.D = b == 16 ? 33 : 64;
+    c.kpm = MaskKind::kBool;
+    c.attn = MaskKind::kAdd;
+    c.masked_row = true;
+    c.rpe = RpeKind::kBroadcast;
+    c.causal = b == 16;
+    c.storage = b == 16 ? Storage::kKeyT : Storage::kPacked;
+    add(c);
+  }
+  return cases;
+}
+
+// Longer sequences: a few thousand tokens, where global rows and columns get split by the
+// index's default piece size.
+std::vector<GpuCase> large_cases() {
+  std::vector<GpuCase> cases;
+  uint64_t seed = kBaseSeed + 81000;
+  GpuCase c;
+  c.config = Config::kBigBird;
+  c.block = 64;
+  c.N = 64;  // 4096 tokens; the global row (64 blocks) is cut into pieces of 16
+  c.B = 1;
+  c.H = 2;
+  c.D = 64;
+  c.kpm = MaskKind::kAdd;
+  c.seed = seed++;
+  cases.push_back(c);
+  c = GpuCase();
+  c.config = Config::kBSLongformer;
+  c.block = 16;
+  c.N = 128;  // 2048 tokens
+  c.B = 1;
+  c.H = 2;
+  c.D = 128;
+  c.dtype = DType::kF16;
+  c.causal = true;
+  c.seed = seed++;
+  cases.push_back(c);
+  c = GpuCase();
+  c.config = Config::kFixed;
+  c.block = 32;
+  c.N = 40;  // 1280 tokens: 20 tiles
+  c.B = 1;
+  c.H = 2;
+  c.D = 32;
+  c.attn = MaskKind::kMul;
+  c.masked_row = true;
+  c.seed = seed++;
+  cases.push_back(c);
+  return cases;
+}
+
+class SparseAttentionCuda : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(SparseAttentionCuda, MatchesOracleAndIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  check_case(GetParam());
+}
+
+auto case_name = [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name(); };
+
+INSTANTIATE_TEST_SUITE_P(Small, SparseAttentionCuda, ::testing::ValuesIn(small_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Large, SparseAttentionCuda, ::testing::ValuesIn(large_cases()), case_name);
+
+// ---- rejections -----------------------------------------------------------------------------
+
+// A small valid GPU problem whose params the rejection tests spoil one at a time.
+struct Tensors {
+  GpuCase c;
+  Problem p;
+  HostTensor out_h, lse_h;
+  std::unique_ptr<DeviceCopy> q, k, v, out, lse;
+  SparseAttentionForwardParams f;
+  explicit Tensors(GpuCase gc) : c(gc), p(make_problem(gc)) {
+    out_h = qkv_tensor(c, false, true);
+    lse_h = HostTensor::packed(DType::kF32, {c.B, c.H, c.L()});
+    q = std::make_unique<DeviceCopy>(p.q);
+    k = std::make_unique<DeviceCopy>(p.k);
+    v = std::make_unique<DeviceCopy>(p.v);
+    out = std::make_unique<DeviceCopy>(out_h);
+    lse = std::make_unique<DeviceCopy>(lse_h);
+    f.index = &p.ix;
+    f.q = q->view();
+    f.k = k->view();
+    f.v = v->view();
+    f.out = out->view();
+    f.lse = lse->view();
+    f.options = options_of(c);
+  }
+};
+
+TEST(SparseAttentionCudaSmall, RejectsHeadDimAbove128) {
+  SKIP_WITHOUT_GPU();
+  GpuCase c;
+  c.D = 129;
+  c.B = c.H = 1;
+  Tensors t(c);
+  std::string why;
+  const Status s = can_implement(t.f, &why);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported) << why;
+  EXPECT_NE(why.find("D = 129"), std::string::npos) << why;
+  EXPECT_NE(why.find("1 to 128"), std::string::npos) << why;
+}
+
+TEST(SparseAttentionCudaSmall, RejectsIndexNotUploaded) {
+  SKIP_WITHOUT_GPU();
+  GpuCase c;
+  c.B = c.H = 1;
+  Tensors t(c);
+  t.p.ix.device.reset();
+  std::string why;
+  const Status s = can_implement(t.f, &why);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(why, "index")) << why;
+  EXPECT_NE(why.find("upload_block_sparse_index"), std::string::npos) << why;
+  // And after a re-split, which drops the device copy.
+  ASSERT_TRUE(upload_block_sparse_index(&t.p.ix, 0).ok());
+  EXPECT_TRUE(can_implement(t.f).ok());
+  ASSERT_TRUE(split_block_sparse_work(1, &t.p.ix).ok());
+  EXPECT_EQ(can_implement(t.f).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SparseAttentionCudaSmall, RejectsTooSmallWorkspace) {
+  SKIP_WITHOUT_GPU();
+  GpuCase c;
+  c.config = Config::kBigBird;
+  c.N = 16;
+  c.B = c.H = 1;
+  c.split_blocks = 1;  // split rows need forward partials
+  Tensors t(c);
+  const size_t bytes = workspace_size(t.f);
+  ASSERT_GT(bytes, 0u);
+  DeviceBuffer ws(bytes);
+  EXPECT_EQ(run(t.f, ws.ptr, bytes - 1).code(), StatusCode::kWorkspaceTooSmall);
+  EXPECT_TRUE(run(t.f, ws.ptr, bytes).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Unsplit f16/bf16 forward calls need no workspace at all (the API never allocates).
+TEST(SparseAttentionCudaSmall, UnsplitForwardNeedsNoWorkspace) {
+  SKIP_WITHOUT_GPU();
+  GpuCase c;
+  c.B = c.H = 1;
+  Tensors t(c);
+  EXPECT_EQ(workspace_size(t.f), 0u);
+  EXPECT_TRUE(run(t.f, nullptr, 0).ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// The stream is honoured: a call queued on a user stream completes with that stream.
+TEST(SparseAttentionCudaSmall, RunsOnTheGivenStream) {
+  SKIP_WITHOUT_GPU();
+  GpuCase c;
+  c.B = c.H = 1;
+  Tensors t(c);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Stream s;
+  s.handle = stream;
+  EXPECT_TRUE(run(t.f, nullptr, 0, s).ok());
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  t.out->copy_to(t.out_h);
+  int64_t nan = 0;
+  for (double x : t.out_h.values()) nan += std::isnan(x) ? 1 : 0;
+  EXPECT_EQ(nan, 0) << "output not written on the stream";
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace sciattn
