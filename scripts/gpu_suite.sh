@@ -2,12 +2,20 @@
 # Runs the GPU checks and benchmarks on the GPU machine from prebuilt binaries (built here with
 # the `gpu` preset and carried in .carry/, because build trees hold absolute paths):
 #   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
-#   Google Benchmark of the kernels, and the peer comparison (bench/compare/evoformer.py).
+#   Google Benchmark of the kernels, and the peer comparisons (bench/compare/evoformer.py and
+#   bench/compare/block_sparse.py).
 # Usage on the GPU machine:
-#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|python|all]...
+#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|sparse|sparse_compare|
+#                         python|all]...
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
-# Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison).
+# `sparse` runs the block-sparse GPU test programs (test_sparse_attention_cuda,
+# test_block_sparse_ops_cuda, whichever are in .carry) and `sciattn sparse --device cuda`;
+# `sparse_compare` runs bench/compare/block_sparse.py through the Python package (built with
+# --cuda first when the one in bindings/torch/python has no CUDA kernels).
+# Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison),
+# SPARSE_BENCH_FILTER (bench_sparse_attention_cuda; default: D 64, L 4096 and 16384),
+# SPARSE_COMPARE_ARGS (block_sparse.py's options; default --quick).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,11 +85,52 @@ if want bench && [ -x "$bin/bench_evoformer_cuda" ]; then
     --benchmark_out="$out/bench_evoformer_cuda.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
   grep -E "^BM_" "$out/bench.log" | sed -E 's/min_time:[0-9.]+\/manual_time//' | cut -c1-150
 fi
+if want bench && [ -x "$bin/bench_sparse_attention_cuda" ]; then
+  echo "== Google Benchmark (block-sparse attention)"
+  "$bin/bench_sparse_attention_cuda" \
+    --benchmark_filter="${SPARSE_BENCH_FILTER:-L:(4096|16384)/block:[0-9]+/D:64/}" \
+    --benchmark_min_time="${BENCH_MIN_TIME:-0.2}" \
+    --benchmark_out="$out/bench_sparse_attention_cuda.json" --benchmark_out_format=json \
+    > "$out/bench_sparse.log" 2>&1
+  grep -E "^BM_" "$out/bench_sparse.log" | sed -E 's/min_time:[0-9.]+\/manual_time//' | cut -c1-170
+fi
 if want compare; then
   echo "== peer comparison"
   PYTHONUNBUFFERED=1 python3 bench/compare/evoformer.py --lib "$bin/libsciattn_capi.so" --out "$out" \
     --dtypes "${COMPARE_DTYPES:-bfloat16,float16}" \
     2>&1 | tee "$out/compare.log" | tail -40
+fi
+if want sparse; then
+  # Block-sparse kernels against the CPU reference (the test programs skip nothing on a GPU).
+  echo "== block-sparse gpu tests"
+  for t in test_sparse_attention_cuda test_block_sparse_ops_cuda; do
+    if [ -x "$bin/$t" ]; then
+      "$bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -30
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    else
+      echo "($t not in $bin; build it here with the gpu preset and carry it)"
+    fi
+  done
+  if [ -x "$bin/sciattn" ]; then
+    for algorithm in fused composite; do
+      echo "== sciattn sparse --device cuda --algorithm $algorithm"
+      "$bin/sciattn" sparse --device cuda --algorithm "$algorithm" --mode bigbird --heads 4 \
+        --block 64 --len 1000 --dim 64 --dtype bf16 --backward 2>&1 | tail -4
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+  fi
+fi
+if want sparse_compare; then
+  echo "== block-sparse peer comparison"
+  if ! PYTHONPATH=bindings/torch/python python3 -c \
+      'import sciattn, sys; sys.exit(0 if sciattn.built_with_cuda() else 1)' 2>/dev/null; then
+    scripts/build_torch_ext.sh --cuda --python python3 > "$out/torch_build.log" 2>&1 \
+      || { tail -30 "$out/torch_build.log"; status=1; }
+  fi
+  # shellcheck disable=SC2086  # SPARSE_COMPARE_ARGS is a list of options
+  PYTHONUNBUFFERED=1 PYTHONPATH=bindings/torch/python python3 bench/compare/block_sparse.py \
+    --out "$out" ${SPARSE_COMPARE_ARGS:---quick} 2>&1 | tee "$out/sparse_compare.log" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want python; then
   echo "== Python package on CUDA tensors"

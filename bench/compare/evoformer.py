@@ -14,14 +14,15 @@ Prints a table; writes results/evoformer.json and results/evoformer.png.
 """
 import argparse
 import ctypes
-import json
 import math
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+
+from common import (EXP_CEILING, MATMUL_CEILING, error_text, gpu_meta, peak_extra_bytes,
+                    raise_compile_limits, time_ms, write_json)
 
 # [B, N, L, H, D]; the last field says whether the shape has a pair bias (MSA column: mask only).
 SHAPES = [
@@ -36,8 +37,6 @@ SHAPES = [
 # DS4Sci forward+backward times (ms, bf16) from PERFORMANCE.md, for reference.
 DS4SCI_MS = {"triangle 256": 1.36, "MSA row 512x256": 4.42, "MSA column 256x512": 4.77,
              "triangle 384": 3.97, "triangle 768": 30.1, "extra MSA": 8.41, "head dim 64": 1.40}
-MATMUL_CEILING = 790e12  # FLOP/s, PERFORMANCE.md
-EXP_CEILING = 3.9e12     # exp/s
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.bool: 3}
 
@@ -140,30 +139,6 @@ def flex(q, k, v, b1, b2, scale):
     return o.reshape(B, N, H, L, D).transpose(-2, -3)
 
 
-def time_ms(fn, warmup=5, reps=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
-
-
-def peak_extra_bytes(fn):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
 def make_inputs(shape, has_bias2, dtype, seed):
     B, N, L, H, D = shape
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -220,7 +195,7 @@ def run_shape(sci, name, shape, has_bias2, dtype, seed):
             row[impl_name + "_fwd_bwd_ms"] = time_ms(fwd_bwd)
             row[impl_name + "_peak_bytes"] = peak_extra_bytes(fwd_bwd)
         except Exception as e:  # a peer that cannot run this shape
-            row[impl_name + "_error"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            row[impl_name + "_error"] = error_text(e)
             torch.cuda.empty_cache()
     return row
 
@@ -284,9 +259,7 @@ def main():
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA device")
-    torch._dynamo.config.cache_size_limit = 64
-    if hasattr(torch._dynamo.config, "recompile_limit"):
-        torch._dynamo.config.recompile_limit = 64
+    raise_compile_limits()
     sci = Sciattn(args.lib)
     os.makedirs(args.out, exist_ok=True)
     rows = []
@@ -299,10 +272,8 @@ def main():
             rows.append(run_shape(sci, name, shape, has_bias2, dtype, seed=1234 + i))
             print(f"done {name} {dtype_name}", file=sys.stderr, flush=True)
     print_table(rows)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "ds4sci_ms_from_performance_md": DS4SCI_MS}
-    with open(os.path.join(args.out, "evoformer.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    meta = dict(gpu_meta(), ds4sci_ms_from_performance_md=DS4SCI_MS)
+    write_json(os.path.join(args.out, "evoformer.json"), meta, rows)
     try:
         plot(rows, os.path.join(args.out, "evoformer.png"))
     except Exception as e:

@@ -1,0 +1,196 @@
+// Google Benchmark of block-sparse self-attention on the GPU (CUDA events, after a warm-up): the
+// fused and the composite (sdd -> softmax -> dsd) algorithms, forward and forward + backward,
+// B = 1, H = 16, D = 64 and 128, bf16, on DeepSpeed's BigBird, BSLongformer, Fixed and Variable
+// layouts (their class defaults) at 4,096, 16,384 and 65,536 tokens with blocks of 64 and 16.
+// Reports ms, TFLOP/s on the layout's blocks (forward 4 * nnz * b^2 * D per batch, backward 10x;
+// sparse_attention_*_flops), the fraction of the H200's measured 790 TFLOP/s, the density and the
+// call's extra memory. The peers (dense flash, FlexAttention) are timed by
+// bench/compare/block_sparse.py.
+//
+//   bench_sparse_attention_cuda --benchmark_filter='layout:0/L:16384/.*'
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sciattn/block_sparse.h"
+#include "sciattn/block_sparse_ops.h"
+#include "sciattn/device.h"
+
+namespace {
+
+using namespace sciattn;
+
+constexpr double kMatmulCeiling = 790e12;  // ../shared/PERFORMANCE.md, dense bf16 on the H200
+constexpr int64_t kBatch = 1, kHeads = 16;
+constexpr DType kDtype = DType::kBF16;
+
+// The layouts of PERFORMANCE.md, in argument order.
+constexpr SparsityMode kModes[] = {SparsityMode::kBigBird, SparsityMode::kBSLongformer,
+                                   SparsityMode::kFixed, SparsityMode::kVariable};
+
+// A device buffer of random values (or uninitialised for outputs); frees itself.
+struct DeviceTensor {
+  void* ptr = nullptr;
+  cudaError_t error = cudaSuccess;
+  DeviceTensor(size_t count, DType dtype, uint64_t seed, bool fill = true) {
+    const size_t bytes = count * dtype_size(dtype);
+    error = cudaMalloc(&ptr, bytes);
+    if (error != cudaSuccess) {
+      ptr = nullptr;
+      return;
+    }
+    if (!fill) return;
+    std::vector<std::byte> host(bytes);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    for (size_t i = 0; i < count; ++i)
+      store_from_float(host.data(), dtype, static_cast<int64_t>(i), normal(rng));
+    error = cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() { cudaFree(ptr); }
+};
+
+// Arguments: layout (index into kModes), L, block, D, algorithm (0 fused, 1 composite), bwd.
+void BM_SparseAttentionCuda(benchmark::State& state) {
+  if (cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const SparsityMode mode = kModes[state.range(0)];
+  const int64_t L = state.range(1), block = state.range(2), D = state.range(3);
+  const auto algorithm =
+      state.range(4) == 0 ? SparseAttentionAlgorithm::kFused : SparseAttentionAlgorithm::kComposite;
+  const bool backward = state.range(5) != 0;
+  state.SetLabel(std::string(sparsity_mode_name(mode)) + " " +
+                 sparse_attention_algorithm_name(algorithm) + (backward ? " fwd+bwd" : " fwd"));
+
+  SparsityConfig config = default_sparsity_config(mode, kHeads);
+  sparsity_common(config).block = block;
+  BlockSparseIndex index;
+  Status s = build_sparse_attention_index(config, L, L, &index);
+  if (s.ok()) s = upload_block_sparse_index(&index, 0);
+  if (!s.ok()) {
+    state.SkipWithError(s.message().c_str());
+    return;
+  }
+
+  const size_t n = static_cast<size_t>(kBatch * kHeads * L * D);
+  DeviceTensor q(n, kDtype, 1), k(n, kDtype, 2), v(n, kDtype, 3), dout(n, kDtype, 4);
+  DeviceTensor out(n, kDtype, 0, false), dq(n, kDtype, 0, false), dk(n, kDtype, 0, false),
+      dv(n, kDtype, 0, false);
+  DeviceTensor lse(static_cast<size_t>(kBatch * kHeads * L), DType::kF32, 0, false);
+  for (const DeviceTensor* t : {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &lse}) {
+    if (t->error != cudaSuccess) {
+      state.SkipWithError(cudaGetErrorString(t->error));
+      return;
+    }
+  }
+  auto view = [&](const DeviceTensor& t) {
+    return TensorView::contiguous(t.ptr, kDtype, {kBatch, kHeads, L, D}, Device::kCuda);
+  };
+  SparseAttentionForwardParams f;
+  f.index = &index;
+  f.q = view(q);
+  f.k = view(k);
+  f.v = view(v);
+  f.out = view(out);
+  f.lse = TensorView::contiguous(lse.ptr, DType::kF32, {kBatch, kHeads, L}, Device::kCuda);
+  f.options.algorithm = algorithm;
+  SparseAttentionBackwardParams bw;
+  bw.index = &index;
+  bw.q = f.q;
+  bw.k = f.k;
+  bw.v = f.v;
+  bw.out = f.out;
+  bw.lse = f.lse;
+  bw.dout = view(dout);
+  bw.dq = view(dq);
+  bw.dk = view(dk);
+  bw.dv = view(dv);
+  bw.options = f.options;
+  std::string why;
+  s = can_implement(f, &why);
+  if (s.ok() && backward) s = can_implement(bw, &why);
+  if (!s.ok()) {
+    state.SkipWithError(s.message().c_str());
+    return;
+  }
+  const size_t fwd_ws = workspace_size(f), bwd_ws = backward ? workspace_size(bw) : 0;
+  const size_t ws_bytes = std::max(fwd_ws, bwd_ws);
+  void* ws = nullptr;
+  if (ws_bytes > 0 && cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    const std::string msg =
+        "workspace of " + std::to_string(ws_bytes >> 20) + " MiB does not fit on the device";
+    state.SkipWithError(msg.c_str());
+    return;
+  }
+
+  auto call = [&]() -> Status {
+    Status st = run(f, ws, fwd_ws);
+    if (st.ok() && backward) st = run(bw, ws, bwd_ws);
+    return st;
+  };
+  // Warm-up: three calls, which also check that the path runs.
+  for (int i = 0; i < 3; ++i) {
+    s = call();
+    if (s.ok()) s = cuda_synchronize();
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      cudaFree(ws);
+      return;
+    }
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    call();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(ws);
+  const double flops =
+      sparse_attention_forward_flops(f) + (backward ? sparse_attention_backward_flops(bw) : 0.0);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["mm_frac"] =
+      benchmark::Counter(flops / kMatmulCeiling, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["density"] =
+      static_cast<double>(index.nnz) /
+      static_cast<double>(index.num_heads * index.num_row_blocks * index.num_col_blocks);
+  state.counters["ws_MiB"] = static_cast<double>(ws_bytes) / (1024.0 * 1024.0);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"layout", "L", "block", "D", "alg", "bwd"});
+  for (int64_t layout = 0; layout < 4; ++layout)
+    for (int64_t L : {4096, 16384, 65536})
+      for (int64_t block : {64, 16})
+        for (int64_t D : {64, 128})
+          for (int64_t alg : {0, 1})
+            for (int64_t bwd : {0, 1}) b->Args({layout, L, block, D, alg, bwd});
+}
+
+BENCHMARK(BM_SparseAttentionCuda)
+    ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2);
+
+}  // namespace
+
+BENCHMARK_MAIN();
