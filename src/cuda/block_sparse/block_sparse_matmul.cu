@@ -14,11 +14,12 @@
 // over k in increasing order, so results are bitwise reproducible (no atomics, no split-K). An
 // output line without blocks has no segments and stores zeros, so every element is written.
 //
-// Operands are read element by element through their strides and converted to fp32 into shared
-// memory (any stride, including a transposed view or a last stride != 1, takes the same path);
-// the threads of a warp walk the operand's smaller stride so that the reads stay as contiguous as
-// the view allows. The multiply is fp32 FMA from shared memory with a 16 x 16 thread grid, each
-// thread holding (TM / 16) x (TN / 16) accumulators.
+// Operands are read element by element through their strides into shared memory (any stride,
+// including a transposed view or a last stride != 1, takes the same path); the threads walk the
+// operand's smaller stride so that the reads stay as contiguous as the view allows. Two engines
+// multiply the staged slices: f16 / bf16 operands of one type go through the tensor cores
+// (mma.sync m16n8k16, fp32 accumulators), everything else (f32, and the composite attention's
+// fp32 probabilities times a 16-bit V) through fp32 FMA on a 16 x 16 thread grid.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/block_sparse/block_sparse_launch.h"
 #include "cuda/evoformer/evoformer_device_utils.cuh"
@@ -110,57 +112,173 @@ __device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_
   }
 }
 
-// acc += A[TM x len] * B[len x TN] for one segment.
+// The fp32 engine (any operand dtypes): operands staged as fp32, FMA from shared memory on a
+// kGridSide x kGridSide thread grid, each thread owning (TM / 16) x (TN / 16) outputs.
 template <typename TA, typename TB, int TM, int TN>
-__device__ __forceinline__ void accumulate(float (&acc)[TM / kGridSide][TN / kGridSide],
-                                           float* a_smem, float* b_smem, const Slice<TA>& a,
-                                           int a_rows, const Slice<TB>& b, int b_cols,
-                                           int64_t len) {
-  constexpr int kPitchA = TM + 1, kPitchB = TN + 1;  // +1: conflict-free transposed stores
-  const int ty = static_cast<int>(threadIdx.x) / kGridSide;
-  const int tx = static_cast<int>(threadIdx.x) % kGridSide;
-  const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
-  const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
-  for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
-    const int depth = static_cast<int>(min64(kInnerStep, len - k0));
-    stage<TA, TM, kPitchA>(a_smem, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
-    stage<TB, TN, kPitchB>(b_smem, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
-    __syncthreads();
+struct FmaEngine {
+  static constexpr int kPitchA = TM + 1, kPitchB = TN + 1;  // +1: conflict-free transposed stores
+  struct Shared {
+    float a[kInnerStep * kPitchA];
+    float b[kInnerStep * kPitchB];
+  };
+  float acc[TM / kGridSide][TN / kGridSide];
+
+  __device__ __forceinline__ void reset() {
 #pragma unroll
-    for (int k = 0; k < kInnerStep; ++k) {
-      float av[TM / kGridSide], bv[TN / kGridSide];
+    for (int i = 0; i < TM / kGridSide; ++i)
 #pragma unroll
-      for (int i = 0; i < TM / kGridSide; ++i) av[i] = a_smem[k * kPitchA + ty + kGridSide * i];
+      for (int j = 0; j < TN / kGridSide; ++j) acc[i][j] = 0.0f;
+  }
+
+  // acc += A[TM x len] * B[len x TN] for one segment.
+  __device__ __forceinline__ void segment(Shared& sm, const Slice<TA>& a, int a_rows,
+                                          const Slice<TB>& b, int b_cols, int64_t len) {
+    const int ty = static_cast<int>(threadIdx.x) / kGridSide;
+    const int tx = static_cast<int>(threadIdx.x) % kGridSide;
+    const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
+    const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
+    for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
+      const int depth = static_cast<int>(min64(kInnerStep, len - k0));
+      stage<TA, TM, kPitchA>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
+      stage<TB, TN, kPitchB>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+      __syncthreads();
 #pragma unroll
-      for (int j = 0; j < TN / kGridSide; ++j) bv[j] = b_smem[k * kPitchB + tx + kGridSide * j];
+      for (int k = 0; k < kInnerStep; ++k) {
+        float av[TM / kGridSide], bv[TN / kGridSide];
 #pragma unroll
-      for (int i = 0; i < TM / kGridSide; ++i)
+        for (int i = 0; i < TM / kGridSide; ++i) av[i] = sm.a[k * kPitchA + ty + kGridSide * i];
 #pragma unroll
-        for (int j = 0; j < TN / kGridSide; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        for (int j = 0; j < TN / kGridSide; ++j) bv[j] = sm.b[k * kPitchB + tx + kGridSide * j];
+#pragma unroll
+        for (int i = 0; i < TM / kGridSide; ++i)
+#pragma unroll
+          for (int j = 0; j < TN / kGridSide; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+      __syncthreads();  // the next step overwrites the staged slices
     }
-    __syncthreads();  // the next step overwrites the staged slices
+  }
+
+  template <typename TC>
+  __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
+    const int ty = static_cast<int>(threadIdx.x) / kGridSide;
+    const int tx = static_cast<int>(threadIdx.x) % kGridSide;
+#pragma unroll
+    for (int i = 0; i < TM / kGridSide; ++i) {
+      const int r = ty + kGridSide * i;
+#pragma unroll
+      for (int j = 0; j < TN / kGridSide; ++j) {
+        const int c = tx + kGridSide * j;
+        if (r < rows && c < cols) out[r * rs + c * cs] = ElementTraits<TC>::from_float(acc[i][j]);
+      }
+    }
+  }
+};
+
+// Stages a TM x kInnerStep (or TN x kInnerStep) slice into shared memory in its own 16-bit type,
+// row-major with k contiguous (row pitch kPitch): the layout the MMA fragments read in pairs.
+// Rows >= lines and k >= depth are zero.
+template <typename T, int kOuter, int kPitch>
+__device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer_stride,
+                                           int64_t k_stride, int lines, int depth, bool k_fast) {
+  constexpr int kElems = kOuter * kInnerStep;
+  const T zero = ElementTraits<T>::from_float(0.0f);
+#pragma unroll
+  for (int e0 = 0; e0 < kElems; e0 += kThreads) {
+    const int e = e0 + static_cast<int>(threadIdx.x);
+    if (kElems % kThreads != 0 && e >= kElems) break;
+    const int o = k_fast ? e / kInnerStep : e % kOuter;
+    const int k = k_fast ? e % kInnerStep : e / kOuter;
+    smem[o * kPitch + k] = o < lines && k < depth ? base[o * outer_stride + k * k_stride] : zero;
   }
 }
+
+// The tensor-core engine (f16 / bf16 operands of one type): the tile is cut into 16 x 8 MMA
+// tiles (m16n8k16, fp32 accumulators), dealt to the 8 warps round-robin; one kInnerStep slice
+// is one MMA k-step. Each output element is still owned by one thread and summed over the
+// segments and k-steps in order.
+template <typename T, int TM, int TN>
+struct MmaEngine {
+  // 24 elements (48 bytes) per row: the fragment loads of the 8 row groups hit distinct banks.
+  static constexpr int kPitch = kInnerStep + 8;
+  static constexpr int kTilesN = TN / 8;
+  static constexpr int kTiles = (TM / 16) * kTilesN;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
+  struct Shared {
+    alignas(16) T a[TM * kPitch];
+    alignas(16) T b[TN * kPitch];
+  };
+  float c[kPerWarp][4];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[i][j] = 0.0f;
+  }
+
+  __device__ __forceinline__ void segment(Shared& sm, const Slice<T>& a, int a_rows,
+                                          const Slice<T>& b, int b_cols, int64_t len) {
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    const int g = lane / 4, t2 = (lane % 4) * 2;
+    const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
+    const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
+    for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
+      const int depth = static_cast<int>(min64(kInnerStep, len - k0));
+      stage_rows<T, TM, kPitch>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
+      stage_rows<T, TN, kPitch>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < kPerWarp; ++i) {
+        const int tile = warp + kWarps * i;
+        if (tile < kTiles) {
+          const T* at_a = sm.a + (tile / kTilesN) * 16 * kPitch;
+          const T* at_b = sm.b + ((tile % kTilesN) * 8 + g) * kPitch;
+          uint32_t af[4], bf[2];
+          af[0] = load_pair(at_a + g * kPitch + t2);
+          af[1] = load_pair(at_a + (g + 8) * kPitch + t2);
+          af[2] = load_pair(at_a + g * kPitch + t2 + 8);
+          af[3] = load_pair(at_a + (g + 8) * kPitch + t2 + 8);
+          bf[0] = load_pair(at_b + t2);
+          bf[1] = load_pair(at_b + t2 + 8);
+          mma_16816<T>(c[i], af, bf);
+        }
+      }
+      __syncthreads();  // the next step overwrites the staged slices
+    }
+  }
+
+  template <typename TC>
+  __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    const int g = lane / 4, t2 = (lane % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int tile = warp + kWarps * i;
+      if (tile >= kTiles) continue;
+      const int r0 = (tile / kTilesN) * 16 + g, c0 = (tile % kTilesN) * 8 + t2;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = r0 + (j / 2) * 8, col = c0 + j % 2;
+        if (r < rows && col < cols) out[r * rs + col * cs] = ElementTraits<TC>::from_float(c[i][j]);
+      }
+    }
+  }
+};
 
 template <typename T>
 __device__ __forceinline__ const T* at(const void* data, int64_t offset) {
   return static_cast<const T*>(data) + offset;
 }
 
-template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN>
+template <Mode kMode, typename Engine, typename TA, typename TB, typename TC, int TM, int TN>
 __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
-  __shared__ float a_smem[kInnerStep * (TM + 1)];
-  __shared__ float b_smem[kInnerStep * (TN + 1)];
-  const int ty = static_cast<int>(threadIdx.x) / kGridSide;
-  const int tx = static_cast<int>(threadIdx.x) % kGridSide;
+  __shared__ typename Engine::Shared smem;
+  Engine engine;
   const int64_t b = a.block;
 
   for (int64_t t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-    float acc[TM / kGridSide][TN / kGridSide];
-#pragma unroll
-    for (int i = 0; i < TM / kGridSide; ++i)
-#pragma unroll
-      for (int j = 0; j < TN / kGridSide; ++j) acc[i][j] = 0.0f;
+    engine.reset();
 
     TC* out = nullptr;  // the tile's element (0, 0)
     int out_rows = TM, out_cols = TN;
@@ -177,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
                          a.x.s2, a.x.s3};
       const Slice<TB> ys{at<TB>(a.y.data, z * a.y.s0 + h * a.y.s1 + (j_blk * b + c0) * a.y.s3),
                          a.y.s2, a.y.s3};
-      accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, xs, TM, ys, TN, a.x.cols);
+      engine.segment(smem, xs, TM, ys, TN, a.x.cols);
       out = const_cast<TC*>(
           at<TC>(a.out.data, z * a.out.s0 + p * a.out.s1 + r0 * a.out.s2 + c0 * a.out.s3));
     } else if constexpr (kMode == Mode::kDsd) {
@@ -200,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s2), a.x.s2, a.x.s3};
           const Slice<TB> ys{at<TB>(a.y.data, y_base + int64_t{a.col[p]} * b * a.y.s2), a.y.s2,
                              a.y.s3};
-          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, ss, TM, ys, out_cols, b);
+          engine.segment(smem, ss, TM, ys, out_cols, b);
         }
       } else {
         // out[J*b + c, :] += S_p[r, c] * y[I_p*b + r, :] over the blocks p of block column J:
@@ -212,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s3), a.x.s3, a.x.s2};
           const Slice<TB> ys{at<TB>(a.y.data, y_base + int64_t{a.col_rows[e]} * b * a.y.s2), a.y.s2,
                              a.y.s3};
-          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, ss, TM, ys, out_cols, b);
+          engine.segment(smem, ss, TM, ys, out_cols, b);
         }
       }
       out = const_cast<TC*>(at<TC>(
@@ -238,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col_rows[e]} * b * a.x.s3), a.x.s2,
                              a.x.s3};
           const Slice<TB> ss{at<TB>(a.y.data, s_base + p * a.y.s1 + c0 * a.y.s3), a.y.s2, a.y.s3};
-          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, xs, out_rows, ss, TN, b);
+          engine.segment(smem, xs, out_rows, ss, TN, b);
         }
       } else {
         // out[:, I*b + r] += x[:, J_p*b + c] * S_p[r, c] over the blocks p of block row I: the
@@ -249,24 +367,14 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col[p]} * b * a.x.s3), a.x.s2,
                              a.x.s3};
           const Slice<TB> ss{at<TB>(a.y.data, s_base + p * a.y.s1 + c0 * a.y.s2), a.y.s3, a.y.s2};
-          accumulate<TA, TB, TM, TN>(acc, a_smem, b_smem, xs, out_rows, ss, TN, b);
+          engine.segment(smem, xs, out_rows, ss, TN, b);
         }
       }
       out = const_cast<TC*>(at<TC>(
           a.out.data, z * a.out.s0 + h * a.out.s1 + m0 * a.out.s2 + (o * b + c0) * a.out.s3));
     }
 
-#pragma unroll
-    for (int i = 0; i < TM / kGridSide; ++i) {
-      const int r = ty + kGridSide * i;
-#pragma unroll
-      for (int j = 0; j < TN / kGridSide; ++j) {
-        const int c = tx + kGridSide * j;
-        if (r < out_rows && c < out_cols) {
-          out[r * out_rs + c * out_cs] = ElementTraits<TC>::from_float(acc[i][j]);
-        }
-      }
-    }
+    engine.store(out, out_rows, out_cols, out_rs, out_cs);
   }
 }
 
@@ -276,7 +384,10 @@ constexpr int kDenseTile = 64;
 template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN>
 cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(std::min(args.tiles, kMaxGrid));
-  matmul_kernel<kMode, TA, TB, TC, TM, TN><<<grid, kThreads, 0, stream>>>(args);
+  // Tensor cores when both operands are f16 or bf16 of one type; fp32 FMA otherwise.
+  constexpr bool kMma = std::is_same_v<TA, TB> && !std::is_same_v<TA, float>;
+  using Engine = std::conditional_t<kMma, MmaEngine<TA, TM, TN>, FmaEngine<TA, TB, TM, TN>>;
+  matmul_kernel<kMode, Engine, TA, TB, TC, TM, TN><<<grid, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
