@@ -75,12 +75,13 @@ def import_sciattn():
     return sys.modules["sciattn"]
 
 
-def sparsity_config(sciattn, name, block, heads=HEADS):
-    """DeepSpeed's config class `name` with its defaults (seed 0) for `block`."""
+def sparsity_config(sciattn, name, block, heads=None):
+    """DeepSpeed's config class `name` with its defaults (seed 0) for `block`, H = heads (the
+    benchmark's HEADS by default)."""
     sa = sciattn.sparse_attention
     cls = {"bigbird": sa.BigBirdSparsityConfig, "bslongformer": sa.BSLongformerSparsityConfig,
            "fixed": sa.FixedSparsityConfig, "variable": sa.VariableSparsityConfig}[name]
-    return cls(num_heads=heads, block=block)
+    return cls(num_heads=HEADS if heads is None else heads, block=block)
 
 
 # ---- the layout as a FlexAttention BlockMask ---------------------------------------------------
@@ -189,6 +190,26 @@ def self_test():
 # ---- one row ------------------------------------------------------------------------------------
 
 _dense_cache = {}
+DEVICE = "cuda"  # --device cpu: a dry run of the whole script on small shapes (wall-clock times)
+
+
+def _time(fn, warmup, reps):
+    if DEVICE == "cuda":
+        return time_ms(fn, warmup=warmup, reps=reps)
+    import statistics
+    import time
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def _peak(fn):
+    return peak_extra_bytes(fn) if DEVICE == "cuda" else 0
 
 
 def run_row(sciattn, layout_name, L, block, D, dtype, seed, reps, impls):
@@ -199,11 +220,11 @@ def run_row(sciattn, layout_name, L, block, D, dtype, seed, reps, impls):
     nnz = int(layout.sum())
     density = nnz / (H * R * C)
     flops_fwd = 4 * BATCH * nnz * block * block * D
-    row = {"layout": layout_name, "L": L, "block": block, "D": D, "B": BATCH, "H": HEADS,
+    row = {"layout": layout_name, "L": L, "block": block, "D": D, "B": BATCH, "H": H,
            "dtype": str(dtype).replace("torch.", ""), "nnz": nnz, "density": density,
            "flops_fwd": flops_fwd, "flops_fwd_bwd": flops_fwd * 14 // 4}
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, dout = (torch.randn((BATCH, HEADS, L, D), device="cuda", dtype=dtype, generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v, dout = (torch.randn((BATCH, H, L, D), device=DEVICE, dtype=dtype, generator=g)
                      for _ in range(4))
     scale = 1.0 / math.sqrt(D)
     outputs = {}
@@ -219,7 +240,7 @@ def run_row(sciattn, layout_name, L, block, D, dtype, seed, reps, impls):
 
     def flex():
         from torch.nn.attention.flex_attention import flex_attention
-        bm, _ = layout_block_mask(layout, block, L, "cuda")
+        bm, _ = layout_block_mask(layout, block, L, DEVICE)
         compiled = torch.compile(flex_attention, dynamic=False)
         return lambda qq, kk, vv: compiled(qq, kk, vv, block_mask=bm, scale=scale)
 
@@ -241,18 +262,20 @@ def run_row(sciattn, layout_name, L, block, D, dtype, seed, reps, impls):
             def fwd_bwd(fn=fn, qg=qg, kg=kg, vg=vg):
                 fn(qg, kg, vg).backward(dout)
 
+            warm = 3 if L >= 65536 else 5
             if impl != "dense_flash":
                 outputs[impl] = fwd()
-            warm = 3 if L >= 65536 else 5
-            row[impl + "_fwd_ms"] = time_ms(fwd, warmup=warm, reps=reps)
-            row[impl + "_fwd_bwd_ms"] = time_ms(fwd_bwd, warmup=warm, reps=reps)
-            row[impl + "_peak_bytes"] = peak_extra_bytes(fwd_bwd)
+            row[impl + "_fwd_ms"] = _time(fwd, warm, reps)
+            # The backward may fail where the forward ran (kept): e.g. out of memory.
+            row[impl + "_fwd_bwd_ms"] = _time(fwd_bwd, warm, reps)
+            row[impl + "_peak_bytes"] = _peak(fwd_bwd)
             if impl == "dense_flash":
                 _dense_cache[key] = {k2.replace(impl, "@"): v2 for k2, v2 in row.items()
                                      if k2.startswith(impl)}
         except Exception as e:  # a path that cannot run this shape (or is not there yet)
             row[impl + "_error"] = error_text(e)
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     # Agreement on this very input: sciattn against Flex (the same masked attention), relative
     # to the output's norm.
     ref = outputs.get("flex")
@@ -348,6 +371,7 @@ def csv_list(text, cast=str):
 
 
 def main():
+    global DEVICE, HEADS
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results", help="folder for block_sparse.json and .png")
@@ -360,13 +384,18 @@ def main():
     ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     ap.add_argument("--quick", action="store_true",
                     help="L 4096,16384, D 64, bf16, block 64, 10 reps (overrides those options)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a dry run of the script's code paths on small shapes (e.g. "
+                         "--lengths 512 --dims 32 --heads 2); times are wall-clock, memory 0")
+    ap.add_argument("--heads", type=int, default=HEADS, help="H (16, the benchmark's)")
     ap.add_argument("--self-test", action="store_true",
                     help="check the layout -> BlockMask conversion on the CPU and exit")
     args = ap.parse_args()
     if args.self_test:
         self_test()
         return
-    if not torch.cuda.is_available():
+    DEVICE, HEADS = args.device, args.heads
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device (use --self-test to check the BlockMask conversion on the CPU)")
     if args.quick:
         args.lengths, args.dims, args.dtypes, args.blocks, args.reps = (
@@ -396,7 +425,8 @@ def main():
                         print(f"done {name} L={L} block={block} D={D} {dtype_name}",
                               file=sys.stderr, flush=True)
     print_table(rows)
-    meta = dict(gpu_meta(), sciattn_built_with_cuda=sciattn.built_with_cuda(),
+    meta = dict(gpu_meta() if DEVICE == "cuda" else {"device": "cpu (dry run)"},
+                heads=HEADS, sciattn_built_with_cuda=sciattn.built_with_cuda(),
                 flex_block_size=FLEX_BLOCK, performance_md_fwd_bwd_ms=PERFORMANCE_MD_MS,
                 matmul_ceiling_flops=MATMUL_CEILING)
     os.makedirs(args.out, exist_ok=True)

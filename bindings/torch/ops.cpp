@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fp64.h"
@@ -289,17 +290,21 @@ class IndexCache {
       }
     }
     std::shared_ptr<const BlockSparseIndex> index = build(base, layout, block, nnz, device);
+    // What leaves the cache is destroyed after the lock is released (declared before it): freeing
+    // an index's device memory waits for the device's queued kernels.
+    std::list<Entry> evicted;
+    Copy replaced;
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = find(layout, version, block);
     if (it == entries_.end()) {
       entries_.push_front({layout, version, block, {{device, index}}});
-      if (entries_.size() > kCapacity) entries_.pop_back();
+      if (entries_.size() > kCapacity) evicted.splice(evicted.begin(), entries_, --entries_.end());
       return index;
     }
     for (Copy& c : it->copies) {
       if (c.device == device) return c.index;  // another thread was first
       if (c.device < 0 && device >= 0) {       // the device copy also serves the CPU ops
-        c = {device, index};
+        replaced = std::exchange(c, Copy{device, index});
         return index;
       }
     }
@@ -310,7 +315,7 @@ class IndexCache {
  private:
   static constexpr size_t kCapacity = 8;
   struct Copy {
-    int device;  // -1: host arrays only; else the CUDA device of index->device
+    int device = -1;  // -1: host arrays only; else the CUDA device of index->device
     std::shared_ptr<const BlockSparseIndex> index;
   };
   struct Entry {
