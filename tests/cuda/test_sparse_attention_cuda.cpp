@@ -501,6 +501,13 @@ std::vector<GpuCase> small_cases() {
   c.block = 64;
   c.attn = MaskKind::kMul;
   add(c);
+  // One block of 16 tokens: a single partial tile, 48 of its rows and columns past L.
+  c = GpuCase();
+  c.B = c.H = c.N = 1;
+  c.block = 16;
+  c.kpm = MaskKind::kBool;
+  c.dtype = DType::kF16;
+  add(c);
   // Forced splits: pieces of one layout block, so that every line of more than one tile is split
   // (forward combine and backward sums), in blocks smaller than and larger than the tile.
   for (int64_t b : {16, 128}) {
