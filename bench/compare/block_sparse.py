@@ -33,6 +33,7 @@ Usage (on the GPU machine, after scripts/build_torch_ext.sh --cuda):
   ... --quick                       # L 4096 and 16384, D 64, bf16, block 64: a few minutes
   ... --lengths 65536 --layouts bigbird,bslongformer --dtypes float16 --blocks 64
   python3 bench/compare/block_sparse.py --self-test   # CPU only: the BlockMask conversion
+  ... --device cpu --lengths 512 --dims 32 --heads 2 --reps 2   # a dry run of every code path
 Prints a table; writes <out>/block_sparse.json and <out>/block_sparse.png.
 """
 import argparse
