@@ -352,9 +352,8 @@ void add_sparse_command(CLI::App& app) {
       "inputs: Q, K, V [B, H, L, D] on a layout from DeepSpeed's sparsity configs, through the\n"
       "fused or the composite (sdd -> softmax -> dsd) path, on the GPU (--device cuda, the\n"
       "default when a GPU and the CUDA build are present) or the CPU, and compare with dense\n"
-      "attention on the CPU that applies the layout as a mask. A length that is not a multiple of "
-      "the block is padded\n"
-      "and the padding masked.");
+      "attention on the CPU that applies the layout as a mask. A length that is not a multiple\n"
+      "of the block is padded and the padding masked.");
   auto flags = std::make_shared<LayoutFlags>();
   auto config = std::make_shared<SparseRunConfig>();
   auto dtype = std::make_shared<std::string>("auto");
