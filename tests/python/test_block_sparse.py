@@ -287,7 +287,7 @@ def test_index_cache_per_device_and_threads(device):
     config = CONFIGS["bigbird"](2)
     layout = config.make_layout(128)
     raw = (layout, config.block, int(layout.sum()), None, None, None, None, False, 0, 1, 0)
-    q, k, v = (rand(1, 2, 128, 16) for _ in range(3))
+    q, k, v = (rand(1, 2, 128, 32) for _ in range(3))
     dq, dk, dv = (t.to(device) for t in (q, k, v))
     cpu_out = torch.ops.sciattn.sparse_attention_fwd(q, k, v, *raw)[0]
     dev_out = run_or_skip(torch.ops.sciattn.sparse_attention_fwd, dq, dk, dv, *raw)[0]
@@ -325,7 +325,7 @@ def test_cuda_layout_tensor_and_second_device(device):
     config = CONFIGS["fixed"](2)
     layout = config.make_layout(64)
     raw = (config.block, int(layout.sum()), None, None, None, None, False, 0, 1, 0)
-    q, k, v = (rand(1, 2, 64, 16, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (rand(1, 2, 64, 64, dtype=torch.bfloat16) for _ in range(3))
     ref = torch.ops.sciattn.sparse_attention_fwd(q, k, v, layout, *raw)[0]
     devices = [torch.device("cuda", i) for i in range(min(2, torch.cuda.device_count()))]
     for d in devices:
@@ -342,7 +342,7 @@ def test_cuda_unsupported_path_names_the_op(device):
     """A path the GPU build does not have (the CPU-only reference algorithm; any op whose kernel
     is not written yet) raises NotImplementedError naming the op, never a crash."""
     config = CONFIGS["bigbird"](2)
-    q, k, v = (rand(1, 2, 64, 16, dtype=torch.float16, device=device) for _ in range(3))
+    q, k, v = (rand(1, 2, 64, 32, dtype=torch.float16, device=device) for _ in range(3))
     module = SparseSelfAttention(config, max_seq_length=64, algorithm="reference")
     with pytest.raises(NotImplementedError, match="sciattn.SparseSelfAttention"):
         module(q, k, v)
