@@ -1,0 +1,98 @@
+// Host emulation of the CUDA features the fused sparse attention kernels use (test layer, a
+// developer tool): one CTA at a time as 128 std::threads, std::barrier for __syncthreads and the
+// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX fragment layout), synchronous
+// cp.async with zero fill.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#define __global__
+#define __launch_bounds__(...)
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+
+struct EmuDim {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local EmuDim threadIdx, blockIdx;
+inline EmuDim blockDim{128, 1, 1}, gridDim{1, 1, 1};
+
+namespace emu {
+inline std::unique_ptr<std::barrier<>> block_bar;
+inline std::unique_ptr<std::barrier<>> warp_bar[4];
+inline float shfl_buf[4][32];
+inline uint32_t a_buf[4][32][4], b_buf[4][32][2];
+
+inline void cp_async(void* dst, const void* src, int size, int bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  if (bytes < size)
+    std::memset(static_cast<char*>(dst) + bytes, 0, static_cast<size_t>(size - bytes));
+}
+
+template <typename T>
+inline float half_bits(uint16_t bits);
+template <>
+inline float half_bits<__half>(uint16_t bits) {
+  __half_raw r;
+  r.x = bits;
+  return __half2float(__half(r));
+}
+template <>
+inline float half_bits<__nv_bfloat16>(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename T>
+inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  for (int i = 0; i < 4; ++i) a_buf[w][l][i] = a[i];
+  b_buf[w][l][0] = b[0];
+  b_buf[w][l][1] = b[1];
+  warp_bar[w]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
+    auto put = [&](int r, int c, uint32_t v) {
+      A[r][c] = half_bits<T>(static_cast<uint16_t>(v & 0xffff));
+      A[r][c + 1] = half_bits<T>(static_cast<uint16_t>(v >> 16));
+    };
+    put(g, 2 * t, a_buf[w][L][0]);
+    put(g + 8, 2 * t, a_buf[w][L][1]);
+    put(g, 2 * t + 8, a_buf[w][L][2]);
+    put(g + 8, 2 * t + 8, a_buf[w][L][3]);
+    B[2 * t][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][0] & 0xffff));
+    B[2 * t + 1][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][0] >> 16));
+    B[2 * t + 8][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][1] & 0xffff));
+    B[2 * t + 9][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][1] >> 16));
+  }
+  const int g = l / 4, t = l % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+    float acc = c[e];
+    for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
+    c[e] = acc;
+  }
+  warp_bar[w]->arrive_and_wait();
+}
+}  // namespace emu
+
+inline void __syncthreads() {
+  emu::block_bar->arrive_and_wait();
+}
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  emu::shfl_buf[w][l] = v;
+  emu::warp_bar[w]->arrive_and_wait();
+  const float r = emu::shfl_buf[w][l ^ m];
+  emu::warp_bar[w]->arrive_and_wait();
+  return r;
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Writes the host-emulation shims of the fused sparse attention kernels into OUT_DIR.
+
+Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The Evoformer device
+helpers the kernels include are copied with their inline PTX (mma.sync, cp.async) replaced by calls
+into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu are copied without their
+launchers, so that the kernel sources compile unchanged as host C++.
+"""
+import re
+import sys
+from pathlib import Path
+
+root = Path(__file__).resolve().parents[3]
+out = Path(sys.argv[1])
+(out / "cuda" / "evoformer").mkdir(parents=True, exist_ok=True)
+
+src = (root / "src/cuda/evoformer/evoformer_device_utils.cuh").read_text()
+for t in ("__half", "__nv_bfloat16"):
+    src, n = re.subn(
+        r"(mma_16816<" + t + r">\(float c\[4\], const uint32_t a\[4\],\s*const uint32_t b\[2\]\) \{)"
+        r"\s*asm volatile\(.*?\);\n",
+        r"\1\n  ::emu::mma<" + t + r">(c, a, b);\n", src, flags=re.S)
+    assert n == 1, t
+for name, size in (("cp_async_16", 16), ("cp_async_4", 4)):
+    src, n = re.subn(r"(void " + name + r"\(void\* smem, const void\* src, int bytes\) \{).*?\n\}",
+                     r"\1\n  ::emu::cp_async(smem, src, " + str(size) + ", bytes);\n}", src,
+                     flags=re.S)
+    assert n == 1, name
+src = re.sub(r"(void cp_async_commit\(\) \{).*?\n\}", r"\1}", src, flags=re.S)
+src = re.sub(r"(void cp_async_wait\(\) \{).*?\n\}", r"\1}", src, flags=re.S)
+assert "asm volatile" not in src
+src = src.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
+(out / "cuda/evoformer/evoformer_device_utils.cuh").write_text(src)
+(out / "cuda/evoformer/evoformer_bwd_kernels.cuh").write_text(
+    (root / "src/cuda/evoformer/evoformer_bwd_kernels.cuh").read_text())
+
+f32 = (root / "src/cuda/block_sparse/sparse_attention_f32.cu").read_text()
+cut = f32.index("}  // namespace\n\ntemplate <typename T>\ncudaError_t launch_sparse_attention_delta")
+f32 = f32[:cut] + "}  // namespace\n}  // namespace sciattn::cuda\n"
+f32 = f32.replace('#include "cuda/block_sparse/sparse_attention_launch.h"\n', "")
+f32 = f32.replace("namespace sciattn::cuda {\nnamespace {", "namespace sciattn::cuda {\nnamespace f32emu {", 1)
+(out / "f32_kernels.h").write_text(f32)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the fused block-sparse attention kernels under host emulation (no GPU): the kernel sources
+# compiled as C++20 with emulated mma.sync / warp shuffles / barriers (one CTA at a time, 128
+# std::threads; cp.async is synchronous, so pipeline races are NOT checked), against the fp64
+# oracle and the CPU fused path with the tolerance rule. Developer tool (tests/cuda/emulation), not
+# part of CTest. Usage: run_emulation.sh [CPU build dir, default build/cpu] [case | 100 (fp32) |
+# 200 N (N random cases)]; no case argument runs the fixed cases and the fp32 ones.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+build=${1:-$root/build/cpu}
+shift || true
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 "$here/make_shims.py" "$work"
+cp "$here/emu_runtime.h" "$work/"
+g++ -std=c++20 -O1 -fopenmp -I"$work" -I"$root/src" -I"$root/include" -I"$root/tests" \
+  -I/usr/local/cuda/include "$here/sparse_attention_emulation.cpp" -o "$work/emulation" \
+  "$build/src/libsciattn.a" "$build/src/libsciattn_sparse_tiles.a" -lgtest -lpthread
+"$work/emulation" "$@"

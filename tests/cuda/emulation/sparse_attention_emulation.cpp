@@ -1,0 +1,577 @@
+// Host emulation of the fused block-sparse attention kernels (test layer, tests/cuda/emulation; a
+// developer tool run by run_emulation.sh, not part of CTest): the real kernel sources, compiled as
+// host C++ with emulated CUDA (emu_runtime.h), run on small problems (tensor-core kernels with
+// their splits and combines, the fp32 kernels) and are compared with the fp64 oracle, the CPU
+// fused path giving lowp_ref (the tolerance rule). It checks index arithmetic, fragments, masks
+// and the combine order without a GPU; it cannot see cp.async races or alignment faults.
+#include "emu_runtime.h"
+// clang-format off
+#include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
+#include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
+#include "f32_kernels.h"
+// clang-format on
+
+#include <thread>
+#include <vector>
+
+#include "common/sparse_attention_tiles.h"
+#include "cpu/block_sparse_test_util.h"
+
+namespace sciattn::cuda {
+__attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
+}
+
+using namespace sciattn;
+using namespace sciattn::bstest;
+using cuda::SparseAttentionDeviceParams;
+
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, int64_t ctas, const Args&... args) {
+  for (int64_t cta = 0; cta < ctas; ++cta) {
+    std::memset(cuda::smem_raw, 0xA5, sizeof(cuda::smem_raw));  // garbage
+    emu::block_bar = std::make_unique<std::barrier<>>(128);
+    for (auto& w : emu::warp_bar) w = std::make_unique<std::barrier<>>(32);
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < 128; ++t) {
+      threads.emplace_back([&, t] {
+        threadIdx.x = t;
+        blockIdx.x = static_cast<unsigned>(cta);
+        kernel(args...);
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+}
+
+struct Packed {
+  std::vector<int32_t> data;
+  const int32_t* add(const std::vector<int64_t>& v, std::vector<std::vector<int32_t>>& keep) {
+    keep.emplace_back(v.begin(), v.end());
+    if (keep.back().empty()) keep.back().push_back(0);
+    return keep.back().data();
+  }
+};
+
+cuda::BiasType term_type(const TensorView& t) {
+  if (!t.present()) return cuda::BiasType::kNone;
+  switch (t.dtype) {
+    case DType::kF32:
+      return cuda::BiasType::kF32;
+    case DType::kF16:
+      return cuda::BiasType::kF16;
+    case DType::kBF16:
+      return cuda::BiasType::kBF16;
+    case DType::kBool:
+      return cuda::BiasType::kBool;
+  }
+  return cuda::BiasType::kNone;
+}
+
+struct Case {
+  DType dtype = DType::kBF16;
+  int64_t block = 16, B = 1, H = 2, N = 8, D = 64;
+  int kind = 0;  // 0 random, 1 bigbird
+  int64_t split = 0;
+  bool causal = false, kpm = false, attn = false, rpe = false, keyt = false;
+  uint64_t seed = 1;
+};
+
+template <typename T, int kHD>
+bool run_case(const Case& c) {
+  std::mt19937_64 rng(c.seed);
+  const int64_t L = c.N * c.block;
+  sciattn::Layout layout;
+  if (c.kind == 0) {
+    layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
+  } else {
+    BigBirdSparsityConfig cfg;
+    cfg.num_heads = c.H;
+    cfg.block = c.block;
+    cfg.different_layout_per_head = true;
+    cfg.seed = c.seed;
+    make_layout(cfg, L, &layout);
+  }
+  BlockSparseIndex ix = make_index(layout, c.block);
+  if (c.split) split_block_sparse_work(c.split, &ix);
+  detail::SparseAttentionTiles tiles;
+  if (!detail::build_sparse_attention_tiles(ix, &tiles).ok()) return false;
+  std::vector<std::vector<int32_t>> keep;
+  keep.reserve(64);
+  Packed pk;
+  BlockSparseDeviceIndex::Tiles dt;
+  dt.sub = (int)tiles.sub;
+  dt.shift = (int)tiles.shift;
+  dt.full_mask = (int)tiles.full_mask;
+  dt.num_tiles = (int)tiles.num_tiles;
+  dt.nnz = (int)tiles.nnz;
+  dt.row_offsets = pk.add(tiles.row_offsets, keep);
+  dt.row_cols = pk.add(tiles.row_cols, keep);
+  dt.row_masks = pk.add(tiles.row_masks, keep);
+  dt.col_offsets = pk.add(tiles.col_offsets, keep);
+  dt.col_rows = pk.add(tiles.col_rows, keep);
+  dt.col_masks = pk.add(tiles.col_masks, keep);
+  auto work = [&](const detail::SparseAttentionTileWork& w) {
+    BlockSparseDeviceIndex::TileWork d;
+    d.pieces = (int)w.split.pieces();
+    d.max_tiles = (int)w.split.max_blocks;
+    d.slots = (int)w.slots;
+    d.num_split_lines = (int)w.split_lines.size();
+    d.line_items = pk.add(w.split.line_items, keep);
+    d.item_line = pk.add(w.split.item_line, keep);
+    d.item_begin = pk.add(w.split.item_begin, keep);
+    d.item_end = pk.add(w.split.item_end, keep);
+    d.item_slot = pk.add(w.item_slot, keep);
+    d.split_lines = pk.add(w.split_lines, keep);
+    return d;
+  };
+  dt.rows = work(tiles.rows);
+  dt.cols = work(tiles.cols);
+
+  const std::vector<int64_t> sizes = {c.B, c.H, L, c.D};
+  HostTensor q = HostTensor::packed(c.dtype, sizes), dout = HostTensor::packed(c.dtype, sizes);
+  HostTensor k = c.keyt ? HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2})
+                        : HostTensor::packed(c.dtype, sizes);
+  HostTensor v = c.keyt ? HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2})
+                        : HostTensor::packed(c.dtype, sizes);
+  test::fill_normal(q, rng);
+  test::fill_normal(k, rng);
+  test::fill_normal(v, rng);
+  test::fill_normal(dout, rng);
+  HostTensor kpm, attn, rpe;
+  if (c.kpm) {
+    kpm = HostTensor::packed(DType::kF32, {c.B, L});
+    fill_mask(kpm, MaskMode::kAdd, 0.2, rng);
+  }
+  if (c.attn) {
+    attn = HostTensor::packed(DType::kBool, {L, L});
+    fill_mask(attn, MaskMode::kMul, 0.2, rng);
+    for (int64_t j = 0; j < L; ++j) attn.set(2 * L + j, 0.0);
+  }
+  if (c.rpe) {
+    rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
+    test::fill_normal(rpe, rng, 0.5);
+  }
+  SparseAttentionOptions opt;
+  opt.causal = c.causal;
+  opt.key_padding_mask_mode = MaskMode::kAdd;
+  opt.attn_mask_mode = MaskMode::kMul;
+
+  // Oracle and CPU fused.
+  AttnProblem a;
+  a.layout = &layout;
+  a.b = c.block;
+  a.B = c.B;
+  a.H = c.H;
+  a.L = L;
+  a.D = c.D;
+  a.scale = (double)(float)(1.0 / std::sqrt((double)c.D));
+  a.q = dense_op(q, false);
+  a.k = dense_op(k, false);
+  a.v = dense_op(v, false);
+  if (rpe.present()) a.rpe = dense_op(rpe, false);
+  if (kpm.present()) a.kpm = mask_terms(kpm, MaskMode::kAdd);
+  if (attn.present()) a.attn = mask_terms(attn, MaskMode::kMul);
+  a.causal = c.causal;
+  const AttnForward o = attention_oracle(a);
+  const AttnGrads og = attention_backward_oracle(a, dense_op(dout, false));
+  HostTensor cout_ = HostTensor::packed(c.dtype, sizes),
+             clse = HostTensor::packed(DType::kF32, {c.B, c.H, L});
+  SparseAttentionForwardParams f;
+  f.index = &ix;
+  f.q = q.view();
+  f.k = k.view();
+  f.v = v.view();
+  f.rpe = rpe.view();
+  f.key_padding_mask = kpm.view();
+  f.attn_mask = attn.view();
+  f.out = cout_.view();
+  f.lse = clse.view();
+  f.options = opt;
+  if (!run_op(f).ok()) return false;
+  HostTensor cdq = HostTensor::packed(c.dtype, sizes), cdk = HostTensor::packed(c.dtype, sizes),
+             cdv = HostTensor::packed(c.dtype, sizes);
+
+  // Emulated GPU forward.
+  HostTensor gout = HostTensor::packed(c.dtype, sizes),
+             glse = HostTensor::packed(DType::kF32, {c.B, c.H, L});
+  SparseAttentionDeviceParams p{};
+  p.batch = c.B;
+  p.heads = c.H;
+  p.len = L;
+  p.dim = c.D;
+  p.scale = (float)(1.0 / std::sqrt((double)c.D));
+  p.causal = c.causal;
+  auto strides = [](const HostTensor& t, int64_t* dst, int n) {
+    for (int d = 0; d < n; ++d) dst[d] = t.present() ? t.strides()[d] : 0;
+  };
+  p.q = q.data();
+  strides(q, p.q_stride, 4);
+  p.k = k.data();
+  strides(k, p.k_stride, 4);
+  p.v = v.data();
+  strides(v, p.v_stride, 4);
+  // Host memory: "vec" uses memcpy emulation, fine when strides allow.
+  auto vec = [&](const HostTensor& t) { return (t.strides()[3] == 1 && c.D % 8 == 0) ? 1 : 0; };
+  p.vec_q = vec(q);
+  p.vec_k = vec(k);
+  p.vec_v = vec(v);
+  p.vec_dout = vec(dout);
+  p.rpe = rpe.present() ? rpe.data() : nullptr;
+  p.rpe_type = term_type(rpe.view());
+  strides(rpe, p.rpe_stride, 4);
+  p.kpm = kpm.present() ? kpm.data() : nullptr;
+  p.kpm_type = term_type(kpm.view());
+  strides(kpm, p.kpm_stride, 2);
+  p.kpm_mul = 0;
+  p.attn = attn.present() ? attn.data() : nullptr;
+  p.attn_type = term_type(attn.view());
+  strides(attn, p.attn_stride, 2);
+  p.attn_mul = 0;  // bool
+  p.has_terms = rpe.present() || kpm.present() || attn.present();
+  p.out = gout.data();
+  strides(gout, p.out_stride, 4);
+  p.lse = static_cast<float*>(glse.data());
+  strides(glse, p.lse_stride, 3);
+  p.tiles = dt;
+  p.part_dim = kHD;
+  std::vector<float> fwd_part(std::max<size_t>(1, c.B * dt.rows.slots * (64 * kHD + 128)), NAN);
+  p.fwd_partial = fwd_part.data();
+  launch(cuda::sparse_attention_fwd_kernel<T, kHD>, c.B * dt.rows.pieces, p);
+  if (dt.rows.num_split_lines)
+    launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>, c.B * dt.rows.num_split_lines, p);
+
+  bool ok = true;
+  auto check = [&](const char* what, const testing::AssertionResult& r) {
+    if (!r) {
+      std::printf("  FAIL %s: %s\n", what, r.message());
+      ok = false;
+    }
+  };
+  check("out", within_tolerance("out", gout.values(), cout_.values(), o.out.v, c.dtype));
+  check("lse", within_tolerance("lse", glse.values(), clse.values(), o.lse, DType::kF32));
+
+  // CPU backward from the CPU forward (lowp_ref).
+  SparseAttentionBackwardParams g;
+  g.index = &ix;
+  g.q = f.q;
+  g.k = f.k;
+  g.v = f.v;
+  g.rpe = f.rpe;
+  g.key_padding_mask = f.key_padding_mask;
+  g.attn_mask = f.attn_mask;
+  g.out = cout_.view();
+  g.lse = clse.view();
+  g.dout = dout.view();
+  g.dq = cdq.view();
+  g.dk = cdk.view();
+  g.dv = cdv.view();
+  g.options = opt;
+  if (!run_op(g).ok()) return false;
+
+  // Emulated GPU backward from the GPU forward.
+  HostTensor gdq = HostTensor::packed(c.dtype, sizes), gdk = HostTensor::packed(c.dtype, sizes),
+             gdv = HostTensor::packed(c.dtype, sizes);
+  p.dout = dout.data();
+  strides(dout, p.dout_stride, 4);
+  p.dq = gdq.data();
+  strides(gdq, p.dq_stride, 4);
+  p.dk = gdk.data();
+  strides(gdk, p.dk_stride, 4);
+  p.dv = gdv.data();
+  strides(gdv, p.dv_stride, 4);
+  std::vector<float> delta(c.B * c.H * L);
+  {
+    const std::vector<double> ov = gout.values(), dv = dout.values();
+    for (int64_t r = 0; r < c.B * c.H * L; ++r) {
+      float acc = 0;
+      for (int64_t d = 0; d < c.D; ++d) acc += (float)ov[r * c.D + d] * (float)dv[r * c.D + d];
+      delta[r] = acc;
+    }
+  }
+  p.delta = delta.data();
+  std::vector<float> dqp(std::max<size_t>(1, c.B * dt.rows.slots * 64 * kHD), NAN),
+      dkp(std::max<size_t>(1, c.B * dt.cols.slots * 64 * kHD), NAN),
+      dvp(std::max<size_t>(1, c.B * dt.cols.slots * 64 * kHD), NAN);
+  p.dq_partial = dqp.data();
+  p.dk_partial = dkp.data();
+  p.dv_partial = dvp.data();
+  launch(cuda::sparse_attention_dkdv_kernel<T, kHD>, c.B * dt.cols.pieces, p);
+  launch(cuda::sparse_attention_dq_kernel<T, kHD>, c.B * dt.rows.pieces, p);
+  auto sum = [&](const BlockSparseDeviceIndex::TileWork& w, float* part, void* out,
+                 const int64_t* st) {
+    if (!w.num_split_lines) return;
+    cuda::SparseSumTarget target{part, out, {st[0], st[1], st[2], st[3]}};
+    launch(cuda::sparse_attention_sum_kernel<T, kHD>, c.B * w.num_split_lines, p, w, target);
+  };
+  sum(dt.cols, dkp.data(), p.dk, p.dk_stride);
+  sum(dt.cols, dvp.data(), p.dv, p.dv_stride);
+  sum(dt.rows, dqp.data(), p.dq, p.dq_stride);
+  check("dq", within_tolerance("dq", gdq.values(), cdq.values(), og.dq.v, c.dtype));
+  check("dk", within_tolerance("dk", gdk.values(), cdk.values(), og.dk.v, c.dtype));
+  check("dv", within_tolerance("dv", gdv.values(), cdv.values(), og.dv.v, c.dtype));
+  std::printf(
+      "B%ld H%ld %s b%ld N%ld D%ld kind%d split%ld causal%d kpm%d attn%d rpe%d keyt%d: rows pieces "
+      "%d (split lines %d) cols pieces %d (split lines %d): %s\n",
+      c.B, c.H, dtype_name(c.dtype), c.block, c.N, c.D, c.kind, c.split, c.causal, c.kpm, c.attn,
+      c.rpe, c.keyt, dt.rows.pieces, dt.rows.num_split_lines, dt.cols.pieces,
+      dt.cols.num_split_lines, ok ? "OK" : "FAILED");
+  return ok;
+}
+
+bool run_f32(const Case& c) {
+  std::mt19937_64 rng(c.seed);
+  const int64_t L = c.N * c.block;
+  sciattn::Layout layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
+  BlockSparseIndex ix = make_index(layout, c.block);
+  detail::SparseAttentionTiles tiles;
+  detail::build_sparse_attention_tiles(ix, &tiles);
+  std::vector<std::vector<int32_t>> keep;
+  keep.reserve(64);
+  Packed pk;
+  BlockSparseDeviceIndex::Tiles dt;
+  dt.sub = (int)tiles.sub;
+  dt.shift = (int)tiles.shift;
+  dt.full_mask = (int)tiles.full_mask;
+  dt.num_tiles = (int)tiles.num_tiles;
+  dt.nnz = (int)tiles.nnz;
+  dt.row_offsets = pk.add(tiles.row_offsets, keep);
+  dt.row_cols = pk.add(tiles.row_cols, keep);
+  dt.row_masks = pk.add(tiles.row_masks, keep);
+  dt.col_offsets = pk.add(tiles.col_offsets, keep);
+  dt.col_rows = pk.add(tiles.col_rows, keep);
+  dt.col_masks = pk.add(tiles.col_masks, keep);
+  const std::vector<int64_t> sizes = {c.B, c.H, L, c.D};
+  HostTensor q = HostTensor::packed(DType::kF32, sizes),
+             dout = HostTensor::packed(DType::kF32, sizes);
+  HostTensor k = HostTensor::permuted(DType::kF32, sizes, {0, 1, 3, 2}),
+             v = HostTensor::packed(DType::kF32, sizes);
+  test::fill_normal(q, rng);
+  test::fill_normal(k, rng);
+  test::fill_normal(v, rng);
+  test::fill_normal(dout, rng);
+  HostTensor kpm = HostTensor::packed(DType::kBool, {c.B, L});
+  fill_mask(kpm, MaskMode::kMul, 0.2, rng);
+  HostTensor attn = HostTensor::packed(DType::kF32, {L, L});
+  fill_mask(attn, MaskMode::kMul, 0.2, rng);
+  for (int64_t j = 0; j < L; ++j) attn.set(2 * L + j, 0.0);
+  SparseAttentionOptions opt;
+  opt.causal = c.causal;
+  opt.key_padding_mask_mode = MaskMode::kMul;
+  opt.attn_mask_mode = MaskMode::kMul;
+  AttnProblem a;
+  a.layout = &layout;
+  a.b = c.block;
+  a.B = c.B;
+  a.H = c.H;
+  a.L = L;
+  a.D = c.D;
+  a.scale = (double)(float)(1.0 / std::sqrt((double)c.D));
+  a.q = dense_op(q, false);
+  a.k = dense_op(k, false);
+  a.v = dense_op(v, false);
+  a.kpm = mask_terms(kpm, MaskMode::kMul);
+  a.attn = mask_terms(attn, MaskMode::kMul);
+  a.causal = c.causal;
+  const AttnForward o = attention_oracle(a);
+  const AttnGrads og = attention_backward_oracle(a, dense_op(dout, false));
+  HostTensor cout_ = HostTensor::packed(DType::kF32, sizes),
+             clse = HostTensor::packed(DType::kF32, {c.B, c.H, L});
+  SparseAttentionForwardParams f;
+  f.index = &ix;
+  f.q = q.view();
+  f.k = k.view();
+  f.v = v.view();
+  f.key_padding_mask = kpm.view();
+  f.attn_mask = attn.view();
+  f.out = cout_.view();
+  f.lse = clse.view();
+  f.options = opt;
+  run_op(f);
+  HostTensor cdq = HostTensor::packed(DType::kF32, sizes),
+             cdk = HostTensor::packed(DType::kF32, sizes),
+             cdv = HostTensor::packed(DType::kF32, sizes);
+  SparseAttentionBackwardParams g;
+  g.index = &ix;
+  g.q = f.q;
+  g.k = f.k;
+  g.v = f.v;
+  g.key_padding_mask = f.key_padding_mask;
+  g.attn_mask = f.attn_mask;
+  g.out = cout_.view();
+  g.lse = clse.view();
+  g.dout = dout.view();
+  g.dq = cdq.view();
+  g.dk = cdk.view();
+  g.dv = cdv.view();
+  g.options = opt;
+  run_op(g);
+  HostTensor gout = HostTensor::packed(DType::kF32, sizes),
+             glse = HostTensor::packed(DType::kF32, {c.B, c.H, L});
+  SparseAttentionDeviceParams p{};
+  p.batch = c.B;
+  p.heads = c.H;
+  p.len = L;
+  p.dim = c.D;
+  p.scale = (float)(1.0 / std::sqrt((double)c.D));
+  p.causal = c.causal;
+  auto strides = [](const HostTensor& t, int64_t* dst, int n) {
+    for (int d = 0; d < n; ++d) dst[d] = t.strides()[d];
+  };
+  p.q = q.data();
+  strides(q, p.q_stride, 4);
+  p.k = k.data();
+  strides(k, p.k_stride, 4);
+  p.v = v.data();
+  strides(v, p.v_stride, 4);
+  p.kpm = kpm.data();
+  p.kpm_type = cuda::BiasType::kBool;
+  strides(kpm, p.kpm_stride, 2);
+  p.kpm_mul = 0;
+  p.attn = attn.data();
+  p.attn_type = cuda::BiasType::kF32;
+  strides(attn, p.attn_stride, 2);
+  p.attn_mul = 1;
+  p.has_terms = 1;
+  p.out = gout.data();
+  strides(gout, p.out_stride, 4);
+  p.lse = (float*)glse.data();
+  strides(glse, p.lse_stride, 3);
+  p.tiles = dt;
+  launch(cuda::f32emu::sparse_attention_fwd_f32_kernel, 1, p);
+  bool ok = true;
+  auto check = [&](const char* what, const testing::AssertionResult& r) {
+    if (!r) {
+      std::printf("  FAIL %s: %s\n", what, r.message());
+      ok = false;
+    }
+  };
+  check("out", within_tolerance("out", gout.values(), cout_.values(), o.out.v, DType::kF32));
+  check("lse", within_tolerance("lse", glse.values(), clse.values(), o.lse, DType::kF32));
+  std::vector<float> delta(c.B * c.H * L);
+  HostTensor gdq = HostTensor::packed(DType::kF32, sizes),
+             gdk = HostTensor::packed(DType::kF32, sizes),
+             gdv = HostTensor::packed(DType::kF32, sizes);
+  p.dout = dout.data();
+  strides(dout, p.dout_stride, 4);
+  p.dq = gdq.data();
+  strides(gdq, p.dq_stride, 4);
+  p.dk = gdk.data();
+  strides(gdk, p.dk_stride, 4);
+  p.dv = gdv.data();
+  strides(gdv, p.dv_stride, 4);
+  p.delta = delta.data();
+  launch(cuda::f32emu::sparse_attention_delta_kernel<float>, 1, p);
+  launch(cuda::f32emu::sparse_attention_dkdv_f32_kernel, 1, p);
+  launch(cuda::f32emu::sparse_attention_dq_f32_kernel, 1, p);
+  check("dq", within_tolerance("dq", gdq.values(), cdq.values(), og.dq.v, DType::kF32));
+  check("dk", within_tolerance("dk", gdk.values(), cdk.values(), og.dk.v, DType::kF32));
+  check("dv", within_tolerance("dv", gdv.values(), cdv.values(), og.dv.v, DType::kF32));
+  std::printf("f32 b%ld N%ld D%ld causal%d: %s\n", c.block, c.N, c.D, c.causal,
+              ok ? "OK" : "FAILED");
+  return ok;
+}
+
+int main(int argc, char** argv) {
+  int which = argc > 1 ? std::atoi(argv[1]) : -1;
+  std::vector<Case> cases;
+  Case c;
+  cases.push_back(c);  // 0: bf16 b16 random, D64
+  c = Case();
+  c.block = 128;
+  c.N = 2;
+  c.D = 32;
+  c.kpm = true;
+  cases.push_back(c);  // 1
+  c = Case();
+  c.kind = 1;
+  c.N = 16;
+  c.split = 1;
+  c.attn = true;
+  c.D = 64;
+  cases.push_back(c);  // 2 split
+  c = Case();
+  c.block = 32;
+  c.N = 5;
+  c.causal = true;
+  c.rpe = true;
+  c.D = 48;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 3
+  c = Case();
+  c.block = 16;
+  c.N = 5;
+  c.keyt = true;
+  c.D = 32;
+  c.kpm = true;
+  cases.push_back(c);  // 4
+  c = Case();
+  c.block = 64;
+  c.N = 3;
+  c.D = 128;
+  c.kind = 0;
+  c.split = 1;
+  cases.push_back(c);  // 5
+  int fails = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (which >= 0 && (int)i != which) continue;
+    const Case& x = cases[i];
+    bool ok;
+    const int64_t hd = x.D <= 32 ? 32 : x.D <= 64 ? 64 : 128;
+    if (x.dtype == DType::kF16) {
+      ok = hd == 32   ? run_case<__half, 32>(x)
+           : hd == 64 ? run_case<__half, 64>(x)
+                      : run_case<__half, 128>(x);
+    } else {
+      ok = hd == 32   ? run_case<__nv_bfloat16, 32>(x)
+           : hd == 64 ? run_case<__nv_bfloat16, 64>(x)
+                      : run_case<__nv_bfloat16, 128>(x);
+    }
+    fails += !ok;
+  }
+  if (which == 200) {
+    std::mt19937_64 r(12345);
+    for (int i = 0; i < (argc > 2 ? std::atoi(argv[2]) : 20); ++i) {
+      Case x;
+      x.seed = 1000 + i;
+      x.block = int64_t{16} << (r() % 4);
+      x.N = 1 + (int64_t)(r() % (x.block <= 32 ? 12 : 4));
+      const int64_t dims[] = {8, 32, 40, 64, 100, 128};
+      x.D = dims[r() % 6];
+      x.dtype = r() % 2 ? DType::kF16 : DType::kBF16;
+      x.split = (int64_t)(r() % 3);
+      x.causal = r() % 2;
+      x.kpm = r() % 2;
+      x.attn = (r() % 2) && x.N * x.block > 2;
+      x.rpe = r() % 3 == 0;
+      x.keyt = r() % 3 == 0;
+      x.H = 1 + (int64_t)(r() % 2);
+      x.B = 1 + (int64_t)(r() % 2);
+      const int64_t hd = x.D <= 32 ? 32 : x.D <= 64 ? 64 : 128;
+      bool ok;
+      if (x.dtype == DType::kF16)
+        ok = hd == 32   ? run_case<__half, 32>(x)
+             : hd == 64 ? run_case<__half, 64>(x)
+                        : run_case<__half, 128>(x);
+      else
+        ok = hd == 32   ? run_case<__nv_bfloat16, 32>(x)
+             : hd == 64 ? run_case<__nv_bfloat16, 64>(x)
+                        : run_case<__nv_bfloat16, 128>(x);
+      fails += !ok;
+    }
+  }
+  if (which < 0 || which == 100) {
+    Case x;
+    x.block = 16;
+    x.N = 6;
+    x.D = 33;
+    x.causal = true;
+    fails += !run_f32(x);
+    x = Case();
+    x.block = 64;
+    x.N = 2;
+    x.D = 64;
+    fails += !run_f32(x);
+  }
+  std::printf("%d failures\n", fails);
+  return fails;
+}
