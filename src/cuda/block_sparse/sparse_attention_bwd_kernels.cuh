@@ -141,16 +141,25 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
     } else {
       mma_rows_t_smem<T, kSteps, kPitch>(pt, kw, q_tile, g, t);
     }
+    if (tile_is_plain(p, mask, q0, key0)) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
-        const int64_t i = q0 + qc, jj = key0 + kc;
-        const float s =
-            element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
-        pt[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[qc]);
-      }
+        for (int x = 0; x < 4; ++x) {
+          pt[j][x] = prob_of(pt[j][x] * p.scale, lse[j * 8 + 2 * t + (x & 1)]);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
+          const int64_t i = q0 + qc, jj = key0 + kc;
+          const float s =
+              element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
+          pt[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[qc]);
+        }
+    }
     // dV += P^T dO.
     mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
     // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
@@ -257,16 +266,23 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
     } else {
       mma_rows_t_smem<T, kSteps, kPitch>(pr, qw, smem.c[buf], g, t);
     }
+    if (tile_is_plain(p, mask, q0, k0)) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-        const int64_t i = q0 + r, jj = k0 + c;
-        const float s =
-            element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
-        pr[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[x >> 1]);
-      }
+        for (int x = 0; x < 4; ++x) pr[j][x] = prob_of(pr[j][x] * p.scale, lse[x >> 1]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+          const int64_t i = q0 + r, jj = k0 + c;
+          const float s =
+              element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
+          pr[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[x >> 1]);
+        }
+    }
     {
       float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
       if constexpr (kRegs) {

@@ -103,6 +103,15 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
   return true;
 }
 
+// Whether every element of the tile (queries row0.., keys col0..) is kept and gets no score term:
+// then its scores are just dot * scale and the per-element checks and loads can be skipped. True
+// for most tiles of the usual calls (no masks, a whole layout block or more, off the diagonal).
+__device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams& p, int mask,
+                                              int64_t row0, int64_t col0) {
+  return !p.has_terms && mask == p.tiles.full_mask && row0 + SparseTile::kSize <= p.len &&
+         col0 + SparseTile::kSize <= p.len && (!p.causal || col0 + SparseTile::kSize - 1 <= row0);
+}
+
 // Starts copying the lse and delta of query rows [q0, q0 + 64) of (b, h) into shared memory in
 // the caller's cp.async group. Rows past L get lse = -inf (probability 0) and delta = 0.
 __device__ __forceinline__ void load_sparse_row_stats(float* lse, float* delta,

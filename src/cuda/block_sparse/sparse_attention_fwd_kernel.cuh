@@ -112,15 +112,26 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
     // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
     // causal rule) are -inf. Then the tile's row maxima.
     float tile_max[2] = {kNegInf, kNegInf};
+    if (tile_is_plain(p, mask, row0, col0)) {
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+          const int64_t i = row0 + r, jj = col0 + c;
+          s[j][x] =
+              element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
+        }
+    }
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-        const int64_t i = row0 + r, jj = col0 + c;
-        s[j][x] = element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
-        tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
-      }
+      for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // The four threads of a row (t = 0..3) hold its 64 columns between them.

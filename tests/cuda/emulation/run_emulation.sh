@@ -13,8 +13,7 @@ shift || true
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 "$here/make_shims.py" "$work"
-cp "$here/emu_runtime.h" "$work/"
-g++ -std=c++20 -O1 -fopenmp -I"$work" -I"$root/src" -I"$root/include" -I"$root/tests" \
+g++ -std=c++20 -O1 -fopenmp -I"$work" -I"$here" -I"$root/src" -I"$root/include" -I"$root/tests" \
   -I/usr/local/cuda/include "$here/sparse_attention_emulation.cpp" -o "$work/emulation" \
   "$build/src/libsciattn.a" "$build/src/libsciattn_sparse_tiles.a" -lgtest -lpthread
 "$work/emulation" "$@"
