@@ -176,12 +176,60 @@ struct FmaEngine {
 
 // Stages a TM x kInnerStep (or TN x kInnerStep) slice into shared memory in its own 16-bit type,
 // row-major with k contiguous (row pitch kPitch): the layout the MMA fragments read in pairs.
-// Rows >= lines and k >= depth are zero.
+// Rows >= lines and k >= depth are zero. When the view allows it (16-byte aligned, unit stride
+// along k or along the rows, the other stride a multiple of 8) a thread moves 8 elements with one
+// 16-byte load: along k they land as one 16-byte store, along the rows they are transposed into 8
+// stores. Anything else (transposed-in-memory views with odd strides, unaligned starts) takes
+// the element-wise path.
 template <typename T, int kOuter, int kPitch>
 __device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer_stride,
                                            int64_t k_stride, int lines, int depth, bool k_fast) {
-  constexpr int kElems = kOuter * kInnerStep;
+  constexpr int kVec = 8;  // 16-bit elements per 16-byte load
+  static_assert(sizeof(T) * kVec == sizeof(uint4), "16-bit elements");
   const T zero = ElementTraits<T>::from_float(0.0f);
+  const bool aligned = reinterpret_cast<uintptr_t>(base) % sizeof(uint4) == 0;
+  if (aligned && k_stride == 1 && outer_stride % kVec == 0) {
+    constexpr int kPerRow = kInnerStep / kVec;
+    constexpr int kChunks = kOuter * kPerRow;
+#pragma unroll
+    for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
+      const int e = e0 + static_cast<int>(threadIdx.x);
+      if (e >= kChunks) break;
+      const int o = e / kPerRow, k = (e % kPerRow) * kVec;
+      T* dst = smem + o * kPitch + k;
+      const T* src = base + o * outer_stride + k;
+      if (o < lines && k + kVec <= depth) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) dst[i] = o < lines && k + i < depth ? src[i] : zero;
+      }
+    }
+    return;
+  }
+  if (aligned && outer_stride == 1 && k_stride % kVec == 0) {
+    constexpr int kPerK = kOuter / kVec;
+    constexpr int kChunks = kPerK * kInnerStep;
+#pragma unroll
+    for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
+      const int e = e0 + static_cast<int>(threadIdx.x);
+      if (e >= kChunks) break;
+      const int k = e / kPerK, o = (e % kPerK) * kVec;
+      const T* src = base + k * k_stride + o;
+      T v[kVec];
+      if (k < depth && o + kVec <= lines) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src);
+        memcpy(v, &raw, sizeof(raw));
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = k < depth && o + i < lines ? src[i] : zero;
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) smem[(o + i) * kPitch + k] = v[i];
+    }
+    return;
+  }
+  constexpr int kElems = kOuter * kInnerStep;
 #pragma unroll
   for (int e0 = 0; e0 < kElems; e0 += kThreads) {
     const int e = e0 + static_cast<int>(threadIdx.x);
