@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #define __global__
 #define __launch_bounds__(...)
@@ -29,10 +30,46 @@ inline std::unique_ptr<std::barrier<>> warp_bar[4];
 inline float shfl_buf[4][32];
 inline uint32_t a_buf[4][32][4], b_buf[4][32][2];
 
+// cp.async: immediate copies by default (the earliest a copy can land), or, with `defer` (the
+// EMU_DEFER environment variable), held back until the cp.async.wait_group that must complete
+// them (the latest it can land), so that a read before its wait sees stale shared memory.
+inline bool defer = false;
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int size, bytes, group;
+};
+inline thread_local std::vector<PendingCopy> pending;
+inline thread_local int group_id = 0;
+
+inline void copy_now(const PendingCopy& c) {
+  if (c.bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+  if (c.bytes < c.size) {
+    std::memset(static_cast<char*>(c.dst) + c.bytes, 0, static_cast<size_t>(c.size - c.bytes));
+  }
+}
 inline void cp_async(void* dst, const void* src, int size, int bytes) {
-  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
-  if (bytes < size)
-    std::memset(static_cast<char*>(dst) + bytes, 0, static_cast<size_t>(size - bytes));
+  const PendingCopy c{dst, src, size, bytes, group_id};
+  if (defer) {
+    pending.push_back(c);
+  } else {
+    copy_now(c);
+  }
+}
+inline void cp_async_commit() {
+  ++group_id;
+}
+// Completes every committed group except the newest n.
+inline void cp_async_wait(int n) {
+  std::vector<PendingCopy> keep;
+  for (const PendingCopy& c : pending) {
+    if (c.group < group_id - n) {
+      copy_now(c);
+    } else {
+      keep.push_back(c);
+    }
+  }
+  pending.swap(keep);
 }
 
 template <typename T>

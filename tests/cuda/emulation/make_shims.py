@@ -26,8 +26,11 @@ for name, size in (("cp_async_16", 16), ("cp_async_4", 4)):
                      r"\1\n  ::emu::cp_async(smem, src, " + str(size) + ", bytes);\n}", src,
                      flags=re.S)
     assert n == 1, name
-src = re.sub(r"(void cp_async_commit\(\) \{).*?\n\}", r"\1}", src, flags=re.S)
-src = re.sub(r"(void cp_async_wait\(\) \{).*?\n\}", r"\1}", src, flags=re.S)
+src, n1 = re.subn(r"(void cp_async_commit\(\) \{).*?\n\}", r"\1 ::emu::cp_async_commit(); }", src,
+                  flags=re.S)
+src, n2 = re.subn(r"(void cp_async_wait\(\) \{).*?\n\}", r"\1 ::emu::cp_async_wait(kPending); }", src,
+                  flags=re.S)
+assert n1 == 1 and n2 == 1
 assert "asm volatile" not in src
 src = src.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
 (out / "cuda/evoformer/evoformer_device_utils.cuh").write_text(src)

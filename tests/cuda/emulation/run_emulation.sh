@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the fused block-sparse attention kernels under host emulation (no GPU): the kernel sources
 # compiled as C++20 with emulated mma.sync / warp shuffles / barriers (one CTA at a time, 128
-# std::threads; cp.async is synchronous, so pipeline races are NOT checked), against the fp64
+# std::threads; cp.async lands at issue, or with EMU_DEFER=1 only at the wait that must complete
+# it, the two extremes of the pipeline's timing), against the fp64
 # oracle and the CPU fused path with the tolerance rule. Developer tool (tests/cuda/emulation), not
 # part of CTest. Usage: run_emulation.sh [CPU build dir, default build/cpu] [case | 100 (fp32) |
 # 200 N (N random cases)]; no case argument runs the fixed cases and the fp32 ones.

@@ -472,6 +472,7 @@ bool run_f32(const Case& c) {
 }
 
 int main(int argc, char** argv) {
+  emu::defer = std::getenv("EMU_DEFER") != nullptr;
   int which = argc > 1 ? std::atoi(argv[1]) : -1;
   std::vector<Case> cases;
   Case c;
