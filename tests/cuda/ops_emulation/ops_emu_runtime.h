@@ -1,0 +1,210 @@
+// Host emulation of the CUDA features the block-sparse MatMul / Softmax kernels use (threads and
+// barriers of one CTA, warp shuffles, mma.sync m16n8k16 with the PTX fragment layout, 16-bit
+// float types, the runtime calls of the GPU test suite on host memory). Developer tool of the
+// GPU ops (tests/cuda/ops_emulation), not part of CTest: run_ops_emulation.sh includes it in
+// place of the CUDA headers.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+struct dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+namespace emu {
+inline thread_local dim3 tidx, bidx;
+inline dim3 gdim;
+inline std::barrier<>* cta_bar = nullptr;
+inline std::barrier<>* warp_bar[32] = {};
+inline float shfl_buf[32][32];
+}  // namespace emu
+#define threadIdx (::emu::tidx)
+#define blockIdx (::emu::bidx)
+#define gridDim (::emu::gdim)
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+inline void __syncthreads() {
+  emu::cta_bar->arrive_and_wait();
+}
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+  const int w = emu::tidx.x / 32, l = emu::tidx.x % 32;
+  emu::shfl_buf[w][l] = v;
+  emu::warp_bar[w]->arrive_and_wait();
+  const float r = emu::shfl_buf[w][l ^ off];
+  emu::warp_bar[w]->arrive_and_wait();
+  return r;
+}
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorNotSupported = 2 };
+typedef struct CUstream_st* cudaStream_t;
+inline cudaError_t cudaGetLastError() {
+  return 0;
+}
+inline const char* cudaGetErrorString(cudaError_t) {
+  return "emu";
+}
+struct cudaPointerAttributes {
+  int device = -1;
+  int type = 0;
+};
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes*, const void*) {
+  return 1;
+}
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return 0;
+}
+inline cudaError_t cudaSetDevice(int) {
+  return 0;
+}
+#include "sciattn/dtype.h"
+struct __half {
+  uint16_t bits;
+};
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+inline float __half2float(__half h) {
+  return sciattn::f16_bits_to_float(h.bits);
+}
+inline float __bfloat162float(__nv_bfloat16 h) {
+  return sciattn::bf16_bits_to_float(h.bits);
+}
+namespace emu {
+inline uint32_t mma_a[32][32][4], mma_b[32][32][2];
+}
+template <class Kernel, class Args>
+void emu_launch(Kernel k, unsigned grid, int threads, const Args& args) {
+  emu::gdim.x = grid;
+  std::barrier<> bar(threads);
+  emu::cta_bar = &bar;
+  std::vector<std::barrier<>*> warps;
+  for (int w = 0; w < threads / 32; ++w) emu::warp_bar[w] = new std::barrier<>(32);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      emu::tidx.x = t;
+      for (unsigned b = 0; b < grid; ++b) {
+        emu::bidx.x = b;
+        k(args);
+        bar.arrive_and_wait();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int w = 0; w < threads / 32; ++w) delete emu::warp_bar[w];
+}
+// Runtime calls of the tests: device memory is host memory.
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+inline cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::malloc(n);
+  return 0;
+}
+inline cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return 0;
+}
+inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+  std::memcpy(d, s, n);
+  return 0;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return 0;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+  return 0;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = reinterpret_cast<cudaStream_t>(0x10);
+  return 0;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t) {
+  return 0;
+}
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+
+// ---- The device helpers the kernels take from evoformer_device_utils.cuh ----
+#include <type_traits>
+namespace sciattn::cuda {
+template <typename T>
+struct ElementTraits;
+template <>
+struct ElementTraits<float> {
+  static float to_float(float x) { return x; }
+  static float from_float(float x) { return x; }
+};
+template <>
+struct ElementTraits<__half> {
+  static float to_float(__half x) { return f16_bits_to_float(x.bits); }
+  static __half from_float(float x) { return {float_to_f16_bits(x)}; }
+};
+template <>
+struct ElementTraits<__nv_bfloat16> {
+  static float to_float(__nv_bfloat16 x) { return bf16_bits_to_float(x.bits); }
+  static __nv_bfloat16 from_float(float x) { return {float_to_bf16_bits(x)}; }
+};
+template <typename T>
+inline uint32_t load_pair(const T* p) {
+  uint32_t r;
+  std::memcpy(&r, p, 4);
+  return r;
+}
+// m16n8k16 emulation with the documented fragment layout (lane = 4 g + t):
+// a[0]: A[g][2t..], a[1]: A[g+8][2t..], a[2]: A[g][2t+8..], a[3]: A[g+8][2t+8..];
+// b[0]: B[2t..][g], b[1]: B[2t+8..][g]; c[0..1]: C[g][2t..], c[2..3]: C[g+8][2t..].
+template <typename T>
+inline void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  const int w = emu::tidx.x / 32, l = emu::tidx.x % 32;
+  for (int i = 0; i < 4; ++i) emu::mma_a[w][l][i] = a[i];
+  for (int i = 0; i < 2; ++i) emu::mma_b[w][l][i] = b[i];
+  emu::warp_bar[w]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  auto lo = [](uint32_t r) {
+    T x;
+    uint16_t v = r & 0xffff;
+    std::memcpy(&x, &v, 2);
+    return ElementTraits<T>::to_float(x);
+  };
+  auto hi = [](uint32_t r) {
+    T x;
+    uint16_t v = r >> 16;
+    std::memcpy(&x, &v, 2);
+    return ElementTraits<T>::to_float(x);
+  };
+  for (int ln = 0; ln < 32; ++ln) {
+    const int g = ln / 4, t = ln % 4;
+    const uint32_t* ar = emu::mma_a[w][ln];
+    const uint32_t* br = emu::mma_b[w][ln];
+    A[g][2 * t] = lo(ar[0]);
+    A[g][2 * t + 1] = hi(ar[0]);
+    A[g + 8][2 * t] = lo(ar[1]);
+    A[g + 8][2 * t + 1] = hi(ar[1]);
+    A[g][2 * t + 8] = lo(ar[2]);
+    A[g][2 * t + 9] = hi(ar[2]);
+    A[g + 8][2 * t + 8] = lo(ar[3]);
+    A[g + 8][2 * t + 9] = hi(ar[3]);
+    B[2 * t][g] = lo(br[0]);
+    B[2 * t + 1][g] = hi(br[0]);
+    B[2 * t + 8][g] = lo(br[1]);
+    B[2 * t + 9][g] = hi(br[1]);
+  }
+  emu::warp_bar[w]->arrive_and_wait();
+  const int g = l / 4, t = l % 4;
+  for (int k = 0; k < 16; ++k) {
+    c[0] += A[g][k] * B[k][2 * t];
+    c[1] += A[g][k] * B[k][2 * t + 1];
+    c[2] += A[g + 8][k] * B[k][2 * t];
+    c[3] += A[g + 8][k] * B[k][2 * t + 1];
+  }
+}
+}  // namespace sciattn::cuda
