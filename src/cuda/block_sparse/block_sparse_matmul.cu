@@ -91,12 +91,71 @@ struct Slice {
 };
 
 // Stages a kInnerStep x TN (right) or TM x kInnerStep (left, stored transposed) slice into shared
-// memory as fp32. `lines` of the outer dimension are valid (the rest read as 0), and so are
-// `depth` of the k dimension. `k_fast` makes consecutive threads walk k (the view's smaller
-// stride is along k), otherwise the outer dimension.
+// memory as fp32, k-major (smem[k * kPitch + outer]). `lines` of the outer dimension are valid
+// (the rest read as 0), and so are `depth` of the k dimension. When the view allows it (16-byte
+// aligned, unit stride along k or along the outer dimension, the other stride a multiple of the
+// vector) a thread reads 16 bytes at once (4 floats or 8 16-bit values); otherwise element by
+// element, consecutive threads walking k when `k_fast` (the view's smaller stride is along k),
+// the outer dimension otherwise.
 template <typename T, int kOuter, int kPitch>
 __device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_stride,
                                       int64_t k_stride, int lines, int depth, bool k_fast) {
+  constexpr int kVec = static_cast<int>(sizeof(uint4) / sizeof(T));
+  const bool aligned = reinterpret_cast<uintptr_t>(base) % sizeof(uint4) == 0;
+  if (aligned && k_stride == 1 && outer_stride % kVec == 0) {
+    constexpr int kPerRow = kInnerStep / kVec;
+    constexpr int kChunks = kOuter * kPerRow;
+#pragma unroll
+    for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
+      const int e = e0 + static_cast<int>(threadIdx.x);
+      if (e >= kChunks) break;
+      const int o = e / kPerRow, k = (e % kPerRow) * kVec;
+      const T* src = base + o * outer_stride + k;
+      float f[kVec];
+      if (o < lines && k + kVec <= depth) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src);
+        T v[kVec];
+        memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) f[i] = ElementTraits<T>::to_float(v[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          f[i] = o < lines && k + i < depth ? ElementTraits<T>::to_float(src[i]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) smem[(k + i) * kPitch + o] = f[i];
+    }
+    return;
+  }
+  if (aligned && outer_stride == 1 && k_stride % kVec == 0) {
+    constexpr int kPerK = kOuter / kVec;
+    constexpr int kChunks = kPerK * kInnerStep;
+#pragma unroll
+    for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
+      const int e = e0 + static_cast<int>(threadIdx.x);
+      if (e >= kChunks) break;
+      const int k = e / kPerK, o = (e % kPerK) * kVec;
+      const T* src = base + k * k_stride + o;
+      float f[kVec];
+      if (k < depth && o + kVec <= lines) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src);
+        T v[kVec];
+        memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) f[i] = ElementTraits<T>::to_float(v[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          f[i] = k < depth && o + i < lines ? ElementTraits<T>::to_float(src[i]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) smem[k * kPitch + o + i] = f[i];
+    }
+    return;
+  }
   constexpr int kElems = kOuter * kInnerStep;
 #pragma unroll
   for (int e0 = 0; e0 < kElems; e0 += kThreads) {
