@@ -16,9 +16,34 @@
 namespace sciattn::tools {
 
 // A host buffer and a packed row-major view of it.
+// A host tensor: its storage and a view into it. A copy gets its own storage and a view into
+// that storage (the default copy would keep pointing at the original's bytes, and a device upload,
+// which places the view by its offset into `bytes`, would then read outside the copy).
 struct HostBuffer {
   std::vector<std::byte> bytes;
   TensorView view;
+
+  HostBuffer() = default;
+  HostBuffer(const HostBuffer& other) : bytes(other.bytes), view(other.view) { rebase(other); }
+  HostBuffer& operator=(const HostBuffer& other) {
+    if (this != &other) {
+      bytes = other.bytes;
+      view = other.view;
+      rebase(other);
+    }
+    return *this;
+  }
+  // A moved vector keeps its storage, so the view stays valid.
+  HostBuffer(HostBuffer&&) noexcept = default;
+  HostBuffer& operator=(HostBuffer&&) noexcept = default;
+  ~HostBuffer() = default;
+
+ private:
+  void rebase(const HostBuffer& other) {
+    if (other.view.data == nullptr) return;
+    view.data =
+        bytes.data() + (static_cast<const std::byte*>(other.view.data) - other.bytes.data());
+  }
 };
 
 HostBuffer make_host_buffer(DType dtype, const std::vector<int64_t>& sizes);
