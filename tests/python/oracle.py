@@ -70,11 +70,11 @@ def softmax(x, layout, block, scale=1.0, rpe=None, kpm=None, am=None, kpm_mode="
             am_mode="add"):
     v = sparse_to_dense(x, layout, block) * scale
     if rpe is not None:
-        v = v + rpe.double()
+        v = v + rpe.to(v.device, torch.float64)
     if kpm is not None:
-        v = v + mask_term(kpm, kpm_mode)[:, None, None, :]
+        v = v + mask_term(kpm.to(v.device), kpm_mode)[:, None, None, :]
     if am is not None:
-        v = v + mask_term(am, am_mode)
+        v = v + mask_term(am.to(v.device), am_mode)
     v = v.masked_fill(~token_layout(layout, block)[None], -math.inf)
     return dense_to_sparse(_softmax_safe(v), layout, block)
 
@@ -86,11 +86,11 @@ def attention(q, k, v, layout, block, rpe=None, kpm=None, am=None, kpm_mode="add
     scale = 1 / math.sqrt(D) if scale is None else scale
     s = scale * q @ k.transpose(-1, -2)
     if rpe is not None:
-        s = s + rpe.double()
+        s = s + rpe.to(s.device, torch.float64)
     if kpm is not None:
-        s = s + mask_term(kpm, kpm_mode)[:, None, None, :]
+        s = s + mask_term(kpm.to(s.device), kpm_mode)[:, None, None, :]
     if am is not None:
-        s = s + mask_term(am, am_mode)
+        s = s + mask_term(am.to(s.device), am_mode)
     keep = token_layout(layout, block)[None]
     if causal:
         keep = keep & torch.ones(L, L, dtype=torch.bool).tril()
