@@ -48,10 +48,12 @@ if [ "$mode" = auto ]; then
 fi
 
 # The compiler: SCIATTN_TORCH_CXX, else the system's /usr/bin/g++ when there is one, rather than
-# $CXX. On the GPU machine $CXX (and $CUDAHOSTCXX) is /opt/gcc/bin/g++, a wrapper whose start files
-# and libgcc break C++ exceptions in a torch extension: a ten-line extension that raises ValueError
-# from TORCH_CHECK_VALUE segfaults when linked by it and raises cleanly when linked by /usr/bin/g++
-# (checked 2026-11-30). Every error the ops report to Python is such an exception.
+# $CXX. On the GPU machine $CXX (and $CUDAHOSTCXX) is /opt/gcc/bin/g++, a wrapper whose library
+# folder (-B/opt/gcc/lib/gcc/x86_64-linux-gnu/13) holds libstdc++.a but no libstdc++.so: an
+# extension linked by it carries a static libstdc++ and crashes the first time it formats an error
+# (checked 2026-11-30 with a ten-line TORCH_CHECK_VALUE extension). The CUDA build still sees that
+# folder through nvcc's link directories, which bindings/torch/CMakeLists.txt deals with by
+# linking the shared libstdc++ by its full path.
 cxx=${SCIATTN_TORCH_CXX:-}
 [ -z "$cxx" ] && [ -x /usr/bin/g++ ] && cxx=/usr/bin/g++
 compiler_args=()
