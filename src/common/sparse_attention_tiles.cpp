@@ -39,8 +39,13 @@ SparseAttentionTileWork split_tile_lines(const std::vector<int64_t>& offsets, in
 
 }  // namespace
 
-int64_t sparse_attention_tiles_per_piece(int64_t max_blocks, int64_t block) {
-  const int64_t tokens = std::max<int64_t>(1, max_blocks) * block;
+int64_t sparse_attention_tiles_per_piece(const BlockSparseIndex& index, int64_t max_blocks,
+                                         int64_t tile_nnz, int64_t tile_lines) {
+  if (max_blocks == default_split_blocks(index)) {
+    const int64_t mean = tile_lines > 0 ? (tile_nnz + tile_lines - 1) / tile_lines : 0;
+    return std::max<int64_t>(16, 2 * mean);
+  }
+  const int64_t tokens = std::max<int64_t>(1, max_blocks) * index.block;
   return std::max<int64_t>(
       1, (tokens + SparseAttentionTiles::kTile - 1) / SparseAttentionTiles::kTile);
 }
@@ -136,10 +141,11 @@ Status build_sparse_attention_tiles(const BlockSparseIndex& ix, SparseAttentionT
     }
   }
 
-  t.rows = split_tile_lines(t.row_offsets,
-                            sparse_attention_tiles_per_piece(ix.row_split.max_blocks, ix.block));
-  t.cols = split_tile_lines(t.col_offsets,
-                            sparse_attention_tiles_per_piece(ix.col_split.max_blocks, ix.block));
+  const int64_t lines = H * nt;  // tile rows, and tile columns, over all heads
+  t.rows = split_tile_lines(
+      t.row_offsets, sparse_attention_tiles_per_piece(ix, ix.row_split.max_blocks, t.nnz, lines));
+  t.cols = split_tile_lines(
+      t.col_offsets, sparse_attention_tiles_per_piece(ix, ix.col_split.max_blocks, t.nnz, lines));
   *out = std::move(t);
   return Status::ok_status();
 }

@@ -61,13 +61,21 @@ struct SparseAttentionTiles {
   SparseAttentionTileWork rows, cols;
 };
 
-// The most tiles one piece holds for lines of the index split at `max_blocks` layout blocks:
-// ceil(max_blocks * b / kTile), the same number of tokens as the index's pieces.
-int64_t sparse_attention_tiles_per_piece(int64_t max_blocks, int64_t block);
+// The most tiles one piece of a tile line holds, for an index whose lines are split at
+// `max_blocks` layout blocks, when the tile lists hold tile_nnz tiles in tile_lines lines (per
+// direction). A size the caller chose (split_block_sparse_work) is kept in tokens:
+// ceil(max_blocks * b / kTile). The index's default (default_split_blocks) becomes the same rule
+// applied to the tile lines, twice their mean length and at least 16 tiles: below block 64 a tile
+// line gathers the blocks of several block rows, and the default converted to tokens (4 tiles at
+// block 16) would cut nearly every line, each cut costing a partial slot in the workspace and a
+// combine pass (measured: a 0.6 GB forward workspace for BigBird at 65,536 tokens).
+int64_t sparse_attention_tiles_per_piece(const BlockSparseIndex& index, int64_t max_blocks,
+                                         int64_t tile_nnz, int64_t tile_lines);
 
 // Builds the tile index of `index` (block 16, 32, 64 or 128), splitting its lines with the
-// index's own row_split / col_split piece sizes converted to tiles. Fails (naming index) when the
-// index is not built or its block is not one of those.
+// index's own row_split / col_split piece sizes converted to tiles
+// (sparse_attention_tiles_per_piece). Fails (naming index) when the index is not built or its block
+// is not one of those.
 Status build_sparse_attention_tiles(const BlockSparseIndex& index, SparseAttentionTiles* out);
 
 }  // namespace sciattn::detail

@@ -109,12 +109,13 @@ void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex
     EXPECT_NE(m, 0);
     EXPECT_EQ(m & ~t.full_mask, 0);
   }
-  expect_work_covers(t.rows, t.row_offsets,
-                     detail::sparse_attention_tiles_per_piece(ix.row_split.max_blocks, block),
-                     "rows");
-  expect_work_covers(t.cols, t.col_offsets,
-                     detail::sparse_attention_tiles_per_piece(ix.col_split.max_blocks, block),
-                     "cols");
+  const int64_t lines = t.num_heads * t.num_tiles;
+  expect_work_covers(
+      t.rows, t.row_offsets,
+      detail::sparse_attention_tiles_per_piece(ix, ix.row_split.max_blocks, t.nnz, lines), "rows");
+  expect_work_covers(
+      t.cols, t.col_offsets,
+      detail::sparse_attention_tiles_per_piece(ix, ix.col_split.max_blocks, t.nnz, lines), "cols");
 }
 
 TEST(SparseAttentionTiles, MatchBruteForceForEveryBlock) {
@@ -161,6 +162,36 @@ TEST(SparseAttentionTiles, GlobalRowIsSplitAndEmptyRowsKeepOnePiece) {
   // Tile (0, 5): only the global row's four blocks.
   EXPECT_EQ(t.row_cols[5], 5);
   EXPECT_EQ(t.row_masks[5], 0xF);
+  expect_tiles_of(layout, 16, ix);
+}
+
+TEST(SparseAttentionTiles, DefaultSplitFollowsTheTileLines) {
+  // Block 16, 2,048 tokens (128 block rows, 32 tile rows): a window of 3 blocks plus block row 0
+  // global. A tile row gathers four block rows, so its lines are about 3 tiles long; with the
+  // index's default split (16 blocks = 4 tiles in tokens) most of them would be cut. The tile
+  // default (at least 16 tiles) keeps every ordinary line whole and cuts the global row only.
+  const int64_t N = 128;
+  Layout layout = Layout::zeros(2, N, N);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t c = 0; c < N; ++c) layout.at(h, 0, c) = 1;
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t c = std::max<int64_t>(0, r - 1); c <= std::min(N - 1, r + 1); ++c)
+        layout.at(h, r, c) = 1;
+  }
+  const BlockSparseIndex ix = make_index(layout, 16);
+  ASSERT_EQ(ix.row_split.max_blocks, default_split_blocks(ix));
+  SparseAttentionTiles t;
+  ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+  EXPECT_EQ(t.num_tiles, 32);
+  EXPECT_EQ(t.rows.split.max_blocks, 16);
+  // Tile row 0 of each head holds all 32 tiles (the global row): two pieces; nothing else splits.
+  EXPECT_EQ(t.rows.split_lines, (std::vector<int64_t>{0, 32}));
+  EXPECT_EQ(t.rows.slots, 4);
+  // A caller's own split is still kept in tokens: 4 blocks of 16 = one tile per piece.
+  BlockSparseIndex forced = ix;
+  ASSERT_TRUE(split_block_sparse_work(4, &forced).ok());
+  ASSERT_TRUE(detail::build_sparse_attention_tiles(forced, &t).ok());
+  EXPECT_EQ(t.rows.split.max_blocks, 1);
   expect_tiles_of(layout, 16, ix);
 }
 
