@@ -8,52 +8,11 @@
 #include <cstring>
 
 #include "cpu/evoformer_test_util.h"
+#include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
 
 namespace sciattn::test {
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
-
-// A device copy of a HostTensor's whole storage, and the matching device view.
-class DeviceCopy {
- public:
-  explicit DeviceCopy(const HostTensor& h) {
-    if (!h.present()) return;
-    bytes_ = h.storage_bytes();
-    EXPECT_EQ(cudaMalloc(&base_, bytes_), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(base_, h.base(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    view_ = h.view();
-    view_.data =
-        static_cast<std::byte*>(base_) + (static_cast<const std::byte*>(h.data()) - h.base());
-    view_.device = Device::kCuda;
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  ~DeviceCopy() { cudaFree(base_); }
-  const TensorView& view() const { return view_; }
-  void copy_to(HostTensor& h) const {
-    if (base_ != nullptr) {
-      ASSERT_EQ(cudaMemcpy(h.base(), base_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
-
- private:
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
-  TensorView view_{};
-};
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) {
-    if (bytes > 0) {
-      EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
-    }
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  void* ptr = nullptr;
-};
 
 // One GPU forward + backward of a case: the outputs copied back to the host.
 struct GpuResult {

@@ -17,56 +17,15 @@
 #include <vector>
 
 #include "cpu/block_sparse_test_util.h"
+#include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
 
 namespace sciattn {
 namespace {
 
 using namespace sciattn::bstest;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
-
-// A device copy of a HostTensor's whole storage (padding included), and the matching view.
-class DeviceCopy {
- public:
-  explicit DeviceCopy(const HostTensor& h) {
-    if (!h.present()) return;
-    bytes_ = h.storage_bytes();
-    EXPECT_EQ(cudaMalloc(&base_, bytes_), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(base_, h.base(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    view_ = h.view();
-    view_.data =
-        static_cast<std::byte*>(base_) + (static_cast<const std::byte*>(h.data()) - h.base());
-    view_.device = Device::kCuda;
-  }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-  ~DeviceCopy() { cudaFree(base_); }
-  const TensorView& view() const { return view_; }
-  void copy_to(HostTensor& h) const {
-    if (base_ != nullptr) {
-      ASSERT_EQ(cudaMemcpy(h.base(), base_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-  }
-
- private:
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
-  TensorView view_{};
-};
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) {
-    if (bytes > 0) {
-      EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
-      // Poisoned: the kernels must never read workspace they have not written.
-      EXPECT_EQ(cudaMemset(ptr, 0xff, bytes), cudaSuccess);
-    }
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  void* ptr = nullptr;
-};
+using test::DeviceBuffer;
+using test::DeviceCopy;
 
 enum class Config { kRandom, kDense, kFixed, kVariable, kBigBird, kBSLongformer, kLocal };
 enum class MaskKind { kNone, kAdd, kMul, kBool };
@@ -354,7 +313,7 @@ GpuRun run_gpu(const Problem& p) {
   f.options = options_of(p.c);
   {
     const size_t bytes = workspace_size(f);
-    DeviceBuffer ws(bytes);
+    DeviceBuffer ws(bytes, /*poison=*/true);
     r.forward_status = run(f, ws.ptr, bytes);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
@@ -383,7 +342,7 @@ GpuRun run_gpu(const Problem& p) {
   g.options = f.options;
   {
     const size_t bytes = workspace_size(g);
-    DeviceBuffer ws(bytes);
+    DeviceBuffer ws(bytes, /*poison=*/true);
     r.backward_status = run(g, ws.ptr, bytes);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
@@ -660,7 +619,7 @@ TEST(SparseAttentionCudaSmall, RejectsTooSmallWorkspace) {
   Tensors t(c);
   const size_t bytes = workspace_size(t.f);
   ASSERT_GT(bytes, 0u);
-  DeviceBuffer ws(bytes);
+  DeviceBuffer ws(bytes, /*poison=*/true);
   EXPECT_EQ(run(t.f, ws.ptr, bytes - 1).code(), StatusCode::kWorkspaceTooSmall);
   EXPECT_TRUE(run(t.f, ws.ptr, bytes).ok());
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
