@@ -7,7 +7,8 @@
 // the algorithm's own FLOPs (4 * B * nnz * b^2 * D forward, 10x backward; dense: 4 * B * H * L^2 *
 // D), dense-equivalent GFLOP/s (the dense FLOPs over the time: a speed-up over dense shows as a
 // rate above dense's own), the layout's density and the call's extra memory (its workspace).
-// BM_BuildIndex times building the index of a 65,536-token layout.
+// BM_BuildIndex times building the index of a 65,536-token layout; BM_BuildIndexFromConfig
+// times building it from a config (build_sparse_attention_index) and the dense route's steps.
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -254,6 +255,56 @@ BENCHMARK(BM_BuildIndex)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.5);
+
+// Building the index from a config, as SparseSelfAttention does for each new layout
+// (build_sparse_attention_index), at 65,536 tokens with 16 heads and each config's class
+// defaults, and the two steps of the dense route for comparison: painting the dense [H, R, C]
+// layout (make_layout_for_length) and scanning it (build_block_sparse_index, from a layout made
+// outside the timed loop). Arguments: config (0 BigBird, 1 BSLongformer, 2 Fixed, 3 Variable),
+// block, part (0 build_sparse_attention_index, 1 make_layout_for_length, 2
+// build_block_sparse_index, 3 both dense steps in one call sequence).
+void BM_BuildIndexFromConfig(benchmark::State& state) {
+  constexpr int64_t kTokens = 65536, kIndexHeads = 16;
+  const int64_t block = state.range(1);
+  const int64_t part = state.range(2);
+  constexpr SparsityMode kModes[] = {SparsityMode::kBigBird, SparsityMode::kBSLongformer,
+                                     SparsityMode::kFixed, SparsityMode::kVariable};
+  SparsityConfig config = default_sparsity_config(kModes[state.range(0)], kIndexHeads);
+  sparsity_common(config).block = block;
+  Layout layout;
+  if (part == 2 && !make_layout_for_length(config, kTokens, kTokens, &layout).ok()) {
+    state.SkipWithError("make_layout_for_length failed");
+    return;
+  }
+  BlockSparseIndex index;
+  for (auto _ : state) {
+    Status s;
+    if (part == 0) {
+      s = build_sparse_attention_index(config, kTokens, kTokens, &index);
+    } else if (part == 1) {
+      s = make_layout_for_length(config, kTokens, kTokens, &layout);
+      benchmark::DoNotOptimize(layout.blocks.data());
+    } else if (part == 2) {
+      s = build_block_sparse_index(layout, block, &index);
+    } else {
+      s = make_layout_for_length(config, kTokens, kTokens, &layout);
+      if (s.ok()) s = build_block_sparse_index(layout, block, &index);
+    }
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(index.nnz);
+  }
+  if (part != 1) state.counters["nnz"] = static_cast<double>(index.nnz);
+}
+
+BENCHMARK(BM_BuildIndexFromConfig)
+    ->ArgNames({"config", "block", "part"})
+    ->ArgsProduct({{0, 1, 2, 3}, {64, 16}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 }  // namespace
 
