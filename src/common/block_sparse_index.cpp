@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "common/sparsity_layouts.h"
 #include "common/tensor_checks.h"
 #include "sciattn/block_sparse_ops.h"
 
@@ -13,6 +14,40 @@ namespace {
 
 std::string str(int64_t v) {
   return std::to_string(v);
+}
+
+// The column-wise index (CSC), the longest column and the default work splits of an index whose
+// enumeration, row_offsets and max_row_nnz are built. Shared by both builds, so they agree.
+void finish_index(BlockSparseIndex* index) {
+  BlockSparseIndex& ix = *index;
+  const int64_t H = ix.num_heads, C = ix.num_col_blocks;
+  const auto nnz = static_cast<size_t>(ix.row_offsets.back());
+  ix.nnz = static_cast<int64_t>(nnz);
+  std::vector<int64_t> col_counts(static_cast<size_t>(H * C), 0);
+  for (size_t p = 0; p < nnz; ++p) {
+    ++col_counts[static_cast<size_t>(ix.head[p] * C + ix.col[p])];
+  }
+
+  // The CSC: a counting sort of the enumeration by (h, J). Walking p in increasing order keeps
+  // each column's blocks in increasing row order.
+  ix.col_offsets.assign(static_cast<size_t>(H * C + 1), 0);
+  for (int64_t k = 0; k < H * C; ++k) {
+    ix.col_offsets[static_cast<size_t>(k + 1)] =
+        ix.col_offsets[static_cast<size_t>(k)] + col_counts[static_cast<size_t>(k)];
+    ix.max_col_nnz = std::max(ix.max_col_nnz, col_counts[static_cast<size_t>(k)]);
+  }
+  ix.col_rows.assign(static_cast<size_t>(ix.nnz), 0);
+  ix.col_blocks.assign(static_cast<size_t>(ix.nnz), 0);
+  std::vector<int64_t> fill(ix.col_offsets.begin(), ix.col_offsets.end() - 1);
+  for (int64_t p = 0; p < ix.nnz; ++p) {
+    const auto key =
+        static_cast<size_t>(ix.head[static_cast<size_t>(p)] * C + ix.col[static_cast<size_t>(p)]);
+    const auto slot = static_cast<size_t>(fill[key]++);
+    ix.col_rows[slot] = ix.row[static_cast<size_t>(p)];
+    ix.col_blocks[slot] = p;
+  }
+  // default_split_blocks is >= 16, which split_block_sparse_work accepts.
+  split_block_sparse_work(default_split_blocks(ix), &ix);
 }
 
 }  // namespace
@@ -112,32 +147,7 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
       ++p;
     });
   }
-  std::vector<int64_t> col_counts(static_cast<size_t>(H * C), 0);
-  for (size_t p = 0; p < nnz; ++p) {
-    ++col_counts[static_cast<size_t>(ix.head[p] * C + ix.col[p])];
-  }
-  ix.nnz = static_cast<int64_t>(ix.head.size());
-
-  // The CSC: a counting sort of the enumeration by (h, J). Walking p in increasing order keeps
-  // each column's blocks in increasing row order.
-  ix.col_offsets.assign(static_cast<size_t>(H * C + 1), 0);
-  for (int64_t k = 0; k < H * C; ++k) {
-    ix.col_offsets[static_cast<size_t>(k + 1)] =
-        ix.col_offsets[static_cast<size_t>(k)] + col_counts[static_cast<size_t>(k)];
-    ix.max_col_nnz = std::max(ix.max_col_nnz, col_counts[static_cast<size_t>(k)]);
-  }
-  ix.col_rows.assign(static_cast<size_t>(ix.nnz), 0);
-  ix.col_blocks.assign(static_cast<size_t>(ix.nnz), 0);
-  std::vector<int64_t> fill(ix.col_offsets.begin(), ix.col_offsets.end() - 1);
-  for (int64_t p = 0; p < ix.nnz; ++p) {
-    const auto key =
-        static_cast<size_t>(ix.head[static_cast<size_t>(p)] * C + ix.col[static_cast<size_t>(p)]);
-    const auto slot = static_cast<size_t>(fill[key]++);
-    ix.col_rows[slot] = ix.row[static_cast<size_t>(p)];
-    ix.col_blocks[slot] = p;
-  }
-  const Status split = split_block_sparse_work(default_split_blocks(ix), &ix);
-  if (!split.ok()) return split;
+  finish_index(&ix);
   *out = std::move(ix);
   return Status::ok_status();
 }
@@ -193,10 +203,57 @@ Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index) {
 Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_seq_length,
                                     int64_t seq_len, BlockSparseIndex* out) {
   if (out == nullptr) return Status::invalid_argument("out is a null pointer");
-  Layout layout;
-  Status s = make_layout_for_length(config, max_seq_length, seq_len, &layout);
+  const int64_t block = sparsity_common(config).block;
+  if (sparsity_mode(config) == SparsityMode::kUser) {
+    // A user layout is given densely already: scanning it is the cheapest route.
+    Layout layout;
+    Status s = make_layout_for_length(config, max_seq_length, seq_len, &layout);
+    if (!s.ok()) return s;
+    return build_block_sparse_index(layout, block, out);
+  }
+  // The configs' painters write row lists directly: O(nnz + R) per head instead of a scan of the
+  // dense [H, R, C] layout (16.7 M entries at 65,536 tokens and block 64, under 1% of them set).
+  detail::SparseLayoutRows rows;
+  Status s = detail::build_sparse_layout_rows(config, max_seq_length, seq_len, &rows);
   if (!s.ok()) return s;
-  return build_block_sparse_index(layout, sparsity_common(config).block, out);
+  BlockSparseIndex ix;
+  ix.block = block;
+  ix.num_heads = rows.num_heads;
+  ix.num_row_blocks = rows.num_blocks;
+  ix.num_col_blocks = rows.num_blocks;
+  const int64_t H = rows.num_heads, n = rows.num_blocks;
+  // Row (h, r) is row r of stored head h, or of head 0 when the heads share one layout.
+  auto stored = [&](int64_t h, int64_t r) {
+    return static_cast<size_t>((rows.stored_heads == 1 ? 0 : h) * n + r);
+  };
+  ix.row_offsets.assign(static_cast<size_t>(H * n + 1), 0);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t count = rows.row_offsets[stored(h, r) + 1] - rows.row_offsets[stored(h, r)];
+      ix.max_row_nnz = std::max(ix.max_row_nnz, count);
+      const auto l = static_cast<size_t>(h * n + r);
+      ix.row_offsets[l + 1] = ix.row_offsets[l] + count;
+    }
+  }
+  const auto nnz = static_cast<size_t>(ix.row_offsets.back());
+  ix.head.resize(nnz);
+  ix.row.resize(nnz);
+  ix.col.resize(nnz);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t r = 0; r < n; ++r) {
+      const auto begin = static_cast<size_t>(rows.row_offsets[stored(h, r)]);
+      const auto end = static_cast<size_t>(rows.row_offsets[stored(h, r) + 1]);
+      const auto p = static_cast<size_t>(ix.row_offsets[static_cast<size_t>(h * n + r)]);
+      std::fill_n(ix.head.begin() + static_cast<std::ptrdiff_t>(p), end - begin, h);
+      std::fill_n(ix.row.begin() + static_cast<std::ptrdiff_t>(p), end - begin, r);
+      std::copy(rows.cols.begin() + static_cast<std::ptrdiff_t>(begin),
+                rows.cols.begin() + static_cast<std::ptrdiff_t>(end),
+                ix.col.begin() + static_cast<std::ptrdiff_t>(p));
+    }
+  }
+  finish_index(&ix);
+  *out = std::move(ix);
+  return Status::ok_status();
 }
 
 }  // namespace sciattn

@@ -24,15 +24,17 @@ int64_t sat_add(int64_t a, int64_t b) {
   return b > INT64_MAX - a ? INT64_MAX : a + b;
 }
 
-// Writes 1s into one head of a layout of N x N blocks. Every range is half-open and clipped to
-// [0, N), which is how DeepSpeed's Python slices behave for the non-negative bounds we allow.
+// Writes 1s into one head of a layout of N x N blocks, through a LayoutSink (a dense layout or
+// sparse row lists: both builds share these painters, so the random draws happen in one order).
+// Every range is half-open and clipped to [0, N), which is how DeepSpeed's Python slices behave
+// for the non-negative bounds we allow.
 class HeadPainter {
  public:
-  HeadPainter(Layout* layout, int64_t head) : layout_(layout), head_(head) {}
+  HeadPainter(LayoutSink* sink, int64_t n, int64_t head) : sink_(sink), n_(n), head_(head) {}
 
-  int64_t n() const { return layout_->num_row_blocks; }
+  int64_t n() const { return n_; }
 
-  void set(int64_t r, int64_t c) { layout_->at(head_, r, c) = 1; }
+  void set(int64_t r, int64_t c) { sink_->fill(head_, r, r + 1, c, c + 1); }
 
   // Rows [r0, r1) x columns [c0, c1).
   void fill(int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
@@ -40,9 +42,7 @@ class HeadPainter {
     c0 = std::max<int64_t>(c0, 0);
     r1 = std::min(r1, n());
     c1 = std::min(c1, n());
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t c = c0; c < c1; ++c) set(r, c);
-    }
+    if (r0 < r1 && c0 < c1) sink_->fill(head_, r0, r1, c0, c1);
   }
 
   // A local window [a, b): full when bidirectional, lower triangle (with the diagonal) when
@@ -57,26 +57,51 @@ class HeadPainter {
   }
 
  private:
-  Layout* layout_;
+  LayoutSink* sink_;
+  int64_t n_;
   int64_t head_;
 };
 
-// Zeroes every block above the diagonal, in every head.
-void make_block_causal(Layout* layout) {
-  for (int64_t h = 0; h < layout->num_heads; ++h) {
-    for (int64_t r = 0; r < layout->num_row_blocks; ++r) {
-      for (int64_t c = r + 1; c < layout->num_col_blocks; ++c) layout->at(h, r, c) = 0;
+// The dense sink: writes the [H, N, N] layout itself.
+class DenseLayoutSink final : public LayoutSink {
+ public:
+  explicit DenseLayoutSink(Layout* layout) : layout_(layout) {}
+
+  void fill(int64_t head, int64_t r0, int64_t r1, int64_t c0, int64_t c1) override {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::fill_n(layout_->blocks.begin() + layout_->index(head, r, c0), c1 - c0, uint8_t{1});
     }
   }
-}
 
-// DeepSpeed's check_and_propagate_first_head_layout: a shared layout is head 0, copied.
-void propagate_first_head(Layout* layout) {
-  const int64_t per_head = layout->num_row_blocks * layout->num_col_blocks;
-  for (int64_t h = 1; h < layout->num_heads; ++h) {
-    std::copy_n(layout->blocks.begin(), per_head, layout->blocks.begin() + h * per_head);
+  // Zeroes every block above the diagonal, in every head.
+  void make_block_causal() override {
+    for (int64_t h = 0; h < layout_->num_heads; ++h) {
+      for (int64_t r = 0; r < layout_->num_row_blocks; ++r) {
+        for (int64_t c = r + 1; c < layout_->num_col_blocks; ++c) layout_->at(h, r, c) = 0;
+      }
+    }
   }
-}
+
+  // DeepSpeed's check_and_propagate_first_head_layout: a shared layout is head 0, copied.
+  void share_first_head() override {
+    const int64_t per_head = layout_->num_row_blocks * layout_->num_col_blocks;
+    for (int64_t h = 1; h < layout_->num_heads; ++h) {
+      std::copy_n(layout_->blocks.begin(), per_head, layout_->blocks.begin() + h * per_head);
+    }
+  }
+
+  void copy_user_layout(const Layout& user) override {
+    if (user.num_heads == layout_->num_heads) {
+      layout_->blocks = user.blocks;
+    } else {  // one layout for every head
+      std::copy(user.blocks.begin(), user.blocks.end(), layout_->blocks.begin());
+      share_first_head();
+    }
+  }
+
+ private:
+  Layout* layout_;
+};
 
 Status reject(SparsityMode mode, const std::string& message) {
   return Status::invalid_argument(std::string(sparsity_class_name(mode)) + ": " + message);
@@ -141,26 +166,28 @@ void paint_globals(const std::vector<int64_t>& starts,
 struct Builder {
   int64_t seq_len;
   const Options& options;
-  Layout* layout;
+  LayoutSink* sink;
+  int64_t num_heads;
+  int64_t num_blocks;  // N = seq_len / block
 
-  int64_t n() const { return layout->num_row_blocks; }
+  int64_t n() const { return num_blocks; }
 
   // Runs `paint(head, painter)` for the heads DeepSpeed computes, then shares head 0 if the
   // layout is not per head.
   template <typename Paint>
   Status for_layout_heads(bool per_head, Paint&& paint) {
-    const int64_t heads = per_head ? layout->num_heads : 1;
+    const int64_t heads = per_head ? num_heads : 1;
     for (int64_t h = 0; h < heads; ++h) {
-      HeadPainter p(layout, h);
+      HeadPainter p(sink, num_blocks, h);
       Status s = paint(h, p);
       if (!s.ok()) return s;
     }
-    if (!per_head) propagate_first_head(layout);
+    if (!per_head) sink->share_first_head();
     return Status::ok_status();
   }
 
   Status operator()(const DenseSparsityConfig&) {
-    std::fill(layout->blocks.begin(), layout->blocks.end(), uint8_t{1});
+    for (int64_t h = 0; h < num_heads; ++h) sink->fill(h, 0, num_blocks, 0, num_blocks);
     return Status::ok_status();
   }
 
@@ -188,7 +215,7 @@ struct Builder {
       if (full_end < nb) global(std::min(sat_add(full_end, offset), nb - g));  // short window
       return Status::ok_status();
     });
-    if (s.ok() && uni && !options.reproduce_deepspeed_defects) make_block_causal(layout);
+    if (s.ok() && uni && !options.reproduce_deepspeed_defects) sink->make_block_causal();
     return s;
   }
 
@@ -215,7 +242,7 @@ struct Builder {
                     c.horizontal_global_attention, uni, p);
       return Status::ok_status();
     });
-    if (s.ok() && uni && !options.reproduce_deepspeed_defects) make_block_causal(layout);
+    if (s.ok() && uni && !options.reproduce_deepspeed_defects) sink->make_block_causal();
     return s;
   }
 
@@ -239,7 +266,7 @@ struct Builder {
       p.fill(0, p.n(), 0, c.num_global_blocks);
       return Status::ok_status();
     });
-    if (s.ok() && uni) make_block_causal(layout);  // DeepSpeed's tril
+    if (s.ok() && uni) sink->make_block_causal();  // DeepSpeed's tril
     return s;
   }
 
@@ -255,7 +282,7 @@ struct Builder {
                     /*rows_from_start=*/false, p);
       return Status::ok_status();
     });
-    if (s.ok() && c.attention == AttentionDirection::kUnidirectional) make_block_causal(layout);
+    if (s.ok() && c.attention == AttentionDirection::kUnidirectional) sink->make_block_causal();
     return s;
   }
 
@@ -286,22 +313,107 @@ struct Builder {
                                              std::to_string(user.num_row_blocks * c.block) +
                                              " (use crop_layout for shorter lengths)");
     }
-    if (user.num_heads == layout->num_heads) {
-      layout->blocks = user.blocks;
-    } else {  // one layout for every head
-      std::copy(user.blocks.begin(), user.blocks.end(), layout->blocks.begin());
-      propagate_first_head(layout);
-    }
+    sink->copy_user_layout(user);
     return Status::ok_status();
   }
 };
 
-}  // namespace
+// The sparse sink: per head, the column ranges painted into each row, kept only inside the
+// crop (rows and columns < num_blocks); finish() turns them into sorted, deduplicated column
+// lists. Its cost is O(ranges + nnz + N) per stored head, where the dense layout costs N^2.
+class SparseLayoutSink final : public LayoutSink {
+ public:
+  SparseLayoutSink(int64_t num_heads, int64_t num_blocks)
+      : num_heads_(num_heads), num_blocks_(num_blocks), ranges_(static_cast<size_t>(num_heads)) {}
 
-Status build_layout(const SparsityConfig& config, int64_t seq_len,
-                    const LayoutBuildOptions& options, Layout* out) {
-  Status valid = validate_sparsity_config(config);
-  if (!valid.ok()) return valid;
+  void fill(int64_t head, int64_t r0, int64_t r1, int64_t c0, int64_t c1) override {
+    r1 = std::min(r1, num_blocks_);
+    c1 = std::min(c1, num_blocks_);
+    if (c0 >= c1) return;
+    auto& ranges = ranges_[static_cast<size_t>(head)];
+    // int32 halves the memory of the ranges: N <= 65,536 since N * N <= kMaxLayoutEntries.
+    for (int64_t r = r0; r < r1; ++r) {
+      ranges.push_back(
+          {static_cast<int32_t>(r), static_cast<int32_t>(c0), static_cast<int32_t>(c1)});
+    }
+  }
+
+  void make_block_causal() override { causal_ = true; }  // applied in finish()
+  void share_first_head() override { shared_ = true; }
+
+  void copy_user_layout(const Layout& user) override {
+    // The given layout, read once as runs of ones (a user config is normally built densely).
+    const int64_t heads = user.num_heads == num_heads_ ? num_heads_ : 1;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t r = 0; r < std::min(user.num_row_blocks, num_blocks_); ++r) {
+        for (int64_t c = 0; c < user.num_col_blocks;) {
+          if (user.at(h, r, c) == 0) {
+            ++c;
+            continue;
+          }
+          const int64_t begin = c;
+          while (c < user.num_col_blocks && user.at(h, r, c) != 0) ++c;
+          fill(h, r, r + 1, begin, c);
+        }
+      }
+    }
+    if (heads == 1 && num_heads_ > 1) shared_ = true;
+  }
+
+  void finish(SparseLayoutRows* out) {
+    const int64_t n = num_blocks_;
+    out->num_heads = num_heads_;
+    out->num_blocks = n;
+    out->stored_heads = shared_ ? 1 : num_heads_;
+    out->row_offsets.assign(static_cast<size_t>(out->stored_heads * n + 1), 0);
+    out->cols.clear();
+    std::vector<int64_t> starts(static_cast<size_t>(n + 1));
+    std::vector<Range> by_row;
+    for (int64_t h = 0; h < out->stored_heads; ++h) {
+      const auto& ranges = ranges_[static_cast<size_t>(h)];
+      // A counting sort of the ranges by row (the painters emit them in several sweeps).
+      std::fill(starts.begin(), starts.end(), 0);
+      for (const Range& g : ranges) ++starts[static_cast<size_t>(g.row + 1)];
+      for (int64_t r = 0; r < n; ++r)
+        starts[static_cast<size_t>(r + 1)] += starts[static_cast<size_t>(r)];
+      by_row.resize(ranges.size());
+      {
+        std::vector<int64_t> next(starts.begin(), starts.end() - 1);
+        for (const Range& g : ranges)
+          by_row[static_cast<size_t>(next[static_cast<size_t>(g.row)]++)] = g;
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        auto first = by_row.begin() + starts[static_cast<size_t>(r)];
+        auto last = by_row.begin() + starts[static_cast<size_t>(r + 1)];
+        auto by_start = [](const Range& x, const Range& y) { return x.c0 < y.c0; };
+        if (!std::is_sorted(first, last, by_start)) std::sort(first, last, by_start);
+        // Ranges sorted by start: each emits only the columns past the furthest end so far, so
+        // every column appears once, in ascending order.
+        int64_t done = 0;
+        for (auto it = first; it != last; ++it) {
+          const int64_t end = causal_ ? std::min<int64_t>(it->c1, r + 1) : it->c1;
+          for (int64_t c = std::max<int64_t>(it->c0, done); c < end; ++c) out->cols.push_back(c);
+          done = std::max(done, end);
+        }
+        out->row_offsets[static_cast<size_t>(h * n + r + 1)] =
+            static_cast<int64_t>(out->cols.size());
+      }
+    }
+  }
+
+ private:
+  struct Range {
+    int32_t row, c0, c1;
+  };
+  int64_t num_heads_;
+  int64_t num_blocks_;
+  std::vector<std::vector<Range>> ranges_;  // [H] the ranges painted into each head
+  bool causal_ = false;
+  bool shared_ = false;
+};
+
+// The checks of the length that make_layout makes before painting (after the config's own).
+Status check_layout_length(const SparsityConfig& config, int64_t seq_len) {
   const SparsityMode mode = sparsity_mode(config);
   const SparsityCommon& common = sparsity_common(config);
   if (seq_len < 1 || seq_len % common.block != 0) {
@@ -316,6 +428,7 @@ Status build_layout(const SparsityConfig& config, int64_t seq_len,
   }
   const int64_t n = seq_len / common.block;
   int64_t entries = 0;
+  // The sparse build keeps this limit too, so that both builds accept the same lengths.
   if (!checked_layout_entries(common.num_heads, n, n, &entries) || entries > kMaxLayoutEntries) {
     return reject(mode, "the layout [num_heads, seq_len / block, seq_len / block] = [" +
                             std::to_string(common.num_heads) + ", " + std::to_string(n) + ", " +
@@ -323,11 +436,17 @@ Status build_layout(const SparsityConfig& config, int64_t seq_len,
                             "] would have more than kMaxLayoutEntries (2^32) "
                             "blocks; use a larger block or a shorter seq_len");
   }
-  Layout layout = Layout::zeros(common.num_heads, n, n);
+  return Status::ok_status();
+}
+
+// Paints the layout of a checked config and length into `sink`.
+Status paint_layout(const SparsityConfig& config, int64_t seq_len, const Options& options,
+                    LayoutSink* sink) {
+  const SparsityCommon& common = sparsity_common(config);
   // One generator per call, seeded like `random.seed(seed)` before DeepSpeed's make_layout.
   PythonRandom rng(common.seed);
-  Builder builder{seq_len, options, &layout};
-  Status s = std::visit(
+  Builder builder{seq_len, options, sink, common.num_heads, seq_len / common.block};
+  return std::visit(
       [&](const auto& c) {
         using T = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<T, VariableSparsityConfig> ||
@@ -338,8 +457,73 @@ Status build_layout(const SparsityConfig& config, int64_t seq_len,
         }
       },
       config);
+}
+
+}  // namespace
+
+Status build_layout(const SparsityConfig& config, int64_t seq_len,
+                    const LayoutBuildOptions& options, Layout* out) {
+  Status valid = validate_sparsity_config(config);
+  if (!valid.ok()) return valid;
+  Status length = check_layout_length(config, seq_len);
+  if (!length.ok()) return length;
+  const SparsityCommon& common = sparsity_common(config);
+  const int64_t n = seq_len / common.block;
+  Layout layout = Layout::zeros(common.num_heads, n, n);
+  DenseLayoutSink sink(&layout);
+  Status s = paint_layout(config, seq_len, options, &sink);
   if (!s.ok()) return s;
   *out = std::move(layout);
+  return Status::ok_status();
+}
+
+Status check_crop(int64_t full_rows, int64_t full_cols, int64_t block, int64_t seq_len) {
+  if (block < 1) {
+    return Status::invalid_argument("crop_layout: block (" + std::to_string(block) +
+                                    ") must be >= 1");
+  }
+  const int64_t n = seq_len / block;
+  if (seq_len < 1 || seq_len % block != 0 || n > full_rows || n > full_cols) {
+    return Status::invalid_argument(
+        "crop_layout: seq_len (" + std::to_string(seq_len) + ") must be a positive multiple of " +
+        "block (" + std::to_string(block) + ") of at most " +
+        std::to_string(std::min(full_rows, full_cols)) +
+        " blocks, the size of the layout it is cropped from (" +
+        std::to_string(std::min(full_rows, full_cols) * block) + " tokens)");
+  }
+  return Status::ok_status();
+}
+
+Status check_length_for_crop(int64_t max_seq_length, int64_t seq_len) {
+  if (seq_len > max_seq_length) {
+    return Status::invalid_argument(
+        "make_layout_for_length: seq_len (" + std::to_string(seq_len) +
+        ") must be <= max_seq_length (" + std::to_string(max_seq_length) +
+        "): the layout for seq_len is a crop of the one built for max_seq_length");
+  }
+  return Status::ok_status();
+}
+
+Status build_sparse_layout_rows(const SparsityConfig& config, int64_t max_seq_length,
+                                int64_t seq_len, SparseLayoutRows* out) {
+  // The checks of make_layout_for_length, in its order: the lengths, make_layout's checks for
+  // max_seq_length (including what painting finds), then crop_layout's.
+  Status s = check_length_for_crop(max_seq_length, seq_len);
+  if (!s.ok()) return s;
+  s = validate_sparsity_config(config);
+  if (!s.ok()) return s;
+  s = check_layout_length(config, max_seq_length);
+  if (!s.ok()) return s;
+  const SparsityCommon& common = sparsity_common(config);
+  const int64_t full = max_seq_length / common.block;
+  // Rows and columns past the crop are painted (the random draws must happen) but not kept.
+  const int64_t kept = std::clamp<int64_t>(seq_len / common.block, 0, full);
+  SparseLayoutSink sink(common.num_heads, kept);
+  s = paint_layout(config, max_seq_length, LayoutBuildOptions{}, &sink);
+  if (!s.ok()) return s;
+  s = check_crop(full, full, common.block, seq_len);
+  if (!s.ok()) return s;
+  sink.finish(out);
   return Status::ok_status();
 }
 
@@ -416,19 +600,9 @@ Status make_layout(const SparsityConfig& config, int64_t seq_len, Layout* out) {
 }
 
 Status crop_layout(const Layout& full, int64_t block, int64_t seq_len, Layout* out) {
-  if (block < 1) {
-    return Status::invalid_argument("crop_layout: block (" + std::to_string(block) +
-                                    ") must be >= 1");
-  }
+  Status valid = detail::check_crop(full.num_row_blocks, full.num_col_blocks, block, seq_len);
+  if (!valid.ok()) return valid;
   const int64_t n = seq_len / block;
-  if (seq_len < 1 || seq_len % block != 0 || n > full.num_row_blocks || n > full.num_col_blocks) {
-    return Status::invalid_argument(
-        "crop_layout: seq_len (" + std::to_string(seq_len) + ") must be a positive multiple of " +
-        "block (" + std::to_string(block) + ") of at most " +
-        std::to_string(std::min(full.num_row_blocks, full.num_col_blocks)) +
-        " blocks, the size of the layout it is cropped from (" +
-        std::to_string(std::min(full.num_row_blocks, full.num_col_blocks) * block) + " tokens)");
-  }
   Layout crop = Layout::zeros(full.num_heads, n, n);
   for (int64_t h = 0; h < full.num_heads; ++h) {
     for (int64_t r = 0; r < n; ++r) {
@@ -441,12 +615,8 @@ Status crop_layout(const Layout& full, int64_t block, int64_t seq_len, Layout* o
 
 Status make_layout_for_length(const SparsityConfig& config, int64_t max_seq_length, int64_t seq_len,
                               Layout* out) {
-  if (seq_len > max_seq_length) {
-    return Status::invalid_argument(
-        "make_layout_for_length: seq_len (" + std::to_string(seq_len) +
-        ") must be <= max_seq_length (" + std::to_string(max_seq_length) +
-        "): the layout for seq_len is a crop of the one built for max_seq_length");
-  }
+  Status lengths = detail::check_length_for_crop(max_seq_length, seq_len);
+  if (!lengths.ok()) return lengths;
   Layout full;
   Status s = make_layout(config, max_seq_length, &full);
   if (!s.ok()) return s;
