@@ -18,33 +18,61 @@ std::string str(int64_t v) {
 
 // The column-wise index (CSC), the longest column and the default work splits of an index whose
 // enumeration, row_offsets and max_row_nnz are built. Shared by both builds, so they agree.
-void finish_index(BlockSparseIndex* index) {
+// `heads_identical`: every head has head 0's blocks (a layout shared by the heads), so the CSC of
+// head h is head 0's with positions shifted by h * (head 0's nnz): copied instead of sorted.
+void finish_index(BlockSparseIndex* index, bool heads_identical) {
   BlockSparseIndex& ix = *index;
-  const int64_t H = ix.num_heads, C = ix.num_col_blocks;
-  const auto nnz = static_cast<size_t>(ix.row_offsets.back());
-  ix.nnz = static_cast<int64_t>(nnz);
-  std::vector<int64_t> col_counts(static_cast<size_t>(H * C), 0);
-  for (size_t p = 0; p < nnz; ++p) {
-    ++col_counts[static_cast<size_t>(ix.head[p] * C + ix.col[p])];
-  }
-
-  // The CSC: a counting sort of the enumeration by (h, J). Walking p in increasing order keeps
-  // each column's blocks in increasing row order.
+  const int64_t H = ix.num_heads, R = ix.num_row_blocks, C = ix.num_col_blocks;
+  ix.nnz = ix.row_offsets.back();
   ix.col_offsets.assign(static_cast<size_t>(H * C + 1), 0);
-  for (int64_t k = 0; k < H * C; ++k) {
-    ix.col_offsets[static_cast<size_t>(k + 1)] =
-        ix.col_offsets[static_cast<size_t>(k)] + col_counts[static_cast<size_t>(k)];
-    ix.max_col_nnz = std::max(ix.max_col_nnz, col_counts[static_cast<size_t>(k)]);
+  ix.col_rows.resize(static_cast<size_t>(ix.nnz));
+  ix.col_blocks.resize(static_cast<size_t>(ix.nnz));
+  // The CSC: a counting sort of the enumeration by (h, J), one head at a time. The blocks of head
+  // h are p = row_offsets[h * R] .. row_offsets[(h + 1) * R] - 1, so its columns start at that
+  // same position and its C counters stay in L1. (Serial: on a shared 2-core machine OpenMP's
+  // barriers cost ten times the work, 21 ms against 1.6 ms for BigBird at 65,536 tokens.) Walking p
+  // in increasing order keeps each column's blocks in increasing row order.
+  int64_t max_col = 0;
+  for (int64_t h = 0; h < (heads_identical ? 1 : H); ++h) {
+    const int64_t begin = ix.row_offsets[static_cast<size_t>(h * R)];
+    const int64_t end = ix.row_offsets[static_cast<size_t>((h + 1) * R)];
+    int64_t* offsets = ix.col_offsets.data() + h * C;  // offsets[J + 1] of head h
+    for (int64_t p = begin; p < end; ++p) ++offsets[ix.col[static_cast<size_t>(p)] + 1];
+    std::vector<int64_t> next(static_cast<size_t>(C));
+    int64_t at = begin;
+    for (int64_t j = 0; j < C; ++j) {
+      const int64_t count = offsets[j + 1];
+      max_col = std::max(max_col, count);
+      next[static_cast<size_t>(j)] = at;
+      at += count;
+    }
+    for (int64_t p = begin; p < end; ++p) {
+      const auto slot =
+          static_cast<size_t>(next[static_cast<size_t>(ix.col[static_cast<size_t>(p)])]++);
+      ix.col_rows[slot] = ix.row[static_cast<size_t>(p)];
+      ix.col_blocks[slot] = p;
+    }
   }
-  ix.col_rows.assign(static_cast<size_t>(ix.nnz), 0);
-  ix.col_blocks.assign(static_cast<size_t>(ix.nnz), 0);
-  std::vector<int64_t> fill(ix.col_offsets.begin(), ix.col_offsets.end() - 1);
-  for (int64_t p = 0; p < ix.nnz; ++p) {
-    const auto key =
-        static_cast<size_t>(ix.head[static_cast<size_t>(p)] * C + ix.col[static_cast<size_t>(p)]);
-    const auto slot = static_cast<size_t>(fill[key]++);
-    ix.col_rows[slot] = ix.row[static_cast<size_t>(p)];
-    ix.col_blocks[slot] = p;
+  ix.max_col_nnz = max_col;
+  // The counts become offsets: head h's last offset is the next head's first.
+  const int64_t counted_heads = heads_identical ? 1 : H;
+  for (int64_t k = 0; k < counted_heads * C; ++k) {
+    ix.col_offsets[static_cast<size_t>(k + 1)] += ix.col_offsets[static_cast<size_t>(k)];
+  }
+  if (heads_identical) {
+    const int64_t head_nnz = ix.col_offsets[static_cast<size_t>(C)];
+    for (int64_t h = 1; h < H; ++h) {
+      const int64_t shift = h * head_nnz;
+      for (int64_t j = 0; j < C; ++j) {
+        ix.col_offsets[static_cast<size_t>(h * C + j + 1)] =
+            ix.col_offsets[static_cast<size_t>(j + 1)] + shift;
+      }
+      for (int64_t k = 0; k < head_nnz; ++k) {
+        ix.col_rows[static_cast<size_t>(shift + k)] = ix.col_rows[static_cast<size_t>(k)];
+        ix.col_blocks[static_cast<size_t>(shift + k)] =
+            ix.col_blocks[static_cast<size_t>(k)] + shift;
+      }
+    }
   }
   // default_split_blocks is >= 16, which split_block_sparse_work accepts.
   split_block_sparse_work(default_split_blocks(ix), &ix);
@@ -147,34 +175,52 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
       ++p;
     });
   }
-  finish_index(&ix);
+  finish_index(&ix, /*heads_identical=*/false);
   *out = std::move(ix);
   return Status::ok_status();
 }
 
 namespace {
 
-// The split of `lines` lines whose ranges are offsets[l] .. offsets[l + 1] - 1.
+// The split of `lines` lines whose ranges are offsets[l] .. offsets[l + 1] - 1. Two passes (count
+// the pieces, then place them) so that the arrays are sized once.
 BlockSparseWorkSplit split_lines(const std::vector<int64_t>& offsets, int64_t max_blocks) {
   BlockSparseWorkSplit w;
   w.max_blocks = max_blocks;
   const int64_t lines = static_cast<int64_t>(offsets.size()) - 1;
   w.line_items.assign(static_cast<size_t>(lines + 1), 0);
   for (int64_t l = 0; l < lines; ++l) {
-    const int64_t begin = offsets[static_cast<size_t>(l)];
-    const int64_t end = offsets[static_cast<size_t>(l + 1)];
-    // Equal pieces (sizes differ by at most one) rather than max_blocks-sized ones and a short
-    // remainder, so that the pieces of a line take about the same time.
-    const int64_t n = end - begin;
-    const int64_t pieces = std::max<int64_t>(1, (n + max_blocks - 1) / max_blocks);
-    for (int64_t k = 0; k < pieces; ++k) {
-      w.item_line.push_back(l);
-      w.item_begin.push_back(begin + n * k / pieces);
-      w.item_end.push_back(begin + n * (k + 1) / pieces);
-    }
+    const int64_t n = offsets[static_cast<size_t>(l + 1)] - offsets[static_cast<size_t>(l)];
+    // Most lines are whole: skip the division for them (it is most of this loop's time).
+    const int64_t pieces = n <= max_blocks ? 1 : (n + max_blocks - 1) / max_blocks;
     w.line_items[static_cast<size_t>(l + 1)] = w.line_items[static_cast<size_t>(l)] + pieces;
     if (pieces > 1) ++w.split_lines;
     w.max_pieces_per_line = std::max(w.max_pieces_per_line, pieces);
+  }
+  const auto total = static_cast<size_t>(w.line_items.back());
+  w.item_line.resize(total);
+  w.item_begin.resize(total);
+  w.item_end.resize(total);
+  for (int64_t l = 0; l < lines; ++l) {
+    const int64_t begin = offsets[static_cast<size_t>(l)];
+    const int64_t n = offsets[static_cast<size_t>(l + 1)] - begin;
+    const int64_t first = w.line_items[static_cast<size_t>(l)];
+    const int64_t pieces = w.line_items[static_cast<size_t>(l + 1)] - first;
+    if (pieces == 1) {
+      const auto i = static_cast<size_t>(first);
+      w.item_line[i] = l;
+      w.item_begin[i] = begin;
+      w.item_end[i] = begin + n;
+      continue;
+    }
+    // Equal pieces (sizes differ by at most one) rather than max_blocks-sized ones and a short
+    // remainder, so that the pieces of a line take about the same time.
+    for (int64_t k = 0; k < pieces; ++k) {
+      const auto i = static_cast<size_t>(first + k);
+      w.item_line[i] = l;
+      w.item_begin[i] = begin + n * k / pieces;
+      w.item_end[i] = begin + n * (k + 1) / pieces;
+    }
   }
   return w;
 }
@@ -251,7 +297,7 @@ Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_se
                 ix.col.begin() + static_cast<std::ptrdiff_t>(p));
     }
   }
-  finish_index(&ix);
+  finish_index(&ix, /*heads_identical=*/rows.stored_heads == 1);
   *out = std::move(ix);
   return Status::ok_status();
 }
