@@ -1,5 +1,6 @@
-// Builds the BlockSparseIndex of a layout: the nonzero enumeration in DeepSpeed's order and the
-// row-wise (CSR) and column-wise (CSC) indexes the kernels walk. Host-only common layer.
+// Builds the BlockSparseIndex of a layout, or of a config's per-row column lists without the dense
+// layout: the nonzero enumeration in DeepSpeed's order and the row-wise (CSR) and column-wise
+// (CSC) indexes the kernels walk. Host-only common layer.
 #include <algorithm>
 #include <cstring>
 #include <string>

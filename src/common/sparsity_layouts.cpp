@@ -1,6 +1,6 @@
 // The layout algorithms of DeepSpeed's sparsity configs (spec sections 1.0-1.6), in DeepSpeed's
-// order of random draws, with the unidirectional defects fixed (Decision 3). Host-only common
-// layer.
+// order of random draws, with the unidirectional defects fixed (Decision 3), painted into a dense
+// layout (make_layout) or into per-row column lists (the index's build). Host-only common layer.
 #include "common/sparsity_layouts.h"
 
 #include <algorithm>
