@@ -128,10 +128,10 @@ int64_t default_split_blocks(const BlockSparseIndex& index);
 Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index);
 
 // Copies the index to CUDA device `device` (an ordinal; index->device), for the ops on CUDA
-// tensors of that device: once per layout and device, like building it. The memory (a few int32 per nonzero block) is
-// allocated here with cudaMalloc and freed with the last copy of the index; the copy is
-// synchronous. Fails with kNotSupported in a build without CUDA, kDeviceError when the runtime
-// fails, and kInvalidArgument when a count does not fit the kernels' 32-bit indexes.
+// tensors of that device: once per layout and device, like building it. The memory (a few int32 per
+// nonzero block) is allocated here with cudaMalloc and freed with the last copy of the index; the
+// copy is synchronous. Fails with kNotSupported in a build without CUDA, kDeviceError when the
+// runtime fails, and kInvalidArgument when a count does not fit the kernels' 32-bit indexes.
 Status upload_block_sparse_index(BlockSparseIndex* index, int device = 0);
 
 // The index SparseSelfAttention uses for an input of length seq_len: the layout built for
