@@ -10,13 +10,10 @@
 
 #include "common/block_sparse_device_index.h"
 #include "common/sparse_attention_tiles.h"
+#include "cuda/device_guard.h"
 
 namespace sciattn {
 namespace {
-
-Status runtime_error(cudaError_t e, const char* what) {
-  return Status(StatusCode::kDeviceError, std::string(what) + " failed: " + cudaGetErrorString(e));
-}
 
 // The int32 arrays of the upload, appended one after another; each array starts on a 16-byte
 // boundary so that kernels may read them with vector loads.
@@ -117,10 +114,10 @@ template <typename Body>
 Status on_device(int device, Body body) {
   int current = 0;
   cudaError_t e = cudaGetDevice(&current);
-  if (e != cudaSuccess) return runtime_error(e, "upload_block_sparse_index: cudaGetDevice");
+  if (e != cudaSuccess) return cuda::device_status(e, "upload_block_sparse_index: cudaGetDevice");
   if (current != device) {
     e = cudaSetDevice(device);
-    if (e != cudaSuccess) return runtime_error(e, "upload_block_sparse_index: cudaSetDevice");
+    if (e != cudaSuccess) return cuda::device_status(e, "upload_block_sparse_index: cudaSetDevice");
   }
   const Status status = body();
   if (current != device) cudaSetDevice(current);
@@ -191,10 +188,10 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
     cudaError_t e = cudaMalloc(&d->memory, d->bytes);
     if (e != cudaSuccess) {
       d->memory = nullptr;
-      return runtime_error(e, "upload_block_sparse_index: cudaMalloc");
+      return cuda::device_status(e, "upload_block_sparse_index: cudaMalloc");
     }
     e = cudaMemcpy(d->memory, packer.data().data(), d->bytes, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) return runtime_error(e, "upload_block_sparse_index: cudaMemcpy");
+    if (e != cudaSuccess) return cuda::device_status(e, "upload_block_sparse_index: cudaMemcpy");
     return Status::ok_status();
   });
   if (!copied.ok()) return copied;

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/block_sparse_device_index.h"
+#include "cuda/device_guard.h"
 #include "sciattn/block_sparse_ops.h"
 
 namespace sciattn::cuda::bs {
@@ -70,29 +71,5 @@ Status launch_softmax_forward(const BlockSparseDeviceIndex& ix, int64_t batch, c
 Status launch_softmax_backward(const BlockSparseDeviceIndex& ix, int64_t batch, const TensorView& y,
                                const TensorView& dy, const TensorView& dx, float scale,
                                cudaStream_t stream);
-
-// The status of a launch: ok, or kDeviceError naming `what` and the runtime's message.
-Status launch_status(cudaError_t e, const char* what);
-
-// Runs `launch` with the device that holds `tensor` current, restoring the caller's device after.
-// The library links its own static CUDA runtime, whose current device is not the caller's
-// (PyTorch's runtime is another copy), so tensors on cuda:1 would otherwise be launched on
-// device 0.
-template <typename Launch>
-Status on_device_of(const void* tensor, const Launch& launch) {
-  cudaPointerAttributes attributes{};
-  int current = 0;
-  if (cudaPointerGetAttributes(&attributes, tensor) != cudaSuccess ||
-      cudaGetDevice(&current) != cudaSuccess || attributes.device < 0 ||
-      attributes.device == current) {
-    cudaGetLastError();  // a host pointer or an old driver: launch where we are
-    return launch();
-  }
-  const cudaError_t e = cudaSetDevice(attributes.device);
-  if (e != cudaSuccess) return launch_status(e, "cudaSetDevice to the tensors' device");
-  const Status status = launch();
-  cudaSetDevice(current);
-  return status;
-}
 
 }  // namespace sciattn::cuda::bs

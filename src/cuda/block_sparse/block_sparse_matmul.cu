@@ -595,15 +595,10 @@ Status dispatch_types(const MatMulArgs& args, DType ta, DType tb, DType tc, cuda
                                  dtype_name(ta) + ", " + dtype_name(tb) + ", " + dtype_name(tc) +
                                  ") has no kernel");
   }
-  return launch_status(e, what);
+  return device_status(e, what);
 }
 
 }  // namespace
-
-Status launch_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok_status();
-  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 Status launch_sdd(const BlockSparseDeviceIndex& ix, const TensorView& x, const TensorView& y,
                   const TensorView& c, cudaStream_t stream) {

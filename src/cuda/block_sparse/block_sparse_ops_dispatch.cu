@@ -128,22 +128,22 @@ size_t block_sparse_softmax_workspace_size_cuda(const BlockSparseSoftmaxBackward
 }
 
 Status run_block_sparse_matmul_cuda(const BlockSparseMatMulParams& p, void*, Stream stream) {
-  return bs::on_device_of(p.a.data, [&] { return matmul_here(p, stream_of(stream)); });
+  return on_device_of(p.a.data, [&] { return matmul_here(p, stream_of(stream)); });
 }
 Status run_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams& p, void*,
                                     Stream stream) {
-  return bs::on_device_of(p.a.data, [&] { return matmul_backward_here(p, stream_of(stream)); });
+  return on_device_of(p.a.data, [&] { return matmul_backward_here(p, stream_of(stream)); });
 }
 
 Status run_block_sparse_softmax_cuda(const BlockSparseSoftmaxParams& p, void*, Stream stream) {
-  return bs::on_device_of(p.x.data, [&] {
+  return on_device_of(p.x.data, [&] {
     return bs::launch_softmax_forward(*p.index->device, p.x.sizes[0], p.x, p.y, terms_of(p),
                                       TensorView{}, stream_of(stream));
   });
 }
 Status run_block_sparse_softmax_cuda(const BlockSparseSoftmaxBackwardParams& p, void*,
                                      Stream stream) {
-  return bs::on_device_of(p.y.data, [&] {
+  return on_device_of(p.y.data, [&] {
     return bs::launch_softmax_backward(*p.index->device, p.y.sizes[0], p.y, p.dy, p.dx, p.scale,
                                        stream_of(stream));
   });

@@ -247,7 +247,7 @@ Status launch_rows(const Args& args, Kernel f32, Kernel f16, Kernel bf16, DType 
   const unsigned grid = grid_for(args.w);
   if (grid == 0) return Status::ok_status();
   k<<<grid, kThreads, 0, stream>>>(args);
-  return launch_status(cudaGetLastError(), what);
+  return device_status(cudaGetLastError(), what);
 }
 
 }  // namespace

@@ -118,14 +118,12 @@ size_t sparse_attention_composite_workspace_size_cuda(const SparseAttentionBackw
 Status run_sparse_attention_composite_cuda(const SparseAttentionForwardParams& p,
                                            const AttentionShape& s, void* workspace,
                                            Stream stream) {
-  return bs::on_device_of(p.q.data,
-                          [&] { return forward_here(p, s, workspace, stream_of(stream)); });
+  return on_device_of(p.q.data, [&] { return forward_here(p, s, workspace, stream_of(stream)); });
 }
 Status run_sparse_attention_composite_cuda(const SparseAttentionBackwardParams& p,
                                            const AttentionShape& s, void* workspace,
                                            Stream stream) {
-  return bs::on_device_of(p.q.data,
-                          [&] { return backward_here(p, s, workspace, stream_of(stream)); });
+  return on_device_of(p.q.data, [&] { return backward_here(p, s, workspace, stream_of(stream)); });
 }
 
 }  // namespace sciattn::cuda

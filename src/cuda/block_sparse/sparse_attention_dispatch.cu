@@ -10,6 +10,7 @@
 #include "common/block_sparse_device_index.h"
 #include "common/workspace_layout.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
+#include "cuda/device_guard.h"
 #include "cuda/sparse_attention_cuda.h"
 
 namespace sciattn::cuda {
@@ -87,31 +88,6 @@ int vectorizable(const TensorView& t) {
     if (t.sizes[d] > 1 && t.strides[d] % 8 != 0) return 0;
   }
   return 1;
-}
-
-Status device_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok_status();
-  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Runs `launch` with the device that holds `tensor` current. The library links its own static
-// CUDA runtime, whose current device is not the caller's (PyTorch's runtime is another copy), so
-// tensors on cuda:1 would otherwise be launched on device 0. The caller's device is restored.
-template <typename Launch>
-Status on_device_of(const void* tensor, const Launch& launch) {
-  cudaPointerAttributes attributes{};
-  int current = 0;
-  if (cudaPointerGetAttributes(&attributes, tensor) != cudaSuccess ||
-      cudaGetDevice(&current) != cudaSuccess || attributes.device < 0 ||
-      attributes.device == current) {
-    cudaGetLastError();  // a host pointer or an old driver: launch where we are
-    return launch();
-  }
-  const cudaError_t e = cudaSetDevice(attributes.device);
-  if (e != cudaSuccess) return device_status(e, "cudaSetDevice to the tensors' device");
-  const Status status = launch();
-  cudaSetDevice(current);
-  return status;
 }
 
 const BlockSparseDeviceIndex::Tiles& tiles_of(const BlockSparseIndex* index) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/evoformer_cuda_plan.h"
+#include "cuda/device_guard.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_launch.h"
 #include "cuda/evoformer_cuda.h"
@@ -109,31 +110,6 @@ EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, co
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;
   return p;
-}
-
-Status device_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok_status();
-  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Runs `launch` with the device that holds `tensor` current. The library links its own static
-// CUDA runtime, whose current device is not the caller's (PyTorch's runtime is another copy), so
-// tensors on cuda:1 would otherwise be launched on device 0. The caller's device is restored.
-template <typename Launch>
-Status on_device_of(const void* tensor, const Launch& launch) {
-  cudaPointerAttributes attributes{};
-  int current = 0;
-  if (cudaPointerGetAttributes(&attributes, tensor) != cudaSuccess ||
-      cudaGetDevice(&current) != cudaSuccess || attributes.device < 0 ||
-      attributes.device == current) {
-    cudaGetLastError();  // a host pointer or an old driver: launch where we are
-    return launch();
-  }
-  const cudaError_t e = cudaSetDevice(attributes.device);
-  if (e != cudaSuccess) return device_status(e, "cudaSetDevice to the tensors' device");
-  const Status status = launch();
-  cudaSetDevice(current);
-  return status;
 }
 
 Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas) {
