@@ -116,6 +116,10 @@ inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) 
   std::memcpy(d, s, n);
   return 0;
 }
+inline cudaError_t cudaMemset(void* d, int value, size_t n) {
+  std::memset(d, value, n);
+  return 0;
+}
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
   return 0;
 }
