@@ -6,7 +6,7 @@
 #   bench/compare/block_sparse.py).
 # Usage on the GPU machine:
 #   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|sparse|sparse_compare|
-#                         python|all]...
+#                         sparse_sanitize|sparse_profile|python|all]...
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
 # `sparse` runs the block-sparse GPU test programs (test_sparse_attention_cuda,
@@ -119,6 +119,32 @@ if want sparse; then
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done
   fi
+fi
+if want sparse_sanitize; then
+  # Small shapes of the block-sparse kernels (fused and ops; every dtype, head dim, block size).
+  for t in test_sparse_attention_cuda test_block_sparse_ops_cuda; do
+    [ -x "$bin/$t" ] || continue
+    for tool in memcheck racecheck; do
+      echo "== compute-sanitizer --tool $tool $t"
+      compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$t" --gtest_brief=1 \
+        --gtest_filter='*Small*' > "$out/sanitizer_${tool}_$t.log" 2>&1
+      rc=$?
+      tail -3 "$out/sanitizer_${tool}_$t.log"
+      [ $rc -eq 0 ] || status=1
+    done
+  done
+fi
+if want sparse_profile && [ -x "$bin/bench_sparse_attention_cuda" ]; then
+  # Per-kernel time, occupancy, issue use and warp stalls of one fused forward + backward
+  # (BigBird, 65,536 tokens, block 64, D 64, bf16).
+  echo "== block-sparse kernels (ncu)"
+  ncu --clock-control none --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    --section WarpStateStats --kernel-name regex:sparse_attention \
+    --launch-skip "${SPARSE_PROFILE_SKIP:-24}" --launch-count 8 "$bin/bench_sparse_attention_cuda" \
+    --benchmark_filter="${SPARSE_PROFILE_FILTER:-layout:0/L:65536/block:64/D:64/alg:0/bwd:1}" \
+    --benchmark_min_time=0.001 > "$out/ncu_sparse.log" 2>&1
+  grep -E "^  [a-z_]+.*sparse|Duration|Achieved Occupancy|Theoretical Occ|Issue Slots Busy|No Eligible|Registers Per|Stall [A-Z]|Warp Cycles Per Issued|Compute \(SM\) Th|Memory Th|Shared Memory Config|Dynamic Shared" \
+    "$out/ncu_sparse.log" | cut -c1-120 | head -120
 fi
 if want sparse_compare; then
   echo "== block-sparse peer comparison"
