@@ -141,12 +141,6 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
     return Status::invalid_argument(
         "index has not been built; build it with build_block_sparse_index first");
   }
-  if (ix.nnz > std::numeric_limits<int32_t>::max() / (ix.block * ix.block)) {
-    return Status::invalid_argument(
-        "index has " + std::to_string(ix.nnz) + " nonzero blocks of " + std::to_string(ix.block) +
-        " x " + std::to_string(ix.block) +
-        "; the GPU kernels accept at most 2^31 - 1 elements of a sparse tensor per batch");
-  }
   bool fits = true;
   Int32Packer packer;
   const size_t head = packer.add(ix.head, &fits);

@@ -2,6 +2,9 @@
 // cuda/block_sparse_ops_cuda.h): what the kernels accept, their workspace (none), and the public
 // forward and backward expressed through the sdd / dsd / dds and Softmax launchers, following the
 // CPU path (cpu/block_sparse_matmul.cpp) operand for operand. CUDA layer (host code).
+#include <limits>
+#include <string>
+
 #include <cuda_runtime_api.h>
 
 #include "cuda/block_sparse/block_sparse_launch.h"
@@ -98,19 +101,33 @@ bs::SoftmaxTerms terms_of(const BlockSparseSoftmaxParams& p) {
 }  // namespace
 
 // The kernels take everything the common checks accept: f32 / f16 / bf16, blocks 16 to 128, any
-// strides on dense operands, rpe and masks in every accepted dtype with any strides, and any size
-// (grid-stride loops over int64 tile and row counts, int64 element offsets).
-Status check_block_sparse_matmul_cuda(const BlockSparseMatMulParams&) {
+// strides on dense operands, rpe and masks in every accepted dtype with any strides, and any
+// number of batches and rows (grid-stride loops over int64 tile and row counts, int64 element
+// offsets), up to 2^31 - 1 elements of a sparse tensor per batch: the kernels number a batch's
+// sparse elements (nnz * block^2) in 32 bits. The fused attention never forms the sparse tensor and
+// has no such limit (a 25%-dense Fixed layout at 65,536 tokens has 17 G elements).
+Status check_sparse_tensor_elements(const BlockSparseIndex* index) {
+  const BlockSparseIndex& ix = *index;
+  if (ix.nnz > std::numeric_limits<int32_t>::max() / (int64_t{ix.block} * ix.block)) {
+    return Status::invalid_argument(
+        "index has " + std::to_string(ix.nnz) + " nonzero blocks of " + std::to_string(ix.block) +
+        " x " + std::to_string(ix.block) +
+        "; the GPU MatMul and Softmax accept at most 2^31 - 1 elements of a sparse tensor per "
+        "batch (the fused attention, SparseSelfAttention's default, has no such limit)");
+  }
   return Status::ok_status();
 }
-Status check_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams&) {
-  return Status::ok_status();
+Status check_block_sparse_matmul_cuda(const BlockSparseMatMulParams& p) {
+  return check_sparse_tensor_elements(p.index);
 }
-Status check_block_sparse_softmax_cuda(const BlockSparseSoftmaxParams&) {
-  return Status::ok_status();
+Status check_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams& p) {
+  return check_sparse_tensor_elements(p.index);
 }
-Status check_block_sparse_softmax_cuda(const BlockSparseSoftmaxBackwardParams&) {
-  return Status::ok_status();
+Status check_block_sparse_softmax_cuda(const BlockSparseSoftmaxParams& p) {
+  return check_sparse_tensor_elements(p.index);
+}
+Status check_block_sparse_softmax_cuda(const BlockSparseSoftmaxBackwardParams& p) {
+  return check_sparse_tensor_elements(p.index);
 }
 
 // No scratch: the MatMul accumulates in registers and the Softmax re-reads its row.

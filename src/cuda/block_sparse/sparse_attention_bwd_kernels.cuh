@@ -27,16 +27,6 @@ struct SparseBwdSmem {
   float delta[2][SparseTile::kSize];
 };
 
-// The A fragments of `tile` rows warp*16.. for k-step s, read from shared memory (used where
-// keeping all of them in registers across the loop would spill).
-template <typename T, int kPitch>
-__device__ __forceinline__ void load_a_frag(uint32_t frag[4], const T* tile, int s, int g, int t) {
-  frag[0] = load_pair(tile + g * kPitch + s * 16 + 2 * t);
-  frag[1] = load_pair(tile + (g + 8) * kPitch + s * 16 + 2 * t);
-  frag[2] = load_pair(tile + g * kPitch + s * 16 + 2 * t + 8);
-  frag[3] = load_pair(tile + (g + 8) * kPitch + s * 16 + 2 * t + 8);
-}
-
 // acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim: rows warp*16.. of `a_tile`) * rows^T, rows = the
 // 64 rows of `tile`; the A fragments are read from shared memory step by step.
 template <typename T, int kSteps, int kPitch>
@@ -49,10 +39,11 @@ __device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile
     uint32_t a[4];
     load_a_frag<T, kPitch>(a, a_tile, s, g, t);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const T* r = tile + (j * 8 + g) * kPitch + s * 16 + 2 * t;
-      const uint32_t bf[2] = {load_pair(r), load_pair(r + 8)};
-      mma_16816<T>(acc[j], a, bf);
+    for (int j = 0; j < 8; j += 2) {
+      uint32_t bf[2][2];
+      load_b_frags_of_rows<T, kPitch>(bf, tile, j, s, g, t);
+      mma_16816<T>(acc[j], a, bf[0]);
+      mma_16816<T>(acc[j + 1], a, bf[1]);
     }
   }
 }
@@ -62,8 +53,14 @@ __device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile
 template <int kHeadDim>
 constexpr bool kSparseFragsInRegisters = kHeadDim <= 64;
 
+// Up to head dim 64 the backward kernels are held to 168 registers so that three CTAs share an SM
+// (their shared memory allows three; at 171+ registers only two fit, which the ldmatrix version
+// reached unbounded: 1.37 / 1.17 ms for dK/dV / dQ at 12% occupancy).
+template <int kHeadDim>
+constexpr int kSparseBwdMinCtas = kHeadDim <= 64 ? 3 : 1;
+
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(SparseTile::kThreads)
+__global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dkdv_kernel(const SparseAttentionDeviceParams p) {
   using Smem = SparseBwdSmem<T, kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
@@ -191,7 +188,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(SparseTile::kThreads)
+__global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dq_kernel(const SparseAttentionDeviceParams p) {
   using Smem = SparseBwdSmem<T, kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
@@ -314,29 +311,28 @@ struct SparseSumTarget {
   int64_t stride[4];
 };
 
-// The pieces of the split lines of `work`, added in piece order: one CTA per (split line,
-// batch); out[b, h, tile * 64 + r, d] = sum over the line's pieces of partial[slot][r][d].
+// The pieces of the split lines of `work`, added in piece order:
+// SplitLineChunk<kHeadDim>::kCtasPerLine CTAs per (split line, batch);
+// out[b, h, tile * 64 + r, d] = sum over the line's pieces of partial[slot][r][d].
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(SparseTile::kThreads)
     sparse_attention_sum_kernel(const SparseAttentionDeviceParams p,
                                 const BlockSparseDeviceIndex::TileWork work,
                                 const SparseSumTarget target) {
-  const int64_t k = blockIdx.x % work.num_split_lines, b = blockIdx.x / work.num_split_lines;
-  const int line = work.split_lines[k];
-  const int p0 = work.line_items[line], p1 = work.line_items[line + 1];
-  const int64_t h = line / p.tiles.num_tiles;
-  const int64_t row0 = int64_t{line % p.tiles.num_tiles} * SparseTile::kSize;
+  const SplitLineChunk<kHeadDim> at(work, p.tiles.num_tiles);
+  if (at.row >= p.len) return;
   constexpr int64_t kSlot = int64_t{SparseTile::kSize} * kHeadDim;
-  const float* first = target.partial + (b * work.slots + work.item_slot[p0]) * kSlot;
-  T* out = static_cast<T*>(target.out) + b * target.stride[0] + h * target.stride[1];
-  for (int e = threadIdx.x; e < SparseTile::kSize * kHeadDim; e += SparseTile::kThreads) {
-    const int r = e / kHeadDim, d = e % kHeadDim;
-    const int64_t row = row0 + r;
-    if (row >= p.len || d >= p.dim) continue;
-    float sum = 0.0f;
-    for (int q = 0; q < p1 - p0; ++q) sum += first[q * kSlot + e];
-    out[row * target.stride[2] + d] = ElementTraits<T>::from_float(sum);
+  const float* first = target.partial + at.first_slot * kSlot + at.tile_row * kHeadDim + at.d;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int q = 0; q < at.pieces; ++q) {
+    const float4 x = *reinterpret_cast<const float4*>(first + q * kSlot);
+    sum[0] += x.x;
+    sum[1] += x.y;
+    sum[2] += x.z;
+    sum[3] += x.w;
   }
+  T* out = static_cast<T*>(target.out) + at.b * target.stride[0] + at.h * target.stride[1];
+  store_four(out + at.row * target.stride[2], at.d, p.dim, sum);
 }
 
 }  // namespace sciattn::cuda

@@ -194,4 +194,45 @@ __device__ __forceinline__ PieceOf decode_piece(const BlockSparseDeviceIndex::Ti
   return o;
 }
 
+// The part of a split line's 64 x kHeadDim output one CTA of the combine and sum kernels
+// writes: each thread owns four consecutive columns of one row, so a CTA covers 128 * 4 /
+// kHeadDim rows and a line takes kHeadDim / 8 CTAs (8 at head dim 64). Spreading a line over
+// several CTAs matters: a layout has few split lines (BigBird's global rows), each with tens of
+// pieces, and one CTA per line left the GPU nearly idle (0.49 ms for 16 lines at 65,536 tokens).
+template <int kHeadDim>
+struct SplitLineChunk {
+  static constexpr int kThreadsPerRow = kHeadDim / 4;
+  static constexpr int kRowsPerCta = SparseTile::kThreads / kThreadsPerRow;
+  static constexpr int kCtasPerLine = SparseTile::kSize / kRowsPerCta;
+  static_assert(kHeadDim % 4 == 0 && SparseTile::kThreads % kThreadsPerRow == 0 &&
+                    SparseTile::kSize % kRowsPerCta == 0,
+                "a split line's rows divide evenly among CTAs");
+  int64_t b, h;        // batch and head of the line
+  int64_t row;         // this thread's row in the whole [L] (>= len: nothing to write)
+  int tile_row;        // the same inside the line's 64-row tile
+  int d;               // its first column
+  int pieces;          // the line's pieces
+  int64_t first_slot;  // the partial slot of its first piece, counted over (batch, slot)
+  __device__ SplitLineChunk(const BlockSparseDeviceIndex::TileWork& work, int num_tiles) {
+    const int64_t cta = blockIdx.x;
+    const int64_t group = cta % kCtasPerLine, line_cta = cta / kCtasPerLine;
+    const int line = work.split_lines[line_cta % work.num_split_lines];
+    b = line_cta / work.num_split_lines;
+    h = line / num_tiles;
+    tile_row = static_cast<int>(group) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
+    row = int64_t{line % num_tiles} * SparseTile::kSize + tile_row;
+    d = (threadIdx.x % kThreadsPerRow) * 4;
+    pieces = work.line_items[line + 1] - work.line_items[line];
+    first_slot = b * work.slots + work.item_slot[work.line_items[line]];
+  }
+};
+
+// Writes four consecutive columns d.. of one output row, up to dim.
+template <typename T>
+__device__ __forceinline__ void store_four(T* row, int d, int64_t dim, const float v[4]) {
+#pragma unroll
+  for (int x = 0; x < 4; ++x)
+    if (d + x < dim) row[d + x] = ElementTraits<T>::from_float(v[x]);
+}
+
 }  // namespace sciattn::cuda

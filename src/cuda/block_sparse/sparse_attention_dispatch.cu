@@ -293,6 +293,7 @@ Status run_backward_here(const SparseAttentionBackwardParams& params,
   p.dout = params.dout.data;
   copy_strides(params.dout, p.dout_stride, 4);
   p.vec_dout = vectorizable(params.dout);
+  p.vec_out = vectorizable(params.out);
   p.dq = params.dq.data;
   copy_strides(params.dq, p.dq_stride, 4);
   p.dk = params.dk.data;

@@ -21,8 +21,10 @@ struct SparseFwdSmem {
   T v[2][kTile];
 };
 
+// Up to head dim 64 the kernel fits in 128 registers, so four CTAs share an SM (three at 129+,
+// the shared memory allows four).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(SparseTile::kThreads)
+__global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
     sparse_attention_fwd_kernel(const SparseAttentionDeviceParams p) {
   using Smem = SparseFwdSmem<T, kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
@@ -88,25 +90,24 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
     // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
     float s[kScoreTiles][4];
 #pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-      for (int st = 0; st < kSteps; ++st) {
-        uint32_t a[4];
-        if constexpr (kQInRegisters) {
-          a[0] = q_frag[st][0];
-          a[1] = q_frag[st][1];
-          a[2] = q_frag[st][2];
-          a[3] = q_frag[st][3];
-        } else {
-          a[0] = load_pair(qw + g * kPitch + st * 16 + 2 * t);
-          a[1] = load_pair(qw + (g + 8) * kPitch + st * 16 + 2 * t);
-          a[2] = load_pair(qw + g * kPitch + st * 16 + 2 * t + 8);
-          a[3] = load_pair(qw + (g + 8) * kPitch + st * 16 + 2 * t + 8);
-        }
-        const T* kr = smem.k[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
-        const uint32_t bf[2] = {load_pair(kr), load_pair(kr + 8)};
-        mma_16816<T>(s[j], a, bf);
+    for (int st = 0; st < kSteps; ++st) {
+      uint32_t a[4];
+      if constexpr (kQInRegisters) {
+        a[0] = q_frag[st][0];
+        a[1] = q_frag[st][1];
+        a[2] = q_frag[st][2];
+        a[3] = q_frag[st][3];
+      } else {
+        load_a_frag<T, kPitch>(a, qw, st, g, t);
+      }
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; j += 2) {
+        uint32_t bf[2][2];
+        load_b_frags_of_rows<T, kPitch>(bf, smem.k[buf], j, st, g, t);
+        mma_16816<T>(s[j], a, bf[0]);
+        mma_16816<T>(s[j + 1], a, bf[1]);
       }
     }
     // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
@@ -169,13 +170,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
                              ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]),
                              ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        const T* vr = smem.v[buf] + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
-        const uint32_t bf[2] = {load_column_pair(vr, kPitch),
-                                load_column_pair(vr + 8 * kPitch, kPitch)};
-        mma_16816<T>(o_acc[i], a, bf);
-      }
+      mma_acc_k_major<T, kOutTiles, kPitch>(o_acc, a, smem.v[buf], kk, g, t);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
@@ -223,41 +218,41 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
   }
 }
 
-// Merges the pieces of the split rows, in piece order: one CTA per (split row, batch).
+// Merges the pieces of the split rows, in piece order: SplitLineChunk<kHeadDim>::kCtasPerLine
+// CTAs per (split row, batch).
 //   M = max_p m_p,  sum = sum_p l_p exp(m_p - M),  O = sum_p O_p exp(m_p - M) / sum,
 //   lse = M + log(sum)  (O = 0 and lse = -inf when sum is 0).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(SparseTile::kThreads)
     sparse_attention_fwd_combine_kernel(const SparseAttentionDeviceParams p) {
-  const BlockSparseDeviceIndex::TileWork& w = p.tiles.rows;
-  const int64_t k = blockIdx.x % w.num_split_lines, b = blockIdx.x / w.num_split_lines;
-  const int line = w.split_lines[k];
-  const int p0 = w.line_items[line], p1 = w.line_items[line + 1];
-  const int64_t h = line / p.tiles.num_tiles, row0 = int64_t{line % p.tiles.num_tiles} * 64;
-  constexpr int64_t kSlot = int64_t{SparseTile::kSize} * kHeadDim + 2 * SparseTile::kSize;
-  const float* first = p.fwd_partial + (b * w.slots + w.item_slot[p0]) * kSlot;
-  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + h * p.out_stride[1];
-  for (int e = threadIdx.x; e < SparseTile::kSize * kHeadDim; e += SparseTile::kThreads) {
-    const int r = e / kHeadDim, d = e % kHeadDim;
-    const int64_t row = row0 + r;
-    if (row >= p.len || d >= p.dim) continue;
-    float m = kNegInf;
-    for (int q = 0; q < p1 - p0; ++q)
-      m = fmaxf(m, first[q * kSlot + SparseTile::kSize * kHeadDim + r]);
-    float sum = 0.0f, o = 0.0f;
-    if (m != kNegInf) {
-      for (int q = 0; q < p1 - p0; ++q) {
-        const float* slot = first + q * kSlot;
-        const float f = exp2f((slot[SparseTile::kSize * kHeadDim + r] - m) * kLog2e);
-        sum += slot[SparseTile::kSize * kHeadDim + SparseTile::kSize + r] * f;
-        o += slot[r * kHeadDim + d] * f;
-      }
+  const SplitLineChunk<kHeadDim> at(p.tiles.rows, p.tiles.num_tiles);
+  if (at.row >= p.len) return;
+  constexpr int64_t kOut = int64_t{SparseTile::kSize} * kHeadDim;
+  constexpr int64_t kSlot = kOut + 2 * SparseTile::kSize;
+  const float* first = p.fwd_partial + at.first_slot * kSlot;
+  const int r = at.tile_row;
+  float m = kNegInf;
+  for (int q = 0; q < at.pieces; ++q) m = fmaxf(m, first[q * kSlot + kOut + r]);
+  float sum = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (m != kNegInf) {
+    for (int q = 0; q < at.pieces; ++q) {
+      const float* slot = first + q * kSlot;
+      const float f = exp2f((slot[kOut + r] - m) * kLog2e);
+      sum += slot[kOut + SparseTile::kSize + r] * f;
+      const float4 x = *reinterpret_cast<const float4*>(slot + r * kHeadDim + at.d);
+      o[0] += x.x * f;
+      o[1] += x.y * f;
+      o[2] += x.z * f;
+      o[3] += x.w * f;
     }
-    out[row * p.out_stride[2] + d] = ElementTraits<T>::from_float(sum > 0.0f ? o / sum : 0.0f);
-    if (d == 0 && p.lse != nullptr) {
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] =
-          sum > 0.0f ? m + logf(sum) : kNegInf;
-    }
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (float& x : o) x *= inv;
+  T* out = static_cast<T*>(p.out) + at.b * p.out_stride[0] + at.h * p.out_stride[1];
+  store_four(out + at.row * p.out_stride[2], at.d, p.dim, o);
+  if (at.d == 0 && p.lse != nullptr) {
+    p.lse[at.b * p.lse_stride[0] + at.h * p.lse_stride[1] + at.row * p.lse_stride[2]] =
+        sum > 0.0f ? m + logf(sum) : kNegInf;
   }
 }
 

@@ -30,8 +30,10 @@ cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p
       launch_sparse_1d(sparse_attention_fwd_kernel<T, kHeadDim>, p.batch * p.tiles.rows.pieces,
                        sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
   if (e != cudaSuccess || p.tiles.rows.num_split_lines == 0) return e;
-  return launch_sparse_1d(sparse_attention_fwd_combine_kernel<T, kHeadDim>,
-                          p.batch * p.tiles.rows.num_split_lines, 0, stream, p);
+  return launch_sparse_1d(
+      sparse_attention_fwd_combine_kernel<T, kHeadDim>,
+      p.batch * p.tiles.rows.num_split_lines * SplitLineChunk<kHeadDim>::kCtasPerLine, 0, stream,
+      p);
 }
 
 template <typename T, int kHeadDim>
@@ -51,7 +53,8 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
     if (work.num_split_lines == 0) return cudaSuccess;
     SparseSumTarget target{partial, out, {stride[0], stride[1], stride[2], stride[3]}};
     return launch_sparse_1d(sparse_attention_sum_kernel<T, kHeadDim>,
-                            p.batch * work.num_split_lines, 0, stream, p, work, target);
+                            p.batch * work.num_split_lines * SplitLineChunk<kHeadDim>::kCtasPerLine,
+                            0, stream, p, work, target);
   };
   e = sum(p.tiles.cols, p.dk_partial, p.dk, p.dk_stride);
   if (e != cudaSuccess) return e;

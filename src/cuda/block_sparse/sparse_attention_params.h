@@ -26,6 +26,7 @@ struct SparseAttentionDeviceParams {
   // 1 when that tensor's tile rows may be copied with 16-byte cp.async: unit stride on D,
   // D % 8 == 0, every other stride a multiple of 8 elements and the data 16-byte aligned.
   int vec_q, vec_k, vec_v, vec_dout;
+  int vec_out;  // the same for out as the backward reads it (the delta kernel)
 
   // Score terms (BiasType::kNone when absent). A kMul mask (not bool) turns 0 into -inf and
   // anything else into 0; a bool mask reads as 0 (true) or -inf (false) in either mode.

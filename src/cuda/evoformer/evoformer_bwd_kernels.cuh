@@ -82,12 +82,7 @@ template <typename T, int kSteps, int kPitch>
 __device__ __forceinline__ void load_a_frags(uint32_t frag[kSteps][4], const T* tile, int g,
                                              int t) {
 #pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    frag[s][0] = load_pair(tile + g * kPitch + s * 16 + 2 * t);
-    frag[s][1] = load_pair(tile + (g + 8) * kPitch + s * 16 + 2 * t);
-    frag[s][2] = load_pair(tile + g * kPitch + s * 16 + 2 * t + 8);
-    frag[s][3] = load_pair(tile + (g + 8) * kPitch + s * 16 + 2 * t + 8);
-  }
+  for (int s = 0; s < kSteps; ++s) load_a_frag<T, kPitch>(frag[s], tile, s, g, t);
 }
 
 // acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim, fragments) * rows^T, rows = 64 rows of `tile`.
@@ -95,13 +90,15 @@ template <typename T, int kSteps, int kPitch>
 __device__ __forceinline__ void mma_rows_t(float acc[8][4], const uint32_t a[kSteps][4],
                                            const T* tile, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
-      const T* r = tile + (j * 8 + g) * kPitch + s * 16 + 2 * t;
-      const uint32_t bf[2] = {load_pair(r), load_pair(r + 8)};
-      mma_16816<T>(acc[j], a[s], bf);
+      uint32_t bf[2][2];
+      load_b_frags_of_rows<T, kPitch>(bf, tile, j, s, g, t);
+      mma_16816<T>(acc[j], a[s], bf[0]);
+      mma_16816<T>(acc[j + 1], a[s], bf[1]);
     }
   }
 }
@@ -117,13 +114,7 @@ __device__ __forceinline__ void mma_acc_tile(float out[kOutTiles][4], const floa
                            ElementTraits<T>::pack(x[2 * kk][2], x[2 * kk][3]),
                            ElementTraits<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]),
                            ElementTraits<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3])};
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      const T* r = tile + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
-      const uint32_t bf[2] = {load_column_pair(r, kPitch),
-                              load_column_pair(r + 8 * kPitch, kPitch)};
-      mma_16816<T>(out[i], a, bf);
-    }
+    mma_acc_k_major<T, kOutTiles, kPitch>(out, a, tile, kk, g, t);
   }
 }
 
@@ -578,24 +569,29 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
     // One n8 column tile at a time: S = Q K^T and dP = dO V^T, then dS = P (dP - delta) added to
     // the running sum; only the sum and bias2 stay live across tiles.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j0 = 0; j0 < 8; j0 += 2) {
+      float dot[2][4] = {}, dp[2][4] = {};
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
-        const T* kr = smem.k[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
-        const uint32_t kf[2] = {load_pair(kr), load_pair(kr + 8)};
-        mma_16816<T>(dot, q_frag[st], kf);
-        const T* vr = smem.v[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
-        const uint32_t vf[2] = {load_pair(vr), load_pair(vr + 8)};
-        mma_16816<T>(dp, do_frag[st], vf);
+        uint32_t kf[2][2], vf[2][2];
+        load_b_frags_of_rows<T, kPitch>(kf, smem.k[buf], j0, st, g, t);
+        load_b_frags_of_rows<T, kPitch>(vf, smem.v[buf], j0, st, g, t);
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          mma_16816<T>(dot[x], q_frag[st], kf[x]);
+          mma_16816<T>(dp[x], do_frag[st], vf[x]);
+        }
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float bias = smem.bias2_log2[warp][j][e][lane] + bias1_log2[j][e & 1];
-        const float x = fmaf(dot[e], scale_log2, bias);
-        const float prob = prob_from_log2(x, lse_log2[e >> 1]);
-        acc[j][e] = fmaf(prob, dp[e] - row_delta[e >> 1], acc[j][e]);
-      }
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + x;
+          const float bias = smem.bias2_log2[warp][j][e][lane] + bias1_log2[j][e & 1];
+          const float xs = fmaf(dot[x][e], scale_log2, bias);
+          const float prob = prob_from_log2(xs, lse_log2[e >> 1]);
+          acc[j][e] = fmaf(prob, dp[x][e] - row_delta[e >> 1], acc[j][e]);
+        }
     }
     __syncthreads();  // this buffer is refilled for n + 2
   }

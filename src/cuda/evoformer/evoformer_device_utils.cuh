@@ -82,6 +82,68 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float c[4], const uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Four 8 x 8 matrices of 16-bit elements from shared memory in one instruction (ldmatrix .x4):
+// lane l passes the address of row l % 8 of matrix l / 8 (16 contiguous, 16-byte aligned bytes).
+// Of matrix i, lane l receives r[i] = elements (l / 4, 2 (l % 4) .. +1), the layout of an mma
+// fragment register; with kTrans it receives elements (2 (l % 4) .. +1, l / 4), i.e. the
+// transposed matrix, which is how a k-major operand becomes a B fragment.
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+}
+
+// The A fragment of rows 0..15, columns 16 s .. 16 s + 15 of a row-major shared tile (row pitch
+// kPitch elements, a multiple of 8). g and t are the lane's mma coordinates (lane = 4 g + t).
+template <typename T, int kPitch>
+__device__ __forceinline__ void load_a_frag(uint32_t a[4], const T* tile, int s, int g, int t) {
+  const int lane = 4 * g + t, m = lane / 8;
+  ldmatrix_x4<false>(a, tile + ((m & 1) * 8 + lane % 8) * kPitch + s * 16 + (m >> 1) * 8);
+}
+
+// The B fragments of n8 tiles j and j + 1 at k-step s when the operand is stored as rows of n:
+// B[k][n] = tile[8 j + n][16 s + k] (K in Q K^T). b[x] belongs to tile j + x.
+template <typename T, int kPitch>
+__device__ __forceinline__ void load_b_frags_of_rows(uint32_t b[2][2], const T* tile, int j, int s,
+                                                     int g, int t) {
+  const int lane = 4 * g + t, m = lane / 8;
+  uint32_t r[4];
+  ldmatrix_x4<false>(r, tile + ((j + (m >> 1)) * 8 + lane % 8) * kPitch + s * 16 + (m & 1) * 8);
+  b[0][0] = r[0];
+  b[0][1] = r[1];
+  b[1][0] = r[2];
+  b[1][1] = r[3];
+}
+
+// The B fragments of n8 tiles i and i + 1 at k-step kk when the operand is stored k-major:
+// B[k][n] = tile[16 kk + k][8 i + n] (V in P V). b[x] belongs to tile i + x.
+template <typename T, int kPitch>
+__device__ __forceinline__ void load_b_frags_of_cols(uint32_t b[2][2], const T* tile, int kk, int i,
+                                                     int g, int t) {
+  const int lane = 4 * g + t, m = lane / 8;
+  uint32_t r[4];
+  ldmatrix_x4<true>(r, tile + (kk * 16 + (m & 1) * 8 + lane % 8) * kPitch + (i + (m >> 1)) * 8);
+  b[0][0] = r[0];
+  b[0][1] = r[1];
+  b[1][0] = r[2];
+  b[1][1] = r[3];
+}
+
+// out[i] += A * B_i for the kOutTiles n8 tiles of a k-major operand at k-step kk:
+// B_i[k][n] = tile[16 kk + k][8 i + n] (P V, dS Q, dS K). Pairs of tiles take one ldmatrix; an
+// odd last tile (head dim 8) is read element by element.
+template <typename T, int kOutTiles, int kPitch>
+__device__ __forceinline__ void mma_acc_k_major(float out[kOutTiles][4], const uint32_t a[4],
+                                                const T* tile, int kk, int g, int t);
+
 // Two consecutive 16-bit elements of a shared-memory row as one register.
 template <typename T>
 __device__ __forceinline__ uint32_t load_pair(const T* p) {
@@ -94,6 +156,23 @@ __device__ __forceinline__ uint32_t load_column_pair(const T* p, int stride) {
   const uint16_t lo = *reinterpret_cast<const uint16_t*>(p);
   const uint16_t hi = *reinterpret_cast<const uint16_t*>(p + stride);
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+template <typename T, int kOutTiles, int kPitch>
+__device__ __forceinline__ void mma_acc_k_major(float out[kOutTiles][4], const uint32_t a[4],
+                                                const T* tile, int kk, int g, int t) {
+#pragma unroll
+  for (int i = 0; i + 1 < kOutTiles; i += 2) {
+    uint32_t bf[2][2];
+    load_b_frags_of_cols<T, kPitch>(bf, tile, kk, i, g, t);
+    mma_16816<T>(out[i], a, bf[0]);
+    mma_16816<T>(out[i + 1], a, bf[1]);
+  }
+  if constexpr (kOutTiles % 2 == 1) {
+    const T* r = tile + (kk * 16 + 2 * t) * kPitch + (kOutTiles - 1) * 8 + g;
+    const uint32_t bf[2] = {load_column_pair(r, kPitch), load_column_pair(r + 8 * kPitch, kPitch)};
+    mma_16816<T>(out[kOutTiles - 1], a, bf);
+  }
 }
 
 // A bias element as it enters the score: a boolean mask adds 0 (attend) or -inf (masked).

@@ -115,12 +115,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
       // Q stays in registers as A fragments for the whole key loop.
       const T* qw = smem.q + warp * 16 * kPitch;
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        q_frag[s][0] = load_pair(qw + g * kPitch + s * 16 + 2 * t);
-        q_frag[s][1] = load_pair(qw + (g + 8) * kPitch + s * 16 + 2 * t);
-        q_frag[s][2] = load_pair(qw + g * kPitch + s * 16 + 2 * t + 8);
-        q_frag[s][3] = load_pair(qw + (g + 8) * kPitch + s * 16 + 2 * t + 8);
-      }
+      for (int s = 0; s < kSteps; ++s) load_a_frag<T, kPitch>(q_frag[s], qw, s, g, t);
     }
 
     // The biases of this tile first (global loads in flight while the MMAs run), in log2 units.
@@ -132,13 +127,15 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
 
     float dot[kScoreTiles][4];
 #pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
-      dot[j][0] = dot[j][1] = dot[j][2] = dot[j][3] = 0.0f;
+    for (int j = 0; j < kScoreTiles; ++j) dot[j][0] = dot[j][1] = dot[j][2] = dot[j][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; j += 2) {
 #pragma unroll
       for (int st = 0; st < kSteps; ++st) {
-        const T* kr = smem.k[buf] + (j * 8 + g) * kPitch + st * 16 + 2 * t;
-        const uint32_t bf[2] = {load_pair(kr), load_pair(kr + 8)};
-        mma_16816<T>(dot[j], q_frag[st], bf);
+        uint32_t bf[2][2];
+        load_b_frags_of_rows<T, kPitch>(bf, smem.k[buf], j, st, g, t);
+        mma_16816<T>(dot[j], q_frag[st], bf[0]);
+        mma_16816<T>(dot[j + 1], q_frag[st], bf[1]);
       }
     }
 
@@ -200,13 +197,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
                              ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]),
                              ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        const T* vr = smem.v[buf] + (kk * 16 + 2 * t) * kPitch + i * 8 + g;
-        const uint32_t bf[2] = {load_column_pair(vr, kPitch),
-                                load_column_pair(vr + 8 * kPitch, kPitch)};
-        mma_16816<T>(o_acc[i], a, bf);
-      }
+      mma_acc_k_major<T, kOutTiles, kPitch>(o_acc, a, smem.v[buf], kk, g, t);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }

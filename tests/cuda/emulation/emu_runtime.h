@@ -1,7 +1,7 @@
 // Host emulation of the CUDA features the fused sparse attention kernels use (test layer, a
 // developer tool): one CTA at a time as 128 std::threads, std::barrier for __syncthreads and the
-// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX fragment layout), synchronous
-// cp.async with zero fill.
+// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX fragment layout, ldmatrix),
+// synchronous cp.async with zero fill.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -117,6 +117,26 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     float acc = c[e];
     for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
     c[e] = acc;
+  }
+  warp_bar[w]->arrive_and_wait();
+}
+// ldmatrix .x4 (optionally .trans): lane l passes the address of row l % 8 of matrix l / 8; of
+// matrix i it receives elements (l / 4, 2 (l % 4) .. +1), or with kTrans (2 (l % 4) .. +1, l / 4).
+inline const void* row_buf[4][32];
+template <bool kTrans>
+inline void ldmatrix_x4(uint32_t r[4], const void* row) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  row_buf[w][l] = row;
+  warp_bar[w]->arrive_and_wait();
+  auto element = [&](int m, int rr, int c) {
+    uint16_t v;
+    std::memcpy(&v, static_cast<const char*>(row_buf[w][m * 8 + rr]) + 2 * c, 2);
+    return static_cast<uint32_t>(v);
+  };
+  for (int m = 0; m < 4; ++m) {
+    const int g = l / 4, t = l % 4;
+    r[m] = kTrans ? element(m, 2 * t, g) | (element(m, 2 * t + 1, g) << 16)
+                  : element(m, g, 2 * t) | (element(m, g, 2 * t + 1) << 16);
   }
   warp_bar[w]->arrive_and_wait();
 }

@@ -2,7 +2,7 @@
 """Writes the host-emulation shims of the fused sparse attention kernels into OUT_DIR.
 
 Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The Evoformer device
-helpers the kernels include are copied with their inline PTX (mma.sync, cp.async) replaced by calls
+helpers the kernels include are copied with their inline PTX (mma.sync, ldmatrix, cp.async) replaced by calls
 into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu are copied without their
 launchers, so that the kernel sources compile unchanged as host C++.
 """
@@ -21,6 +21,9 @@ for t in ("__half", "__nv_bfloat16"):
         r"\s*asm volatile\(.*?\);\n",
         r"\1\n  ::emu::mma<" + t + r">(c, a, b);\n", src, flags=re.S)
     assert n == 1, t
+src, n = re.subn(r"(void ldmatrix_x4\(uint32_t r\[4\], const void\* row\) \{).*?\n\}",
+                 r"\1\n  ::emu::ldmatrix_x4<kTrans>(r, row);\n}", src, flags=re.S)
+assert n == 1, "ldmatrix_x4"
 for name, size in (("cp_async_16", 16), ("cp_async_4", 4)):
     src, n = re.subn(r"(void " + name + r"\(void\* smem, const void\* src, int bytes\) \{).*?\n\}",
                      r"\1\n  ::emu::cp_async(smem, src, " + str(size) + ", bytes);\n}", src,

@@ -27,6 +27,7 @@ using cuda::SparseAttentionDeviceParams;
 
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int64_t ctas, const Args&... args) {
+  gridDim.x = static_cast<unsigned>(ctas);
   for (int64_t cta = 0; cta < ctas; ++cta) {
     std::memset(cuda::smem_raw, 0xA5, sizeof(cuda::smem_raw));  // garbage
     emu::block_bar = std::make_unique<std::barrier<>>(128);
@@ -238,7 +239,8 @@ bool run_case(const Case& c) {
   p.fwd_partial = fwd_part.data();
   launch(cuda::sparse_attention_fwd_kernel<T, kHD>, c.B * dt.rows.pieces, p);
   if (dt.rows.num_split_lines)
-    launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>, c.B * dt.rows.num_split_lines, p);
+    launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>,
+           c.B * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p);
 
   bool ok = true;
   auto check = [&](const char* what, const testing::AssertionResult& r) {
@@ -279,16 +281,24 @@ bool run_case(const Case& c) {
   strides(gdk, p.dk_stride, 4);
   p.dv = gdv.data();
   strides(gdv, p.dv_stride, 4);
-  std::vector<float> delta(c.B * c.H * L);
+  // delta by the GPU's kernel (its 16-byte path when the rows allow it), checked against the
+  // same sum on the host.
+  std::vector<float> delta(c.B * c.H * L, NAN);
+  p.delta = delta.data();
+  p.vec_out = vec(gout);
+  launch(cuda::f32emu::sparse_attention_delta_kernel<T>, 3, p);
   {
     const std::vector<double> ov = gout.values(), dv = dout.values();
     for (int64_t r = 0; r < c.B * c.H * L; ++r) {
-      float acc = 0;
-      for (int64_t d = 0; d < c.D; ++d) acc += (float)ov[r * c.D + d] * (float)dv[r * c.D + d];
-      delta[r] = acc;
+      double acc = 0;
+      for (int64_t d = 0; d < c.D; ++d) acc += ov[r * c.D + d] * dv[r * c.D + d];
+      if (!(std::fabs(delta[r] - acc) <= 1e-4 * (1 + std::fabs(acc)))) {
+        std::printf("  FAIL delta row %lld: got %g, want %g\n", (long long)r, delta[r], acc);
+        ok = false;
+        break;
+      }
     }
   }
-  p.delta = delta.data();
   std::vector<float> dqp(std::max<size_t>(1, c.B * dt.rows.slots * 64 * kHD), NAN),
       dkp(std::max<size_t>(1, c.B * dt.cols.slots * 64 * kHD), NAN),
       dvp(std::max<size_t>(1, c.B * dt.cols.slots * 64 * kHD), NAN);
@@ -301,7 +311,8 @@ bool run_case(const Case& c) {
                  const int64_t* st) {
     if (!w.num_split_lines) return;
     cuda::SparseSumTarget target{part, out, {st[0], st[1], st[2], st[3]}};
-    launch(cuda::sparse_attention_sum_kernel<T, kHD>, c.B * w.num_split_lines, p, w, target);
+    launch(cuda::sparse_attention_sum_kernel<T, kHD>,
+           c.B * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p, w, target);
   };
   sum(dt.cols, dkp.data(), p.dk, p.dk_stride);
   sum(dt.cols, dvp.data(), p.dv, p.dv_stride);
