@@ -278,14 +278,27 @@ struct AttnProblem {
     if (causal && j > i) s = -kInf;
     return s;
   }
-  // Softmax row i; returns the lse (-inf and all-zero probabilities for a fully masked row).
-  double probs(int64_t z, int64_t h, int64_t i, Vec& p) const {
-    p.assign(static_cast<size_t>(L), 0.0);
-    double m = -kInf;
-    for (int64_t j = 0; j < L; ++j) {
-      p[static_cast<size_t>(j)] = score(z, h, i, j);
-      m = std::max(m, p[static_cast<size_t>(j)]);
+  // Calls fn(j) for the key columns of row i of head h that its layout blocks hold, ascending;
+  // every other column has score -inf (probability 0), so the rows below skip them: the sums are
+  // the same (adding exact zeros), and a 65,536-token layout costs its nonzeros, not L^2.
+  template <class Fn>
+  void for_each_layout_column(int64_t h, int64_t i, Fn fn) const {
+    for (int64_t c = 0; c < layout->num_col_blocks; ++c) {
+      if (!layout->at(h, i / b, c)) continue;
+      for (int64_t j = c * b; j < std::min(L, c * b + b); ++j) fn(j);
     }
+  }
+  // Softmax row i over its layout columns (cols, ascending, and p); returns the lse (-inf and
+  // all-zero probabilities for a fully masked row).
+  double probs(int64_t z, int64_t h, int64_t i, std::vector<int64_t>& cols, Vec& p) const {
+    cols.clear();
+    p.clear();
+    double m = -kInf;
+    for_each_layout_column(h, i, [&](int64_t j) {
+      cols.push_back(j);
+      p.push_back(score(z, h, i, j));
+      m = std::max(m, p.back());
+    });
     if (m == -kInf) {
       std::fill(p.begin(), p.end(), 0.0);
       return -kInf;
@@ -305,15 +318,16 @@ struct AttnForward {
 
 inline AttnForward attention_oracle(const AttnProblem& a) {
   AttnForward f{Dense4(a.B, a.H, a.L, a.D), Vec(static_cast<size_t>(a.B * a.H * a.L))};
+  std::vector<int64_t> cols;
   Vec p;
   for (int64_t z = 0; z < a.B; ++z)
     for (int64_t h = 0; h < a.H; ++h)
       for (int64_t i = 0; i < a.L; ++i) {
-        f.lse[static_cast<size_t>((z * a.H + h) * a.L + i)] = a.probs(z, h, i, p);
-        for (int64_t j = 0; j < a.L; ++j) {
-          const double pj = p[static_cast<size_t>(j)];
+        f.lse[static_cast<size_t>((z * a.H + h) * a.L + i)] = a.probs(z, h, i, cols, p);
+        for (size_t e = 0; e < cols.size(); ++e) {
+          const double pj = p[e];
           if (pj == 0.0) continue;
-          for (int64_t d = 0; d < a.D; ++d) f.out.at(z, h, i, d) += pj * a.v.at(z, h, j, d);
+          for (int64_t d = 0; d < a.D; ++d) f.out.at(z, h, i, d) += pj * a.v.at(z, h, cols[e], d);
         }
       }
   return f;
@@ -327,22 +341,25 @@ struct AttnGrads {
 // dQ_i = scale sum_j dS_ij K_j, dK_j = scale sum_i dS_ij Q_i, dV_j = sum_i P_ij dO_i.
 inline AttnGrads attention_backward_oracle(const AttnProblem& a, const Dense4& dout) {
   AttnGrads g{Dense4(a.B, a.H, a.L, a.D), Dense4(a.B, a.H, a.L, a.D), Dense4(a.B, a.H, a.L, a.D)};
-  Vec p, dp(static_cast<size_t>(a.L));
+  std::vector<int64_t> cols;
+  Vec p, dp;
   for (int64_t z = 0; z < a.B; ++z)
     for (int64_t h = 0; h < a.H; ++h)
       for (int64_t i = 0; i < a.L; ++i) {
-        a.probs(z, h, i, p);
+        a.probs(z, h, i, cols, p);
+        dp.assign(cols.size(), 0.0);
         double delta = 0.0;
-        for (int64_t j = 0; j < a.L; ++j) {
+        for (size_t e = 0; e < cols.size(); ++e) {
           double acc = 0.0;
-          for (int64_t d = 0; d < a.D; ++d) acc += dout.at(z, h, i, d) * a.v.at(z, h, j, d);
-          dp[static_cast<size_t>(j)] = acc;
-          delta += p[static_cast<size_t>(j)] * acc;
+          for (int64_t d = 0; d < a.D; ++d) acc += dout.at(z, h, i, d) * a.v.at(z, h, cols[e], d);
+          dp[e] = acc;
+          delta += p[e] * acc;
         }
-        for (int64_t j = 0; j < a.L; ++j) {
-          const double pj = p[static_cast<size_t>(j)];
+        for (size_t e = 0; e < cols.size(); ++e) {
+          const double pj = p[e];
           if (pj == 0.0) continue;
-          const double ds = pj * (dp[static_cast<size_t>(j)] - delta);
+          const int64_t j = cols[e];
+          const double ds = pj * (dp[e] - delta);
           for (int64_t d = 0; d < a.D; ++d) {
             g.dq.at(z, h, i, d) += a.scale * ds * a.k.at(z, h, j, d);
             g.dk.at(z, h, j, d) += a.scale * ds * a.q.at(z, h, i, d);

@@ -928,6 +928,18 @@ std::vector<ATCase> at_cases() {
   c.N = 4;
   c.D = 8;
   add(c);
+  // 65,536 tokens (the longest length): BigBird at block 64, one head, through sdd ->
+  // softmax -> dsd (a sparse tensor of 25 M elements).
+  c = ATCase();
+  c.dtype = DType::kBF16;
+  c.layout = AttnLayout::kBigBird;
+  c.block = 64;
+  c.N = 1024;
+  c.B = 1;
+  c.H = 1;
+  c.D = 64;
+  c.kpm = MaskKind::kAdd;
+  add(c);
   return cases;
 }
 

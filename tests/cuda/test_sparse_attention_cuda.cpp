@@ -3,7 +3,7 @@
 // CPU suites check against the same oracle, gives lowp_ref), for every sparsity config, block
 // 16/32/64/128, head dims 32/64/128 and a padded one, f16/bf16/f32, both mask modes and bool
 // masks, rpe, causal, strided and pre-transposed inputs, empty block rows, fully masked rows, and
-// lengths from one block to a few thousand tokens with split rows and columns; bitwise
+// lengths from one block to 65,536 tokens with split rows and columns; bitwise
 // determinism; NaN-poisoned outputs; the rejections. Each test skips without a CUDA device.
 // Quick subset for compute-sanitizer: --gtest_filter='*Small*'. Test layer (tests/cuda).
 #include <cuda_runtime.h>
@@ -499,8 +499,8 @@ std::vector<GpuCase> small_cases() {
   return cases;
 }
 
-// Longer sequences: a few thousand tokens, where global rows and columns get split by the
-// index's default piece size.
+// Longer sequences: a few thousand tokens and 65,536, where global rows and columns get split by
+// the index's default piece size.
 std::vector<GpuCase> large_cases() {
   std::vector<GpuCase> cases;
   uint64_t seed = kBaseSeed + 81000;
@@ -534,6 +534,19 @@ std::vector<GpuCase> large_cases() {
   c.D = 32;
   c.attn = MaskKind::kMul;
   c.masked_row = true;
+  c.seed = seed++;
+  cases.push_back(c);
+  // 65,536 tokens (the longest length): BigBird's class defaults at block 64, whose global
+  // row and column (1,024 tiles) are cut into pieces and merged; a key padding mask. The oracle
+  // walks only the layout's blocks (~10 s on one core).
+  c = GpuCase();
+  c.config = Config::kBigBird;
+  c.block = 64;
+  c.N = 1024;
+  c.B = 1;
+  c.H = 1;
+  c.D = 64;
+  c.kpm = MaskKind::kAdd;
   c.seed = seed++;
   cases.push_back(c);
   return cases;
