@@ -28,10 +28,11 @@ struct SparseBwdSmem {
 };
 
 // acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim: rows warp*16.. of `a_tile`) * rows^T, rows = the
-// 64 rows of `tile`; the A fragments are read from shared memory step by step.
+// 64 rows of `tile`; the A fragments are read from shared memory step by step. Pairs of n8 tiles
+// clear in `keep` are left at 0, as in mma_rows_t.
 template <typename T, int kSteps, int kPitch>
 __device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile, const T* tile,
-                                                int g, int t) {
+                                                int g, int t, uint32_t keep) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
@@ -40,6 +41,7 @@ __device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile
     load_a_frag<T, kPitch>(a, a_tile, s, g, t);
 #pragma unroll
     for (int j = 0; j < 8; j += 2) {
+      if (((keep >> j) & 1) == 0) continue;
       uint32_t bf[2][2];
       load_b_frags_of_rows<T, kPitch>(bf, tile, j, s, g, t);
       mma_16816<T>(acc[j], a, bf[0]);
@@ -129,51 +131,56 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     const float* lse = smem.lse[buf];
     const float* delta = smem.delta[buf];
 
-    // P^T (this warp's 16 keys x 64 queries) from S^T = K Q^T and the score terms. The thread's
-    // rows are keys and its columns queries, so the layout bit and the terms are read with
-    // (query, key) swapped.
-    float pt[8][4];
-    if constexpr (kRegs) {
-      mma_rows_t<T, kSteps, kPitch>(pt, k_frag, q_tile, g, t);
-    } else {
-      mma_rows_t_smem<T, kSteps, kPitch>(pt, kw, q_tile, g, t);
-    }
-    if (tile_is_plain(p, mask, q0, key0)) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          pt[j][x] = prob_of(pt[j][x] * p.scale, lse[j * 8 + 2 * t + (x & 1)]);
-        }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
-          const int64_t i = q0 + qc, jj = key0 + kc;
-          const float s =
-              element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
-          pt[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[qc]);
-        }
-    }
-    // dV += P^T dO.
-    mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
-    // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
-    {
-      float ds[8][4];
+    // A warp whose 16 keys have no layout sub-block in this tile gets nothing from it; the others
+    // skip the query sub-blocks they lack.
+    const uint32_t keep = warp_column_groups(p, mask, warp, /*rows_are_keys=*/true);
+    if (keep != 0) {
+      // P^T (this warp's 16 keys x 64 queries) from S^T = K Q^T and the score terms. The thread's
+      // rows are keys and its columns queries, so the layout bit and the terms are read with
+      // (query, key) swapped.
+      float pt[8][4];
       if constexpr (kRegs) {
-        mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t);
+        mma_rows_t<T, kSteps, kPitch>(pt, k_frag, q_tile, g, t, keep);
       } else {
-        mma_rows_t_smem<T, kSteps, kPitch>(ds, vw, do_tile, g, t);
+        mma_rows_t_smem<T, kSteps, kPitch>(pt, kw, q_tile, g, t, keep);
       }
+      if (tile_is_plain(p, mask, q0, key0)) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+          for (int x = 0; x < 4; ++x) {
+            pt[j][x] = prob_of(pt[j][x] * p.scale, lse[j * 8 + 2 * t + (x & 1)]);
+          }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
+            const int64_t i = q0 + qc, jj = key0 + kc;
+            const float s =
+                element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
+            pt[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[qc]);
+          }
+      }
+      // dV += P^T dO.
+      mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t, keep);
+      // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
+      {
+        float ds[8][4];
+        if constexpr (kRegs) {
+          mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t, keep);
+        } else {
+          mma_rows_t_smem<T, kSteps, kPitch>(ds, vw, do_tile, g, t, keep);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+      }
+      // dK += dS^T Q (times scale when written).
+      mma_acc_tile<T, kOutTiles, kPitch>(dk, pt, q_tile, g, t, keep);
     }
-    // dK += dS^T Q (times scale when written).
-    mma_acc_tile<T, kOutTiles, kPitch>(dk, pt, q_tile, g, t);
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
@@ -257,41 +264,46 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         load_a_frags<T, kSteps, kPitch>(do_frag, dow, g, t);
       }
     }
-    float pr[8][4];
-    if constexpr (kRegs) {
-      mma_rows_t<T, kSteps, kPitch>(pr, q_frag, smem.c[buf], g, t);
-    } else {
-      mma_rows_t_smem<T, kSteps, kPitch>(pr, qw, smem.c[buf], g, t);
-    }
-    if (tile_is_plain(p, mask, q0, k0)) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) pr[j][x] = prob_of(pr[j][x] * p.scale, lse[x >> 1]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-          const int64_t i = q0 + r, jj = k0 + c;
-          const float s =
-              element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
-          pr[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[x >> 1]);
-        }
-    }
-    {
-      float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
+    // As in the forward: a warp skips the tile when its 16 rows have no sub-block in it, and the
+    // key sub-blocks it lacks otherwise.
+    const uint32_t keep = warp_column_groups(p, mask, warp, /*rows_are_keys=*/false);
+    if (keep != 0) {
+      float pr[8][4];
       if constexpr (kRegs) {
-        mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t);
+        mma_rows_t<T, kSteps, kPitch>(pr, q_frag, smem.c[buf], g, t, keep);
       } else {
-        mma_rows_t_smem<T, kSteps, kPitch>(ds, dow, smem.d[buf], g, t);
+        mma_rows_t_smem<T, kSteps, kPitch>(pr, qw, smem.c[buf], g, t, keep);
       }
+      if (tile_is_plain(p, mask, q0, k0)) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
-      mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t);  // dQ += dS K
+          for (int x = 0; x < 4; ++x) pr[j][x] = prob_of(pr[j][x] * p.scale, lse[x >> 1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+            const int64_t i = q0 + r, jj = k0 + c;
+            const float s =
+                element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
+            pr[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[x >> 1]);
+          }
+      }
+      {
+        float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
+        if constexpr (kRegs) {
+          mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t, keep);
+        } else {
+          mma_rows_t_smem<T, kSteps, kPitch>(ds, dow, smem.d[buf], g, t, keep);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
+        mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t, keep);  // dQ += dS K
+      }
     }
     __syncthreads();
   }

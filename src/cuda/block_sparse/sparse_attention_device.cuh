@@ -112,6 +112,26 @@ __device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams&
          col0 + SparseTile::kSize <= p.len && (!p.causal || col0 + SparseTile::kSize - 1 <= row0);
 }
 
+// The 16-column groups of a tile that warp `warp` needs, as a mask over the eight n8 column
+// tiles (both bits of a group set or clear): with layout blocks of 16 or 32 a tile holds several
+// sub-blocks, a warp's 16 rows lie in one of them, and the columns of its absent sub-blocks have
+// no kept element, so their MMAs would only produce values the element checks remove (scores
+// -inf, probabilities 0). rows_are_keys: the warp's rows are keys and the tile's columns queries
+// (the dK/dV kernel); the mask bits stay (query sub-block, key sub-block).
+__device__ __forceinline__ uint32_t warp_column_groups(const SparseAttentionDeviceParams& p,
+                                                       int mask, int warp, bool rows_are_keys) {
+  if (mask == p.tiles.full_mask) return 0xFFu;
+  const int mine = (warp * 16) >> p.tiles.shift;
+  uint32_t keep = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const int other = (j * 8) >> p.tiles.shift;
+    const int bit = rows_are_keys ? other * p.tiles.sub + mine : mine * p.tiles.sub + other;
+    if ((mask >> bit) & 1) keep |= 3u << j;
+  }
+  return keep;
+}
+
 // Starts copying the lse and delta of query rows [q0, q0 + 64) of (b, h) into shared memory in
 // the caller's cp.async group. Rows past L get lse = -inf (probability 0) and delta = 0.
 __device__ __forceinline__ void load_sparse_row_stats(float* lse, float* delta,

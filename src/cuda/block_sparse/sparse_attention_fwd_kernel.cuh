@@ -87,90 +87,97 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       if (e == at.begin) load_a_frags<T, kSteps, kPitch>(q_frag, qw, g, t);
     }
 
-    // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
-    float s[kScoreTiles][4];
+    // A warp whose 16 rows have no layout sub-block in this tile adds nothing (every score is
+    // removed): it skips the tile, and the others skip the sub-blocks they lack.
+    const uint32_t keep = warp_column_groups(p, mask, warp, /*rows_are_keys=*/false);
+    if (keep != 0) {
+      // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+      float s[kScoreTiles][4];
 #pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      uint32_t a[4];
-      if constexpr (kQInRegisters) {
-        a[0] = q_frag[st][0];
-        a[1] = q_frag[st][1];
-        a[2] = q_frag[st][2];
-        a[3] = q_frag[st][3];
-      } else {
-        load_a_frag<T, kPitch>(a, qw, st, g, t);
-      }
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; j += 2) {
-        uint32_t bf[2][2];
-        load_b_frags_of_rows<T, kPitch>(bf, smem.k[buf], j, st, g, t);
-        mma_16816<T>(s[j], a, bf[0]);
-        mma_16816<T>(s[j + 1], a, bf[1]);
-      }
-    }
-    // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
-    // causal rule) are -inf. Then the tile's row maxima.
-    float tile_max[2] = {kNegInf, kNegInf};
-    if (tile_is_plain(p, mask, row0, col0)) {
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-          const int64_t i = row0 + r, jj = col0 + c;
-          s[j][x] =
-              element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
+      for (int st = 0; st < kSteps; ++st) {
+        uint32_t a[4];
+        if constexpr (kQInRegisters) {
+          a[0] = q_frag[st][0];
+          a[1] = q_frag[st][1];
+          a[2] = q_frag[st][2];
+          a[3] = q_frag[st][3];
+        } else {
+          load_a_frag<T, kPitch>(a, qw, st, g, t);
         }
-    }
 #pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // The four threads of a row (t = 0..3) hold its 64 columns between them.
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-    }
-    float rescale[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float new_max = fmaxf(row_max[r], tile_max[r]);
-      // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
-      // scores gives 0 instead of exp(-inf - -inf) = NaN.
-      const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
-      rescale[r] = exp2f(row_max[r] * kLog2e - shift_log2);
-      row_max[r] = new_max;
-      row_sum[r] *= rescale[r];
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j) {
-        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], kLog2e, -shift_log2));
-        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
-        row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+        for (int j = 0; j < kScoreTiles; j += 2) {
+          if (((keep >> j) & 1) == 0) continue;
+          uint32_t bf[2][2];
+          load_b_frags_of_rows<T, kPitch>(bf, smem.k[buf], j, st, g, t);
+          mma_16816<T>(s[j], a, bf[0]);
+          mma_16816<T>(s[j + 1], a, bf[1]);
+        }
       }
-    }
+      // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
+      // causal rule) are -inf. Then the tile's row maxima.
+      float tile_max[2] = {kNegInf, kNegInf};
+      if (tile_is_plain(p, mask, row0, col0)) {
 #pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      o_acc[i][0] *= rescale[0];
-      o_acc[i][1] *= rescale[0];
-      o_acc[i][2] *= rescale[1];
-      o_acc[i][3] *= rescale[1];
-    }
-    // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.
+        for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
-    for (int kk = 0; kk < SparseTile::kSize / 16; ++kk) {
-      const uint32_t a[4] = {ElementTraits<T>::pack(s[2 * kk][0], s[2 * kk][1]),
-                             ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                             ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      mma_acc_k_major<T, kOutTiles, kPitch>(o_acc, a, smem.v[buf], kk, g, t);
+          for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+            const int64_t i = row0 + r, jj = col0 + c;
+            s[j][x] =
+                element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
+          }
+      }
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // The four threads of a row (t = 0..3) hold its 64 columns between them.
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      }
+      float rescale[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float new_max = fmaxf(row_max[r], tile_max[r]);
+        // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
+        // scores gives 0 instead of exp(-inf - -inf) = NaN.
+        const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
+        rescale[r] = exp2f(row_max[r] * kLog2e - shift_log2);
+        row_max[r] = new_max;
+        row_sum[r] *= rescale[r];
+#pragma unroll
+        for (int j = 0; j < kScoreTiles; ++j) {
+          s[j][2 * r] = exp2f(fmaf(s[j][2 * r], kLog2e, -shift_log2));
+          s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
+          row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        o_acc[i][0] *= rescale[0];
+        o_acc[i][1] *= rescale[0];
+        o_acc[i][2] *= rescale[1];
+        o_acc[i][3] *= rescale[1];
+      }
+      // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.
+#pragma unroll
+      for (int kk = 0; kk < SparseTile::kSize / 16; ++kk) {
+        if (((keep >> (2 * kk)) & 1) == 0) continue;  // P is 0 there
+        const uint32_t a[4] = {ElementTraits<T>::pack(s[2 * kk][0], s[2 * kk][1]),
+                               ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                               ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        mma_acc_k_major<T, kOutTiles, kPitch>(o_acc, a, smem.v[buf], kk, g, t);
+      }
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }

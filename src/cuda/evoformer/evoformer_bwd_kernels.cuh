@@ -86,13 +86,16 @@ __device__ __forceinline__ void load_a_frags(uint32_t frag[kSteps][4], const T* 
 }
 
 // acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim, fragments) * rows^T, rows = 64 rows of `tile`.
+// Pairs of n8 tiles whose bit (of j, j even) is clear in `keep` are left at 0 (the block-sparse
+// kernels skip 16-column sub-blocks a warp does not need; warp-uniform).
 template <typename T, int kSteps, int kPitch>
 __device__ __forceinline__ void mma_rows_t(float acc[8][4], const uint32_t a[kSteps][4],
-                                           const T* tile, int g, int t) {
+                                           const T* tile, int g, int t, uint32_t keep = 0xFF) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; j += 2) {
+    if (((keep >> j) & 1) == 0) continue;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       uint32_t bf[2][2];
@@ -104,12 +107,14 @@ __device__ __forceinline__ void mma_rows_t(float acc[8][4], const uint32_t a[kSt
 }
 
 // out[i] (16 x kHeadDim) += X (16 x 64, given as fp32 accumulators of eight n8 tiles) * tile,
-// tile = 64 rows x kHeadDim in shared memory. X is rounded to T for the tensor cores.
+// tile = 64 rows x kHeadDim in shared memory. X is rounded to T for the tensor cores. k-steps kk
+// whose bit 2 kk is clear in `keep` are skipped (X is zero there).
 template <typename T, int kOutTiles, int kPitch>
 __device__ __forceinline__ void mma_acc_tile(float out[kOutTiles][4], const float x[8][4],
-                                             const T* tile, int g, int t) {
+                                             const T* tile, int g, int t, uint32_t keep = 0xFF) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
+    if (((keep >> (2 * kk)) & 1) == 0) continue;
     const uint32_t a[4] = {ElementTraits<T>::pack(x[2 * kk][0], x[2 * kk][1]),
                            ElementTraits<T>::pack(x[2 * kk][2], x[2 * kk][3]),
                            ElementTraits<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]),
