@@ -33,6 +33,16 @@ status=0
 # kernel instantiation).
 if [ -f "$bin/bins.tar.xz" ]; then tar xJf "$bin/bins.tar.xz" -C "$bin"; fi
 nvidia-smi -L || true
+# compute-sanitizer TOOL PROGRAM FILTER LOG: runs the gtest program's FILTER subset under the tool,
+# keeps the whole output in LOG and prints its summary; a finding fails the suite.
+sanitize() {
+  echo "== compute-sanitizer --tool $1 $2"
+  compute-sanitizer --tool "$1" --error-exitcode 1 "$bin/$2" --gtest_brief=1 \
+    --gtest_filter="$3" > "$4" 2>&1
+  local rc=$?
+  tail -3 "$4"
+  [ $rc -eq 0 ] || status=1
+}
 if want tests; then
   echo "== gpu tests"
   if [ -x "$bin/test_cuda_device" ]; then "$bin/test_cuda_device" --gtest_brief=1 || status=1; fi
@@ -43,12 +53,7 @@ if want sanitize; then
   # Small shapes of every instantiation family (both dtypes, head dims 16..128, both directions).
   filter='Cases/EvoformerCuda.*L17*:Cases/EvoformerCuda.*L1H*:EvoformerCudaEdges.FullyMasked*'
   for tool in memcheck racecheck; do
-    echo "== compute-sanitizer --tool $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/test_evoformer_cuda" --gtest_brief=1 \
-      --gtest_filter="$filter" > "$out/sanitizer_$tool.log" 2>&1
-    rc=$?
-    tail -5 "$out/sanitizer_$tool.log"
-    [ $rc -eq 0 ] || status=1
+    sanitize "$tool" test_evoformer_cuda "$filter" "$out/sanitizer_$tool.log"
   done
 fi
 if want cli && [ -x "$bin/sciattn" ]; then
@@ -125,12 +130,7 @@ if want sparse_sanitize; then
   for t in test_sparse_attention_cuda test_block_sparse_ops_cuda; do
     [ -x "$bin/$t" ] || continue
     for tool in memcheck racecheck; do
-      echo "== compute-sanitizer --tool $tool $t"
-      compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$t" --gtest_brief=1 \
-        --gtest_filter='*Small*' > "$out/sanitizer_${tool}_$t.log" 2>&1
-      rc=$?
-      tail -3 "$out/sanitizer_${tool}_$t.log"
-      [ $rc -eq 0 ] || status=1
+      sanitize "$tool" "$t" '*Small*' "$out/sanitizer_${tool}_$t.log"
     done
   done
 fi
