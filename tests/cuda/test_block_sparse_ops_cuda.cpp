@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -1058,6 +1059,46 @@ TEST(BlockSparseCudaSmall, IndexNotUploadedIsRejected) {
   EXPECT_EQ(can_implement(sm, &why).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(mentions(why, "index")) << why;
   EXPECT_FALSE(run(sm, nullptr, 0).ok());
+}
+
+// A sparse tensor of more than 2^31 - 1 elements per batch (a dense 1,024 x 1,024 layout of 64 x
+// 64 blocks: 4 G elements, 8 GB in bf16): the GPU MatMul and Softmax refuse it, naming the limit
+// and the fused attention, which accepts the same index (it never forms the sparse tensor). Only
+// the checks run; the buffers are allocated at their full sizes (so that no view reaches past its
+// allocation) but never written. Not in the sanitizer subset (8 GB).
+TEST(BlockSparseCudaLimits, SparseTensorPast2To31IsRefusedByTheOpsNotByTheFusedAttention) {
+  SKIP_WITHOUT_GPU();
+  Layout layout = Layout::zeros(1, 1024, 1024);
+  std::fill(layout.blocks.begin(), layout.blocks.end(), uint8_t{1});
+  BlockSparseIndex ix = make_index(layout, 64);
+  upload(ix);
+  const int64_t L = 1024 * 64, D = 64;
+  const size_t dense_bytes = static_cast<size_t>(L * D) * 2;
+  const size_t sparse_bytes = static_cast<size_t>(ix.nnz) * 64 * 64 * 2;
+  DeviceBuffer a(dense_bytes), b(dense_bytes), c(sparse_bytes);
+  ASSERT_NE(c.ptr, nullptr) << "could not allocate " << sparse_bytes << " bytes";
+  BlockSparseMatMulParams mm;
+  mm.index = &ix;
+  mm.mode = BlockSparseMatMulMode::kSdd;
+  mm.a = TensorView::contiguous(a.ptr, DType::kBF16, {1, 1, L, D}, Device::kCuda);
+  mm.b = TensorView::contiguous(b.ptr, DType::kBF16, {1, 1, D, L}, Device::kCuda);
+  mm.c = TensorView::contiguous(c.ptr, DType::kBF16, {1, ix.nnz, 64, 64}, Device::kCuda);
+  std::string why;
+  EXPECT_EQ(can_implement(mm, &why).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(why, "2^31 - 1 elements")) << why;
+  EXPECT_TRUE(mentions(why, "fused")) << why;
+
+  BlockSparseSoftmaxParams sm;  // in place
+  sm.index = &ix;
+  sm.x = sm.y = mm.c;
+  EXPECT_EQ(can_implement(sm, &why).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(mentions(why, "2^31 - 1 elements")) << why;
+
+  SparseAttentionForwardParams fa;
+  fa.index = &ix;
+  fa.q = fa.k = fa.v = mm.a;
+  fa.out = TensorView::contiguous(b.ptr, DType::kBF16, {1, 1, L, D}, Device::kCuda);
+  EXPECT_TRUE(can_implement(fa, &why).ok()) << why;
 }
 
 // A layout with a single block: every other block row is empty, and the dsd must write zeros
