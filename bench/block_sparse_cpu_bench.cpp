@@ -8,13 +8,15 @@
 // D), dense-equivalent GFLOP/s (the dense FLOPs over the time: a speed-up over dense shows as a
 // rate above dense's own), the layout's density and the call's extra memory (its workspace).
 // BM_BuildIndex times building the index of a 65,536-token layout; BM_BuildIndexFromConfig
-// times building it from a config (build_sparse_attention_index) and the dense route's steps.
+// times building it from a config (build_sparse_attention_index), the dense route's steps and
+// the tile index the GPU upload builds from it.
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
 #include <random>
 #include <vector>
 
+#include "common/sparse_attention_tiles.h"  // the host step of the index upload (part 4)
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/evoformer.h"
@@ -262,7 +264,9 @@ BENCHMARK(BM_BuildIndex)
 // layout (make_layout_for_length) and scanning it (build_block_sparse_index, from a layout made
 // outside the timed loop). Arguments: config (0 BigBird, 1 BSLongformer, 2 Fixed, 3 Variable),
 // block, part (0 build_sparse_attention_index, 1 make_layout_for_length, 2
-// build_block_sparse_index, 3 both dense steps in one call sequence).
+// build_block_sparse_index, 3 both dense steps in one call sequence, 4 the host step of
+// upload_block_sparse_index: the GPU kernels' tile index of the built index,
+// detail::build_sparse_attention_tiles).
 void BM_BuildIndexFromConfig(benchmark::State& state) {
   constexpr int64_t kTokens = 65536, kIndexHeads = 16;
   const int64_t block = state.range(1);
@@ -277,6 +281,11 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
     return;
   }
   BlockSparseIndex index;
+  detail::SparseAttentionTiles tiles;
+  if (part == 4 && !build_sparse_attention_index(config, kTokens, kTokens, &index).ok()) {
+    state.SkipWithError("build_sparse_attention_index failed");
+    return;
+  }
   for (auto _ : state) {
     Status s;
     if (part == 0) {
@@ -286,6 +295,9 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
       benchmark::DoNotOptimize(layout.blocks.data());
     } else if (part == 2) {
       s = build_block_sparse_index(layout, block, &index);
+    } else if (part == 4) {
+      s = detail::build_sparse_attention_tiles(index, &tiles);
+      benchmark::DoNotOptimize(tiles.row_cols.data());
     } else {
       s = make_layout_for_length(config, kTokens, kTokens, &layout);
       if (s.ok()) s = build_block_sparse_index(layout, block, &index);
@@ -301,7 +313,7 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
 
 BENCHMARK(BM_BuildIndexFromConfig)
     ->ArgNames({"config", "block", "part"})
-    ->ArgsProduct({{0, 1, 2, 3}, {64, 16}, {0, 1, 2, 3}})
+    ->ArgsProduct({{0, 1, 2, 3}, {64, 16}, {0, 1, 2, 3, 4}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.3);

@@ -37,6 +37,77 @@ SparseAttentionTileWork split_tile_lines(const std::vector<int64_t>& offsets, in
   return work;
 }
 
+// The row and column tile lists of `t` (whose geometry is set) for a layout block other than the
+// tile: each tile row ORs the sub-block bits of the layout blocks it covers into a dense
+// per-column mask, remembering the columns it touched, and emits them in column order; the
+// column lists are the transpose, filled in ascending tile row order.
+void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionTiles* out) {
+  constexpr int64_t kTile = SparseAttentionTiles::kTile;
+  SparseAttentionTiles& t = *out;
+  const int64_t H = ix.num_heads, R = ix.num_row_blocks, nt = t.num_tiles;
+  // At most one tile per layout block below the tile size, span^2 above it, and at most every
+  // tile.
+  const auto most = static_cast<size_t>(std::min(ix.nnz * span * span, H * nt * nt));
+  t.row_cols.reserve(most);
+  t.row_masks.reserve(most);
+  t.row_offsets.assign(static_cast<size_t>(H * nt + 1), 0);
+  std::vector<int64_t> mask(static_cast<size_t>(nt), 0);
+  std::vector<int64_t> touched;
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t tr = 0; tr < nt; ++tr) {
+      touched.clear();
+      // The block rows covering tile row tr and the sub-block row of each inside the tile.
+      const int64_t first = ix.block < kTile ? tr * t.sub : tr / span;
+      const int64_t last = ix.block < kTile ? std::min(R, (tr + 1) * t.sub) : first + 1;
+      for (int64_t I = first; I < last; ++I) {
+        const int64_t sub_row = ix.block < kTile ? I - tr * t.sub : 0;
+        for (int64_t p = ix.row_begin(h, I); p < ix.row_end(h, I); ++p) {
+          const int64_t J = ix.col[static_cast<size_t>(p)];
+          const int64_t tc0 = ix.block < kTile ? J / t.sub : J * span;
+          const int64_t tc1 = ix.block < kTile ? tc0 + 1 : tc0 + span;
+          const int64_t sub_col = ix.block < kTile ? J - tc0 * t.sub : 0;
+          for (int64_t tc = tc0; tc < tc1; ++tc) {
+            int64_t& m = mask[static_cast<size_t>(tc)];
+            if (m == 0) touched.push_back(tc);
+            m |= int64_t{1} << (sub_row * t.sub + sub_col);
+          }
+        }
+      }
+      std::sort(touched.begin(), touched.end());
+      for (int64_t tc : touched) {
+        t.row_cols.push_back(tc);
+        t.row_masks.push_back(mask[static_cast<size_t>(tc)]);
+        mask[static_cast<size_t>(tc)] = 0;
+      }
+      t.row_offsets[static_cast<size_t>(h * nt + tr + 1)] = static_cast<int64_t>(t.row_cols.size());
+    }
+  }
+  t.nnz = static_cast<int64_t>(t.row_cols.size());
+
+  t.col_offsets.assign(static_cast<size_t>(H * nt + 1), 0);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t e = t.row_offsets[static_cast<size_t>(h * nt)];
+         e < t.row_offsets[static_cast<size_t>((h + 1) * nt)]; ++e) {
+      ++t.col_offsets[static_cast<size_t>(h * nt + t.row_cols[static_cast<size_t>(e)] + 1)];
+    }
+  }
+  for (size_t l = 1; l < t.col_offsets.size(); ++l) t.col_offsets[l] += t.col_offsets[l - 1];
+  t.col_rows.assign(static_cast<size_t>(t.nnz), 0);
+  t.col_masks.assign(static_cast<size_t>(t.nnz), 0);
+  std::vector<int64_t> fill(t.col_offsets.begin(), t.col_offsets.end() - 1);
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t tr = 0; tr < nt; ++tr) {
+      for (int64_t e = t.row_offsets[static_cast<size_t>(h * nt + tr)];
+           e < t.row_offsets[static_cast<size_t>(h * nt + tr + 1)]; ++e) {
+        const size_t at = static_cast<size_t>(
+            fill[static_cast<size_t>(h * nt + t.row_cols[static_cast<size_t>(e)])]++);
+        t.col_rows[at] = tr;
+        t.col_masks[at] = t.row_masks[static_cast<size_t>(e)];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int64_t sparse_attention_tiles_per_piece(const BlockSparseIndex& index, int64_t max_blocks,
@@ -81,64 +152,17 @@ Status build_sparse_attention_tiles(const BlockSparseIndex& ix, SparseAttentionT
   // Tiles per layout block side (b >= kTile), 1 otherwise.
   const int64_t span = ix.block > kTile ? ix.block / kTile : 1;
 
-  // Row lists: for each tile row, OR the bits of the layout blocks it covers into a dense
-  // per-column mask, remembering which columns were touched, then emit them in column order.
-  t.row_offsets.assign(static_cast<size_t>(H * nt + 1), 0);
-  std::vector<int64_t> mask(static_cast<size_t>(nt), 0);
-  std::vector<int64_t> touched;
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t tr = 0; tr < nt; ++tr) {
-      touched.clear();
-      // The block rows covering tile row tr and the sub-block row of each inside the tile.
-      const int64_t first = ix.block < kTile ? tr * t.sub : tr / span;
-      const int64_t last = ix.block < kTile ? std::min(R, (tr + 1) * t.sub) : first + 1;
-      for (int64_t I = first; I < last; ++I) {
-        const int64_t sub_row = ix.block < kTile ? I - tr * t.sub : 0;
-        for (int64_t p = ix.row_begin(h, I); p < ix.row_end(h, I); ++p) {
-          const int64_t J = ix.col[static_cast<size_t>(p)];
-          const int64_t tc0 = ix.block < kTile ? J / t.sub : J * span;
-          const int64_t tc1 = ix.block < kTile ? tc0 + 1 : tc0 + span;
-          const int64_t sub_col = ix.block < kTile ? J - tc0 * t.sub : 0;
-          for (int64_t tc = tc0; tc < tc1; ++tc) {
-            int64_t& m = mask[static_cast<size_t>(tc)];
-            if (m == 0) touched.push_back(tc);
-            m |= int64_t{1} << (sub_row * t.sub + sub_col);
-          }
-        }
-      }
-      std::sort(touched.begin(), touched.end());
-      for (int64_t tc : touched) {
-        t.row_cols.push_back(tc);
-        t.row_masks.push_back(mask[static_cast<size_t>(tc)]);
-        mask[static_cast<size_t>(tc)] = 0;
-      }
-      t.row_offsets[static_cast<size_t>(h * nt + tr + 1)] = static_cast<int64_t>(t.row_cols.size());
-    }
-  }
-  t.nnz = static_cast<int64_t>(t.row_cols.size());
-
-  // Column lists: the transpose of the row lists, filled in ascending tile row order.
-  t.col_offsets.assign(static_cast<size_t>(H * nt + 1), 0);
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t e = t.row_offsets[static_cast<size_t>(h * nt)];
-         e < t.row_offsets[static_cast<size_t>((h + 1) * nt)]; ++e) {
-      ++t.col_offsets[static_cast<size_t>(h * nt + t.row_cols[static_cast<size_t>(e)] + 1)];
-    }
-  }
-  for (size_t l = 1; l < t.col_offsets.size(); ++l) t.col_offsets[l] += t.col_offsets[l - 1];
-  t.col_rows.assign(static_cast<size_t>(t.nnz), 0);
-  t.col_masks.assign(static_cast<size_t>(t.nnz), 0);
-  std::vector<int64_t> fill(t.col_offsets.begin(), t.col_offsets.end() - 1);
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t tr = 0; tr < nt; ++tr) {
-      for (int64_t e = t.row_offsets[static_cast<size_t>(h * nt + tr)];
-           e < t.row_offsets[static_cast<size_t>(h * nt + tr + 1)]; ++e) {
-        const size_t at = static_cast<size_t>(
-            fill[static_cast<size_t>(h * nt + t.row_cols[static_cast<size_t>(e)])]++);
-        t.col_rows[at] = tr;
-        t.col_masks[at] = t.row_masks[static_cast<size_t>(e)];
-      }
-    }
+  if (ix.block == kTile) {
+    // Tiles are the layout blocks: the index's own row and column lists, every mask full.
+    t.row_offsets = ix.row_offsets;
+    t.row_cols = ix.col;
+    t.row_masks.assign(ix.col.size(), t.full_mask);
+    t.col_offsets = ix.col_offsets;
+    t.col_rows = ix.col_rows;
+    t.col_masks = t.row_masks;
+    t.nnz = ix.nnz;
+  } else {
+    build_tile_lists(ix, span, &t);
   }
 
   const int64_t lines = H * nt;  // tile rows, and tile columns, over all heads
