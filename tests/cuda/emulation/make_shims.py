@@ -2,9 +2,9 @@
 """Writes the host-emulation shims of the fused sparse attention kernels into OUT_DIR.
 
 Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The Evoformer device
-helpers the kernels include are copied with their inline PTX (mma.sync, ldmatrix, cp.async) replaced by calls
-into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu are copied without their
-launchers, so that the kernel sources compile unchanged as host C++.
+helpers the kernels include are copied with their inline PTX (mma.sync, ldmatrix, cp.async)
+replaced by calls into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu are copied
+without their launchers, so that the kernel sources compile unchanged as host C++.
 """
 import re
 import sys
