@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -310,6 +311,34 @@ struct AttnProblem {
     return lse;
   }
 };
+
+// The oracle problem of one sparse attention call on host tensors: q, k, v [B, H, L, D] (any
+// views), rpe, key padding mask and attention mask left out when not present(); the scale as the
+// library holds it, a float: `scale` when given, else 1/sqrt(D) rounded to fp32.
+inline AttnProblem attention_problem(const Layout& layout, int64_t block, const HostTensor& q,
+                                     const HostTensor& k, const HostTensor& v,
+                                     const HostTensor& rpe, const HostTensor& kpm,
+                                     MaskMode kpm_mode, const HostTensor& attn, MaskMode attn_mode,
+                                     bool causal, std::optional<float> scale = std::nullopt) {
+  AttnProblem a;
+  a.layout = &layout;
+  a.b = block;
+  const TensorView qv = q.view();
+  a.B = qv.sizes[0];
+  a.H = qv.sizes[1];
+  a.L = qv.sizes[2];
+  a.D = qv.sizes[3];
+  a.scale = static_cast<double>(
+      scale ? *scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.D))));
+  a.q = dense_op(q, false);
+  a.k = dense_op(k, false);
+  a.v = dense_op(v, false);
+  if (rpe.present()) a.rpe = dense_op(rpe, false);
+  if (kpm.present()) a.kpm = mask_terms(kpm, kpm_mode);
+  if (attn.present()) a.attn = mask_terms(attn, attn_mode);
+  a.causal = causal;
+  return a;
+}
 
 struct AttnForward {
   Dense4 out;  // [B, H, L, D]

@@ -234,24 +234,8 @@ Bwd run_backward(const ATProblem& p, const Fwd& fwd, SparseAttentionAlgorithm al
 }
 
 AttnProblem oracle_problem(const ATProblem& p) {
-  AttnProblem a;
-  a.layout = &p.layout;
-  a.b = p.c.block;
-  a.B = p.c.B;
-  a.H = p.c.H;
-  a.L = p.c.L();
-  a.D = p.c.D;
-  // The scale as the library holds it: a float (1/sqrt(D) rounded to fp32 by default).
-  a.scale = static_cast<double>(
-      p.c.scale ? *p.c.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.D))));
-  a.q = dense_op(p.q, false);
-  a.k = dense_op(p.k, false);
-  a.v = dense_op(p.v, false);
-  if (p.rpe.present()) a.rpe = dense_op(p.rpe, false);
-  if (p.kpm.present()) a.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
-  if (p.attn.present()) a.attn = mask_terms(p.attn, mode_of(p.c.attn));
-  a.causal = p.c.causal;
-  return a;
+  return attention_problem(p.layout, p.c.block, p.q, p.k, p.v, p.rpe, p.kpm, mode_of(p.c.kpm),
+                           p.attn, mode_of(p.c.attn), p.c.causal, p.c.scale);
 }
 
 std::vector<ATCase> all_cases() {
@@ -565,19 +549,9 @@ TEST(SparseAttention, PaddingToTheBlockSize) {
   HostTensor out = HostTensor::packed(DType::kBF16, {B, H, L, D});
   ASSERT_TRUE(unpad_sequence_output(outp.view(), 2, out.view()).ok());
 
-  AttnProblem a;
-  a.layout = &layout;
-  a.b = b;
-  a.B = B;
-  a.H = H;
-  a.L = Lp;
-  a.D = D;
-  a.scale = static_cast<double>(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
-  a.q = dense_op(qp, false);
-  a.k = dense_op(kp, false);
-  a.v = dense_op(vp, false);
-  a.kpm = kpm.values();
-  const AttnForward o = attention_oracle(a);
+  const AttnForward o = attention_oracle(attention_problem(
+      layout, b, qp, kp, vp, HostTensor(), kpm, MaskMode::kAdd, HostTensor(), MaskMode::kAdd,
+      /*causal=*/false));
   Vec want;
   for (int64_t z = 0; z < B; ++z)
     for (int64_t h = 0; h < H; ++h)

@@ -811,24 +811,8 @@ SparseAttentionOptions at_options(const ATCase& c) {
 }
 
 AttnProblem at_oracle_problem(const ATProblem& p) {
-  AttnProblem a;
-  a.layout = &p.layout;
-  a.b = p.c.block;
-  a.B = p.c.B;
-  a.H = p.c.H;
-  a.L = p.c.L();
-  a.D = p.c.D;
-  // The scale as the library holds it: a float.
-  a.scale = static_cast<double>(
-      p.c.scale ? *p.c.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.D))));
-  a.q = dense_op(p.q, false);
-  a.k = dense_op(p.k, false);
-  a.v = dense_op(p.v, false);
-  if (p.rpe.present()) a.rpe = dense_op(p.rpe, false);
-  if (p.kpm.present()) a.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
-  if (p.attn.present()) a.attn = mask_terms(p.attn, mode_of(p.c.attn));
-  a.causal = p.c.causal;
-  return a;
+  return attention_problem(p.layout, p.c.block, p.q, p.k, p.v, p.rpe, p.kpm, mode_of(p.c.kpm),
+                           p.attn, mode_of(p.c.attn), p.c.causal, p.c.scale);
 }
 
 // The tensors of one attention call (host or device views of the problem's inputs).

@@ -158,21 +158,8 @@ bool run_case(const Case& c) {
   opt.attn_mask_mode = MaskMode::kMul;
 
   // Oracle and CPU fused.
-  AttnProblem a;
-  a.layout = &layout;
-  a.b = c.block;
-  a.B = c.B;
-  a.H = c.H;
-  a.L = L;
-  a.D = c.D;
-  a.scale = (double)(float)(1.0 / std::sqrt((double)c.D));
-  a.q = dense_op(q, false);
-  a.k = dense_op(k, false);
-  a.v = dense_op(v, false);
-  if (rpe.present()) a.rpe = dense_op(rpe, false);
-  if (kpm.present()) a.kpm = mask_terms(kpm, MaskMode::kAdd);
-  if (attn.present()) a.attn = mask_terms(attn, MaskMode::kMul);
-  a.causal = c.causal;
+  const AttnProblem a = attention_problem(layout, c.block, q, k, v, rpe, kpm, MaskMode::kAdd, attn,
+                                          MaskMode::kMul, c.causal);
   const AttnForward o = attention_oracle(a);
   const AttnGrads og = attention_backward_oracle(a, dense_op(dout, false));
   HostTensor cout_ = HostTensor::packed(c.dtype, sizes),
@@ -369,20 +356,8 @@ bool run_f32(const Case& c) {
   opt.causal = c.causal;
   opt.key_padding_mask_mode = MaskMode::kMul;
   opt.attn_mask_mode = MaskMode::kMul;
-  AttnProblem a;
-  a.layout = &layout;
-  a.b = c.block;
-  a.B = c.B;
-  a.H = c.H;
-  a.L = L;
-  a.D = c.D;
-  a.scale = (double)(float)(1.0 / std::sqrt((double)c.D));
-  a.q = dense_op(q, false);
-  a.k = dense_op(k, false);
-  a.v = dense_op(v, false);
-  a.kpm = mask_terms(kpm, MaskMode::kMul);
-  a.attn = mask_terms(attn, MaskMode::kMul);
-  a.causal = c.causal;
+  const AttnProblem a = attention_problem(layout, c.block, q, k, v, HostTensor(), kpm,
+                                          MaskMode::kMul, attn, MaskMode::kMul, c.causal);
   const AttnForward o = attention_oracle(a);
   const AttnGrads og = attention_backward_oracle(a, dense_op(dout, false));
   HostTensor cout_ = HostTensor::packed(DType::kF32, sizes),
