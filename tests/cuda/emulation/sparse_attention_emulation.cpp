@@ -44,12 +44,50 @@ void launch(Kernel kernel, int64_t ctas, const Args&... args) {
   }
 }
 
-struct Packed {
-  std::vector<int32_t> data;
-  const int32_t* add(const std::vector<int64_t>& v, std::vector<std::vector<int32_t>>& keep) {
+// The device index's tile arrays as the kernels read them: int32 copies of the host tile index
+// held here (as upload_block_sparse_index packs them), with the pieces of both line directions.
+struct EmuTiles {
+  std::vector<std::vector<int32_t>> keep;  // the arrays dt points into
+  BlockSparseDeviceIndex::Tiles dt;
+
+  explicit EmuTiles(const detail::SparseAttentionTiles& t) {
+    keep.reserve(64);
+    dt.sub = (int)t.sub;
+    dt.shift = (int)t.shift;
+    dt.full_mask = (int)t.full_mask;
+    dt.num_tiles = (int)t.num_tiles;
+    dt.nnz = (int)t.nnz;
+    dt.row_offsets = add(t.row_offsets);
+    dt.row_cols = add(t.row_cols);
+    dt.row_masks = add(t.row_masks);
+    dt.col_offsets = add(t.col_offsets);
+    dt.col_rows = add(t.col_rows);
+    dt.col_masks = add(t.col_masks);
+    dt.rows = work(t.rows);
+    dt.cols = work(t.cols);
+  }
+  EmuTiles(const EmuTiles&) = delete;
+  EmuTiles& operator=(const EmuTiles&) = delete;
+
+ private:
+  const int32_t* add(const std::vector<int64_t>& v) {
     keep.emplace_back(v.begin(), v.end());
     if (keep.back().empty()) keep.back().push_back(0);
     return keep.back().data();
+  }
+  BlockSparseDeviceIndex::TileWork work(const detail::SparseAttentionTileWork& w) {
+    BlockSparseDeviceIndex::TileWork d;
+    d.pieces = (int)w.split.pieces();
+    d.max_tiles = (int)w.split.max_blocks;
+    d.slots = (int)w.slots;
+    d.num_split_lines = (int)w.split_lines.size();
+    d.line_items = add(w.split.line_items);
+    d.item_line = add(w.split.item_line);
+    d.item_begin = add(w.split.item_begin);
+    d.item_end = add(w.split.item_end);
+    d.item_slot = add(w.item_slot);
+    d.split_lines = add(w.split_lines);
+    return d;
   }
 };
 
@@ -96,37 +134,8 @@ bool run_case(const Case& c) {
   if (c.split) split_block_sparse_work(c.split, &ix);
   detail::SparseAttentionTiles tiles;
   if (!detail::build_sparse_attention_tiles(ix, &tiles).ok()) return false;
-  std::vector<std::vector<int32_t>> keep;
-  keep.reserve(64);
-  Packed pk;
-  BlockSparseDeviceIndex::Tiles dt;
-  dt.sub = (int)tiles.sub;
-  dt.shift = (int)tiles.shift;
-  dt.full_mask = (int)tiles.full_mask;
-  dt.num_tiles = (int)tiles.num_tiles;
-  dt.nnz = (int)tiles.nnz;
-  dt.row_offsets = pk.add(tiles.row_offsets, keep);
-  dt.row_cols = pk.add(tiles.row_cols, keep);
-  dt.row_masks = pk.add(tiles.row_masks, keep);
-  dt.col_offsets = pk.add(tiles.col_offsets, keep);
-  dt.col_rows = pk.add(tiles.col_rows, keep);
-  dt.col_masks = pk.add(tiles.col_masks, keep);
-  auto work = [&](const detail::SparseAttentionTileWork& w) {
-    BlockSparseDeviceIndex::TileWork d;
-    d.pieces = (int)w.split.pieces();
-    d.max_tiles = (int)w.split.max_blocks;
-    d.slots = (int)w.slots;
-    d.num_split_lines = (int)w.split_lines.size();
-    d.line_items = pk.add(w.split.line_items, keep);
-    d.item_line = pk.add(w.split.item_line, keep);
-    d.item_begin = pk.add(w.split.item_begin, keep);
-    d.item_end = pk.add(w.split.item_end, keep);
-    d.item_slot = pk.add(w.item_slot, keep);
-    d.split_lines = pk.add(w.split_lines, keep);
-    return d;
-  };
-  dt.rows = work(tiles.rows);
-  dt.cols = work(tiles.cols);
+  const EmuTiles emu_tiles(tiles);
+  const BlockSparseDeviceIndex::Tiles& dt = emu_tiles.dt;
 
   const std::vector<int64_t> sizes = {c.B, c.H, L, c.D};
   HostTensor q = HostTensor::packed(c.dtype, sizes), dout = HostTensor::packed(c.dtype, sizes);
@@ -322,22 +331,9 @@ bool run_f32(const Case& c) {
   sciattn::Layout layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
   BlockSparseIndex ix = make_index(layout, c.block);
   detail::SparseAttentionTiles tiles;
-  detail::build_sparse_attention_tiles(ix, &tiles);
-  std::vector<std::vector<int32_t>> keep;
-  keep.reserve(64);
-  Packed pk;
-  BlockSparseDeviceIndex::Tiles dt;
-  dt.sub = (int)tiles.sub;
-  dt.shift = (int)tiles.shift;
-  dt.full_mask = (int)tiles.full_mask;
-  dt.num_tiles = (int)tiles.num_tiles;
-  dt.nnz = (int)tiles.nnz;
-  dt.row_offsets = pk.add(tiles.row_offsets, keep);
-  dt.row_cols = pk.add(tiles.row_cols, keep);
-  dt.row_masks = pk.add(tiles.row_masks, keep);
-  dt.col_offsets = pk.add(tiles.col_offsets, keep);
-  dt.col_rows = pk.add(tiles.col_rows, keep);
-  dt.col_masks = pk.add(tiles.col_masks, keep);
+  if (!detail::build_sparse_attention_tiles(ix, &tiles).ok()) return false;
+  const EmuTiles emu_tiles(tiles);
+  const BlockSparseDeviceIndex::Tiles& dt = emu_tiles.dt;
   const std::vector<int64_t> sizes = {c.B, c.H, L, c.D};
   HostTensor q = HostTensor::packed(DType::kF32, sizes),
              dout = HostTensor::packed(DType::kF32, sizes);
