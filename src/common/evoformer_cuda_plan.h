@@ -15,9 +15,10 @@ namespace sciattn::detail {
 constexpr int64_t kCudaEvoformerBlock = 64;
 // The largest head dim a kernel is instantiated for; D up to it is padded to the next one.
 constexpr int64_t kCudaEvoformerMaxHeadDim = 128;
-// The dbias2 kernel aims for this many CTAs (four per SM of the H200's 132) ...
-constexpr int64_t kCudaDbias2TargetCtas = 4 * 132;
-// ... but its per-chunk fp32 partials may take at most this much memory.
+// The SMs of the H200 the dbias2 plan is made for (a constant, not the device's count, so that
+// the chunking, and with it the bits of dbias2, depend on the shape only).
+constexpr int64_t kCudaDbias2Sms = 132;
+// The dbias2 kernel's per-chunk fp32 partials may take at most this much memory.
 constexpr int64_t kCudaDbias2PartialBudget = int64_t{64} << 20;
 
 // The padded head dim for D: the smallest of 8, 16, 32, 64, 128 that holds it (0 if D > 128).
@@ -25,16 +26,44 @@ constexpr int64_t cuda_evoformer_head_dim(int64_t dim) {
   return dim <= 8 ? 8 : dim <= 16 ? 16 : dim <= 32 ? 32 : dim <= 64 ? 64 : dim <= 128 ? 128 : 0;
 }
 
-// The dbias2 kernel owns one 64 x 64 tile of dbias2[b, h] per CTA and sums dS over N in order.
-// When there are too few tiles to fill the GPU, N is split into chunks whose fp32 partials are
-// added in a fixed order afterwards. Depends on the shape only, so every run gives the same bits.
+// The dbias2 kernel's CTA owns a tile of dbias2[b, h] of cuda_dbias2_rows(head dim) queries x 64
+// keys: 8 warps of 16 query rows up to head dim 32 (each K/V tile staged for twice the rows), 4
+// above (two stages of 8-warp tiles would not fit next to each other at head dim 128, nor two
+// such CTAs per SM at 64). Its shared memory and registers allow this many CTAs per SM.
+constexpr int64_t cuda_dbias2_rows(int64_t head_dim) {
+  return head_dim <= 32 ? 128 : 64;
+}
+constexpr int64_t cuda_dbias2_ctas_per_sm(int64_t head_dim) {
+  return head_dim <= 64 ? 2 : 1;
+}
+
+// Tiles of dbias2 (over B, H, query and key blocks), without the N chunks.
+inline int64_t cuda_dbias2_tiles(const EvoformerShape& s) {
+  const int64_t rows = cuda_dbias2_rows(cuda_evoformer_head_dim(s.dim));
+  const int64_t query_blocks = (s.len + rows - 1) / rows;
+  const int64_t key_blocks = (s.len + kCudaEvoformerBlock - 1) / kCudaEvoformerBlock;
+  return query_blocks * key_blocks * s.heads * s.batch;
+}
+
+// Each dbias2 CTA sums dS over the n of one chunk of N, in order. With few tiles, N is split into
+// chunks whose fp32 partials are added in a fixed order afterwards. The count minimises the
+// kernel's modelled time, waves x n per CTA (a wave: every CTA slot of the GPU busy once), within
+// the partials' memory budget; of equal times the fewest chunks. Depends on the shape only, so
+// every run gives the same bits.
 inline int64_t cuda_dbias2_chunks(const EvoformerShape& s) {
-  const int64_t blocks = (s.len + kCudaEvoformerBlock - 1) / kCudaEvoformerBlock;
-  const int64_t tiles = blocks * blocks * s.heads * s.batch;
-  int64_t chunks = std::min<int64_t>(s.n, (kCudaDbias2TargetCtas + tiles - 1) / tiles);
+  const int64_t tiles = cuda_dbias2_tiles(s);
+  const int64_t slots = kCudaDbias2Sms * cuda_dbias2_ctas_per_sm(cuda_evoformer_head_dim(s.dim));
   const int64_t per_chunk_bytes = s.batch * s.heads * s.len * s.len * 4;
-  while (chunks > 1 && chunks * per_chunk_bytes > kCudaDbias2PartialBudget) --chunks;
-  return std::max<int64_t>(chunks, 1);
+  // More chunks than CTA slots cannot shorten the longest CTA further than the slots do.
+  const int64_t max_chunks = std::max<int64_t>(
+      1, std::min({s.n, slots, kCudaDbias2PartialBudget / std::max<int64_t>(per_chunk_bytes, 1)}));
+  int64_t best = 1, best_time = -1;
+  for (int64_t c = 1; c <= max_chunks; ++c) {
+    const int64_t waves = (tiles * c + slots - 1) / slots;
+    const int64_t time = waves * ((s.n + c - 1) / c);
+    if (best_time < 0 || time < best_time) best = c, best_time = time;
+  }
+  return best;
 }
 
 struct CudaBackwardWorkspace {

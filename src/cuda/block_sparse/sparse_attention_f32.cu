@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "cuda/attention_delta.cuh"
 #include "cuda/block_sparse/sparse_attention_device.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 
@@ -23,51 +24,20 @@ unsigned f32_grid(int64_t rows) {
       std::max<int64_t>(1, std::min<int64_t>((rows + kF32Threads - 1) / kF32Threads, 132 * 32)));
 }
 
-// Eight lanes per row, four rows per warp: with 16-byte rows (16-bit types, p.vec_out and
-// p.vec_dout) lane s of a row reads elements 8 s .. 8 s + 7, then 64 further on, so a row's eight
-// lanes read it whole in one transaction; otherwise d = s, s + 8, ... element by element. The
-// lanes' sums are then added in a fixed tree order. (One thread per row read 32 rows D apart: 0.75
-// ms at 65,536 tokens, H = 16, D = 64, for 268 MB that take 62 us at 4.3 TB/s.)
+// delta = rowsum(dO * O) per (b, h, query row), eight lanes per row (attention_delta.cuh).
 template <typename T>
 __global__ void sparse_attention_delta_kernel(const SparseAttentionDeviceParams p) {
-  constexpr int kLanes = 8, kRowsPerWarp = 32 / kLanes;
-  const int64_t rows = p.batch * p.heads * p.len;
-  const int sub = static_cast<int>(threadIdx.x) % kLanes;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
   const bool vec = sizeof(T) == 2 && p.vec_out && p.vec_dout;
-  // Every lane of a warp runs the same iterations (the shuffles need the whole warp).
-  for (int64_t base = (blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32) * kRowsPerWarp;
-       base < rows; base += warps * kRowsPerWarp) {
-    const int64_t row = base + (threadIdx.x % 32) / kLanes;
-    float acc = 0.0f;
-    if (row < rows) {
-      const int64_t i = row % p.len, bh = row / p.len, h = bh % p.heads, b = bh / p.heads;
-      const T* o = static_cast<const T*>(p.out) + b * p.out_stride[0] + h * p.out_stride[1] +
-                   i * p.out_stride[2];
-      const T* go = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + h * p.dout_stride[1] +
-                    i * p.dout_stride[2];
-      if (vec) {
-        for (int64_t d = 8 * sub; d < p.dim; d += 8 * kLanes) {
-          const uint4 ov = *reinterpret_cast<const uint4*>(o + d);
-          const uint4 gv = *reinterpret_cast<const uint4*>(go + d);
-          const T* oe = reinterpret_cast<const T*>(&ov);
-          const T* ge = reinterpret_cast<const T*>(&gv);
-#pragma unroll
-          for (int x = 0; x < 8; ++x) {
-            acc += ElementTraits<T>::to_float(oe[x]) * ElementTraits<T>::to_float(ge[x]);
-          }
-        }
-      } else {
-        for (int64_t d = sub; d < p.dim; d += kLanes) {
-          acc += ElementTraits<T>::to_float(o[d * p.out_stride[3]]) *
-                 ElementTraits<T>::to_float(go[d * p.dout_stride[3]]);
-        }
-      }
-    }
-#pragma unroll
-    for (int m = kLanes / 2; m >= 1; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    if (row < rows && sub == 0) p.delta[row] = acc;
-  }
+  delta_rows<T>(
+      p.batch * p.heads * p.len, p.dim, vec, p.out_stride[3], p.dout_stride[3],
+      [&](int64_t row) {
+        const int64_t i = row % p.len, bh = row / p.len, h = bh % p.heads, b = bh / p.heads;
+        return DeltaRow<T>{static_cast<const T*>(p.out) + b * p.out_stride[0] +
+                               h * p.out_stride[1] + i * p.out_stride[2],
+                           static_cast<const T*>(p.dout) + b * p.dout_stride[0] +
+                               h * p.dout_stride[1] + i * p.dout_stride[2]};
+      },
+      [&](int64_t row, float sum) { p.delta[row] = sum; });
 }
 
 // Row `i` of the (b, h) slice of a [B, H, L, D] fp32 tensor, into registers-or-local `dst`.
@@ -211,9 +181,8 @@ __global__ void __launch_bounds__(kF32Threads)
 template <typename T>
 cudaError_t launch_sparse_attention_delta(const SparseAttentionDeviceParams& p,
                                           cudaStream_t stream) {
-  // Eight threads per row.
   sparse_attention_delta_kernel<T>
-      <<<f32_grid(p.batch * p.heads * p.len * 8), kF32Threads, 0, stream>>>(p);
+      <<<delta_grid(p.batch * p.heads * p.len, kF32Threads, 132 * 32), kF32Threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 template cudaError_t launch_sparse_attention_delta<float>(const SparseAttentionDeviceParams&,

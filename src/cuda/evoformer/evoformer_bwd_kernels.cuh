@@ -4,8 +4,9 @@
 //   1. evoformer_bwd_delta_kernel:  delta_i = <dO_i, O_i>
 //   2. evoformer_bwd_dkdv_kernel:   per (64 keys, h, b*n): dK, dV and the per-head dbias1 partial
 //   3. evoformer_bwd_dq_kernel:     per (64 queries, h, b*n): dQ
-//   4. evoformer_bwd_dbias2_kernel: per (64 x 64 tile of dbias2[b, h], chunk of N): the sum over
-//                                   the chunk's n of dS, in order (recomputes S and dP)
+//   4. evoformer_bwd_dbias2_kernel: per (128 or 64 queries x 64 keys tile of dbias2[b, h], chunk
+//                                   of N): the sum over the chunk's n of dS, in order
+//                                   (recomputes S and dP)
 //   5. evoformer_bwd_dbias_reduce_kernel: dbias1 = sum over heads, dbias2 = sum over chunks
 // dS is formed in fp32 from fp32 P (never from P rounded to the storage type).
 //
@@ -13,10 +14,13 @@
 // dK/dV kernel (one CTA walking the n of a chunk) needs an L x 64 fp32 partial per CTA, which in
 // shared memory allowed one 4-warp CTA per SM and in global memory cost a read-modify-write per
 // tile; both made the dK/dV kernel 3-10x slower than its MMA work. A separate kernel owning a
-// 64 x 64 tile keeps the sum in registers, reads bias2 once, and costs two GEMMs (S and dP) per
-// tile and n.
+// tile keeps the sum in registers, reads bias2 once, and costs two GEMMs (S and dP) per tile and
+// n; its tile is 128 queries tall up to head dim 32, so that each K/V tile staged serves twice
+// the rows and eight warps hide each other's latencies.
 #pragma once
 
+#include "common/evoformer_cuda_plan.h"
+#include "cuda/attention_delta.cuh"
 #include "cuda/evoformer/evoformer_device_utils.cuh"
 
 namespace sciattn::cuda {
@@ -40,41 +44,54 @@ struct EvoformerBwdSmem {
   float delta[2][EvoformerBwdTile::kBlock];
 };
 
-// The dbias2 kernel's tiles: Q, dO (query block) and K, V (key block) of one n, double-buffered
-// over n, with the query rows' lse and delta.
+// The dbias2 kernel's CTA: kWarps warps of 16 query rows over one 64-key block (the shape is
+// the host plan's, common/evoformer_cuda_plan.h, so that grid and workspace agree with it).
+template <int kHeadDim>
+struct EvoformerDbias2Tile {
+  static constexpr int kRows = static_cast<int>(detail::cuda_dbias2_rows(kHeadDim));
+  static constexpr int kWarps = kRows / 16;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kCtasPerSm = static_cast<int>(detail::cuda_dbias2_ctas_per_sm(kHeadDim));
+};
+
+// Its tiles: Q, dO (query rows) and K, V (key block) of one n, double-buffered over n, with the
+// query rows' lse and delta and bias1's row of keys.
 template <typename T, int kHeadDim>
 struct EvoformerDbias2Smem {
+  using Tile = EvoformerDbias2Tile<kHeadDim>;
   static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
-  static constexpr int kTile = EvoformerBwdTile::kBlock * kPitch;
-  T q[2][kTile];
-  T dout[2][kTile];
-  T k[2][kTile];
-  T v[2][kTile];
-  float lse[2][EvoformerBwdTile::kBlock];
-  float delta[2][EvoformerBwdTile::kBlock];
+  T q[2][Tile::kRows * kPitch];
+  T dout[2][Tile::kRows * kPitch];
+  T k[2][EvoformerBwdTile::kBlock * kPitch];
+  T v[2][EvoformerBwdTile::kBlock * kPitch];
+  float lse[2][Tile::kRows];
+  float delta[2][Tile::kRows];
+  float bias1_log2[2][EvoformerBwdTile::kBlock];  // in log2 units, 0 past L
   // Each thread's 32 cells of bias2 in log2 units, [warp][j][e][lane]: written and read by the
   // same thread only (no barrier needed), lane-contiguous so that a warp's reads are
   // conflict-free. Kept here rather than in registers, which the sum and the operands need.
-  float bias2_log2[EvoformerBwdTile::kWarps][8][4][32];
+  float bias2_log2[Tile::kWarps][8][4][32];
 };
 
+// delta = rowsum(dO * O) per (b*n, query row, h), eight lanes per row (attention_delta.cuh);
+// rows in the tensors' memory order, so a warp's four rows are adjacent.
 template <typename T>
 __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
-  const int64_t rows = p.batch * p.n * p.len * p.heads;
-  for (int64_t row = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; row < rows;
-       row += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t h = row % p.heads, i = (row / p.heads) % p.len, bn = row / (p.heads * p.len);
-    const int64_t b = bn / p.n, n = bn % p.n;
-    const T* o = static_cast<const T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] +
-                 i * p.out_stride[2] + h * p.out_stride[3];
-    const T* go = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + n * p.dout_stride[1] +
-                  i * p.dout_stride[2] + h * p.dout_stride[3];
-    float acc = 0.0f;
-    for (int64_t d = 0; d < p.dim; ++d) {
-      acc += ElementTraits<T>::to_float(o[d]) * ElementTraits<T>::to_float(go[d]);
-    }
-    p.delta[(bn * p.heads + h) * p.len + i] = acc;
-  }
+  const bool vec = sizeof(T) == 2 && p.vec_out && p.vec_dout;
+  delta_rows<T>(
+      p.batch * p.n * p.len * p.heads, p.dim, vec, 1, 1,
+      [&](int64_t row) {
+        const int64_t h = row % p.heads, i = (row / p.heads) % p.len, bn = row / (p.heads * p.len);
+        const int64_t b = bn / p.n, n = bn % p.n;
+        return DeltaRow<T>{static_cast<const T*>(p.out) + b * p.out_stride[0] +
+                               n * p.out_stride[1] + i * p.out_stride[2] + h * p.out_stride[3],
+                           static_cast<const T*>(p.dout) + b * p.dout_stride[0] +
+                               n * p.dout_stride[1] + i * p.dout_stride[2] + h * p.dout_stride[3]};
+      },
+      [&](int64_t row, float sum) {
+        const int64_t h = row % p.heads, i = (row / p.heads) % p.len, bn = row / (p.heads * p.len);
+        p.delta[(bn * p.heads + h) * p.len + i] = sum;
+      });
 }
 
 // A fragment (16 rows x kHeadDim) of a shared tile, for use as the MMA's A operand.
@@ -148,14 +165,15 @@ __device__ __forceinline__ float prob_from_log2(float x, float lse_log2) {
   return lse_log2 == kNegInf ? 0.0f : exp2f(x - lse_log2);
 }
 
-// Starts copying the lse and delta of query rows [q0, q0 + 64) into shared memory, in the
+// Starts copying the lse and delta of query rows [q0, q0 + kRows) into shared memory, in the
 // caller's cp.async group (plain loads here would stall every thread at the next barrier).
 // Rows past L get lse = +inf and delta = 0, so that their P = exp2(x - inf) is exactly 0 whatever
 // the biases are, and a padded row adds nothing anywhere without a per-element check.
+template <int kRows = EvoformerBwdTile::kBlock, int kThreads = EvoformerBwdTile::kThreads>
 __device__ __forceinline__ void load_row_stats(float* lse, float* delta,
                                                const EvoformerDeviceParams& p, int64_t bn,
                                                int64_t h, int64_t q0) {
-  for (int r = threadIdx.x; r < EvoformerBwdTile::kBlock; r += EvoformerBwdTile::kThreads) {
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
     const int64_t q = q0 + r;
     if (q < p.len) {
       cp_async_4(lse + r, p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
@@ -460,18 +478,16 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t);
 }
 
-// CTAs per SM the dbias2 kernel is compiled for: its shared memory (8 tiles) allows four up to
-// head dim 32, two at 64 and one at 128; at four, 128 registers hold the running sum and one
-// column tile's operands (bias2 waits in shared memory) without spills.
-constexpr int dbias2_ctas_per_sm(int head_dim) {
-  return head_dim <= 32 ? 4 : head_dim <= 64 ? 2 : 1;
-}
-
+// One CTA per (kRows x 64 tile of dbias2[b, h], chunk of N): the sum over the chunk's n of dS, in
+// order, recomputing S and dP. Rows and columns past L get bias -inf and padded rows lse +inf, so
+// their P is exactly 0 with no per-element check; a fully masked row (lse -inf) gets +inf too.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm(kHeadDim))
+__global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
+                                  EvoformerDbias2Tile<kHeadDim>::kCtasPerSm)
     evoformer_bwd_dbias2_kernel(const EvoformerDeviceParams p) {
-  using Tile = EvoformerBwdTile;
+  using Tile = EvoformerDbias2Tile<kHeadDim>;
   using Smem = EvoformerDbias2Smem<T, kHeadDim>;
+  constexpr int kKeys = EvoformerBwdTile::kBlock;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
   constexpr int kSteps = kTileDim / 16;
@@ -479,12 +495,13 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   // 1-D grid: key block fastest, then query block, head, batch, chunk of N.
-  const int64_t blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
+  const int64_t key_blocks = (p.len + kKeys - 1) / kKeys;
+  const int64_t query_blocks = (p.len + Tile::kRows - 1) / Tile::kRows;
   int64_t block = blockIdx.x;
-  const int64_t key_block = block % blocks;
-  block /= blocks;
-  const int64_t query_block = block % blocks;
-  block /= blocks;
+  const int64_t key_block = block % key_blocks;
+  block /= key_blocks;
+  const int64_t query_block = block % query_blocks;
+  block /= query_blocks;
   const int64_t h = block % p.heads;
   block /= p.heads;
   const int64_t b = block % p.batch;
@@ -494,24 +511,37 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t q0 = query_block * Tile::kBlock, k0 = key_block * Tile::kBlock;
-  const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};  // within the query block
+  const int64_t q0 = query_block * Tile::kRows, k0 = key_block * kKeys;
+  const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};  // within the query rows
 
   // Starts the copies of n's tiles and row statistics into buffer `buf`.
   auto load_n = [&](int64_t n, int buf) {
-    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+    load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(
         smem.q[buf], slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+    load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(
         smem.dout[buf], slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len,
         p.dim);
-    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+    load_tile<T, kKeys, kTileDim, kPitch, Tile::kThreads>(
         smem.k[buf], slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len, p.dim);
-    load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+    load_tile<T, kKeys, kTileDim, kPitch, Tile::kThreads>(
         smem.v[buf], slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len, p.dim);
-    load_row_stats(smem.lse[buf], smem.delta[buf], p, b * p.n + n, h, q0);
+    load_row_stats<Tile::kRows, Tile::kThreads>(smem.lse[buf], smem.delta[buf], p, b * p.n + n, h,
+                                                q0);
     cp_async_commit();
   };
+  // bias1 of n at key k0 + threadIdx.x (threads below 64), in log2 units; 0 past L, where bias2's
+  // -inf already removes the cell. Read into a register one n ahead and stored in shared memory
+  // at the end of the iteration, so its latency hides behind the MMAs and it takes no registers
+  // in the cell loop.
+  auto bias1_of = [&](int64_t n) -> float {
+    const int64_t key = k0 + threadIdx.x;
+    if (p.bias1_type == BiasType::kNone || threadIdx.x >= kKeys || key >= p.len) return 0.0f;
+    return load_bias(p.bias1, p.bias1_type,
+                     b * p.bias1_stride[0] + n * p.bias1_stride[1] + key * p.bias1_stride[2]) *
+           kLog2e;
+  };
   load_n(n_begin, 0);
+  if (threadIdx.x < kKeys) smem.bias1_log2[0][threadIdx.x] = bias1_of(n_begin);
 
   // bias2 does not depend on n: this thread's 32 cells of it, in log2 units, read once. Cells
   // outside the L x L matrix get -inf, so that their P is 0 and they add nothing.
@@ -547,32 +577,27 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
 
   for (int64_t n = n_begin; n < n_end; ++n) {
     const int buf = static_cast<int>((n - n_begin) & 1);
+    float bias1_next = 0.0f;
     if (n + 1 < n_end) {
       load_n(n + 1, buf ^ 1);
+      bias1_next = bias1_of(n + 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    // bias1 of this n: one row of keys, the same for both of the thread's rows.
-    float bias1_log2[8][2];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) bias1_log2[j][0] = bias1_log2[j][1] = 0.0f;
-    if (p.bias1_type != BiasType::kNone) {
-      const void* row[1] = {
-          bias_ptr(p.bias1, p.bias1_type, b * p.bias1_stride[0] + n * p.bias1_stride[1])};
-      add_bias_rows<1>(p.bias1_type, bias1_log2, row, p.bias1_stride[2], k0, p.len, t,
-                       p.bias1_pairs);
-    }
     uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
     load_a_frags<T, kSteps, kPitch>(q_frag, smem.q[buf] + warp * 16 * kPitch, g, t);
     load_a_frags<T, kSteps, kPitch>(do_frag, smem.dout[buf] + warp * 16 * kPitch, g, t);
-    const float* lse = smem.lse[buf];
-    const float* delta = smem.delta[buf];
-    const float lse_log2[2] = {lse[my_row[0]] * kLog2e, lse[my_row[1]] * kLog2e};
-    const float row_delta[2] = {delta[my_row[0]], delta[my_row[1]]};
-    // One n8 column tile at a time: S = Q K^T and dP = dO V^T, then dS = P (dP - delta) added to
-    // the running sum; only the sum and bias2 stay live across tiles.
+    float lse_log2[2], row_delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float lse = smem.lse[buf][my_row[r]];
+      lse_log2[r] = lse == kNegInf ? __builtin_huge_valf() : lse * kLog2e;
+      row_delta[r] = smem.delta[buf][my_row[r]];
+    }
+    // One pair of n8 column tiles at a time: S = Q K^T and dP = dO V^T, then dS = P (dP - delta)
+    // added to the running sum; only the sum and bias2 stay live across tiles.
 #pragma unroll
     for (int j0 = 0; j0 < 8; j0 += 2) {
       float dot[2][4] = {}, dp[2][4] = {};
@@ -588,16 +613,19 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, dbias2_ctas_per_sm
         }
       }
 #pragma unroll
-      for (int x = 0; x < 2; ++x)
+      for (int x = 0; x < 2; ++x) {
+        const int j = j0 + x;
+        // bias1 of the thread's two key columns (the same for both of its rows).
+        const float2 b1 = *reinterpret_cast<const float2*>(&smem.bias1_log2[buf][j * 8 + 2 * t]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int j = j0 + x;
-          const float bias = smem.bias2_log2[warp][j][e][lane] + bias1_log2[j][e & 1];
-          const float xs = fmaf(dot[x][e], scale_log2, bias);
-          const float prob = prob_from_log2(xs, lse_log2[e >> 1]);
+          const float bias = smem.bias2_log2[warp][j][e][lane] + ((e & 1) ? b1.y : b1.x);
+          const float prob = exp2f(fmaf(dot[x][e], scale_log2, bias) - lse_log2[e >> 1]);
           acc[j][e] = fmaf(prob, dp[x][e] - row_delta[e >> 1], acc[j][e]);
         }
+      }
     }
+    if (threadIdx.x < kKeys && n + 1 < n_end) smem.bias1_log2[buf ^ 1][threadIdx.x] = bias1_next;
     __syncthreads();  // this buffer is refilled for n + 2
   }
 

@@ -49,8 +49,9 @@ struct EvoformerDeviceParams {
   int64_t dbias2_stride[4];
 
   // 1 when 16-byte copies are safe for that tensor's rows: D % 8 == 0, every stride over
-  // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned.
-  int vec_q, vec_k, vec_v, vec_dout;
+  // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned (vec_out: as the backward
+  // reads out).
+  int vec_q, vec_k, vec_v, vec_dout, vec_out;
   // 1 when a thread's two adjacent bias columns can be read with one load: the bias is
   // contiguous along keys and every row starts at an even element of an aligned buffer.
   int bias1_pairs, bias2_pairs;

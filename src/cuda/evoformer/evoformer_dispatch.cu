@@ -241,8 +241,7 @@ int64_t evoformer_dq_ctas(const EvoformerDeviceParams& p) {
   return evoformer_forward_ctas(p);
 }
 int64_t evoformer_dbias2_ctas(const EvoformerDeviceParams& p) {
-  const int64_t blocks = (p.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
-  return blocks * blocks * p.heads * p.batch * p.dbias2_chunks;
+  return detail::cuda_dbias2_tiles({p.batch, p.n, p.len, p.heads, p.dim}) * p.dbias2_chunks;
 }
 
 Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
@@ -254,10 +253,9 @@ Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
 Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
                                      const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
-  const int64_t chunks = p.dbias2.present() ? detail::cuda_dbias2_chunks(s) : 0;
-  return check_cuda(
-      p.q.dtype, s,
-      std::max(blocks * s.heads * s.batch * s.n, blocks * blocks * s.heads * s.batch * chunks));
+  const int64_t dbias2_ctas =
+      p.dbias2.present() ? detail::cuda_dbias2_tiles(s) * detail::cuda_dbias2_chunks(s) : 0;
+  return check_cuda(p.q.dtype, s, std::max(blocks * s.heads * s.batch * s.n, dbias2_ctas));
 }
 
 size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
@@ -309,6 +307,7 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
   p.dout = params.dout.data;
   qkv_strides(params.dout, p.dout_stride);
   p.vec_dout = vectorizable(params.dout);
+  p.vec_out = vectorizable(params.out);
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;
@@ -379,10 +378,9 @@ __global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p)
 
 template <typename T>
 cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.n * p.len * p.heads;
   const int threads = 256;
-  const int64_t blocks = std::min<int64_t>((rows + threads - 1) / threads, int64_t{132} * 16);
-  evoformer_bwd_delta_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  evoformer_bwd_delta_kernel<T>
+      <<<delta_grid(p.batch * p.n * p.len * p.heads, threads, 132 * 16), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 template cudaError_t launch_evoformer_backward_delta<float>(const EvoformerDeviceParams&,

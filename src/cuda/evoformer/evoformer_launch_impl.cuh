@@ -48,7 +48,8 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream
                 EvoformerBwdTile::kThreads, smem, p, stream);
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
   return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
-                   EvoformerBwdTile::kThreads, sizeof(EvoformerDbias2Smem<T, kHeadDim>), p, stream);
+                   EvoformerDbias2Tile<kHeadDim>::kThreads,
+                   sizeof(EvoformerDbias2Smem<T, kHeadDim>), p, stream);
 }
 
 }  // namespace sciattn::cuda

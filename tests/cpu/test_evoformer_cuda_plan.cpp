@@ -1,0 +1,97 @@
+// The host plan of the Evoformer CUDA backward (common/evoformer_cuda_plan.h): how the dbias2
+// kernel's sum over N is chunked and what the workspace holds. Host-only, so it runs on the CPU
+// machines; the kernels that follow the plan are tested on the GPU (tests/cuda).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "common/evoformer_cuda_plan.h"
+
+namespace sciattn::detail {
+namespace {
+
+EvoformerShape shape(int64_t batch, int64_t n, int64_t len, int64_t heads, int64_t dim) {
+  return {batch, n, len, heads, dim};
+}
+
+// The kernel's modelled time for `chunks`: waves of CTAs times the n each CTA walks.
+int64_t modelled_time(const EvoformerShape& s, int64_t chunks) {
+  const int64_t slots = kCudaDbias2Sms * cuda_dbias2_ctas_per_sm(cuda_evoformer_head_dim(s.dim));
+  const int64_t waves = (cuda_dbias2_tiles(s) * chunks + slots - 1) / slots;
+  return waves * ((s.n + chunks - 1) / chunks);
+}
+
+int64_t partial_bytes(const EvoformerShape& s, int64_t chunks) {
+  return chunks * s.batch * s.heads * s.len * s.len * 4;
+}
+
+TEST(EvoformerCudaPlan, TileRowsFollowTheHeadDim) {
+  EXPECT_EQ(cuda_dbias2_rows(8), 128);
+  EXPECT_EQ(cuda_dbias2_rows(32), 128);
+  EXPECT_EQ(cuda_dbias2_rows(64), 64);
+  EXPECT_EQ(cuda_dbias2_rows(128), 64);
+  // triangle [1, 384, 384, 4, 32]: 3 query blocks of 128 x 6 key blocks of 64, 4 heads.
+  EXPECT_EQ(cuda_dbias2_tiles(shape(1, 384, 384, 4, 32)), 3 * 6 * 4);
+  // D = 24 is padded to 32; D = 40 to 64 (64-row tiles); L = 1 is one tile.
+  EXPECT_EQ(cuda_dbias2_tiles(shape(2, 5, 300, 3, 24)), 2 * 3 * 5 * 3);
+  EXPECT_EQ(cuda_dbias2_tiles(shape(2, 5, 300, 3, 40)), 2 * 3 * 5 * 5);
+  EXPECT_EQ(cuda_dbias2_tiles(shape(1, 1, 1, 1, 8)), 1);
+}
+
+// On the shapes of PERFORMANCE.md (and a few edges) the chunk count is feasible, within the
+// partials' budget, and no feasible count has a shorter modelled time.
+TEST(EvoformerCudaPlan, ChunksAreFeasibleAndBest) {
+  const EvoformerShape shapes[] = {
+      shape(1, 256, 256, 4, 32), shape(1, 512, 256, 8, 32), shape(1, 256, 512, 8, 32),
+      shape(1, 384, 384, 4, 32), shape(1, 768, 768, 4, 32), shape(1, 1024, 256, 8, 8),
+      shape(1, 256, 256, 4, 64), shape(2, 3, 17, 2, 128),   shape(1, 1, 1, 1, 8),
+      shape(1, 70000, 1, 1, 16), shape(3, 40, 1500, 4, 32),
+  };
+  for (const EvoformerShape& s : shapes) {
+    SCOPED_TRACE("N " + std::to_string(s.n) + " L " + std::to_string(s.len) + " D " +
+                 std::to_string(s.dim));
+    const int64_t chunks = cuda_dbias2_chunks(s);
+    ASSERT_GE(chunks, 1);
+    ASSERT_LE(chunks, s.n);
+    if (chunks > 1) {
+      EXPECT_LE(partial_bytes(s, chunks), kCudaDbias2PartialBudget);
+    }
+    const int64_t slots = kCudaDbias2Sms * cuda_dbias2_ctas_per_sm(cuda_evoformer_head_dim(s.dim));
+    for (int64_t c = 1; c <= s.n && c <= 4 * slots; ++c) {
+      if (c > 1 && partial_bytes(s, c) > kCudaDbias2PartialBudget) break;
+      EXPECT_LE(modelled_time(s, chunks), modelled_time(s, c))
+          << "chunks " << chunks << " vs " << c;
+    }
+  }
+}
+
+// The headline shape, worked by hand: 72 tiles, 264 CTA slots (2 per SM), N = 384. One chunk
+// per tile would leave 73% of the GPU idle; 11 chunks give 792 CTAs, three full waves of 35 n
+// (modelled 105 against 128 for 3 chunks, one 82%-full wave of 128 n).
+TEST(EvoformerCudaPlan, HeadlineTriangleShape) {
+  const EvoformerShape s = shape(1, 384, 384, 4, 32);
+  EXPECT_EQ(cuda_dbias2_chunks(s), 11);
+  EXPECT_EQ(modelled_time(s, 11), 105);
+  EXPECT_EQ(modelled_time(s, 3), 128);
+}
+
+TEST(EvoformerCudaPlan, WorkspaceHoldsThePartialsOnlyWhenChunked) {
+  const EvoformerShape s = shape(1, 384, 384, 4, 32);
+  const CudaBackwardWorkspace chunked = plan_cuda_backward(s, true, true, true);
+  EXPECT_EQ(chunked.chunks, cuda_dbias2_chunks(s));
+  ASSERT_GT(chunked.chunks, 1);
+  EXPECT_GT(chunked.dbias2_partial, 0u);
+  const CudaBackwardWorkspace no_dbias2 = plan_cuda_backward(s, true, false, true);
+  EXPECT_EQ(no_dbias2.chunks, 1);
+  EXPECT_LT(no_dbias2.layout.used_bytes(), chunked.layout.used_bytes());
+  EXPECT_GE(chunked.layout.used_bytes() - no_dbias2.layout.used_bytes(),
+            static_cast<size_t>(partial_bytes(s, chunked.chunks)));
+  // fp32 inputs sum dbias2 over N in one pass: no partials.
+  EXPECT_EQ(plan_cuda_backward(s, true, true, false).chunks, 1);
+  // A shape whose single partial exceeds the budget is never chunked.
+  const EvoformerShape big = shape(1, 8, 4096, 8, 32);
+  EXPECT_EQ(cuda_dbias2_chunks(big), 1);
+}
+
+}  // namespace
+}  // namespace sciattn::detail
