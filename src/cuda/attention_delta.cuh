@@ -13,28 +13,35 @@
 
 namespace sciattn::cuda {
 
-// For each row < rows: row_of(row) gives {O row, dO row} (pointers to element d = 0) and
-// store(row, sum) receives the dot product. step_o / step_do: the D strides (used only when
-// !vec). Every lane of a warp runs the same iterations (the shuffles need the whole warp).
+// One row of the problem: its O and dO rows (pointers to element d = 0) and where its delta goes.
 template <typename T>
 struct DeltaRow {
   const T* o;
   const T* dout;
+  int64_t index;
 };
 
-template <typename T, typename RowOf, typename Store>
-__device__ __forceinline__ void delta_rows(int64_t rows, int64_t dim, bool vec, int64_t step_o,
-                                           int64_t step_do, const RowOf& row_of,
-                                           const Store& store) {
+// For each row < rows: row_of(row) gives its DeltaRow; delta[index] receives the dot product.
+// step_o / step_do: the D strides (used only when !vec). row_of is called with a 32-bit row when
+// the rows fit (so that its division and modulo by the tensor's sizes are the cheap 32-bit ones:
+// the 64-bit sequences took most of this kernel's time), else with a 64-bit one; it should
+// compute in decltype(row). Every lane of a warp runs the same iterations (the shuffles need the
+// whole warp).
+template <typename T, typename Index, typename RowOf>
+__device__ __forceinline__ void delta_rows_of(Index rows, int64_t dim, bool vec, int64_t step_o,
+                                              int64_t step_do, const RowOf& row_of, float* delta) {
   constexpr int kLanes = 8, kRowsPerWarp = 32 / kLanes;
   const int sub = static_cast<int>(threadIdx.x) % kLanes;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
-  for (int64_t base = (blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32) * kRowsPerWarp;
+  const Index warps = static_cast<Index>(gridDim.x * (blockDim.x / 32));
+  for (Index base =
+           static_cast<Index>(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * kRowsPerWarp;
        base < rows; base += warps * kRowsPerWarp) {
-    const int64_t row = base + (threadIdx.x % 32) / kLanes;
+    const Index row = base + static_cast<Index>((threadIdx.x % 32) / kLanes);
     float acc = 0.0f;
+    int64_t index = 0;
     if (row < rows) {
       const DeltaRow<T> r = row_of(row);
+      index = r.index;
       if (vec) {
         for (int64_t d = 8 * sub; d < dim; d += 8 * kLanes) {
           const uint4 ov = *reinterpret_cast<const uint4*>(r.o + d);
@@ -55,7 +62,19 @@ __device__ __forceinline__ void delta_rows(int64_t rows, int64_t dim, bool vec, 
     }
 #pragma unroll
     for (int m = kLanes / 2; m >= 1; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    if (row < rows && sub == 0) store(row, acc);
+    if (row < rows && sub == 0) delta[index] = acc;
+  }
+}
+
+template <typename T, typename RowOf>
+__device__ __forceinline__ void delta_rows(int64_t rows, int64_t dim, bool vec, int64_t step_o,
+                                           int64_t step_do, const RowOf& row_of, float* delta) {
+  // 32-bit rows while base + the grid's stride cannot wrap.
+  if (rows + int64_t{gridDim.x} * blockDim.x < (int64_t{1} << 32)) {
+    delta_rows_of<T, uint32_t>(static_cast<uint32_t>(rows), dim, vec, step_o, step_do, row_of,
+                               delta);
+  } else {
+    delta_rows_of<T, int64_t>(rows, dim, vec, step_o, step_do, row_of, delta);
   }
 }
 

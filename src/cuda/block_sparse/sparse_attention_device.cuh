@@ -38,15 +38,8 @@ __device__ __forceinline__ void load_slice_rows(T* smem, const StridedSlice& src
                                                 int64_t len, int64_t dim) {
   const T* base = static_cast<const T*>(src.base);
   if (src.vec) {
-    constexpr int kChunks = kHeadDim / 8;
-#pragma unroll
-    for (int e = threadIdx.x; e < kRows * kChunks; e += SparseTile::kThreads) {
-      const int r = e / kChunks, c = e % kChunks;
-      const int64_t row = row0 + r;
-      const bool valid = row < len && c * 8 < dim;
-      const T* g = valid ? base + row * src.row_stride + c * 8 : base;
-      cp_async_16(smem + r * kPitch + c * 8, g, valid ? 16 : 0);
-    }
+    copy_rows_async<T, kRows, kHeadDim / 8, kPitch, SparseTile::kThreads>(
+        smem, base, src.row_stride, row0, len, dim);
   } else {
     const T zero = ElementTraits<T>::from_float(0.0f);
 #pragma unroll 1

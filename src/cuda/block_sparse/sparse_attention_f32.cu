@@ -30,14 +30,17 @@ __global__ void sparse_attention_delta_kernel(const SparseAttentionDeviceParams 
   const bool vec = sizeof(T) == 2 && p.vec_out && p.vec_dout;
   delta_rows<T>(
       p.batch * p.heads * p.len, p.dim, vec, p.out_stride[3], p.dout_stride[3],
-      [&](int64_t row) {
-        const int64_t i = row % p.len, bh = row / p.len, h = bh % p.heads, b = bh / p.heads;
+      [&](auto row) {
+        using Index = decltype(row);
+        const Index len = static_cast<Index>(p.len), heads = static_cast<Index>(p.heads);
+        const Index i = row % len, bh = row / len, h = bh % heads, b = bh / heads;
         return DeltaRow<T>{static_cast<const T*>(p.out) + b * p.out_stride[0] +
                                h * p.out_stride[1] + i * p.out_stride[2],
                            static_cast<const T*>(p.dout) + b * p.dout_stride[0] +
-                               h * p.dout_stride[1] + i * p.dout_stride[2]};
+                               h * p.dout_stride[1] + i * p.dout_stride[2],
+                           static_cast<int64_t>(row)};
       },
-      [&](int64_t row, float sum) { p.delta[row] = sum; });
+      p.delta);
 }
 
 // Row `i` of the (b, h) slice of a [B, H, L, D] fp32 tensor, into registers-or-local `dst`.

@@ -32,6 +32,13 @@ struct EvoformerBwdTile {
   static constexpr int kThreads = kWarps * 32;
 };
 
+// CTAs per SM the dK/dV and dQ kernels are compiled for. Up to head dim 32 their shared memory
+// (~50 KB with staged bf16 biases) allows four when the SM's carveout is the largest, and 128
+// registers then hold their operands (unbounded they took 140, so three per SM); 1 leaves the
+// register count to the compiler.
+template <int kHeadDim>
+constexpr int kEvoformerBwdMinCtas = kHeadDim <= 32 ? 4 : 1;
+
 template <typename T, int kHeadDim>
 struct EvoformerBwdSmem {
   static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
@@ -80,18 +87,18 @@ __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
   const bool vec = sizeof(T) == 2 && p.vec_out && p.vec_dout;
   delta_rows<T>(
       p.batch * p.n * p.len * p.heads, p.dim, vec, 1, 1,
-      [&](int64_t row) {
-        const int64_t h = row % p.heads, i = (row / p.heads) % p.len, bn = row / (p.heads * p.len);
-        const int64_t b = bn / p.n, n = bn % p.n;
+      [&](auto row) {
+        using Index = decltype(row);
+        const Index heads = static_cast<Index>(p.heads), len = static_cast<Index>(p.len);
+        const Index h = row % heads, i = (row / heads) % len, bn = row / (heads * len);
+        const Index b = bn / static_cast<Index>(p.n), n = bn % static_cast<Index>(p.n);
         return DeltaRow<T>{static_cast<const T*>(p.out) + b * p.out_stride[0] +
                                n * p.out_stride[1] + i * p.out_stride[2] + h * p.out_stride[3],
                            static_cast<const T*>(p.dout) + b * p.dout_stride[0] +
-                               n * p.dout_stride[1] + i * p.dout_stride[2] + h * p.dout_stride[3]};
+                               n * p.dout_stride[1] + i * p.dout_stride[2] + h * p.dout_stride[3],
+                           (static_cast<int64_t>(bn) * p.heads + h) * p.len + i};
       },
-      [&](int64_t row, float sum) {
-        const int64_t h = row % p.heads, i = (row / p.heads) % p.len, bn = row / (p.heads * p.len);
-        p.delta[(bn * p.heads + h) * p.len + i] = sum;
-      });
+      p.delta);
 }
 
 // A fragment (16 rows x kHeadDim) of a shared tile, for use as the MMA's A operand.
@@ -205,7 +212,7 @@ __device__ __forceinline__ TileHeadSlice decode_tile_head_slice(int64_t block, i
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
+__global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dkdv_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerBwdTile;
   using Smem = EvoformerBwdSmem<T, kHeadDim>;
@@ -355,7 +362,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(EvoformerBwdTile::kThreads)
+__global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dq_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerBwdTile;
   using Smem = EvoformerBwdSmem<T, kHeadDim>;
