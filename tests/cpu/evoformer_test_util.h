@@ -619,6 +619,20 @@ inline Status run_with_workspace(const Params& p, size_t* bytes_out, bool misali
   return run(p, ptr, bytes);
 }
 
+// The forward's params over a case's host inputs and the given outputs (options left default).
+inline EvoformerForwardParams forward_params_of(const EvoInputs& in, const TensorView& out,
+                                                const TensorView& lse) {
+  EvoformerForwardParams p;
+  p.q = in.q.view();
+  p.k = in.k.view();
+  p.v = in.v.view();
+  p.bias1 = in.bias1.view();
+  p.bias2 = in.bias2.view();
+  p.out = out;
+  p.lse = lse;
+  return p;
+}
+
 // Runs the forward on fresh outputs that are poisoned with NaN first.
 inline ForwardRun run_forward(const EvoInputs& in, EvoformerCpuAlgorithm algo, int num_threads = 0,
                               bool with_lse = true, bool misalign_workspace = false) {
@@ -626,17 +640,35 @@ inline ForwardRun run_forward(const EvoInputs& in, EvoformerCpuAlgorithm algo, i
   ForwardRun r;
   r.out = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
   if (with_lse) r.lse = HostTensor::packed(DType::kF32, cfg.shape.lse());
-  EvoformerForwardParams p;
-  p.q = in.q.view();
-  p.k = in.k.view();
-  p.v = in.v.view();
-  p.bias1 = in.bias1.view();
-  p.bias2 = in.bias2.view();
-  p.out = r.out.view();
-  p.lse = r.lse.view();
+  EvoformerForwardParams p = forward_params_of(in, r.out.view(), r.lse.view());
   p.options = make_options(cfg, algo, num_threads);
   r.status = run_with_workspace(p, &r.workspace_bytes, misalign_workspace);
   return r;
+}
+
+// The backward's params over a forward's inputs and outputs (f), its dout and the gradients to
+// write (views on any device; an absent dbias view is not requested).
+inline EvoformerBackwardParams backward_params_of(const EvoformerForwardParams& f,
+                                                  const TensorView& dout, const TensorView& dq,
+                                                  const TensorView& dk, const TensorView& dv,
+                                                  const TensorView& dbias1,
+                                                  const TensorView& dbias2) {
+  EvoformerBackwardParams p;
+  p.q = f.q;
+  p.k = f.k;
+  p.v = f.v;
+  p.bias1 = f.bias1;
+  p.bias2 = f.bias2;
+  p.out = f.out;
+  p.lse = f.lse;
+  p.dout = dout;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.dbias1 = dbias1;
+  p.dbias2 = dbias2;
+  p.options = f.options;
+  return p;
 }
 
 // Runs the backward on fresh, poisoned gradient tensors. dbias1 / dbias2 are requested when
@@ -651,21 +683,10 @@ inline BackwardRun run_backward(const EvoInputs& in, const HostTensor& out, cons
   r.dv = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
   if (want_dbias1) r.dbias1 = make_tensor(in.bias1.dtype(), cfg.shape.bias1(), cfg.out_layout);
   if (want_dbias2) r.dbias2 = make_tensor(in.bias2.dtype(), cfg.shape.bias2(), cfg.out_layout);
-  EvoformerBackwardParams p;
-  p.q = in.q.view();
-  p.k = in.k.view();
-  p.v = in.v.view();
-  p.bias1 = in.bias1.view();
-  p.bias2 = in.bias2.view();
-  p.out = out.view();
-  p.lse = lse.view();
-  p.dout = in.dout.view();
-  p.dq = r.dq.view();
-  p.dk = r.dk.view();
-  p.dv = r.dv.view();
-  p.dbias1 = r.dbias1.view();
-  p.dbias2 = r.dbias2.view();
-  p.options = make_options(cfg, algo, num_threads);
+  EvoformerForwardParams f = forward_params_of(in, out.view(), lse.view());
+  f.options = make_options(cfg, algo, num_threads);
+  const EvoformerBackwardParams p = backward_params_of(
+      f, in.dout.view(), r.dq.view(), r.dk.view(), r.dv.view(), r.dbias1.view(), r.dbias2.view());
   r.status = run_with_workspace(p, &r.workspace_bytes, misalign_workspace);
   return r;
 }

@@ -48,21 +48,8 @@ GpuResult run_gpu(const EvoInputs& in, bool want_dbias1, bool want_dbias2) {
   if (want_dbias1) r.dbias1 = make_tensor(in.bias1.dtype(), cfg.shape.bias1(), cfg.out_layout);
   if (want_dbias2) r.dbias2 = make_tensor(in.bias2.dtype(), cfg.shape.bias2(), cfg.out_layout);
   DeviceCopy dq(r.dq), dk(r.dk), dv(r.dv), dbias1(r.dbias1), dbias2(r.dbias2);
-  EvoformerBackwardParams b;
-  b.q = f.q;
-  b.k = f.k;
-  b.v = f.v;
-  b.bias1 = f.bias1;
-  b.bias2 = f.bias2;
-  b.out = f.out;
-  b.lse = f.lse;
-  b.dout = dout.view();
-  b.dq = dq.view();
-  b.dk = dk.view();
-  b.dv = dv.view();
-  b.dbias1 = dbias1.view();
-  b.dbias2 = dbias2.view();
-  b.options = f.options;
+  const EvoformerBackwardParams b = backward_params_of(f, dout.view(), dq.view(), dk.view(),
+                                                       dv.view(), dbias1.view(), dbias2.view());
   const size_t ws_bytes = workspace_size(b);
   DeviceBuffer ws(ws_bytes);
   r.backward_status = run(b, ws.ptr, ws_bytes);

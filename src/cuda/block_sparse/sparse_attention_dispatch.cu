@@ -9,6 +9,7 @@
 
 #include "common/block_sparse_device_index.h"
 #include "common/workspace_layout.h"
+#include "cuda/bias_type_of.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 #include "cuda/device_guard.h"
 #include "cuda/sparse_attention_cuda.h"
@@ -58,21 +59,6 @@ bool dtype_built(DType dtype) {
     default:
       return false;
   }
-}
-
-BiasType term_type(const TensorView& t) {
-  if (!t.present()) return BiasType::kNone;
-  switch (t.dtype) {
-    case DType::kF32:
-      return BiasType::kF32;
-    case DType::kF16:
-      return BiasType::kF16;
-    case DType::kBF16:
-      return BiasType::kBF16;
-    case DType::kBool:
-      return BiasType::kBool;
-  }
-  return BiasType::kNone;
 }
 
 void copy_strides(const TensorView& t, int64_t* dst, int n) {
@@ -186,15 +172,15 @@ SparseAttentionDeviceParams common_params(
   p.vec_k = vectorizable(k);
   p.vec_v = vectorizable(v);
   p.rpe = rpe.data;
-  p.rpe_type = term_type(rpe);
+  p.rpe_type = bias_type_of(rpe);
   copy_strides(rpe, p.rpe_stride, 4);
   p.kpm = kpm.data;
-  p.kpm_type = term_type(kpm);
+  p.kpm_type = bias_type_of(kpm);
   copy_strides(kpm, p.kpm_stride, 2);
   p.kpm_mul =
       kpm.present() && kpm.dtype != DType::kBool && options.key_padding_mask_mode == MaskMode::kMul;
   p.attn = attn.data;
-  p.attn_type = term_type(attn);
+  p.attn_type = bias_type_of(attn);
   copy_strides(attn, p.attn_stride, 2);
   p.attn_mul =
       attn.present() && attn.dtype != DType::kBool && options.attn_mask_mode == MaskMode::kMul;

@@ -8,109 +8,12 @@
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/device_guard.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_device_params_of.h"
 #include "cuda/evoformer/evoformer_launch.h"
 #include "cuda/evoformer_cuda.h"
 
 namespace sciattn::cuda {
 namespace {
-
-BiasType bias_type(const TensorView& t) {
-  if (!t.present()) return BiasType::kNone;
-  switch (t.dtype) {
-    case DType::kF32:
-      return BiasType::kF32;
-    case DType::kF16:
-      return BiasType::kF16;
-    case DType::kBF16:
-      return BiasType::kBF16;
-    case DType::kBool:
-      return BiasType::kBool;
-  }
-  return BiasType::kNone;
-}
-
-void copy_strides(const TensorView& t, int64_t* dst, std::initializer_list<int> dims) {
-  int i = 0;
-  for (int d : dims) dst[i++] = t.present() ? t.strides[d] : 0;
-}
-
-// [B, N, L, H, D] -> strides over (B, N, L, H).
-void qkv_strides(const TensorView& t, int64_t dst[4]) {
-  copy_strides(t, dst, {0, 1, 2, 3});
-}
-
-// A thread's two adjacent bias columns are one aligned load: unit stride along keys, every other
-// stride even (so each row starts at an even element) and the buffer aligned to a pair.
-int bias_pairs(const TensorView& t) {
-  if (!t.present() || t.strides[4] != 1) return 0;
-  const size_t pair_bytes = 2 * dtype_size(t.dtype);
-  if (reinterpret_cast<uintptr_t>(t.data) % pair_bytes != 0) return 0;
-  for (int d = 0; d < 4; ++d) {
-    if (t.sizes[d] > 1 && t.strides[d] % 2 != 0) return 0;
-  }
-  return 1;
-}
-
-// Bias tiles may be staged with 16-byte cp.async: unit stride along keys, every other stride a
-// whole number of 16-byte chunks, the buffer 16-byte aligned.
-int bias_staged(const TensorView& t) {
-  if (!t.present() || t.strides[4] != 1) return 0;
-  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return 0;
-  for (int d = 0; d < 4; ++d) {
-    if (t.sizes[d] > 1 && (t.strides[d] * elem) % 16 != 0) return 0;
-  }
-  return 1;
-}
-
-// 16-byte copies of whole rows of 8 elements are safe: every row starts 16-byte aligned and D
-// comes in whole 8-element chunks.
-int vectorizable(const TensorView& t) {
-  if (t.sizes[4] % 8 != 0 || reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return 0;
-  for (int d = 0; d < 4; ++d) {
-    if (t.sizes[d] > 1 && t.strides[d] % 8 != 0) return 0;
-  }
-  return 1;
-}
-
-EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                    const TensorView& bias1, const TensorView& bias2,
-                                    const TensorView& out, const TensorView& lse,
-                                    const EvoformerOptions& options,
-                                    const detail::EvoformerShape& s) {
-  EvoformerDeviceParams p{};
-  p.batch = s.batch;
-  p.n = s.n;
-  p.len = s.len;
-  p.heads = s.heads;
-  p.dim = s.dim;
-  p.scale = detail::evoformer_scale(options, s.dim);
-  p.q = q.data;
-  qkv_strides(q, p.q_stride);
-  p.vec_q = vectorizable(q);
-  p.vec_k = vectorizable(k);
-  p.vec_v = vectorizable(v);
-  p.k = k.data;
-  qkv_strides(k, p.k_stride);
-  p.v = v.data;
-  qkv_strides(v, p.v_stride);
-  p.out = out.data;
-  qkv_strides(out, p.out_stride);
-  p.bias1 = bias1.data;
-  p.bias1_type = bias_type(bias1);
-  copy_strides(bias1, p.bias1_stride, {0, 1, 4});
-  p.bias1_pairs = bias_pairs(bias1);
-  p.bias1_staged = bias_staged(bias1);
-  p.bias2 = bias2.data;
-  p.bias2_type = bias_type(bias2);
-  copy_strides(bias2, p.bias2_stride, {0, 2, 3, 4});
-  p.bias2_pairs = bias_pairs(bias2);
-  p.bias2_staged = bias_staged(bias2);
-  p.lse = static_cast<float*>(lse.data);
-  copy_strides(lse, p.lse_stride, {0, 1, 2});
-  p.dbias2_chunks = 1;
-  return p;
-}
 
 Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas) {
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
@@ -288,9 +191,7 @@ namespace {
 
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
                         Stream stream) {
-  const EvoformerDeviceParams p =
-      common_params(params.q, params.k, params.v, params.bias1, params.bias2, params.out,
-                    params.lse, params.options, s);
+  const EvoformerDeviceParams p = forward_device_params(params, s);
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
@@ -302,33 +203,8 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
 
 Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
                          void* workspace, Stream stream) {
-  EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
-                                          params.out, params.lse, params.options, s);
-  p.dout = params.dout.data;
-  qkv_strides(params.dout, p.dout_stride);
-  p.vec_dout = vectorizable(params.dout);
-  p.vec_out = vectorizable(params.out);
-  p.dq = params.dq.data;
-  qkv_strides(params.dq, p.dq_stride);
-  p.dk = params.dk.data;
-  qkv_strides(params.dk, p.dk_stride);
-  p.dv = params.dv.data;
-  qkv_strides(params.dv, p.dv_stride);
-  p.dbias1 = params.dbias1.data;
-  copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
-  p.dbias2 = params.dbias2.data;
-  copy_strides(params.dbias2, p.dbias2_stride, {0, 2, 3, 4});
+  const EvoformerDeviceParams p = backward_device_params(params, s, workspace);
   const bool f32 = params.q.dtype == DType::kF32;
-  const detail::CudaBackwardWorkspace w =
-      detail::plan_cuda_backward(s, params.dbias1.present(), params.dbias2.present(), !f32);
-  p.delta = w.layout.at<float>(workspace, w.delta);
-  p.dbias1_partial =
-      params.dbias1.present() ? w.layout.at<float>(workspace, w.dbias1_partial) : nullptr;
-  p.dbias2_partial = params.dbias2.present() && w.chunks > 1
-                         ? w.layout.at<float>(workspace, w.dbias2_partial)
-                         : nullptr;
-  p.dbias2_chunks = w.chunks;
-
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   cudaError_t e = f32 ? launch_evoformer_backward_delta<float>(p, cuda_stream)
                   : params.q.dtype == DType::kF16

@@ -1,7 +1,7 @@
-// Host emulation of the CUDA features the fused sparse attention kernels use (test layer, a
-// developer tool): one CTA at a time as 128 std::threads, std::barrier for __syncthreads and the
-// warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX fragment layout, ldmatrix),
-// synchronous cp.async with zero fill.
+// Host emulation of the CUDA features the fused sparse attention and Evoformer kernels use (test
+// layer, a developer tool): one CTA at a time as blockDim.x (up to 256) std::threads, std::barrier
+// for __syncthreads and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
+// fragment layout, ldmatrix), synchronous cp.async with zero fill.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #define __global__
@@ -25,10 +26,11 @@ inline thread_local EmuDim threadIdx, blockIdx;
 inline EmuDim blockDim{128, 1, 1}, gridDim{1, 1, 1};
 
 namespace emu {
+constexpr int kMaxWarps = 8;
 inline std::unique_ptr<std::barrier<>> block_bar;
-inline std::unique_ptr<std::barrier<>> warp_bar[4];
-inline float shfl_buf[4][32];
-inline uint32_t a_buf[4][32][4], b_buf[4][32][2];
+inline std::unique_ptr<std::barrier<>> warp_bar[kMaxWarps];
+inline float shfl_buf[kMaxWarps][32];
+inline uint32_t a_buf[kMaxWarps][32][4], b_buf[kMaxWarps][32][2];
 
 // cp.async: immediate copies by default (the earliest a copy can land), or, with `defer` (the
 // EMU_DEFER environment variable), held back until the cp.async.wait_group that must complete
@@ -122,7 +124,7 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
 }
 // ldmatrix .x4 (optionally .trans): lane l passes the address of row l % 8 of matrix l / 8; of
 // matrix i it receives elements (l / 4, 2 (l % 4) .. +1), or with kTrans (2 (l % 4) .. +1, l / 4).
-inline const void* row_buf[4][32];
+inline const void* row_buf[kMaxWarps][32];
 template <bool kTrans>
 inline void ldmatrix_x4(uint32_t r[4], const void* row) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
@@ -139,6 +141,28 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) {
                   : element(m, g, 2 * t) | (element(m, g, 2 * t + 1) << 16);
   }
   warp_bar[w]->arrive_and_wait();
+}
+// Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads, one CTA at a time, with
+// the kernel's shared memory (`smem`, `smem_bytes`) filled with garbage before each CTA.
+template <typename Kernel, typename... Args>
+void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
+              const Args&... args) {
+  gridDim.x = static_cast<unsigned>(ctas);
+  blockDim.x = threads;
+  for (int64_t cta = 0; cta < ctas; ++cta) {
+    std::memset(smem, 0xA5, smem_bytes);
+    block_bar = std::make_unique<std::barrier<>>(threads);
+    for (auto& w : warp_bar) w = std::make_unique<std::barrier<>>(32);
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        threadIdx.x = t;
+        blockIdx.x = static_cast<unsigned>(cta);
+        kernel(args...);
+      });
+    }
+    for (auto& th : pool) th.join();
+  }
 }
 }  // namespace emu
 

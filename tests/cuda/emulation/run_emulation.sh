@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Runs the fused block-sparse attention kernels under host emulation (no GPU): the kernel sources
-# compiled as C++20 with emulated mma.sync / warp shuffles / barriers (one CTA at a time, 128
-# std::threads; cp.async lands at issue, or with EMU_DEFER=1 only at the wait that must complete
-# it, the two extremes of the pipeline's timing), against the fp64
-# oracle and the CPU fused path with the tolerance rule. Developer tool (tests/cuda/emulation), not
-# part of CTest. Usage: run_emulation.sh [CPU build dir, default build/cpu] [case | 100 (fp32) |
-# 200 N (N random cases)]; no case argument runs the fixed cases and the fp32 ones.
+# Runs the fused block-sparse attention kernels, or with `evoformer` the Evoformer kernels, under
+# host emulation (no GPU): the kernel sources compiled as C++20 with emulated mma.sync / ldmatrix /
+# warp shuffles / barriers (one CTA at a time, one std::thread per CUDA thread; cp.async lands at
+# issue, or with EMU_DEFER=1 only at the wait that must complete it, the two extremes of the
+# pipeline's timing), against the fp64 oracle and the CPU path with the tolerance rule. Developer
+# tool (tests/cuda/emulation), not part of CTest. Usage:
+#   run_emulation.sh [CPU build dir, default build/cpu] [case | 100 (fp32) | 200 N (N random)]
+#   run_emulation.sh [CPU build dir] evoformer [case index]
+# With no case argument the fixed cases run (and, for block-sparse, the fp32 ones).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -14,7 +16,12 @@ shift || true
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 "$here/make_shims.py" "$work"
+program=sparse_attention_emulation.cpp
+if [ "${1:-}" = evoformer ]; then
+  program=evoformer_emulation.cpp
+  shift
+fi
 g++ -std=c++20 -O1 -fopenmp -I"$work" -I"$here" -I"$root/src" -I"$root/include" -I"$root/tests" \
-  -I/usr/local/cuda/include "$here/sparse_attention_emulation.cpp" -o "$work/emulation" \
+  -I/usr/local/cuda/include "$here/$program" -o "$work/emulation" \
   "$build/src/libsciattn.a" "$build/src/libsciattn_sparse_tiles.a" -lgtest -lpthread
 "$work/emulation" "$@"

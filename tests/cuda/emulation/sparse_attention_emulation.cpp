@@ -11,11 +11,11 @@
 #include "f32_kernels.h"
 // clang-format on
 
-#include <thread>
 #include <vector>
 
 #include "common/sparse_attention_tiles.h"
 #include "cpu/block_sparse_test_util.h"
+#include "cuda/bias_type_of.h"
 
 namespace sciattn::cuda {
 __attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
@@ -27,21 +27,7 @@ using cuda::SparseAttentionDeviceParams;
 
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int64_t ctas, const Args&... args) {
-  gridDim.x = static_cast<unsigned>(ctas);
-  for (int64_t cta = 0; cta < ctas; ++cta) {
-    std::memset(cuda::smem_raw, 0xA5, sizeof(cuda::smem_raw));  // garbage
-    emu::block_bar = std::make_unique<std::barrier<>>(128);
-    for (auto& w : emu::warp_bar) w = std::make_unique<std::barrier<>>(32);
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < 128; ++t) {
-      threads.emplace_back([&, t] {
-        threadIdx.x = t;
-        blockIdx.x = static_cast<unsigned>(cta);
-        kernel(args...);
-      });
-    }
-    for (auto& th : threads) th.join();
-  }
+  emu::run_grid(kernel, ctas, 128, cuda::smem_raw, sizeof(cuda::smem_raw), args...);
 }
 
 // The device index's tile arrays as the kernels read them: int32 copies of the host tile index
@@ -90,21 +76,6 @@ struct EmuTiles {
     return d;
   }
 };
-
-cuda::BiasType term_type(const TensorView& t) {
-  if (!t.present()) return cuda::BiasType::kNone;
-  switch (t.dtype) {
-    case DType::kF32:
-      return cuda::BiasType::kF32;
-    case DType::kF16:
-      return cuda::BiasType::kF16;
-    case DType::kBF16:
-      return cuda::BiasType::kBF16;
-    case DType::kBool:
-      return cuda::BiasType::kBool;
-  }
-  return cuda::BiasType::kNone;
-}
 
 struct Case {
   DType dtype = DType::kBF16;
@@ -214,14 +185,14 @@ bool run_case(const Case& c) {
   p.vec_v = vec(v);
   p.vec_dout = vec(dout);
   p.rpe = rpe.present() ? rpe.data() : nullptr;
-  p.rpe_type = term_type(rpe.view());
+  p.rpe_type = cuda::bias_type_of(rpe.view());
   strides(rpe, p.rpe_stride, 4);
   p.kpm = kpm.present() ? kpm.data() : nullptr;
-  p.kpm_type = term_type(kpm.view());
+  p.kpm_type = cuda::bias_type_of(kpm.view());
   strides(kpm, p.kpm_stride, 2);
   p.kpm_mul = 0;
   p.attn = attn.present() ? attn.data() : nullptr;
-  p.attn_type = term_type(attn.view());
+  p.attn_type = cuda::bias_type_of(attn.view());
   strides(attn, p.attn_stride, 2);
   p.attn_mul = 0;  // bool
   p.has_terms = rpe.present() || kpm.present() || attn.present();

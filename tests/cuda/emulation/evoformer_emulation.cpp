@@ -1,0 +1,216 @@
+// Host emulation of the Evoformer attention kernels (test layer, tests/cuda/emulation; a developer
+// tool run by run_emulation.sh, not part of CTest): the real kernel sources (forward, delta,
+// dK/dV, dQ, dbias2), compiled as host C++ with emulated CUDA (emu_runtime.h), run on small
+// problems with the arguments the dispatch builds (evoformer_device_params_of.h) and are compared
+// with the fp64 oracle, the CPU reference giving lowp_ref (the tolerance rule). The bias
+// reduction (dbias1 over heads, dbias2 over N chunks) is a plain loop in the dispatch's kernel and
+// is redone here on the host in the same order. It checks index arithmetic, fragments, copies and
+// the dbias2 chunking without a GPU; it cannot see cp.async races or alignment faults.
+#include "emu_runtime.h"
+// clang-format off
+#include "cuda/evoformer/evoformer_fwd_kernel.cuh"
+#include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+// clang-format on
+
+#include <cstdio>
+#include <vector>
+
+#include "cpu/evoformer_test_util.h"
+#include "cuda/evoformer/evoformer_device_params_of.h"
+
+namespace sciattn::cuda {
+__attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
+}
+
+using namespace sciattn;
+using namespace sciattn::test;
+
+namespace {
+
+template <typename Kernel>
+void launch(Kernel kernel, int64_t ctas, unsigned threads, size_t smem_bytes,
+            const cuda::EvoformerDeviceParams& p) {
+  if (smem_bytes > sizeof(cuda::smem_raw)) {
+    std::printf("  shared memory %zu > %zu\n", smem_bytes, sizeof(cuda::smem_raw));
+    std::abort();
+  }
+  emu::run_grid(kernel, ctas, threads, cuda::smem_raw, sizeof(cuda::smem_raw), p);
+}
+
+// The sum the dispatch's reduction kernel makes: dbias1[b, n, j] over heads, dbias2[b, h, i, j]
+// over N chunks, in index order, stored in the bias's dtype.
+void reduce_biases(const cuda::EvoformerDeviceParams& p, HostTensor& dbias1, HostTensor& dbias2) {
+  if (dbias1.present()) {
+    for (int64_t bn = 0; bn < p.batch * p.n; ++bn)
+      for (int64_t j = 0; j < p.len; ++j) {
+        float sum = 0.0f;
+        for (int64_t h = 0; h < p.heads; ++h)
+          sum += p.dbias1_partial[(bn * p.heads + h) * p.len + j];
+        dbias1.set(bn * p.len + j, sum);  // logical index of [B, N, 1, 1, L]
+      }
+  }
+  if (dbias2.present() && p.dbias2_chunks > 1) {
+    const int64_t chunk_stride = p.batch * p.heads * p.len * p.len;
+    for (int64_t x = 0; x < chunk_stride; ++x) {
+      float sum = 0.0f;
+      for (int64_t c = 0; c < p.dbias2_chunks; ++c) sum += p.dbias2_partial[c * chunk_stride + x];
+      dbias2.set(x, sum);  // logical index of [B, 1, H, L, L]
+    }
+  }
+}
+
+template <typename T, int kHD>
+bool run_case(const EvoConfig& cfg) {
+  const EvoInputs in = make_inputs(cfg);
+  const bool want_dbias1 = in.bias1.present() && in.bias1.dtype() != DType::kBool;
+  const bool want_dbias2 = in.bias2.present();
+  const NaiveProblem naive = to_naive(in);
+  const NaiveForward f64 = naive_forward(naive);
+  const NaiveGrads g64 = naive_backward(naive, in.dout.values());
+  const ForwardRun fref = run_forward(in, EvoformerCpuAlgorithm::kReference);
+  const BackwardRun bref = run_backward(in, fref.out, fref.lse, EvoformerCpuAlgorithm::kReference,
+                                        0, want_dbias1, want_dbias2);
+  if (!fref.status.ok() || !bref.status.ok()) {
+    std::printf("  CPU reference failed\n");
+    return false;
+  }
+  const detail::EvoformerShape s{cfg.shape.B, cfg.shape.N, cfg.shape.L, cfg.shape.H, cfg.shape.D};
+  const int64_t row_tiles = (s.len + 63) / 64 * s.heads * s.batch * s.n;
+
+  // Forward.
+  HostTensor out = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  HostTensor lse = HostTensor::packed(DType::kF32, cfg.shape.lse());
+  EvoformerForwardParams f = forward_params_of(in, out.view(), lse.view());
+  f.options.scale = cfg.scale;
+  const cuda::EvoformerDeviceParams pf = cuda::forward_device_params(f, s);
+  const size_t bias_smem_fwd =
+      2 *
+      static_cast<size_t>(cuda::bias_stage_bytes(pf.bias2_type, cuda::EvoformerFwdTile::kBlockM) +
+                          cuda::bias_stage_bytes(pf.bias1_type, 1));
+  launch(cuda::evoformer_fwd_kernel<T, kHD>, row_tiles, cuda::EvoformerFwdTile::kThreads,
+         sizeof(cuda::EvoformerFwdSmem<T, kHD>) + bias_smem_fwd, pf);
+
+  // Backward, from the emulated forward.
+  HostTensor dq = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  HostTensor dk = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  HostTensor dv = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  HostTensor dbias1, dbias2;
+  if (want_dbias1) dbias1 = make_tensor(in.bias1.dtype(), cfg.shape.bias1(), cfg.out_layout);
+  if (want_dbias2) dbias2 = make_tensor(in.bias2.dtype(), cfg.shape.bias2(), cfg.out_layout);
+  const EvoformerBackwardParams b = backward_params_of(f, in.dout.view(), dq.view(), dk.view(),
+                                                       dv.view(), dbias1.view(), dbias2.view());
+  const detail::CudaBackwardWorkspace w =
+      detail::plan_cuda_backward(s, want_dbias1, want_dbias2, /*tensor_cores=*/true);
+  std::vector<float> workspace(w.layout.total_bytes() / 4 + 16, NAN);
+  const cuda::EvoformerDeviceParams pb = cuda::backward_device_params(b, s, workspace.data());
+  launch(cuda::evoformer_bwd_delta_kernel<T>, 3, 256, 0, pb);
+  const size_t bias_smem_bwd =
+      2 *
+      static_cast<size_t>(cuda::bias_stage_bytes(pb.bias2_type, cuda::EvoformerBwdTile::kBlock) +
+                          cuda::bias_stage_bytes(pb.bias1_type, 1));
+  const size_t bwd_smem = sizeof(cuda::EvoformerBwdSmem<T, kHD>) + bias_smem_bwd;
+  launch(cuda::evoformer_bwd_dkdv_kernel<T, kHD>, row_tiles, cuda::EvoformerBwdTile::kThreads,
+         bwd_smem, pb);
+  launch(cuda::evoformer_bwd_dq_kernel<T, kHD>, row_tiles, cuda::EvoformerBwdTile::kThreads,
+         bwd_smem, pb);
+  if (want_dbias2) {
+    launch(cuda::evoformer_bwd_dbias2_kernel<T, kHD>,
+           detail::cuda_dbias2_tiles(s) * pb.dbias2_chunks,
+           cuda::EvoformerDbias2Tile<kHD>::kThreads, sizeof(cuda::EvoformerDbias2Smem<T, kHD>), pb);
+  }
+  reduce_biases(pb, dbias1, dbias2);
+
+  bool ok = true;
+  auto check = [&](const char* what, const ::testing::AssertionResult& r) {
+    if (!r) {
+      std::printf("  FAIL %s: %s\n", what, r.message());
+      ok = false;
+    }
+  };
+  check("out", within_tolerance("out", out.values(), fref.out.values(), f64.out, cfg.dtype));
+  check("lse", within_tolerance("lse", lse.values(), fref.lse.values(), f64.lse, cfg.dtype));
+  check("dq", within_tolerance("dq", dq.values(), bref.dq.values(), g64.dq, cfg.dtype));
+  check("dk", within_tolerance("dk", dk.values(), bref.dk.values(), g64.dk, cfg.dtype));
+  check("dv", within_tolerance("dv", dv.values(), bref.dv.values(), g64.dv, cfg.dtype));
+  if (want_dbias1) {
+    check("dbias1", bias_grad_within_tolerance("dbias1", dbias1.values(), bref.dbias1.values(),
+                                               g64.dbias1, cfg.dtype));
+  }
+  if (want_dbias2) {
+    check("dbias2", bias_grad_within_tolerance("dbias2", dbias2.values(), bref.dbias2.values(),
+                                               g64.dbias2, cfg.dtype));
+  }
+  std::printf("%s: vec %d%d%d%d%d, staged %d%d, dbias2 chunks %lld: %s\n", cfg.str().c_str(),
+              pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out, pb.bias1_staged,
+              pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks), ok ? "OK" : "FAILED");
+  return ok;
+}
+
+template <typename T>
+bool run_dim(const EvoConfig& c) {
+  switch (detail::cuda_evoformer_head_dim(c.shape.D)) {
+    case 8:
+      return run_case<T, 8>(c);
+    case 16:
+      return run_case<T, 16>(c);
+    case 32:
+      return run_case<T, 32>(c);
+    case 64:
+      return run_case<T, 64>(c);
+    default:
+      return run_case<T, 128>(c);
+  }
+}
+
+bool run(const EvoConfig& c) {
+  return c.dtype == DType::kF16 ? run_dim<__half>(c) : run_dim<__nv_bfloat16>(c);
+}
+
+std::vector<EvoConfig> cases() {
+  std::vector<EvoConfig> out;
+  uint64_t seed = kBaseSeed + 90000;
+  auto add = [&](EvoShape shape, DType dtype, Bias1Kind b1, Bias2Kind b2, Layout in_layout) {
+    EvoConfig c;
+    c.shape = shape;
+    c.dtype = dtype;
+    c.bias1 = b1;
+    c.bias2 = b2;
+    c.in_layout = in_layout;
+    c.seed = seed++;
+    out.push_back(c);
+  };
+  // Head dims of every instantiation, lengths that are not tile multiples, several query and key
+  // tiles, chunked (N > 1) and unchunked (N = 1) dbias2 sums, both 16-bit dtypes.
+  add({1, 3, 17, 2, 32}, DType::kBF16, Bias1Kind::kBool, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 3, 130, 2, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 1, 150, 2, 32}, DType::kF16, Bias1Kind::kF32, Bias2Kind::kF32, Layout::kPacked);
+  add({2, 2, 70, 2, 16}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 3, 33, 2, 8}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 2, 70, 2, 64}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 2, 40, 1, 128}, DType::kF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 3, 96, 2, 24}, DType::kBF16, Bias1Kind::kBool, Bias2Kind::kNone, Layout::kPacked);
+  // Strided inputs (the element-wise copy paths) and transposed N / L.
+  add({1, 2, 45, 2, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
+  add({1, 3, 80, 2, 32}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kSameAsQ, Layout::kTransposedNL);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  emu::defer = std::getenv("EMU_DEFER") != nullptr;
+  const std::vector<EvoConfig> all = cases();
+  int failures = 0;
+  if (argc > 1) {
+    const int i = std::atoi(argv[1]);
+    if (i < 0 || i >= static_cast<int>(all.size())) {
+      std::printf("case index must be 0..%zu\n", all.size() - 1);
+      return 2;
+    }
+    failures += !run(all[static_cast<size_t>(i)]);
+  } else {
+    for (const EvoConfig& c : all) failures += !run(c);
+  }
+  std::printf("%d failures\n", failures);
+  return failures == 0 ? 0 : 1;
+}
