@@ -235,12 +235,25 @@ BlockSparseIndex index_of(const at::Tensor& layout_in, int64_t block, int64_t nn
   TORCH_CHECK_TYPE(!layout_in.is_floating_point() && !layout_in.is_complex(),
                    "layout must be an integer or bool tensor of 0s and 1s; got dtype ",
                    layout_in.scalar_type());
-  at::Tensor layout = layout_in.to(at::kCPU, at::kLong).contiguous();
-  TORCH_CHECK_VALUE(layout.numel() == 0 || (layout.eq(0) | layout.eq(1)).all().item<bool>(),
-                    "layout must hold only 0s and 1s");
+  // Read in its own dtype, checked and converted in one pass: the torch expression
+  // (layout == 0 | layout == 1).all() on an int64 copy made three passes and three temporaries
+  // over 16.8 M entries at 65,536 tokens and block 64, 0.1-0.3 s against a few-ms GPU call.
+  const at::Tensor layout = layout_in.to(at::kCPU).contiguous();
   Layout l = Layout::zeros(layout.size(0), layout.size(1), layout.size(2));
-  const int64_t* src = layout.data_ptr<int64_t>();
-  for (int64_t i = 0; i < layout.numel(); ++i) l.blocks[static_cast<size_t>(i)] = src[i] != 0;
+  bool binary = true;
+  AT_DISPATCH_INTEGRAL_TYPES_AND(at::kBool, layout.scalar_type(), "layout", [&] {
+    const scalar_t* src = layout.data_ptr<scalar_t>();
+    uint8_t* dst = l.blocks.data();
+    const int64_t count = layout.numel();
+    uint8_t all_binary = 1;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto x = src[i];
+      all_binary &= static_cast<uint8_t>(x == 0 || x == 1);
+      dst[i] = static_cast<uint8_t>(x != 0);
+    }
+    binary = all_binary != 0;
+  });
+  TORCH_CHECK_VALUE(binary, "layout must hold only 0s and 1s");
   BlockSparseIndex index;
   check_status(build_block_sparse_index(l, block, &index), "block-sparse layout");
   TORCH_CHECK_VALUE(index.nnz == nnz, "nnz is ", nnz, " but the layout has ", index.nnz,

@@ -279,6 +279,30 @@ def test_index_cache_follows_in_place_layout_changes(device):
     assert_close_rule("out", changed, ref.float(), ref, torch.float32)
 
 
+def test_layout_tensor_of_any_integer_or_bool_dtype(device):
+    """The binding reads a layout in its own dtype (bool, uint8, int8, int16, int32, int64) and
+    checks its values in the same pass: every dtype gives the same bits, and a value that is not
+    0 or 1 is refused in every dtype (256 too, which a narrowing copy to 8 bits would make 0)."""
+    config = CONFIGS["bigbird"](2)
+    layout = config.make_layout(64)
+    q, k, v = (rand(1, 2, 64, 8, device=device) for _ in range(3))
+    nnz = int(layout.sum())
+
+    def fwd(lay):
+        raw = (lay, config.block, nnz, None, None, None, None, False, 0, 1, 0)
+        return run_or_skip(torch.ops.sciattn.sparse_attention_fwd, q, k, v, *raw)[0]
+
+    want = fwd(layout)
+    for dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32):
+        assert torch.equal(fwd(layout.to(dtype)), want), dtype
+    for bad, dtype in ((2, torch.uint8), (-1, torch.int8), (256, torch.int32), (256, torch.int64)):
+        wrong = layout.to(dtype).clone()
+        wrong[0, 0, 0] = bad
+        with pytest.raises(ValueError, match="only 0s and 1s"):
+            torch.ops.sciattn.sparse_attention_fwd(q, k, v, wrong, config.block, nnz, None, None,
+                                                   None, None, False, 0, 1, 0)
+
+
 def test_index_cache_per_device_and_threads(device):
     """One layout tensor used on the CPU and on the test device (its index is uploaded once per
     CUDA device and kept next to the host index), from several threads at once: every call gives
