@@ -252,16 +252,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Starts loading rows [row0, row0 + kRows) x [0, kHeadDim) of a slice into shared memory (row
-// pitch kPitch). Rows >= L and columns >= D are zero-filled, so padding adds nothing to the
-// products. With 16-byte copies the load is asynchronous (cp.async; the caller commits and
-// waits); otherwise it is done element by element before returning.
 // Starts 16-byte cp.async copies of rows [row0, row0 + kRows) x [0, 8 kChunks) of a row-major
 // source (rows row_stride elements apart) into shared memory (row pitch kPitch); rows >= len and
 // chunks at or past dim are zero-filled. Each thread owns one chunk column (threadIdx.x %
 // kChunks) and every (kThreads / kChunks)-th row from threadIdx.x / kChunks, so its copies are a
 // fixed, unrolled set whose addresses advance by constants: no division or 64-bit multiply per
-// copy (the generic strided loop spent ~25 instructions on each, ~20% of the kernels' issue).
+// copy (the generic strided loop spent ~25 instructions on each; without them the Evoformer dK/dV
+// and dQ kernels ran 11-13% faster, docs/perf/evoformer_cuda.md v11).
 template <typename T, int kRows, int kChunks, int kPitch, int kThreads>
 __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t row_stride,
                                                 int64_t row0, int64_t len, int64_t dim) {
@@ -285,6 +282,10 @@ __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t 
   }
 }
 
+// Starts loading rows [row0, row0 + kRows) x [0, kHeadDim) of a slice into shared memory (row
+// pitch kPitch). Rows >= L and columns >= D are zero-filled, so padding adds nothing to the
+// products. With 16-byte copies the load is asynchronous (cp.async; the caller commits and
+// waits); otherwise it is done element by element before returning.
 template <typename T, int kRows, int kHeadDim, int kPitch, int kThreads>
 __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64_t row0,
                                           int64_t len, int64_t dim) {
