@@ -18,7 +18,7 @@
 # SPARSE_COMPARE_ARGS (block_sparse.py's options; default --quick).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-results}
 mkdir -p "$out"
 bin=.carry
@@ -33,14 +33,20 @@ status=0
 # kernel instantiation).
 if [ -f "$bin/bins.tar.xz" ]; then tar xJf "$bin/bins.tar.xz" -C "$bin"; fi
 nvidia-smi -L || true
-# compute-sanitizer TOOL PROGRAM FILTER LOG: runs the gtest program's FILTER subset under the tool,
-# keeps the whole output in LOG and prints its summary; a finding fails the suite.
+# compute-sanitizer TOOL PROGRAM FILTER: runs the gtest program's FILTER subset under the tool,
+# appends the whole output to $out/sanitizers.log (one file for every run: the device tool brings
+# back only a few files) and prints its summary; a finding fails the suite.
 sanitize() {
   echo "== compute-sanitizer --tool $1 $2"
+  local log
+  log=$(mktemp)
   compute-sanitizer --tool "$1" --error-exitcode 1 "$bin/$2" --gtest_brief=1 \
-    --gtest_filter="$3" > "$4" 2>&1
+    --gtest_filter="$3" > "$log" 2>&1
   local rc=$?
-  tail -3 "$4"
+  { echo "== compute-sanitizer --tool $1 $2 --gtest_filter=$3 (exit $rc)"; cat "$log"; } \
+    >> "$out/sanitizers.log"
+  tail -3 "$log"
+  rm -f "$log"
   [ $rc -eq 0 ] || status=1
 }
 if want tests; then
@@ -53,7 +59,7 @@ if want sanitize; then
   # Small shapes of every instantiation family (both dtypes, head dims 16..128, both directions).
   filter='Cases/EvoformerCuda.*L17*:Cases/EvoformerCuda.*L1H*:EvoformerCudaEdges.FullyMasked*'
   for tool in memcheck racecheck; do
-    sanitize "$tool" test_evoformer_cuda "$filter" "$out/sanitizer_$tool.log"
+    sanitize "$tool" test_evoformer_cuda "$filter"
   done
 fi
 if want cli && [ -x "$bin/sciattn" ]; then
@@ -130,7 +136,7 @@ if want sparse_sanitize; then
   for t in test_sparse_attention_cuda test_block_sparse_ops_cuda; do
     [ -x "$bin/$t" ] || continue
     for tool in memcheck racecheck; do
-      sanitize "$tool" "$t" '*Small*' "$out/sanitizer_${tool}_$t.log"
+      sanitize "$tool" "$t" '*Small*'
     done
   done
 fi
