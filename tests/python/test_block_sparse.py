@@ -217,6 +217,12 @@ def test_crop_rule_and_state_dict(device):
     other.load_state_dict(module.state_dict())
     q = rand(1, 1, 160, 8, device=device)
     assert torch.equal(run_or_skip(other, q, q, q), module(q, q, q))
+    # A checkpoint's layout is checked before the module narrows its copy to uint8.
+    bad = module.state_dict()
+    bad["master_layout"] = bad["master_layout"].clone()
+    bad["master_layout"][0, 0, 0] = 256
+    with pytest.raises(ValueError, match="master_layout must hold only 0s and 1s"):
+        other.load_state_dict(bad)
 
 
 GRADCHECK_LAYOUT = torch.tensor([[[1, 0], [1, 1]], [[0, 1], [1, 0]]])
