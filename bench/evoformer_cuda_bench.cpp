@@ -146,10 +146,7 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 // No MinTime here: a registered one overrides --benchmark_min_time, which scripts/gpu_suite.sh
 // sets (BENCH_MIN_TIME, default 0.2 s) so that a device run can trade precision for time.
-BENCHMARK(BM_EvoformerCuda)
-    ->Apply(shapes)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EvoformerCuda)->Apply(shapes)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
