@@ -11,18 +11,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+# Each stage's duration is printed when the next begins (CI must stay under 30 minutes).
+stage_start=$(date +%s)
+stage_name=""
+stage() {
+  [ -n "$stage_name" ] && echo "== $stage_name took $(( $(date +%s) - stage_start )) s"
+  stage_name=$1
+  stage_start=$(date +%s)
+  echo "== $1"
+}
 
 scripts/setup.sh --deps
 
-echo "== cpu preset: build and test"
+stage "cpu preset: build and test"
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j "$jobs"
 ctest --preset cpu -j "$jobs"
 
-echo "== sciattn demo"
+stage "sciattn demo"
 build/cpu/tools/sciattn demo
 
-echo "== cuda preset: compile the kernels, GPU tests and GPU benchmark (runs nothing)"
+stage "cuda preset: compile the kernels, GPU tests and GPU benchmark (runs nothing)"
 if command -v nvcc >/dev/null 2>&1; then
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "$jobs"
@@ -30,15 +39,12 @@ else
   echo "nvcc not found: skipping the cuda preset (install the CUDA toolkit to compile kernels)"
 fi
 
-echo "== asan preset: build and test"
+stage "asan preset: build and test"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
 
-echo "== python: install the package into .venv and run pytest tests/python"
-python_start=$(date +%s)
+stage "python: install the package into .venv and run pytest tests/python"
 scripts/setup.sh --python
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
-echo "== python part took $(( $(date +%s) - python_start )) s"
-
-echo "== all tests passed"
+stage "all tests passed"
