@@ -52,9 +52,10 @@ struct EvoformerDeviceParams {
   // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned (vec_out: as the backward
   // reads out).
   int vec_q, vec_k, vec_v, vec_dout, vec_out;
-  // 1 when a thread's two adjacent bias columns can be read with one load: the bias is
-  // contiguous along keys and every row starts at an even element of an aligned buffer.
-  int bias1_pairs, bias2_pairs;
+  // 1 when a thread's two adjacent bias2 columns can be read with one load from global memory (the
+  // dbias2 kernel's one read of its tile): bias2 is contiguous along keys and every row starts at
+  // an even element of an aligned buffer. (bias1 is always read from shared memory or per key.)
+  int bias2_pairs;
   // 1 when the tiles of that bias can be staged in shared memory with 16-byte cp.async (unit
   // stride along keys, every other stride and the buffer 16-byte aligned): the kernels then copy
   // the next tile's bias with the next K/V (or Q/dO) tile instead of loading it per thread.

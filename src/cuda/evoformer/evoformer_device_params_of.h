@@ -85,7 +85,6 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.bias1 = bias1.data;
   p.bias1_type = bias_type_of(bias1);
   copy_strides(bias1, p.bias1_stride, {0, 1, 4});
-  p.bias1_pairs = bias_pairs(bias1);
   p.bias1_staged = bias_staged(bias1);
   p.bias2 = bias2.data;
   p.bias2_type = bias_type_of(bias2);
