@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
+  const float scale_log2 = p.scale * kLog2e;
   const int64_t key0 = at.tile * SparseTile::kSize;
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};  // keys inside the tile
   const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
@@ -144,24 +145,30 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       } else {
         mma_rows_t_smem<T, kSteps, kPitch>(pt, kw, q_tile, g, t, keep);
       }
+      // P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
+      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test).
       if (tile_is_plain(p, mask, q0, key0)) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j) {
+          const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            pt[j][x] = prob_of(pt[j][x] * p.scale, lse[j * 8 + 2 * t + (x & 1)]);
+            pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
           }
+        }
       } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j) {
+          const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
             const int64_t i = q0 + qc, jj = key0 + kc;
             const float s =
                 element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
-            pt[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[qc]);
+            pt[j][x] = fast_exp2(fmaf(s, kLog2e, (x & 1) ? -lse2.y : -lse2.x));
           }
+        }
       }
       // dV += P^T dO.
       mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t, keep);
@@ -209,6 +216,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
+  const float scale_log2 = p.scale * kLog2e;
   const int64_t q0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
@@ -226,12 +234,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     cp_async_commit();
   }
 
-  float lse[2], delta[2];
+  // The rows' lse in log2 units: +inf for a padded row or one without any kept key (P = 0).
+  float lse_log2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool valid = my_rows[r] < p.len && at.begin < at.end;
-    lse[r] = valid ? p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
-                   : kNegInf;
+    lse_log2[r] = lse_log2_of(
+        valid ? p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
+              : kNegInf);
     delta[r] = valid ? p.delta[(b * p.heads + h) * p.len + my_rows[r]] : 0.0f;
   }
 
@@ -278,7 +288,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-          for (int x = 0; x < 4; ++x) pr[j][x] = prob_of(pr[j][x] * p.scale, lse[x >> 1]);
+          for (int x = 0; x < 4; ++x) {
+            pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
+          }
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -288,7 +300,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
             const int64_t i = q0 + r, jj = k0 + c;
             const float s =
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
-            pr[j][x] = s == kNegInf ? 0.0f : prob_of(s, lse[x >> 1]);
+            pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));
           }
       }
       {

@@ -151,13 +151,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
         // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
         // scores gives 0 instead of exp(-inf - -inf) = NaN.
         const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
-        rescale[r] = exp2f(row_max[r] * kLog2e - shift_log2);
+        rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2);
         row_max[r] = new_max;
         row_sum[r] *= rescale[r];
 #pragma unroll
         for (int j = 0; j < kScoreTiles; ++j) {
-          s[j][2 * r] = exp2f(fmaf(s[j][2 * r], kLog2e, -shift_log2));
-          s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
+          s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2));
+          s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
           row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
         }
       }

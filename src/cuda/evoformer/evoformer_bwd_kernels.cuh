@@ -167,11 +167,6 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
   }
 }
 
-// P from the log2 score and the row's lse * log2(e); a fully masked row (lse -inf) gives 0.
-__device__ __forceinline__ float prob_from_log2(float x, float lse_log2) {
-  return lse_log2 == kNegInf ? 0.0f : exp2f(x - lse_log2);
-}
-
 // Starts copying the lse and delta of query rows [q0, q0 + kRows) into shared memory, in the
 // caller's cp.async group (plain loads here would stall every thread at the next barrier).
 // Rows past L get lse = +inf and delta = 0, so that their P = exp2(x - inf) is exactly 0 whatever
@@ -315,16 +310,18 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     {
       float st[8][4];
       mma_rows_t<T, kSteps, kPitch>(st, k_frag, q_tile, g, t);
-#pragma unroll
       // No bounds checks: a padded query column has lse = +inf (P = 0), and a padded key row only
-      // feeds dK, dV and dbias1 of that key, which are never stored.
-      for (int j = 0; j < 8; ++j)
+      // feeds dK, dV and dbias1 of that key, which are never stored. Each of the thread's 16 query
+      // columns' lse is converted once, not once per element.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int qc = j * 8 + 2 * t + (e & 1);
           const float x = fmaf(st[j][e], scale_log2, pt[j][e]);
-          pt[j][e] = prob_from_log2(x, lse[qc] * kLog2e);
+          pt[j][e] = fast_exp2(x - ((e & 1) ? lse2.y : lse2.x));
         }
+      }
     }
     // dV += P^T dO.
     mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
@@ -422,7 +419,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     const float lse =
         valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
               : kNegInf;
-    lse_log2[r] = lse == kNegInf ? __builtin_huge_valf() : lse * kLog2e;
+    lse_log2[r] = lse_log2_of(lse);
     delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
   }
 
@@ -461,7 +458,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        pr[j][e] = exp2f(fmaf(dots[j][e], scale_log2, pr[j][e]) - lse_log2[e >> 1]);
+        pr[j][e] = fast_exp2(fmaf(dots[j][e], scale_log2, pr[j][e]) - lse_log2[e >> 1]);
       }
     // Keys past L exist only in the last tile: their P must be 0 (a row whose lse is very
     // negative would otherwise give inf there).
@@ -600,7 +597,7 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float lse = smem.lse[buf][my_row[r]];
-      lse_log2[r] = lse == kNegInf ? __builtin_huge_valf() : lse * kLog2e;
+      lse_log2[r] = lse_log2_of(lse);
       row_delta[r] = smem.delta[buf][my_row[r]];
     }
     // One pair of n8 column tiles at a time: S = Q K^T and dP = dO V^T, then dS = P (dP - delta)
@@ -627,7 +624,7 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float bias = smem.bias2_log2[warp][j][e][lane] + ((e & 1) ? b1.y : b1.x);
-          const float prob = exp2f(fmaf(dot[x][e], scale_log2, bias) - lse_log2[e >> 1]);
+          const float prob = fast_exp2(fmaf(dot[x][e], scale_log2, bias) - lse_log2[e >> 1]);
           acc[j][e] = fmaf(prob, dp[x][e] - row_delta[e >> 1], acc[j][e]);
         }
       }

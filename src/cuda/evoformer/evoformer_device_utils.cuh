@@ -15,6 +15,31 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
+// 2^x on the special-function unit with results below 2^-126 flushed to zero
+// (ex2.approx.ftz.f32, 2 ulp). The build has no fast-math, so exp2f compiles to the same
+// instruction wrapped in a compare against -126 and two predicated multiplies that keep denormal
+// results: ~96 of ~447 compute instructions per tile of the Evoformer forward
+// (docs/perf/evoformer_cuda.md v12). Every use here is a probability or a rescale factor, where a
+// value below 2^-126 is 0 at any tolerance and in any 16-bit output. fast_exp2(-inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// A row's lse (natural log) in log2 units, for P = fast_exp2(s_log2 - lse_log2): a row without
+// any kept key (lse -inf) gets +inf, so that its P is exactly 0 with no per-element test.
+__device__ __forceinline__ float lse_log2_of(float lse) {
+  return lse == kNegInf ? __builtin_huge_valf() : lse * kLog2e;
+}
+
+// lse_log2_of the lse of columns j * 8 + 2 t and j * 8 + 2 t + 1 of a transposed tile's row
+// stats (shared memory, 8-byte aligned): the two query columns of an m16n8 accumulator's thread.
+__device__ __forceinline__ float2 lse_pair_log2(const float* lse, int j, int t) {
+  const float2 pair = *reinterpret_cast<const float2*>(&lse[j * 8 + 2 * t]);
+  return make_float2(lse_log2_of(pair.x), lse_log2_of(pair.y));
+}
+
 // Per storage type: conversions and the MMA instruction's type name.
 template <typename T>
 struct ElementTraits;

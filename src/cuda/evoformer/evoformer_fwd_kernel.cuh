@@ -172,13 +172,13 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
       // While every key so far is masked the max stays -inf; use 0 as the shift so that exp2 of
       // -inf scores gives 0 instead of exp2(-inf - -inf) = NaN.
       const float shift = new_max == kNegInf ? 0.0f : new_max;
-      rescale[r] = exp2f(row_max[r] - shift);
+      rescale[r] = fast_exp2(row_max[r] - shift);
       row_max[r] = new_max;
       row_sum[r] *= rescale[r];
 #pragma unroll
       for (int j = 0; j < kScoreTiles; ++j) {
-        s[j][2 * r] = exp2f(s[j][2 * r] - shift);
-        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - shift);
+        s[j][2 * r] = fast_exp2(s[j][2 * r] - shift);
+        s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - shift);
         row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
       }
     }

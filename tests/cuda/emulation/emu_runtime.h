@@ -1,7 +1,7 @@
 // Host emulation of the CUDA features the fused sparse attention and Evoformer kernels use (test
 // layer, a developer tool): one CTA at a time as blockDim.x (up to 256) std::threads, std::barrier
 // for __syncthreads and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
-// fragment layout, ldmatrix), synchronous cp.async with zero fill.
+// fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -57,6 +57,12 @@ inline void cp_async(void* dst, const void* src, int size, int bytes) {
   } else {
     copy_now(c);
   }
+}
+// ex2.approx.ftz.f32: 2^x with results below 2^-126 flushed to +0 (the host's exp2f is exact to
+// within the instruction's 2 ulp).
+inline float ex2_approx_ftz(float x) {
+  const float y = std::exp2(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 inline void cp_async_commit() {
   ++group_id;

@@ -2,9 +2,9 @@
 """Writes the host-emulation shims of the fused sparse attention kernels into OUT_DIR.
 
 Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The Evoformer device
-helpers the kernels include are copied with their inline PTX (mma.sync, ldmatrix, cp.async)
-replaced by calls into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu are copied
-without their launchers, so that the kernel sources compile unchanged as host C++.
+helpers the kernels include are copied with their inline PTX (mma.sync, ldmatrix, cp.async,
+ex2.approx) replaced by calls into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu
+are copied without their launchers, so that the kernel sources compile unchanged as host C++.
 """
 import re
 import sys
@@ -34,7 +34,10 @@ src, n1 = re.subn(r"(void cp_async_commit\(\) \{).*?\n\}", r"\1 ::emu::cp_async_
 src, n2 = re.subn(r"(void cp_async_wait\(\) \{).*?\n\}", r"\1 ::emu::cp_async_wait(kPending); }", src,
                   flags=re.S)
 assert n1 == 1 and n2 == 1
-assert "asm volatile" not in src
+src, n = re.subn(r"(float fast_exp2\(float x\) \{).*?\n\}",
+                 r"\1 return ::emu::ex2_approx_ftz(x); }", src, flags=re.S)
+assert n == 1, "fast_exp2"
+assert not re.search(r"\basm\b", src)
 src = src.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
 (out / "cuda/evoformer/evoformer_device_utils.cuh").write_text(src)
 (out / "cuda/evoformer/evoformer_bwd_kernels.cuh").write_text(
