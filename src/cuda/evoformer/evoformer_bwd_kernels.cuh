@@ -299,29 +299,25 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     const float* lse = smem.lse[buf];
     const float* delta = smem.delta[buf];
 
-    // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units.
+    // P^T (16 keys x 64 queries) from S^T = K Q^T plus the biases, in log2 units, built in place
+    // in the MMA's accumulators (no second 8 x 4 array live beside them: at the 128-register cap
+    // of D <= 32 that array was spilled).
     float pt[8][4];
+    mma_rows_t<T, kSteps, kPitch>(pt, k_frag, q_tile, g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) pt[j][e] = key_bias1[e >> 1];
-    add_staged_bias_transposed(pt, bias2_stage + buf * bias2_stage_bytes, p.bias2_type,
-                               warp * 16 + g, t);
-    {
-      float st[8][4];
-      mma_rows_t<T, kSteps, kPitch>(st, k_frag, q_tile, g, t);
-      // No bounds checks: a padded query column has lse = +inf (P = 0), and a padded key row only
-      // feeds dK, dV and dbias1 of that key, which are never stored. Each of the thread's 16 query
-      // columns' lse is converted once, not once per element.
+      for (int e = 0; e < 4; ++e) pt[j][e] = fmaf(pt[j][e], scale_log2, key_bias1[e >> 1]);
+    add_staged_bias_transposed(pt, bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16,
+                               lane);
+    // No bounds checks: a padded query column has lse = +inf (P = 0), and a padded key row only
+    // feeds dK, dV and dbias1 of that key, which are never stored. Each of the thread's 16 query
+    // columns' lse is converted once, not once per element.
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 lse2 = lse_pair_log2(lse, j, t);
+    for (int j = 0; j < 8; ++j) {
+      const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = fmaf(st[j][e], scale_log2, pt[j][e]);
-          pt[j][e] = fast_exp2(x - ((e & 1) ? lse2.y : lse2.x));
-        }
-      }
+      for (int e = 0; e < 4; ++e) pt[j][e] = fast_exp2(pt[j][e] - ((e & 1) ? lse2.y : lse2.x));
     }
     // dV += P^T dO.
     mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);

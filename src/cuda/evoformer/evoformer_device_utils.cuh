@@ -595,21 +595,44 @@ __device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigne
   });
 }
 
-// The same for a transposed tile (the dK/dV kernel): the stage holds [64 queries][64 keys], this
-// thread's rows are keys `key` and key + 8 and its columns are queries.
+// The same for a transposed tile (the dK/dV kernel): the stage holds [64 queries][64 keys], the
+// warp's rows are keys key0 .. key0 + 15 (this thread's: key0 + g and key0 + g + 8) and its
+// columns are queries. A 16-bit stage is read with ldmatrix.trans: matrix i of an x4 load is the
+// 8 x 8 block (queries 8 (j + i / 2) .., keys key0 + 8 (i % 2) ..), and transposed it lands in
+// exactly the accumulator layout (key g, queries 2t and 2t + 1), so four loads replace 32 2-byte
+// reads with their addresses. Other types are read element by element.
 __device__ __forceinline__ void add_staged_bias_transposed(float acc[8][4],
                                                            const unsigned char* stage,
-                                                           BiasType type, int key, int t) {
+                                                           BiasType type, int key0, int lane) {
   with_bias_type(type, [&](auto tag) {
     constexpr BiasType kType = decltype(tag)::value;
     const int pitch = bias_stage_pitch(kType);
+    if constexpr (kType == BiasType::kF16 || kType == BiasType::kBF16) {
+      const int m = lane / 8;
+      const unsigned char* row =
+          stage + ((m / 2) * 8 + lane % 8) * pitch + (key0 + 8 * (m % 2)) * 2;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4<true>(r, row + j * 8 * pitch);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const unsigned char* query_row = stage + (j * 8 + 2 * t + (e & 1)) * pitch;
-        acc[j][e] = fmaf(bias_at<kType>(query_row, key + 8 * (e >> 1)), kLog2e, acc[j][e]);
+        for (int i = 0; i < 4; ++i) {
+          const float2 b = bias_pair_at<kType>(&r[i], 0);
+          float* c = &acc[j + i / 2][2 * (i % 2)];
+          c[0] = fmaf(b.x, kLog2e, c[0]);
+          c[1] = fmaf(b.y, kLog2e, c[1]);
+        }
       }
+    } else {
+      const int key = key0 + lane / 4, t = lane % 4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const unsigned char* query_row = stage + (j * 8 + 2 * t + (e & 1)) * pitch;
+          acc[j][e] = fmaf(bias_at<kType>(query_row, key + 8 * (e >> 1)), kLog2e, acc[j][e]);
+        }
+    }
   });
 }
 
