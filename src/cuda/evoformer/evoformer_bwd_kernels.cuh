@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
     add_staged_biases(pr, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
-                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g, t);
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16, lane);
     mma_rows_t<T, kSteps, kPitch>(dots, q_frag, smem.c[buf], g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j)

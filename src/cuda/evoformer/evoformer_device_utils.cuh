@@ -561,12 +561,44 @@ __device__ __forceinline__ void with_bias_type(BiasType type, const Fn& fn) {
   }
 }
 
+// acc += log2(e) * a 16-bit bias stage over an m16 x n64 accumulator tile whose rows are stage
+// rows row0 .. row0 + 15 (kTrans = false) or, transposed, stage columns row0 .. row0 + 15 whose
+// accumulator columns are stage rows (kTrans = true, the dK/dV kernel's [queries][keys] stage).
+// Matrix i of an ldmatrix.x4 is the 8 x 8 block of accumulator rows row0 + 8 (i % 2) .. and
+// columns 8 (j + i / 2) ..; ldmatrix gives lane (g, t) the elements (g, 2t .. 2t + 1) of a block,
+// transposed with kTrans, which is exactly the m16n8 accumulator layout. Four loads per tile
+// replace 16 pair loads (or, transposed, 32 two-byte loads, each with its own address).
+template <BiasType kType, bool kTrans>
+__device__ __forceinline__ void add_bias_stage_16bit(float acc[8][4], const unsigned char* stage,
+                                                     int row0, int lane) {
+  static_assert(kType == BiasType::kF16 || kType == BiasType::kBF16, "16-bit stages only");
+  constexpr int kPitch = 64 * 2 + 16;
+  const int m = lane / 8, acc_row = row0 + 8 * (m % 2) + (kTrans ? 0 : lane % 8),
+            acc_col = 8 * (m / 2) + (kTrans ? lane % 8 : 0);
+  const unsigned char* addr =
+      kTrans ? stage + acc_col * kPitch + acc_row * 2 : stage + acc_row * kPitch + acc_col * 2;
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    uint32_t r[4];
+    ldmatrix_x4<kTrans>(r, addr + (kTrans ? j * 8 * kPitch : j * 8 * 2));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 b = bias_pair_at<kType>(&r[i], 0);
+      float* c = &acc[j + i / 2][2 * (i % 2)];
+      c[0] = fmaf(b.x, kLog2e, c[0]);
+      c[1] = fmaf(b.y, kLog2e, c[1]);
+    }
+  }
+}
+
 // acc += log2(e) * the staged biases of one m16 x n64 tile (row-major stages: bias1 one row of
-// keys, bias2 a row per query; this thread's rows are `row` and row + 8). Stages are zero-filled
-// past the matrix, so every read is in bounds and needs no check: one pair load per column pair.
+// keys, bias2 a row per query; the warp's rows are row0 .. row0 + 15, this thread's row0 + g and
+// row0 + g + 8). Stages are zero-filled past the matrix, so every read is in bounds and needs no
+// check: one pair load per column pair, or ldmatrix for a 16-bit bias2.
 __device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigned char* bias1,
                                                   BiasType bias1_type, const unsigned char* bias2,
-                                                  BiasType bias2_type, int row, int t) {
+                                                  BiasType bias2_type, int row0, int lane) {
+  const int t = lane % 4;
   with_bias_type(bias1_type, [&](auto tag) {
     constexpr BiasType kType = decltype(tag)::value;
 #pragma unroll
@@ -580,50 +612,37 @@ __device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigne
   });
   with_bias_type(bias2_type, [&](auto tag) {
     constexpr BiasType kType = decltype(tag)::value;
-    const int pitch = bias_stage_pitch(kType);
-    const unsigned char* r0 = bias2 + row * pitch;
-    const unsigned char* r1 = bias2 + (row + 8) * pitch;
+    if constexpr (kType == BiasType::kF16 || kType == BiasType::kBF16) {
+      add_bias_stage_16bit<kType, false>(acc, bias2, row0, lane);
+    } else {
+      const int pitch = bias_stage_pitch(kType);
+      const unsigned char* r0 = bias2 + (row0 + lane / 4) * pitch;
+      const unsigned char* r1 = r0 + 8 * pitch;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 b0 = bias_pair_at<kType>(r0, j * 8 + 2 * t);
-      const float2 b1 = bias_pair_at<kType>(r1, j * 8 + 2 * t);
-      acc[j][0] = fmaf(b0.x, kLog2e, acc[j][0]);
-      acc[j][1] = fmaf(b0.y, kLog2e, acc[j][1]);
-      acc[j][2] = fmaf(b1.x, kLog2e, acc[j][2]);
-      acc[j][3] = fmaf(b1.y, kLog2e, acc[j][3]);
+      for (int j = 0; j < 8; ++j) {
+        const float2 b0 = bias_pair_at<kType>(r0, j * 8 + 2 * t);
+        const float2 b1 = bias_pair_at<kType>(r1, j * 8 + 2 * t);
+        acc[j][0] = fmaf(b0.x, kLog2e, acc[j][0]);
+        acc[j][1] = fmaf(b0.y, kLog2e, acc[j][1]);
+        acc[j][2] = fmaf(b1.x, kLog2e, acc[j][2]);
+        acc[j][3] = fmaf(b1.y, kLog2e, acc[j][3]);
+      }
     }
   });
 }
 
-// The same for a transposed tile (the dK/dV kernel): the stage holds [64 queries][64 keys], the
-// warp's rows are keys key0 .. key0 + 15 (this thread's: key0 + g and key0 + g + 8) and its
-// columns are queries. A 16-bit stage is read with ldmatrix.trans: matrix i of an x4 load is the
-// 8 x 8 block (queries 8 (j + i / 2) .., keys key0 + 8 (i % 2) ..), and transposed it lands in
-// exactly the accumulator layout (key g, queries 2t and 2t + 1), so four loads replace 32 2-byte
-// reads with their addresses. Other types are read element by element.
+// The same as add_staged_biases' bias2 for a transposed tile (the dK/dV kernel): the stage holds
+// [64 queries][64 keys], the warp's rows are keys key0 .. key0 + 15 (this thread's: key0 + g and
+// key0 + g + 8) and its columns are queries. fp32 and boolean stages are read element by element.
 __device__ __forceinline__ void add_staged_bias_transposed(float acc[8][4],
                                                            const unsigned char* stage,
                                                            BiasType type, int key0, int lane) {
   with_bias_type(type, [&](auto tag) {
     constexpr BiasType kType = decltype(tag)::value;
-    const int pitch = bias_stage_pitch(kType);
     if constexpr (kType == BiasType::kF16 || kType == BiasType::kBF16) {
-      const int m = lane / 8;
-      const unsigned char* row =
-          stage + ((m / 2) * 8 + lane % 8) * pitch + (key0 + 8 * (m % 2)) * 2;
-#pragma unroll
-      for (int j = 0; j < 8; j += 2) {
-        uint32_t r[4];
-        ldmatrix_x4<true>(r, row + j * 8 * pitch);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 b = bias_pair_at<kType>(&r[i], 0);
-          float* c = &acc[j + i / 2][2 * (i % 2)];
-          c[0] = fmaf(b.x, kLog2e, c[0]);
-          c[1] = fmaf(b.y, kLog2e, c[1]);
-        }
-      }
+      add_bias_stage_16bit<kType, true>(acc, stage, key0, lane);
     } else {
+      const int pitch = bias_stage_pitch(kType);
       const int key = key0 + lane / 4, t = lane % 4;
 #pragma unroll
       for (int j = 0; j < 8; ++j)

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
     add_staged_biases(s, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
-                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16 + g, t);
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16, lane);
 
     float dot[kScoreTiles][4];
 #pragma unroll
