@@ -27,29 +27,6 @@ struct SparseBwdSmem {
   float delta[2][SparseTile::kSize];
 };
 
-// acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim: rows warp*16.. of `a_tile`) * rows^T, rows = the
-// 64 rows of `tile`; the A fragments are read from shared memory step by step. Pairs of n8 tiles
-// clear in `keep` are left at 0, as in mma_rows_t.
-template <typename T, int kSteps, int kPitch>
-__device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile, const T* tile,
-                                                int g, int t, uint32_t keep) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    uint32_t a[4];
-    load_a_frag<T, kPitch>(a, a_tile, s, g, t);
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      if (((keep >> j) & 1) == 0) continue;
-      uint32_t bf[2][2];
-      load_b_frags_of_rows<T, kPitch>(bf, tile, j, s, g, t);
-      mma_16816<T>(acc[j], a, bf[0]);
-      mma_16816<T>(acc[j + 1], a, bf[1]);
-    }
-  }
-}
-
 // Fragments kept in registers up to head dim 64; at 128 they are re-read from shared memory
 // (the accumulators of dK and dV, or dQ, already take 64-128 registers).
 template <int kHeadDim>
@@ -140,11 +117,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       // rows are keys and its columns queries, so the layout bit and the terms are read with
       // (query, key) swapped.
       float pt[8][4];
-      if constexpr (kRegs) {
-        mma_rows_t<T, kSteps, kPitch>(pt, k_frag, q_tile, g, t, keep);
-      } else {
-        mma_rows_t_smem<T, kSteps, kPitch>(pt, kw, q_tile, g, t, keep);
-      }
+      sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pt, k_frag, kw, q_tile, g, t, keep);
       // P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
       // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test).
       if (tile_is_plain(p, mask, q0, key0)) {
@@ -171,22 +144,18 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         }
       }
       // dV += P^T dO.
-      mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t, keep);
+      mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dv, pt, do_tile, g, t, keep);
       // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
       {
         float ds[8][4];
-        if constexpr (kRegs) {
-          mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t, keep);
-        } else {
-          mma_rows_t_smem<T, kSteps, kPitch>(ds, vw, do_tile, g, t, keep);
-        }
+        sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, v_frag, vw, do_tile, g, t, keep);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
           for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
       }
       // dK += dS^T Q (times scale when written).
-      mma_acc_tile<T, kOutTiles, kPitch>(dk, pt, q_tile, g, t, keep);
+      mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dk, pt, q_tile, g, t, keep);
     }
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
@@ -279,11 +248,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     const uint32_t keep = warp_column_groups(p, mask, warp, /*rows_are_keys=*/false);
     if (keep != 0) {
       float pr[8][4];
-      if constexpr (kRegs) {
-        mma_rows_t<T, kSteps, kPitch>(pr, q_frag, smem.c[buf], g, t, keep);
-      } else {
-        mma_rows_t_smem<T, kSteps, kPitch>(pr, qw, smem.c[buf], g, t, keep);
-      }
+      sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pr, q_frag, qw, smem.c[buf], g, t,
+                                                            keep);
       if (tile_is_plain(p, mask, q0, k0)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
@@ -305,16 +271,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       }
       {
         float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
-        if constexpr (kRegs) {
-          mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t, keep);
-        } else {
-          mma_rows_t_smem<T, kSteps, kPitch>(ds, dow, smem.d[buf], g, t, keep);
-        }
+        sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, do_frag, dow, smem.d[buf], g, t,
+                                                              keep);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
           for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
-        mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t, keep);  // dQ += dS K
+        mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dq, ds, smem.c[buf], g, t,
+                                                                      keep);  // dQ += dS K
       }
     }
     __syncthreads();

@@ -248,4 +248,53 @@ __device__ __forceinline__ void store_four(T* row, int d, int64_t dim, const flo
     if (d + x < dim) row[d + x] = ElementTraits<T>::from_float(v[x]);
 }
 
+// Whether the fused kernels of a head dim take with_kept_pairs' test-free copy of their MMA loops
+// for tiles whose sub-blocks are all kept. Not at D = 64: those kernels sit at their register caps
+// (launch bounds) and the second copy's schedule spills there (ptxas, bf16: forward 8 -> 40 bytes
+// of stack, dK/dV 64 -> 88); at D = 32 and 128 it spills nothing.
+template <int kHeadDim>
+constexpr bool kSplitKeptLoops = kHeadDim != 64;
+
+// acc[j] (16 x 8, j = 0..7) = A (16 x kHeadDim: rows warp*16.. of `a_tile`) * rows^T, rows = the
+// 64 rows of `tile`; the A fragments are read from shared memory step by step. Pairs of n8 tiles
+// clear in `keep` are left at 0, as in mma_rows_t.
+template <typename T, int kSteps, int kPitch, bool kSplit = true>
+__device__ __forceinline__ void mma_rows_t_smem(float acc[8][4], const T* a_tile, const T* tile,
+                                                int g, int t, uint32_t keep) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  with_kept_pairs<kSplit>(keep, [&](auto all) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      uint32_t a[4];
+      load_a_frag<T, kPitch>(a, a_tile, s, g, t);
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        if (!pair_kept(all, keep, j)) continue;
+        uint32_t bf[2][2];
+        load_b_frags_of_rows<T, kPitch>(bf, tile, j, s, g, t);
+        mma_16816<T>(acc[j], a, bf[0]);
+        mma_16816<T>(acc[j + 1], a, bf[1]);
+      }
+    }
+  });
+}
+
+// acc = A rows^T for a fused kernel of head dim kHeadDim: A from its fragments in registers
+// (kRegs; `frags` holds kSteps of them) or step by step from shared memory (`a_tile`), with the
+// head dim's choice of loop copies (kSplitKeptLoops).
+template <typename T, int kSteps, int kPitch, int kHeadDim, bool kRegs, int kFragSteps>
+__device__ __forceinline__ void sparse_mma_rows_t(float acc[8][4],
+                                                  const uint32_t (&frags)[kFragSteps][4],
+                                                  const T* a_tile, const T* tile, int g, int t,
+                                                  uint32_t keep) {
+  constexpr bool kSplit = kSplitKeptLoops<kHeadDim>;
+  if constexpr (kRegs) {
+    static_assert(kFragSteps == kSteps, "fragments in registers: one per k-step");
+    mma_rows_t<T, kSteps, kPitch, kSplit>(acc, frags, tile, g, t, keep);
+  } else {
+    mma_rows_t_smem<T, kSteps, kPitch, kSplit>(acc, a_tile, tile, g, t, keep);
+  }
+}
+
 }  // namespace sciattn::cuda

@@ -92,29 +92,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
     const uint32_t keep = warp_column_groups(p, mask, warp, /*rows_are_keys=*/false);
     if (keep != 0) {
       // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+      static_assert(kScoreTiles == 8, "the MMA helpers work on 16 x 64 score tiles");
       float s[kScoreTiles][4];
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-      for (int st = 0; st < kSteps; ++st) {
-        uint32_t a[4];
-        if constexpr (kQInRegisters) {
-          a[0] = q_frag[st][0];
-          a[1] = q_frag[st][1];
-          a[2] = q_frag[st][2];
-          a[3] = q_frag[st][3];
-        } else {
-          load_a_frag<T, kPitch>(a, qw, st, g, t);
-        }
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; j += 2) {
-          if (((keep >> j) & 1) == 0) continue;
-          uint32_t bf[2][2];
-          load_b_frags_of_rows<T, kPitch>(bf, smem.k[buf], j, st, g, t);
-          mma_16816<T>(s[j], a, bf[0]);
-          mma_16816<T>(s[j + 1], a, bf[1]);
-        }
-      }
+      sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kQInRegisters>(s, q_frag, qw, smem.k[buf], g,
+                                                                    t, keep);
       // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
       // causal rule) are -inf. Then the tile's row maxima.
       float tile_max[2] = {kNegInf, kNegInf};
@@ -168,16 +149,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
         o_acc[i][2] *= rescale[1];
         o_acc[i][3] *= rescale[1];
       }
-      // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.
-#pragma unroll
-      for (int kk = 0; kk < SparseTile::kSize / 16; ++kk) {
-        if (((keep >> (2 * kk)) & 1) == 0) continue;  // P is 0 there
-        const uint32_t a[4] = {ElementTraits<T>::pack(s[2 * kk][0], s[2 * kk][1]),
-                               ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                               ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        mma_acc_k_major<T, kOutTiles, kPitch>(o_acc, a, smem.v[buf], kk, g, t);
-      }
+      // O += P V (pairs of n8 tiles outside `keep` hold P = 0 and are skipped).
+      mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(o_acc, s, smem.v[buf], g, t,
+                                                                    keep);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }

@@ -465,6 +465,12 @@ int main(int argc, char** argv) {
   c.kind = 0;
   c.split = 1;
   cases.push_back(c);  // 5
+  c = Case();
+  c.block = 16;
+  c.N = 6;
+  c.D = 128;
+  c.causal = true;
+  cases.push_back(c);  // 6: D 128 with sub-blocks, the MMA loops' copy with keep tests
   int fails = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && (int)i != which) continue;
