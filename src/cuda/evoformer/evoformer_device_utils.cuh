@@ -572,15 +572,15 @@ template <BiasType kType, bool kTrans>
 __device__ __forceinline__ void add_bias_stage_16bit(float acc[8][4], const unsigned char* stage,
                                                      int row0, int lane) {
   static_assert(kType == BiasType::kF16 || kType == BiasType::kBF16, "16-bit stages only");
-  constexpr int kPitch = 64 * 2 + 16;
+  const int pitch = bias_stage_pitch(kType);
   const int m = lane / 8, acc_row = row0 + 8 * (m % 2) + (kTrans ? 0 : lane % 8),
             acc_col = 8 * (m / 2) + (kTrans ? lane % 8 : 0);
   const unsigned char* addr =
-      kTrans ? stage + acc_col * kPitch + acc_row * 2 : stage + acc_row * kPitch + acc_col * 2;
+      kTrans ? stage + acc_col * pitch + acc_row * 2 : stage + acc_row * pitch + acc_col * 2;
 #pragma unroll
   for (int j = 0; j < 8; j += 2) {
     uint32_t r[4];
-    ldmatrix_x4<kTrans>(r, addr + (kTrans ? j * 8 * kPitch : j * 8 * 2));
+    ldmatrix_x4<kTrans>(r, addr + (kTrans ? j * 8 * pitch : j * 8 * 2));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 b = bias_pair_at<kType>(&r[i], 0);
