@@ -6,15 +6,17 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <random>
 #include <vector>
 
+#include "device_buffer.h"
 #include "sciattn/device.h"
 #include "sciattn/evoformer.h"
 
 namespace {
 
 using namespace sciattn;
+using bench::DeviceBuffer;
+using bench::Fill;
 
 constexpr double kMatmulCeiling = 790e12;
 constexpr double kExpCeiling = 3.9e12;
@@ -28,26 +30,6 @@ constexpr double kExpCeiling = 3.9e12;
     }                                              \
   } while (0)
 
-// A device buffer filled with random values of `dtype` (bias1 gets 0 / -1e9 like OpenFold's mask).
-struct DeviceTensor {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  DeviceTensor(size_t count, DType dtype, uint64_t seed, bool mask = false)
-      : bytes(count * dtype_size(dtype)) {
-    std::vector<std::byte> host(bytes);
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal;
-    std::uniform_real_distribution<float> uniform;
-    for (size_t i = 0; i < count; ++i) {
-      store_from_float(host.data(), dtype, static_cast<int64_t>(i),
-                       mask ? (uniform(rng) < 0.1f ? -1e9f : 0.0f) : normal(rng));
-    }
-    if (cudaMalloc(&ptr, bytes) == cudaSuccess)
-      cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice);
-  }
-  ~DeviceTensor() { cudaFree(ptr); }
-};
-
 // Arguments: B, N, L, H, D, bias2 (0/1), dtype (1 f16, 2 bf16), backward (0/1).
 void BM_EvoformerCuda(benchmark::State& state) {
   if (cuda_device_count() == 0) {
@@ -60,12 +42,20 @@ void BM_EvoformerCuda(benchmark::State& state) {
   const DType dt = static_cast<DType>(state.range(6));
   const bool backward = state.range(7) != 0;
   const size_t qkv = static_cast<size_t>(B * N * L * H * D);
-  DeviceTensor q(qkv, dt, 1), k(qkv, dt, 2), v(qkv, dt, 3), dout(qkv, dt, 4), out(qkv, dt, 5);
-  DeviceTensor dq(qkv, dt, 6), dk(qkv, dt, 7), dv(qkv, dt, 8);
-  DeviceTensor bias1(static_cast<size_t>(B * N * L), dt, 9, true);
-  DeviceTensor bias2(has_bias2 ? static_cast<size_t>(B * H * L * L) : 0, dt, 10);
-  DeviceTensor dbias2(has_bias2 ? static_cast<size_t>(B * H * L * L) : 0, dt, 11);
-  DeviceTensor lse(static_cast<size_t>(B * N * H * L), DType::kF32, 12);
+  DeviceBuffer q(qkv, dt, 1), k(qkv, dt, 2), v(qkv, dt, 3), dout(qkv, dt, 4);
+  DeviceBuffer out(qkv, dt, 5, Fill::kNone), dq(qkv, dt, 6, Fill::kNone),
+      dk(qkv, dt, 7, Fill::kNone), dv(qkv, dt, 8, Fill::kNone);
+  DeviceBuffer bias1(static_cast<size_t>(B * N * L), dt, 9, Fill::kMask);
+  DeviceBuffer bias2(has_bias2 ? static_cast<size_t>(B * H * L * L) : 0, dt, 10);
+  DeviceBuffer dbias2(has_bias2 ? static_cast<size_t>(B * H * L * L) : 0, dt, 11, Fill::kNone);
+  DeviceBuffer lse(static_cast<size_t>(B * N * H * L), DType::kF32, 12, Fill::kNone);
+  for (const DeviceBuffer* t :
+       {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &bias1, &bias2, &dbias2, &lse}) {
+    if (t->error != cudaSuccess) {
+      state.SkipWithError(cudaGetErrorString(t->error));
+      return;
+    }
+  }
 
   EvoformerForwardParams f;
   f.q = TensorView::contiguous(q.ptr, dt, {B, N, L, H, D}, Device::kCuda);

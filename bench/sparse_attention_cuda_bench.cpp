@@ -13,10 +13,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "device_buffer.h"
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/device.h"
@@ -24,6 +24,8 @@
 namespace {
 
 using namespace sciattn;
+using bench::DeviceBuffer;
+using bench::Fill;
 
 constexpr double kMatmulCeiling = 790e12;  // ../shared/PERFORMANCE.md, dense bf16 on the H200
 constexpr int64_t kBatch = 1, kHeads = 16;
@@ -32,30 +34,6 @@ constexpr DType kDtype = DType::kBF16;
 // The layouts of PERFORMANCE.md, in argument order.
 constexpr SparsityMode kModes[] = {SparsityMode::kBigBird, SparsityMode::kBSLongformer,
                                    SparsityMode::kFixed, SparsityMode::kVariable};
-
-// A device buffer of random values (or uninitialised for outputs); frees itself.
-struct DeviceTensor {
-  void* ptr = nullptr;
-  cudaError_t error = cudaSuccess;
-  DeviceTensor(size_t count, DType dtype, uint64_t seed, bool fill = true) {
-    const size_t bytes = count * dtype_size(dtype);
-    error = cudaMalloc(&ptr, bytes);
-    if (error != cudaSuccess) {
-      ptr = nullptr;
-      return;
-    }
-    if (!fill) return;
-    std::vector<std::byte> host(bytes);
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal;
-    for (size_t i = 0; i < count; ++i)
-      store_from_float(host.data(), dtype, static_cast<int64_t>(i), normal(rng));
-    error = cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice);
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() { cudaFree(ptr); }
-};
 
 // Arguments: layout (index into kModes), L, block, D, algorithm (0 fused, 1 composite), bwd.
 void BM_SparseAttentionCuda(benchmark::State& state) {
@@ -82,17 +60,17 @@ void BM_SparseAttentionCuda(benchmark::State& state) {
   }
 
   const size_t n = static_cast<size_t>(kBatch * kHeads * L * D);
-  DeviceTensor q(n, kDtype, 1), k(n, kDtype, 2), v(n, kDtype, 3), dout(n, kDtype, 4);
-  DeviceTensor out(n, kDtype, 0, false), dq(n, kDtype, 0, false), dk(n, kDtype, 0, false),
-      dv(n, kDtype, 0, false);
-  DeviceTensor lse(static_cast<size_t>(kBatch * kHeads * L), DType::kF32, 0, false);
-  for (const DeviceTensor* t : {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &lse}) {
+  DeviceBuffer q(n, kDtype, 1), k(n, kDtype, 2), v(n, kDtype, 3), dout(n, kDtype, 4);
+  DeviceBuffer out(n, kDtype, 0, Fill::kNone), dq(n, kDtype, 0, Fill::kNone),
+      dk(n, kDtype, 0, Fill::kNone), dv(n, kDtype, 0, Fill::kNone);
+  DeviceBuffer lse(static_cast<size_t>(kBatch * kHeads * L), DType::kF32, 0, Fill::kNone);
+  for (const DeviceBuffer* t : {&q, &k, &v, &dout, &out, &dq, &dk, &dv, &lse}) {
     if (t->error != cudaSuccess) {
       state.SkipWithError(cudaGetErrorString(t->error));
       return;
     }
   }
-  auto view = [&](const DeviceTensor& t) {
+  auto view = [&](const DeviceBuffer& t) {
     return TensorView::contiguous(t.ptr, kDtype, {kBatch, kHeads, L, D}, Device::kCuda);
   };
   SparseAttentionForwardParams f;
