@@ -1,7 +1,9 @@
 // Host emulation of the CUDA features the fused sparse attention and Evoformer kernels use (test
 // layer, a developer tool): one CTA at a time as blockDim.x (up to 256) std::threads, std::barrier
 // for __syncthreads and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
-// fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz.
+// fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz. The operand
+// alignment the hardware requires (cp.async: both addresses to the copy size; ldmatrix: each row
+// address to 16 bytes) is checked, and a violation stops the run as the GPU would.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,6 +11,8 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -44,6 +48,16 @@ struct PendingCopy {
 inline thread_local std::vector<PendingCopy> pending;
 inline thread_local int group_id = 0;
 
+// Stops the run when `address` is not a multiple of `alignment` (cudaErrorMisalignedAddress on
+// the GPU).
+inline void require_aligned(const void* address, int alignment, const char* what) {
+  if (reinterpret_cast<uintptr_t>(address) % static_cast<uintptr_t>(alignment) != 0) {
+    std::fprintf(stderr, "emulator: misaligned %s address %p (needs %d-byte alignment)\n", what,
+                 address, alignment);
+    std::abort();
+  }
+}
+
 inline void copy_now(const PendingCopy& c) {
   if (c.bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
   if (c.bytes < c.size) {
@@ -51,6 +65,8 @@ inline void copy_now(const PendingCopy& c) {
   }
 }
 inline void cp_async(void* dst, const void* src, int size, int bytes) {
+  require_aligned(dst, size, "cp.async shared");
+  require_aligned(src, size, "cp.async global");
   const PendingCopy c{dst, src, size, bytes, group_id};
   if (defer) {
     pending.push_back(c);
@@ -134,6 +150,7 @@ inline const void* row_buf[kMaxWarps][32];
 template <bool kTrans>
 inline void ldmatrix_x4(uint32_t r[4], const void* row) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  require_aligned(row, 16, "ldmatrix row");
   row_buf[w][l] = row;
   warp_bar[w]->arrive_and_wait();
   auto element = [&](int m, int rr, int c) {
