@@ -119,8 +119,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pt[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pt, k_frag, kw, q_tile, g, t, keep);
       // P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
-      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test).
-      if (tile_is_plain(p, mask, q0, key0)) {
+      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). In a
+      // plain tile the query groups outside `keep` get values that nothing reads: the dV
+      // and dK products below skip their k-steps.
+      if (tile_is_plain(p, q0, key0)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float2 lse2 = lse_pair_log2(lse, j, t);
@@ -250,7 +252,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pr[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pr, q_frag, qw, smem.c[buf], g, t,
                                                             keep);
-      if (tile_is_plain(p, mask, q0, k0)) {
+      // In a plain tile the key groups outside `keep` get values that nothing reads: the
+      // dQ product below skips their k-steps.
+      if (tile_is_plain(p, q0, k0)) {
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll

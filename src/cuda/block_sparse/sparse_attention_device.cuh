@@ -96,13 +96,16 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
   return true;
 }
 
-// Whether every element of the tile (queries row0.., keys col0..) is kept and gets no score term:
-// then its scores are just dot * scale and the per-element checks and loads can be skipped. True
-// for most tiles of the usual calls (no masks, a whole layout block or more, off the diagonal).
-__device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams& p, int mask,
-                                              int64_t row0, int64_t col0) {
-  return !p.has_terms && mask == p.tiles.full_mask && row0 + SparseTile::kSize <= p.len &&
-         col0 + SparseTile::kSize <= p.len && (!p.causal || col0 + SparseTile::kSize - 1 <= row0);
+// Whether the tile (queries row0.., keys col0..) needs no per-element work: it lies inside L x L,
+// off the causal diagonal (or the call is not causal) and no score term applies. Then the only
+// removed elements are the layout's: a warp's 16 rows lie in one sub-block row (blocks are 16 or
+// larger), so its element (r, c) is kept exactly when c's 16-column group is in the warp's
+// warp_column_groups mask; the score is dot * scale there. True for every tile of the usual calls
+// (no masks, L a multiple of 64, off the diagonal), blocks of 16 and 32 included.
+__device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams& p, int64_t row0,
+                                              int64_t col0) {
+  return !p.has_terms && row0 + SparseTile::kSize <= p.len && col0 + SparseTile::kSize <= p.len &&
+         (!p.causal || col0 + SparseTile::kSize - 1 <= row0);
 }
 
 // The 16-column groups of a tile that warp `warp` needs, as a mask over the eight n8 column

@@ -99,11 +99,20 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
       // causal rule) are -inf. Then the tile's row maxima.
       float tile_max[2] = {kNegInf, kNegInf};
-      if (tile_is_plain(p, mask, row0, col0)) {
+      if (tile_is_plain(p, row0, col0)) {
 #pragma unroll
         for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
           for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
+        // -inf in the column groups outside `keep` (a tile of blocks of 16 or 32), which the row
+        // maxima and sums below must not see.
+        if (keep != 0xFFu) {
+#pragma unroll
+          for (int j = 0; j < kScoreTiles; ++j)
+            if (((keep >> j) & 1u) == 0)
+#pragma unroll
+              for (int x = 0; x < 4; ++x) s[j][x] = kNegInf;
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < kScoreTiles; ++j)

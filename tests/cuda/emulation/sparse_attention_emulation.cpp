@@ -471,6 +471,18 @@ int main(int argc, char** argv) {
   c.D = 128;
   c.causal = true;
   cases.push_back(c);  // 6: D 128 with sub-blocks, the MMA loops' copy with keep tests
+  c = Case();
+  c.block = 32;
+  c.N = 8;
+  c.D = 128;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 7: plain tiles (no per-element work) holding some of their sub-blocks
+  c = Case();
+  c.block = 16;
+  c.N = 16;
+  c.D = 32;
+  c.causal = true;
+  cases.push_back(c);  // 8: the same below the causal diagonal, element checks on it
   int fails = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && (int)i != which) continue;
