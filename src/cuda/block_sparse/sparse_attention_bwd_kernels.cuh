@@ -119,21 +119,25 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pt[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pt, k_frag, kw, q_tile, g, t, keep);
       // P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
-      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). In a
-      // plain tile the query groups outside `keep` get values that nothing reads: the dV
-      // and dK products below skip their k-steps.
+      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). Only
+      // the query groups in `keep`: nothing reads the others (the dV and dK products below skip
+      // their k-steps), which a warp of a block-16 layout spares most of its exponentials.
       if (tile_is_plain(p, q0, key0)) {
+        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 lse2 = lse_pair_log2(lse, j, t);
+          for (int j = 0; j < 8; ++j) {
+            if (!pair_kept(all, keep, j)) continue;
+            const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
+            for (int x = 0; x < 4; ++x) {
+              pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
+            }
           }
-        }
+        });
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+          if (((keep >> j) & 1u) == 0) continue;
           const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
@@ -151,10 +155,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       {
         float ds[8][4];
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, v_frag, vw, do_tile, g, t, keep);
+        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < 8; ++j) {
+            if (!pair_kept(all, keep, j)) continue;
 #pragma unroll
-          for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+            for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+          }
+        });
       }
       // dK += dS^T Q (times scale when written).
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dk, pt, q_tile, g, t, keep);
@@ -252,18 +260,23 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pr[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pr, q_frag, qw, smem.c[buf], g, t,
                                                             keep);
-      // In a plain tile the key groups outside `keep` get values that nothing reads: the
-      // dQ product below skips their k-steps.
+      // P and dS only in the key groups in `keep`: nothing reads the others (the dQ product
+      // below skips their k-steps).
       if (tile_is_plain(p, q0, k0)) {
+        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < 8; ++j) {
+            if (!pair_kept(all, keep, j)) continue;
 #pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
+            for (int x = 0; x < 4; ++x) {
+              pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
+            }
           }
+        });
       } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j) {
+          if (((keep >> j) & 1u) == 0) continue;
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
@@ -272,15 +285,20 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
             pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));
           }
+        }
       }
       {
         float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, do_frag, dow, smem.d[buf], g, t,
                                                               keep);
+        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < 8; ++j) {
+            if (!pair_kept(all, keep, j)) continue;
 #pragma unroll
-          for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
+            for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
+          }
+        });
         mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dq, ds, smem.c[buf], g, t,
                                                                       keep);  // dQ += dS K
       }

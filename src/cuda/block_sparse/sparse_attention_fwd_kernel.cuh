@@ -96,61 +96,72 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       float s[kScoreTiles][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kQInRegisters>(s, q_frag, qw, smem.k[buf], g,
                                                                     t, keep);
-      // The scores with their terms; removed elements (outside L, the layout's sub-blocks, the
-      // causal rule) are -inf. Then the tile's row maxima.
+      // The scores with their terms, and the tile's row maxima, over the column groups in `keep`:
+      // the others hold no kept element (their accumulators stayed 0, and P is set to 0 there
+      // below). Inside a kept group, removed elements (outside L, the layout's sub-blocks, the
+      // causal rule) are -inf.
       float tile_max[2] = {kNegInf, kNegInf};
       if (tile_is_plain(p, row0, col0)) {
+        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j)
+          for (int j = 0; j < kScoreTiles; ++j) {
+            if (!pair_kept(all, keep, j)) continue;
 #pragma unroll
-          for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
-        // -inf in the column groups outside `keep` (a tile of blocks of 16 or 32), which the row
-        // maxima and sums below must not see.
-        if (keep != 0xFFu) {
-#pragma unroll
-          for (int j = 0; j < kScoreTiles; ++j)
-            if (((keep >> j) & 1u) == 0)
-#pragma unroll
-              for (int x = 0; x < 4; ++x) s[j][x] = kNegInf;
-        }
+            for (int x = 0; x < 4; ++x) {
+              s[j][x] *= p.scale;
+              tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
+            }
+          }
+        });
       } else {
 #pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j)
+        for (int j = 0; j < kScoreTiles; ++j) {
+          if (((keep >> j) & 1u) == 0) continue;
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
             const int64_t i = row0 + r, jj = col0 + c;
             s[j][x] =
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
+            tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
           }
+        }
       }
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // The four threads of a row (t = 0..3) hold its 64 columns between them.
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       }
-      float rescale[2];
+      float shift_log2[2], rescale[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float new_max = fmaxf(row_max[r], tile_max[r]);
         // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
         // scores gives 0 instead of exp(-inf - -inf) = NaN.
-        const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
-        rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2);
+        shift_log2[r] = new_max == kNegInf ? 0.0f : new_max * kLog2e;
+        rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2[r]);
         row_max[r] = new_max;
         row_sum[r] *= rescale[r];
+      }
+      // P = exp(s - max) in the kept column groups, 0 in the others (every score there is
+      // removed): a warp of a block-16 layout keeps one or two of a tile's four groups, and the
+      // exponentials of the rest would be most of its work.
+      with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
         for (int j = 0; j < kScoreTiles; ++j) {
-          s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2));
-          s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
-          row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+          if (!pair_kept(all, keep, j)) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            continue;
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2[r]));
+            s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2[r]));
+            row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+          }
         }
-      }
+      });
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
         o_acc[i][0] *= rescale[0];
