@@ -297,7 +297,7 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
       s = build_block_sparse_index(layout, block, &index);
     } else if (part == 4) {
       s = detail::build_sparse_attention_tiles(index, &tiles);
-      benchmark::DoNotOptimize(tiles.row_cols.data());
+      benchmark::DoNotOptimize(tiles.row_slots.data());
     } else {
       s = make_layout_for_length(config, kTokens, kTokens, &layout);
       if (s.ok()) s = build_block_sparse_index(layout, block, &index);

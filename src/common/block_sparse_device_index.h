@@ -47,7 +47,7 @@ struct BlockSparseDeviceIndex {
     int32_t num_split_lines = 0;
     const int32_t* line_items = nullptr;   // [lines + 1]
     const int32_t* item_line = nullptr;    // [pieces]
-    const int32_t* item_begin = nullptr;   // [pieces] positions in the tile list
+    const int32_t* item_begin = nullptr;   // [pieces] positions in the entry list
     const int32_t* item_end = nullptr;     // [pieces]
     const int32_t* item_slot = nullptr;    // [pieces] partial slot, -1 when the line is whole
     const int32_t* split_lines = nullptr;  // [num_split_lines]
@@ -55,13 +55,13 @@ struct BlockSparseDeviceIndex {
   struct Tiles {
     int32_t sub = 1, shift = 0, full_mask = 1;
     int32_t num_tiles = 0;  // per side
-    int32_t nnz = 0;
+    int32_t row_entries = 0, col_entries = 0;
     const int32_t* row_offsets = nullptr;  // [H * num_tiles + 1]
-    const int32_t* row_cols = nullptr;     // [nnz]
-    const int32_t* row_masks = nullptr;    // [nnz]
+    const int32_t* row_slots = nullptr;    // [row_entries * sub] column units, -1 empty
+    const int32_t* row_masks = nullptr;    // [row_entries]
     const int32_t* col_offsets = nullptr;  // [H * num_tiles + 1]
-    const int32_t* col_rows = nullptr;     // [nnz]
-    const int32_t* col_masks = nullptr;    // [nnz]
+    const int32_t* col_slots = nullptr;    // [col_entries * sub] row units, -1 empty
+    const int32_t* col_masks = nullptr;    // [col_entries]
     TileWork rows, cols;
   };
   Tiles tiles;

@@ -37,75 +37,90 @@ SparseAttentionTileWork split_tile_lines(const std::vector<int64_t>& offsets, in
   return work;
 }
 
-// The row and column tile lists of `t` (whose geometry is set) for a layout block other than the
-// tile: each tile row ORs the sub-block bits of the layout blocks it covers into a dense
-// per-column mask, remembering the columns it touched, and emits them in column order; the
-// column lists are the transpose, filled in ascending tile row order.
+// Appends the entries of one line (a tile row or column) to `slots` / `masks`: `units` (the
+// units the line's blocks touch, ascending) taken `sub` at a time, the last entry padded with -1;
+// unit_bits[u] holds, for unit u, the bits of the line's own blocks that touch it, and bit x of
+// it becomes mask bit bit_of(k, x) for slot k. Clears unit_bits of the units used.
+template <typename BitOf>
+void append_line_entries(const std::vector<int64_t>& units, std::vector<int64_t>* unit_bits,
+                         int64_t sub, const BitOf& bit_of, std::vector<int64_t>* slots,
+                         std::vector<int64_t>* masks) {
+  for (size_t first = 0; first < units.size(); first += static_cast<size_t>(sub)) {
+    int64_t mask = 0;
+    for (int64_t k = 0; k < sub; ++k) {
+      const size_t at = first + static_cast<size_t>(k);
+      if (at >= units.size()) {
+        slots->push_back(-1);
+        continue;
+      }
+      const int64_t u = units[at];
+      slots->push_back(u);
+      int64_t& bits = (*unit_bits)[static_cast<size_t>(u)];
+      for (int64_t x = 0; x < sub; ++x)
+        if ((bits >> x) & 1) mask |= int64_t{1} << bit_of(k, x);
+      bits = 0;
+    }
+    masks->push_back(mask);
+  }
+}
+
+// The row and column lists of `t` (whose geometry is set) for a layout block other than the
+// tile. Below the tile size the units are layout blocks and each line packs the units its blocks
+// use (append_line_entries); above it the units are tiles, each block spanning span x span of
+// them, one entry per tile.
 void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionTiles* out) {
   constexpr int64_t kTile = SparseAttentionTiles::kTile;
   SparseAttentionTiles& t = *out;
-  const int64_t H = ix.num_heads, R = ix.num_row_blocks, nt = t.num_tiles;
-  // At most one tile per layout block below the tile size, span^2 above it, and at most every
-  // tile.
-  const auto most = static_cast<size_t>(std::min(ix.nnz * span * span, H * nt * nt));
-  t.row_cols.reserve(most);
-  t.row_masks.reserve(most);
-  t.row_offsets.assign(static_cast<size_t>(H * nt + 1), 0);
-  std::vector<int64_t> mask(static_cast<size_t>(nt), 0);
+  const int64_t H = ix.num_heads, R = ix.num_row_blocks, nt = t.num_tiles, sub = t.sub;
+  const bool packed = ix.block < kTile;
+  const int64_t units = packed ? R : nt;  // per side
+  std::vector<int64_t> unit_bits(static_cast<size_t>(units), 0);
   std::vector<int64_t> touched;
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t tr = 0; tr < nt; ++tr) {
-      touched.clear();
-      // The block rows covering tile row tr and the sub-block row of each inside the tile.
-      const int64_t first = ix.block < kTile ? tr * t.sub : tr / span;
-      const int64_t last = ix.block < kTile ? std::min(R, (tr + 1) * t.sub) : first + 1;
-      for (int64_t I = first; I < last; ++I) {
-        const int64_t sub_row = ix.block < kTile ? I - tr * t.sub : 0;
-        for (int64_t p = ix.row_begin(h, I); p < ix.row_end(h, I); ++p) {
-          const int64_t J = ix.col[static_cast<size_t>(p)];
-          const int64_t tc0 = ix.block < kTile ? J / t.sub : J * span;
-          const int64_t tc1 = ix.block < kTile ? tc0 + 1 : tc0 + span;
-          const int64_t sub_col = ix.block < kTile ? J - tc0 * t.sub : 0;
-          for (int64_t tc = tc0; tc < tc1; ++tc) {
-            int64_t& m = mask[static_cast<size_t>(tc)];
-            if (m == 0) touched.push_back(tc);
-            m |= int64_t{1} << (sub_row * t.sub + sub_col);
+  // One direction's lists: for each line (tile row, or tile column) of each head, the units its
+  // blocks use, each with the bits of the line's own blocks that use it (below the tile size; 0
+  // above it), packed into entries. bit_of maps (slot, own bit) to the mask bit.
+  auto build = [&](bool rows, auto bit_of, std::vector<int64_t>* offsets,
+                   std::vector<int64_t>* slots, std::vector<int64_t>* masks) {
+    offsets->assign(static_cast<size_t>(H * nt + 1), 0);
+    // At most one entry per layout block (each entry holds at least one), span^2 above the tile.
+    const auto most = static_cast<size_t>(ix.nnz * span * span);
+    masks->reserve(most);
+    slots->reserve(most * static_cast<size_t>(sub));
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t line = 0; line < nt; ++line) {
+        touched.clear();
+        // The line's own block rows (or columns): those it holds, or the one covering it.
+        const int64_t first = packed ? line * sub : line / span;
+        const int64_t last = packed ? std::min(R, (line + 1) * sub) : first + 1;
+        for (int64_t x = first; x < last; ++x) {
+          const int64_t begin = rows ? ix.row_begin(h, x) : ix.col_begin(h, x);
+          const int64_t end = rows ? ix.row_end(h, x) : ix.col_end(h, x);
+          for (int64_t q = begin; q < end; ++q) {
+            const int64_t y = (rows ? ix.col : ix.col_rows)[static_cast<size_t>(q)];
+            const int64_t u0 = packed ? y : y * span, u1 = packed ? y + 1 : (y + 1) * span;
+            for (int64_t u = u0; u < u1; ++u) {
+              int64_t& bits = unit_bits[static_cast<size_t>(u)];
+              if (bits == 0) touched.push_back(u);
+              bits |= int64_t{1} << (packed ? x - first : 0);
+            }
           }
         }
-      }
-      std::sort(touched.begin(), touched.end());
-      for (int64_t tc : touched) {
-        t.row_cols.push_back(tc);
-        t.row_masks.push_back(mask[static_cast<size_t>(tc)]);
-        mask[static_cast<size_t>(tc)] = 0;
-      }
-      t.row_offsets[static_cast<size_t>(h * nt + tr + 1)] = static_cast<int64_t>(t.row_cols.size());
-    }
-  }
-  t.nnz = static_cast<int64_t>(t.row_cols.size());
-
-  t.col_offsets.assign(static_cast<size_t>(H * nt + 1), 0);
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t e = t.row_offsets[static_cast<size_t>(h * nt)];
-         e < t.row_offsets[static_cast<size_t>((h + 1) * nt)]; ++e) {
-      ++t.col_offsets[static_cast<size_t>(h * nt + t.row_cols[static_cast<size_t>(e)] + 1)];
-    }
-  }
-  for (size_t l = 1; l < t.col_offsets.size(); ++l) t.col_offsets[l] += t.col_offsets[l - 1];
-  t.col_rows.assign(static_cast<size_t>(t.nnz), 0);
-  t.col_masks.assign(static_cast<size_t>(t.nnz), 0);
-  std::vector<int64_t> fill(t.col_offsets.begin(), t.col_offsets.end() - 1);
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t tr = 0; tr < nt; ++tr) {
-      for (int64_t e = t.row_offsets[static_cast<size_t>(h * nt + tr)];
-           e < t.row_offsets[static_cast<size_t>(h * nt + tr + 1)]; ++e) {
-        const size_t at = static_cast<size_t>(
-            fill[static_cast<size_t>(h * nt + t.row_cols[static_cast<size_t>(e)])]++);
-        t.col_rows[at] = tr;
-        t.col_masks[at] = t.row_masks[static_cast<size_t>(e)];
+        std::sort(touched.begin(), touched.end());
+        append_line_entries(touched, &unit_bits, sub, bit_of, slots, masks);
+        (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
       }
     }
-  }
+  };
+  // Mask bits are (query block, key block): a row entry's slot is its key block, a column
+  // entry's slot its query block.
+  build(
+      true, [&](int64_t k, int64_t x) { return x * sub + k; }, &t.row_offsets, &t.row_slots,
+      &t.row_masks);
+  build(
+      false, [&](int64_t k, int64_t x) { return k * sub + x; }, &t.col_offsets, &t.col_slots,
+      &t.col_masks);
+  t.row_entries = static_cast<int64_t>(t.row_masks.size());
+  t.col_entries = static_cast<int64_t>(t.col_masks.size());
 }
 
 }  // namespace
@@ -153,23 +168,23 @@ Status build_sparse_attention_tiles(const BlockSparseIndex& ix, SparseAttentionT
   const int64_t span = ix.block > kTile ? ix.block / kTile : 1;
 
   if (ix.block == kTile) {
-    // Tiles are the layout blocks: the index's own row and column lists, every mask full.
+    // Entries are the layout blocks: the index's own row and column lists, every mask full.
     t.row_offsets = ix.row_offsets;
-    t.row_cols = ix.col;
+    t.row_slots = ix.col;
     t.row_masks.assign(ix.col.size(), t.full_mask);
     t.col_offsets = ix.col_offsets;
-    t.col_rows = ix.col_rows;
+    t.col_slots = ix.col_rows;
     t.col_masks = t.row_masks;
-    t.nnz = ix.nnz;
+    t.row_entries = t.col_entries = ix.nnz;
   } else {
     build_tile_lists(ix, span, &t);
   }
 
   const int64_t lines = H * nt;  // tile rows, and tile columns, over all heads
-  t.rows = split_tile_lines(
-      t.row_offsets, sparse_attention_tiles_per_piece(ix, ix.row_split.max_blocks, t.nnz, lines));
-  t.cols = split_tile_lines(
-      t.col_offsets, sparse_attention_tiles_per_piece(ix, ix.col_split.max_blocks, t.nnz, lines));
+  t.rows = split_tile_lines(t.row_offsets, sparse_attention_tiles_per_piece(
+                                               ix, ix.row_split.max_blocks, t.row_entries, lines));
+  t.cols = split_tile_lines(t.col_offsets, sparse_attention_tiles_per_piece(
+                                               ix, ix.col_split.max_blocks, t.col_entries, lines));
   *out = std::move(t);
   return Status::ok_status();
 }

@@ -1,15 +1,22 @@
-// The tile-level index of the fused block-sparse attention kernels on the GPU: which 64 x 64
-// kernel tiles of each head hold layout blocks, with a bitmask of the layout sub-blocks present in
-// each tile, the row-wise and column-wise lists the kernels walk, and their split into pieces.
-// Host-only common layer (plain C++): built once per layout by upload_block_sparse_index.
+// The tile-level index of the fused block-sparse attention kernels on the GPU: for each 64-row
+// (or 64-column) kernel tile of each head, the list of entries the kernels walk, each a 64 x 64
+// block of scores with a bitmask of the layout blocks present, and the split of long lists into
+// pieces. Host-only common layer (plain C++): built once per layout by upload_block_sparse_index.
 //
-// The kernels work on square tiles of kTile tokens whatever the layout block b is:
-//   b < kTile   a tile spans sub = kTile / b layout blocks per side; its mask has bit
-//               (r / b) * sub + (c / b) set when the sub-block holding tile element (r, c) is in
-//               the layout, and the kernels remove the elements whose bit is clear;
-//   b >= kTile  a layout block spans b / kTile tiles per side, each fully present (sub = 1,
-//               mask = 1).
-// The last tile of a side is partial when L = R * b is not a multiple of kTile (b < kTile only).
+// The kernels work on entries of kTile x kTile scores whatever the layout block b is. An entry of
+// tile row T holds the tile's kTile query rows and `sub` slots of kTile / sub keys each; slot k
+// holds the keys of one column unit (1 << shift tokens):
+//   b < kTile   units are layout blocks: sub = kTile / b, and a row's entries pack the column
+//               blocks that any of its sub block rows holds, in ascending order, sub at a time (a
+//               BigBird row of blocks 16 takes 3 entries where the 64 x 64 tiles it touches were
+//               8); the mask has bit r * sub + k set when block row r of the tile holds slot k's
+//               block, and the kernels remove the elements whose bit is clear;
+//   b >= kTile  units are tiles (sub = 1, mask = 1): a layout block spans b / kTile tiles per
+//               side, each an entry.
+// Column lists are the same over keys: an entry of tile column T holds its kTile keys and `sub`
+// slots of query units, mask bit k * sub + c for slot k and key block c of the tile (bits always
+// (query, key)). Every slot is a whole unit inside L = R * b; only the last tile row or column
+// can be partial (b < kTile and L not a multiple of kTile).
 #pragma once
 
 #include <cstdint>
@@ -22,9 +29,9 @@ namespace sciattn::detail {
 // The pieces of the tile lines (tile rows for the forward and dQ, tile columns for dK/dV) and
 // the fp32 partial slot of each piece of a split line.
 struct SparseAttentionTileWork {
-  // Pieces of at most split.max_blocks tiles; item_begin / item_end are positions in the tile
-  // row list (row_cols) or column list (col_rows). An empty line is one empty piece, so that its
-  // outputs (zero) are still written.
+  // Pieces of at most split.max_blocks entries; item_begin / item_end are positions in the row
+  // list or the column list. An empty line is one empty piece, so that its outputs (zero) are
+  // still written.
   BlockSparseWorkSplit split;
   // [pieces] the partial slot of a piece of a split line (numbered 0.. in piece order, so the
   // pieces of one line have consecutive slots), -1 for the piece of an unsplit line, which
@@ -38,32 +45,33 @@ struct SparseAttentionTiles {
   static constexpr int64_t kTile = 64;  // the kernels' tile side, in tokens
 
   int64_t block = 0;      // b, the layout block
-  int64_t sub = 1;        // layout blocks per tile side (kTile / b), 1 when b >= kTile
-  int64_t shift = 0;      // log2(min(b, kTile)): tile element (r, c) is in sub-block
-                          // (r >> shift, c >> shift)
-  int64_t full_mask = 1;  // (1 << sub * sub) - 1: every sub-block present
+  int64_t sub = 1;        // slots per entry (kTile / b), 1 when b >= kTile
+  int64_t shift = 0;      // log2(min(b, kTile)): a unit's tokens; element (r, c) of a row entry
+                          // is in its block row r >> shift and slot c >> shift
+  int64_t full_mask = 1;  // (1 << sub * sub) - 1: every block of an entry present
   int64_t num_heads = 0;  // H
   int64_t len = 0;        // L = R * b tokens per side
   int64_t num_tiles = 0;  // ceil(L / kTile) tiles per side
-  int64_t nnz = 0;        // nonzero tiles over all heads
+  int64_t row_entries = 0, col_entries = 0;  // entries of the row and column lists, all heads
 
-  // Row-wise list: the tiles of tile row T of head h are positions
-  // row_offsets[h * num_tiles + T] .. row_offsets[h * num_tiles + T + 1] - 1, in ascending
-  // column order; row_cols holds the tile column, row_masks the sub-block mask.
+  // Row-wise lists: the entries of tile row T of head h are positions
+  // row_offsets[h * num_tiles + T] .. row_offsets[h * num_tiles + T + 1] - 1, their slots in
+  // ascending unit order; row_slots[e * sub + k] is the column unit of slot k of entry e (-1:
+  // empty, only at the end of a row's last entry), row_masks[e] the entry's mask.
   std::vector<int64_t> row_offsets;  // [H * num_tiles + 1]
-  std::vector<int64_t> row_cols;     // [nnz]
-  std::vector<int64_t> row_masks;    // [nnz]
-  // Column-wise list: the tiles of tile column T, in ascending row order (same masks).
+  std::vector<int64_t> row_slots;    // [row_entries * sub]
+  std::vector<int64_t> row_masks;    // [row_entries]
+  // Column-wise lists: the same for tile column T, its slots holding query units.
   std::vector<int64_t> col_offsets;  // [H * num_tiles + 1]
-  std::vector<int64_t> col_rows;     // [nnz]
-  std::vector<int64_t> col_masks;    // [nnz]
+  std::vector<int64_t> col_slots;    // [col_entries * sub]
+  std::vector<int64_t> col_masks;    // [col_entries]
 
   SparseAttentionTileWork rows, cols;
 };
 
-// The most tiles one piece of a tile line holds, for an index whose lines are split at
-// `max_blocks` layout blocks, when the tile lists hold tile_nnz tiles in tile_lines lines (per
-// direction). A size the caller chose (split_block_sparse_work) is kept in tokens:
+// The most entries one piece of a tile line holds, for an index whose lines are split at
+// `max_blocks` layout blocks, when the lists of one direction hold tile_nnz entries in tile_lines
+// lines. A size the caller chose (split_block_sparse_work) is kept in tokens:
 // ceil(max_blocks * b / kTile). The index's default (default_split_blocks) becomes the same rule
 // applied to the tile lines, twice their mean length and at least 16 tiles: below block 64 a tile
 // line gathers the blocks of several block rows, and the default converted to tokens (4 tiles at

@@ -1,11 +1,12 @@
 // Tests of the fused GPU sparse attention's tile index (src/common/sparse_attention_tiles.h): the
-// 64 x 64 tiles of each head with their sub-block masks, row and column lists, and the split of
-// long tile lines into pieces with their partial slots, against a brute-force derivation from
-// the layout element by element, for every block size. Test layer (tests/cpu).
+// row and column lists of each head (entries of packed slots with their masks) and the split of
+// long lines into pieces with their partial slots, checked element by element against the layout
+// (every kept element kept once by each direction), for every block size. Test layer (tests/cpu).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -21,19 +22,72 @@ using namespace sciattn::bstest;
 using detail::SparseAttentionTiles;
 using detail::SparseAttentionTileWork;
 
-// The masks of every nonempty tile (h, tile row, tile column), derived element by element.
-std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> brute_force_tiles(
-    const Layout& layout, int64_t block, const SparseAttentionTiles& t) {
-  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> tiles;
-  const int64_t L = layout.num_row_blocks * block;
-  for (int64_t h = 0; h < layout.num_heads; ++h)
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t j = 0; j < L; ++j) {
-        if (!layout.at(h, i / block, j / block)) continue;
-        const int64_t r = i % 64, c = j % 64;
-        tiles[{h, i / 64, j / 64}] |= int64_t{1} << ((r >> t.shift) * t.sub + (c >> t.shift));
+// The elements (h, query i, key j) an index's entries keep: every entry of every line expanded
+// through its slots and mask bits, counted (a correct index keeps each layout element once).
+// rows: the row lists (the line is the query tile), else the column lists (the key tile).
+std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept_elements(const SparseAttentionTiles& t,
+                                                                   bool rows) {
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept;
+  const std::vector<int64_t>& offsets = rows ? t.row_offsets : t.col_offsets;
+  const std::vector<int64_t>& slots = rows ? t.row_slots : t.col_slots;
+  const std::vector<int64_t>& masks = rows ? t.row_masks : t.col_masks;
+  const int64_t unit = int64_t{1} << t.shift;
+  for (int64_t h = 0; h < t.num_heads; ++h)
+    for (int64_t line = 0; line < t.num_tiles; ++line)
+      for (int64_t e = offsets[static_cast<size_t>(h * t.num_tiles + line)];
+           e < offsets[static_cast<size_t>(h * t.num_tiles + line + 1)]; ++e)
+        for (int64_t a = 0; a < 64; ++a)      // the line's own token (query, or key)
+          for (int64_t c = 0; c < 64; ++c) {  // the slot side's token
+            const int64_t own = line * 64 + a;
+            const int64_t k = c >> t.shift, x = a >> t.shift;
+            const int64_t bit = rows ? x * t.sub + k : k * t.sub + x;
+            if (((masks[static_cast<size_t>(e)] >> bit) & 1) == 0) continue;
+            const int64_t slot = slots[static_cast<size_t>(e * t.sub + k)];
+            EXPECT_GE(slot, 0) << "a mask bit of an empty slot";
+            if (slot < 0) continue;
+            const int64_t other = slot * unit + (c & (unit - 1));
+            EXPECT_LT(own, t.len);
+            EXPECT_LT(other, t.len);
+            ++kept[rows ? std::make_tuple(h, own, other) : std::make_tuple(h, other, own)];
+          }
+  return kept;
+}
+
+// The shape of one direction's lists: slots ascending along each line, -1 only at the end of a
+// line's last entry, every used slot holding a kept block, masks inside full_mask.
+void expect_packed_lists(const SparseAttentionTiles& t, bool rows) {
+  SCOPED_TRACE(rows ? "row lists" : "column lists");
+  const std::vector<int64_t>& offsets = rows ? t.row_offsets : t.col_offsets;
+  const std::vector<int64_t>& slots = rows ? t.row_slots : t.col_slots;
+  const std::vector<int64_t>& masks = rows ? t.row_masks : t.col_masks;
+  const int64_t entries = rows ? t.row_entries : t.col_entries;
+  ASSERT_EQ(static_cast<int64_t>(offsets.size()), t.num_heads * t.num_tiles + 1);
+  ASSERT_EQ(offsets.back(), entries);
+  ASSERT_EQ(static_cast<int64_t>(masks.size()), entries);
+  ASSERT_EQ(static_cast<int64_t>(slots.size()), entries * t.sub);
+  for (size_t line = 0; line + 1 < offsets.size(); ++line) {
+    int64_t previous = -1;
+    bool ended = false;
+    for (int64_t e = offsets[line]; e < offsets[line + 1]; ++e) {
+      const int64_t mask = masks[static_cast<size_t>(e)];
+      EXPECT_NE(mask, 0);
+      EXPECT_EQ(mask & ~t.full_mask, 0);
+      for (int64_t k = 0; k < t.sub; ++k) {
+        const int64_t slot = slots[static_cast<size_t>(e * t.sub + k)];
+        if (slot < 0) {
+          ended = true;
+          continue;
+        }
+        EXPECT_FALSE(ended) << "a slot after an empty one, line " << line;
+        EXPECT_GT(slot, previous) << "slots not ascending, line " << line;
+        previous = slot;
+        int64_t slot_bits = 0;
+        for (int64_t x = 0; x < t.sub; ++x)
+          slot_bits |= (mask >> (rows ? x * t.sub + k : k * t.sub + x)) & 1;
+        EXPECT_EQ(slot_bits, 1) << "a slot holding no kept block, line " << line;
       }
-  return tiles;
+    }
+  }
 }
 
 void expect_work_covers(const SparseAttentionTileWork& w, const std::vector<int64_t>& offsets,
@@ -75,47 +129,43 @@ void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex
   EXPECT_EQ(t.len, L);
   EXPECT_EQ(t.num_tiles, (L + 63) / 64);
   EXPECT_EQ(t.sub, block < 64 ? 64 / block : 1);
-  const auto want = brute_force_tiles(layout, block, t);
-  EXPECT_EQ(t.nnz, static_cast<int64_t>(want.size()));
-  // Row lists in (h, row, column) order are exactly the brute-force map's order.
-  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> got_rows;
-  for (int64_t h = 0; h < t.num_heads; ++h)
-    for (int64_t r = 0; r < t.num_tiles; ++r)
-      for (int64_t e = t.row_offsets[static_cast<size_t>(h * t.num_tiles + r)];
-           e < t.row_offsets[static_cast<size_t>(h * t.num_tiles + r + 1)]; ++e) {
-        got_rows.emplace_back(h, r, t.row_cols[static_cast<size_t>(e)],
-                              t.row_masks[static_cast<size_t>(e)]);
+  expect_packed_lists(t, true);
+  expect_packed_lists(t, false);
+  // Both directions keep exactly the layout's elements, each once.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int> want;
+  for (int64_t h = 0; h < layout.num_heads; ++h)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < L; ++j)
+        if (layout.at(h, i / block, j / block)) want[{h, i, j}] = 1;
+  EXPECT_TRUE(kept_elements(t, true) == want) << "row lists";
+  EXPECT_TRUE(kept_elements(t, false) == want) << "column lists";
+  // Below the tile size a line's units are packed: ceil(units / sub) entries, the units being
+  // the blocks its own blocks use.
+  if (block < 64) {
+    for (int64_t h = 0; h < layout.num_heads; ++h)
+      for (int64_t line = 0; line < t.num_tiles; ++line) {
+        std::set<int64_t> cols, rows;
+        for (int64_t x = line * t.sub; x < std::min(layout.num_row_blocks, (line + 1) * t.sub); ++x)
+          for (int64_t y = 0; y < layout.num_row_blocks; ++y) {
+            if (layout.at(h, x, y)) cols.insert(y);
+            if (layout.at(h, y, x)) rows.insert(y);
+          }
+        const size_t l = static_cast<size_t>(h * t.num_tiles + line);
+        EXPECT_EQ(t.row_offsets[l + 1] - t.row_offsets[l],
+                  (static_cast<int64_t>(cols.size()) + t.sub - 1) / t.sub);
+        EXPECT_EQ(t.col_offsets[l + 1] - t.col_offsets[l],
+                  (static_cast<int64_t>(rows.size()) + t.sub - 1) / t.sub);
       }
-  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> want_rows;
-  for (const auto& [key, mask] : want) {
-    want_rows.emplace_back(std::get<0>(key), std::get<1>(key), std::get<2>(key), mask);
-  }
-  EXPECT_EQ(got_rows, want_rows);
-  // Column lists: the same tiles, by (h, column, row).
-  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> got_cols, want_cols;
-  for (int64_t h = 0; h < t.num_heads; ++h)
-    for (int64_t c = 0; c < t.num_tiles; ++c)
-      for (int64_t e = t.col_offsets[static_cast<size_t>(h * t.num_tiles + c)];
-           e < t.col_offsets[static_cast<size_t>(h * t.num_tiles + c + 1)]; ++e) {
-        got_cols.emplace_back(h, c, t.col_rows[static_cast<size_t>(e)],
-                              t.col_masks[static_cast<size_t>(e)]);
-      }
-  for (const auto& [key, mask] : want) {
-    want_cols.emplace_back(std::get<0>(key), std::get<2>(key), std::get<1>(key), mask);
-  }
-  std::sort(want_cols.begin(), want_cols.end());
-  EXPECT_EQ(got_cols, want_cols);
-  for (int64_t m : t.row_masks) {
-    EXPECT_NE(m, 0);
-    EXPECT_EQ(m & ~t.full_mask, 0);
   }
   const int64_t lines = t.num_heads * t.num_tiles;
   expect_work_covers(
       t.rows, t.row_offsets,
-      detail::sparse_attention_tiles_per_piece(ix, ix.row_split.max_blocks, t.nnz, lines), "rows");
+      detail::sparse_attention_tiles_per_piece(ix, ix.row_split.max_blocks, t.row_entries, lines),
+      "rows");
   expect_work_covers(
       t.cols, t.col_offsets,
-      detail::sparse_attention_tiles_per_piece(ix, ix.col_split.max_blocks, t.nnz, lines), "cols");
+      detail::sparse_attention_tiles_per_piece(ix, ix.col_split.max_blocks, t.col_entries, lines),
+      "cols");
 }
 
 TEST(SparseAttentionTiles, MatchBruteForceForEveryBlock) {
@@ -157,19 +207,21 @@ TEST(SparseAttentionTiles, GlobalRowIsSplitAndEmptyRowsKeepOnePiece) {
   EXPECT_EQ(t.row_offsets[2] - t.row_offsets[1], 0);
   EXPECT_EQ(t.rows.split_lines, std::vector<int64_t>{0});
   EXPECT_EQ(t.rows.slots, 5);
-  // Tile (0, 0): sub-block row 0 full (bits 0..3) plus the diagonal blocks 1..3.
+  // Entry 0 of tile row 0 (blocks 0..3): block row 0 full (bits 0..3) plus the diagonal blocks
+  // 1..3.
   EXPECT_EQ(t.row_masks[0], 0xF | (1 << 5) | (1 << 10) | (1 << 15));
-  // Tile (0, 5): only the global row's four blocks.
-  EXPECT_EQ(t.row_cols[5], 5);
+  // Entry 5: blocks 20..23, only the global row's.
+  EXPECT_EQ((std::vector<int64_t>(t.row_slots.begin() + 20, t.row_slots.begin() + 24)),
+            (std::vector<int64_t>{20, 21, 22, 23}));
   EXPECT_EQ(t.row_masks[5], 0xF);
   expect_tiles_of(layout, 16, ix);
 }
 
 TEST(SparseAttentionTiles, DefaultSplitFollowsTheTileLines) {
   // Block 16, 2,048 tokens (128 block rows, 32 tile rows): a window of 3 blocks plus block row 0
-  // global. A tile row gathers four block rows, so its lines are about 3 tiles long; with the
-  // index's default split (16 blocks = 4 tiles in tokens) most of them would be cut. The tile
-  // default (at least 16 tiles) keeps every ordinary line whole and cuts the global row only.
+  // global. A tile row gathers four block rows: its line packs their 6 window blocks into 2
+  // entries, and the global row's 128 blocks take 32. The tile default (at least 16 entries a
+  // piece) keeps every ordinary line whole and cuts the global row only.
   const int64_t N = 128;
   Layout layout = Layout::zeros(2, N, N);
   for (int64_t h = 0; h < 2; ++h) {
@@ -184,7 +236,8 @@ TEST(SparseAttentionTiles, DefaultSplitFollowsTheTileLines) {
   ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
   EXPECT_EQ(t.num_tiles, 32);
   EXPECT_EQ(t.rows.split.max_blocks, 16);
-  // Tile row 0 of each head holds all 32 tiles (the global row): two pieces; nothing else splits.
+  // Tile row 0 of each head holds all 128 blocks in 32 entries (the global row): two pieces;
+  // nothing else splits.
   EXPECT_EQ(t.rows.split_lines, (std::vector<int64_t>{0, 32}));
   EXPECT_EQ(t.rows.slots, 4);
   // A caller's own split is still kept in tokens: 4 blocks of 16 = one tile per piece.
@@ -204,7 +257,8 @@ TEST(SparseAttentionTiles, Block128SpansFourTiles) {
   SparseAttentionTiles t;
   ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
   EXPECT_EQ(t.num_tiles, 6);
-  EXPECT_EQ(t.nnz, 12);
+  EXPECT_EQ(t.row_entries, 12);
+  EXPECT_EQ(t.col_entries, 12);
   EXPECT_EQ(t.full_mask, 1);
   expect_tiles_of(layout, 128, ix);
 }

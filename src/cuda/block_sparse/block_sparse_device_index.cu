@@ -161,10 +161,10 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
     if (!built.ok()) return built;
   }
   const size_t tile_row_offsets = packer.add(tiles.row_offsets, &fits);
-  const size_t tile_row_cols = packer.add(tiles.row_cols, &fits);
+  const size_t tile_row_slots = packer.add(tiles.row_slots, &fits);
   const size_t tile_row_masks = packer.add(tiles.row_masks, &fits);
   const size_t tile_col_offsets = packer.add(tiles.col_offsets, &fits);
-  const size_t tile_col_rows = packer.add(tiles.col_rows, &fits);
+  const size_t tile_col_slots = packer.add(tiles.col_slots, &fits);
   const size_t tile_col_masks = packer.add(tiles.col_masks, &fits);
   const TileWorkOffsets tile_rows = add_tile_work(packer, tiles.rows, &fits);
   const TileWorkOffsets tile_cols = add_tile_work(packer, tiles.cols, &fits);
@@ -212,12 +212,13 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
     t.shift = static_cast<int32_t>(tiles.shift);
     t.full_mask = static_cast<int32_t>(tiles.full_mask);
     t.num_tiles = static_cast<int32_t>(tiles.num_tiles);
-    t.nnz = static_cast<int32_t>(tiles.nnz);
+    t.row_entries = static_cast<int32_t>(tiles.row_entries);
+    t.col_entries = static_cast<int32_t>(tiles.col_entries);
     t.row_offsets = base + tile_row_offsets;
-    t.row_cols = base + tile_row_cols;
+    t.row_slots = base + tile_row_slots;
     t.row_masks = base + tile_row_masks;
     t.col_offsets = base + tile_col_offsets;
-    t.col_rows = base + tile_col_rows;
+    t.col_slots = base + tile_col_slots;
     t.col_masks = base + tile_col_masks;
     t.rows = device_tile_work(base, tile_rows, tiles.rows);
     t.cols = device_tile_work(base, tile_cols, tiles.cols);

@@ -2,9 +2,9 @@
 // floating-point atomics; every output element is owned by one thread of one CTA):
 //   1. delta_i = <dO_i, O_i> (sparse_attention_f32.cu, dtype-generic), in the workspace
 //   2. sparse_attention_dkdv_kernel: per (piece of a 64-key tile column, batch): dK, dV over the
-//      piece's nonzero query tiles (the column list)
+//      piece's entries of 64 queries (the column list; queries gathered from the entry's slots)
 //   3. sparse_attention_dq_kernel: per (piece of a 64-query tile row, batch): dQ over the piece's
-//      nonzero key tiles (the row list)
+//      entries of 64 keys (the row list)
 //   4. sparse_attention_sum_kernel: the pieces of split lines, written as fp32 partials, added
 //      in piece order
 // Both recompute P = exp(S - lse) from the forward's lse; dS is formed in fp32 from fp32 P. CUDA
@@ -58,6 +58,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};  // keys inside the tile
   const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
 
+  // The column list's entries: slots of query units (common/sparse_attention_tiles.h).
+  const int sub = p.tiles.sub, shift = p.tiles.shift;
+  auto slots_of = [&](int e) { return p.tiles.col_slots + int64_t{e} * sub; };
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
   const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h);
   if (at.begin < at.end) {
@@ -65,10 +68,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         smem.a, slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h), key0, p.len, p.dim);
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
         smem.b, slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h), key0, p.len, p.dim);
-    const int64_t q0 = int64_t{p.tiles.col_rows[at.begin]} * SparseTile::kSize;
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[0], q_src, q0, p.len, p.dim);
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[0], do_src, q0, p.len, p.dim);
-    load_sparse_row_stats(smem.lse[0], smem.delta[0], p, b, h, q0);
+    const int32_t* first = slots_of(at.begin);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], q_src, first, sub, shift, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], do_src, first, sub, shift, p.len, p.dim);
+    load_sparse_row_stats(smem.lse[0], smem.delta[0], p, b, h, first);
     cp_async_commit();
   }
 
@@ -81,15 +84,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    const int64_t q0 = int64_t{p.tiles.col_rows[e]} * SparseTile::kSize;
+    const int32_t* slots = slots_of(e);  // the entry's query units
     const int mask = p.tiles.col_masks[e];
     if (e + 1 < at.end) {
-      const int64_t next0 = int64_t{p.tiles.col_rows[e + 1]} * SparseTile::kSize;
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[buf ^ 1], q_src, next0, p.len,
-                                                              p.dim);
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[buf ^ 1], do_src, next0, p.len,
-                                                              p.dim);
-      load_sparse_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, b, h, next0);
+      const int32_t* next = slots_of(e + 1);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], q_src, next, sub, shift, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], do_src, next, sub, shift, p.len, p.dim);
+      load_sparse_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, b, h, next);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -122,7 +123,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). Only
       // the query groups in `keep`: nothing reads the others (the dV and dK products below skip
       // their k-steps), which a warp of a block-16 layout spares most of its exponentials.
-      if (tile_is_plain(p, q0, key0)) {
+      const SlotSpan queries = slot_span(slots, sub, shift);
+      if (tile_is_plain(p, queries.first, queries.last, key0, key0 + SparseTile::kSize - 1)) {
         with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
-            const int64_t i = q0 + qc, jj = key0 + kc;
+            const int64_t i = slot_token(slots, qc, shift), jj = key0 + kc;
             const float s =
                 element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
             pt[j][x] = fast_exp2(fmaf(s, kLog2e, (x & 1) ? -lse2.y : -lse2.x));
@@ -200,6 +202,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
 
+  // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
+  const int sub = p.tiles.sub, shift = p.tiles.shift;
+  auto slots_of = [&](int e) { return p.tiles.row_slots + int64_t{e} * sub; };
   const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
   const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
   if (at.begin < at.end) {
@@ -207,9 +212,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         smem.a, slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h), q0, p.len, p.dim);
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
         smem.b, slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h), q0, p.len, p.dim);
-    const int64_t k0 = int64_t{p.tiles.row_cols[at.begin]} * SparseTile::kSize;
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[0], k_src, k0, p.len, p.dim);
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[0], v_src, k0, p.len, p.dim);
+    const int32_t* first = slots_of(at.begin);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], k_src, first, sub, shift, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], v_src, first, sub, shift, p.len, p.dim);
     cp_async_commit();
   }
 
@@ -231,14 +236,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    const int64_t k0 = int64_t{p.tiles.row_cols[e]} * SparseTile::kSize;
+    const int32_t* slots = slots_of(e);  // the entry's key units
     const int mask = p.tiles.row_masks[e];
     if (e + 1 < at.end) {
-      const int64_t next0 = int64_t{p.tiles.row_cols[e + 1]} * SparseTile::kSize;
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.c[buf ^ 1], k_src, next0, p.len,
-                                                              p.dim);
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.d[buf ^ 1], v_src, next0, p.len,
-                                                              p.dim);
+      const int32_t* next = slots_of(e + 1);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], k_src, next, sub, shift, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], v_src, next, sub, shift, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -262,7 +265,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
                                                             keep);
       // P and dS only in the key groups in `keep`: nothing reads the others (the dQ product
       // below skips their k-steps).
-      if (tile_is_plain(p, q0, k0)) {
+      const SlotSpan keys = slot_span(slots, sub, shift);
+      if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.first, keys.last)) {
         with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -280,7 +284,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-            const int64_t i = q0 + r, jj = k0 + c;
+            const int64_t i = q0 + r, jj = slot_token(slots, c, shift);
             const float s =
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
             pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));

@@ -52,6 +52,69 @@ __device__ __forceinline__ void load_slice_rows(T* smem, const StridedSlice& src
   }
 }
 
+// The token at position c (0..63) along the slot side of a list entry (`slots`: its sub slots,
+// common/sparse_attention_tiles.h): slot c >> shift's unit plus the offset inside it; -1 in an
+// empty slot (whose mask bits are all clear, so nothing there is kept).
+__device__ __forceinline__ int64_t slot_token(const int32_t* slots, int c, int shift) {
+  const int32_t unit = slots[c >> shift];
+  return unit < 0 ? -1 : (int64_t{unit} << shift) + (c & ((1 << shift) - 1));
+}
+
+// The first and last token of an entry's slots (slots ascend; empty ones come last).
+struct SlotSpan {
+  int64_t first, last;
+};
+__device__ __forceinline__ SlotSpan slot_span(const int32_t* slots, int sub, int shift) {
+  int32_t last = slots[0];
+  for (int k = 1; k < sub; ++k)
+    if (slots[k] >= 0) last = slots[k];
+  return {int64_t{slots[0]} << shift, ((int64_t{last} + 1) << shift) - 1};
+}
+
+// Starts loading the 64 rows of a list entry's slot side (row r: slot_token(slots, r, shift))
+// into shared memory, as load_slice_rows: rows of empty slots, rows >= len and columns >= dim are
+// zero-filled. One slot of 64 (blocks of 64 and more) is load_slice_rows itself.
+template <typename T, int kHeadDim, int kPitch>
+__device__ __forceinline__ void load_slot_rows(T* smem, const StridedSlice& src,
+                                               const int32_t* slots, int sub, int shift,
+                                               int64_t len, int64_t dim) {
+  constexpr int kRows = SparseTile::kSize;
+  if (sub == 1) {
+    load_slice_rows<T, kRows, kHeadDim, kPitch>(smem, src, int64_t{slots[0]} << shift, len, dim);
+    return;
+  }
+  const T* base = static_cast<const T*>(src.base);
+  if (src.vec) {
+    // copy_rows_async's split of the copies (a fixed chunk column per thread, every kRowStep-th
+    // row), each row's source found through its slot.
+    constexpr int kChunks = kHeadDim / 8, kRowStep = SparseTile::kThreads / kChunks;
+    constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
+    const int r0 = static_cast<int>(threadIdx.x) / kChunks,
+              c = static_cast<int>(threadIdx.x) % kChunks;
+    const bool column_inside = c * 8 < dim;
+    T* dst = smem + r0 * kPitch + c * 8;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+      const int r = r0 + i * kRowStep;
+      if (kRows % kRowStep != 0 && r >= kRows) break;
+      const int64_t row = slot_token(slots, r, shift);
+      const bool valid = column_inside && row >= 0 && row < len;
+      cp_async_16(dst + i * kRowStep * kPitch, valid ? base + row * src.row_stride + c * 8 : base,
+                  valid ? 16 : 0);
+    }
+  } else {
+    const T zero = ElementTraits<T>::from_float(0.0f);
+#pragma unroll 1
+    for (int e = threadIdx.x; e < kRows * kHeadDim; e += SparseTile::kThreads) {
+      const int r = e / kHeadDim, d = e % kHeadDim;
+      const int64_t row = slot_token(slots, r, shift);
+      smem[r * kPitch + d] = (row >= 0 && row < len && d < dim)
+                                 ? base[row * src.row_stride + d * src.col_stride]
+                                 : zero;
+    }
+  }
+}
+
 // The additive value of a mask element: kMul (not bool) maps 0 to -inf and anything else to 0;
 // kAdd and bool masks are added as read (a bool already reads as 0 / -inf).
 __device__ __forceinline__ float mask_value(const void* base, BiasType type, int mul,
@@ -96,16 +159,18 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
   return true;
 }
 
-// Whether the tile (queries row0.., keys col0..) needs no per-element work: it lies inside L x L,
-// off the causal diagonal (or the call is not causal) and no score term applies. Then the only
-// removed elements are the layout's: a warp's 16 rows lie in one sub-block row (blocks are 16 or
-// larger), so its element (r, c) is kept exactly when c's 16-column group is in the warp's
-// warp_column_groups mask; the score is dot * scale there. True for every tile of the usual calls
-// (no masks, L a multiple of 64, off the diagonal), blocks of 16 and 32 included.
-__device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams& p, int64_t row0,
-                                              int64_t col0) {
-  return !p.has_terms && row0 + SparseTile::kSize <= p.len && col0 + SparseTile::kSize <= p.len &&
-         (!p.causal || col0 + SparseTile::kSize - 1 <= row0);
+// Whether an entry (queries first_row..last_row, keys first_col..last_col: the contiguous side
+// and the slot_span of the packed one) needs no per-element work: it lies inside L x L, off the
+// causal diagonal (or the call is not causal) and no score term applies. Then the only removed
+// elements are the layout's: a warp's 16 rows lie in one block row of the entry (blocks are 16
+// or larger), so its element (r, c) is kept exactly when c's 16-column group is in the warp's
+// warp_column_groups mask; the score is dot * scale there. True for every entry of the usual
+// calls (no masks, L a multiple of 64, off the diagonal), blocks of 16 and 32 included.
+__device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams& p,
+                                              int64_t first_row, int64_t last_row,
+                                              int64_t first_col, int64_t last_col) {
+  return !p.has_terms && last_row < p.len && last_col < p.len &&
+         (!p.causal || last_col <= first_row);
 }
 
 // The 16-column groups of a tile that warp `warp` needs, as a mask over the eight n8 column
@@ -128,14 +193,15 @@ __device__ __forceinline__ uint32_t warp_column_groups(const SparseAttentionDevi
   return keep;
 }
 
-// Starts copying the lse and delta of query rows [q0, q0 + 64) of (b, h) into shared memory in
-// the caller's cp.async group. Rows past L get lse = -inf (probability 0) and delta = 0.
+// Starts copying the lse and delta of the 64 query rows of a column-list entry (row r:
+// slot_token(slots, r, shift)) of (b, h) into shared memory in the caller's cp.async group. Rows
+// of empty slots or past L get lse = -inf (probability 0) and delta = 0.
 __device__ __forceinline__ void load_sparse_row_stats(float* lse, float* delta,
                                                       const SparseAttentionDeviceParams& p,
-                                                      int64_t b, int64_t h, int64_t q0) {
+                                                      int64_t b, int64_t h, const int32_t* slots) {
   for (int r = threadIdx.x; r < SparseTile::kSize; r += SparseTile::kThreads) {
-    const int64_t q = q0 + r;
-    if (q < p.len) {
+    const int64_t q = slot_token(slots, r, p.tiles.shift);
+    if (q >= 0 && q < p.len) {
       cp_async_4(lse + r, p.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
                  4);
       cp_async_4(delta + r, p.delta + (b * p.heads + h) * p.len + q, 4);

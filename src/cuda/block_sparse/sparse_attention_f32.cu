@@ -75,11 +75,11 @@ __device__ __forceinline__ void for_each_key(const SparseAttentionDeviceParams& 
   const int64_t line = h * tl.num_tiles + i / SparseTile::kSize;
   const int r = static_cast<int>(i % SparseTile::kSize);
   for (int e = tl.row_offsets[line]; e < tl.row_offsets[line + 1]; ++e) {
-    const int64_t col0 = int64_t{tl.row_cols[e]} * SparseTile::kSize;
+    const int32_t* slots = tl.row_slots + int64_t{e} * tl.sub;
     const int mask = tl.row_masks[e];
     for (int c = 0; c < SparseTile::kSize; ++c) {
-      const int64_t j = col0 + c;
-      if (!element_kept(p, mask, r, c, i, j)) continue;
+      const int64_t j = slot_token(slots, c, tl.shift);
+      if (j < 0 || !element_kept(p, mask, r, c, i, j)) continue;
       fn(j, score_of(p, dot_f32(q, p.k, p.k_stride, b, h, j, p.dim), b, h, i, j));
     }
   }
@@ -153,11 +153,11 @@ __global__ void __launch_bounds__(kF32Threads)
     const int64_t line = h * tl.num_tiles + j / SparseTile::kSize;
     const int c = static_cast<int>(j % SparseTile::kSize);
     for (int e = tl.col_offsets[line]; e < tl.col_offsets[line + 1]; ++e) {
-      const int64_t row0 = int64_t{tl.col_rows[e]} * SparseTile::kSize;
+      const int32_t* slots = tl.col_slots + int64_t{e} * tl.sub;
       const int mask = tl.col_masks[e];
       for (int r = 0; r < SparseTile::kSize; ++r) {
-        const int64_t i = row0 + r;
-        if (!element_kept(p, mask, r, c, i, j)) continue;
+        const int64_t i = slot_token(slots, r, tl.shift);
+        if (i < 0 || !element_kept(p, mask, r, c, i, j)) continue;
         const float s = score_of(p, dot_f32(k, p.q, p.q_stride, b, h, i, p.dim), b, h, i, j);
         const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
         const float pij = s == kNegInf ? 0.0f : prob_of(s, lse);

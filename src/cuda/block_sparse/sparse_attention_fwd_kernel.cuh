@@ -1,9 +1,10 @@
 // The fused block-sparse attention forward on tensor cores (m16n8k16, fp32 accumulate): one CTA
 // per (piece of a 64-query tile row, batch), four warps of 16 query rows, streaming over the
-// piece's nonzero 64-key tiles with an online softmax. K/V tiles are double-buffered with
-// cp.async. A whole tile row writes O and the fp32 log-sum-exp; a piece of a split row writes its
-// unnormalised O, row maxima and row sums to an fp32 slot, and the combine kernel merges the
-// pieces in order. CUDA layer; instantiated per (dtype, head dim) in generated files.
+// piece's entries (64 keys each, gathered from their slots) with an online softmax. K/V tiles are
+// double-buffered with cp.async. A whole tile row writes O and the fp32 log-sum-exp; a piece of a
+// split row writes its unnormalised O, row maxima and row sums to an fp32 slot, and the combine
+// kernel merges the pieces in order. CUDA layer; instantiated per (dtype, head dim) in generated
+// files.
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_device.cuh"
@@ -45,6 +46,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};  // rows inside the tile
   const int64_t my_rows[2] = {row0 + my_r[0], row0 + my_r[1]};
 
+  // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
+  const int sub = p.tiles.sub, shift = p.tiles.shift;
+  auto slots_of = [&](int e) { return p.tiles.row_slots + int64_t{e} * sub; };
+
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
   const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
   const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
@@ -58,24 +63,22 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
 
   if (at.begin < at.end) {
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.q, q_src, row0, p.len, p.dim);
-    const int64_t col0 = int64_t{p.tiles.row_cols[at.begin]} * SparseTile::kSize;
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.k[0], k_src, col0, p.len, p.dim);
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.v[0], v_src, col0, p.len, p.dim);
+    const int32_t* first = slots_of(at.begin);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.k[0], k_src, first, sub, shift, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.v[0], v_src, first, sub, shift, p.len, p.dim);
     cp_async_commit();
   }
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    const int64_t col0 = int64_t{p.tiles.row_cols[e]} * SparseTile::kSize;
+    const int32_t* slots = slots_of(e);  // the entry's key units
     const int mask = p.tiles.row_masks[e];
     // Start the next tile's K and V into the other buffer (freed by the barrier that ended the
     // previous iteration), then wait for this tile's.
     if (e + 1 < at.end) {
-      const int64_t next0 = int64_t{p.tiles.row_cols[e + 1]} * SparseTile::kSize;
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.k[buf ^ 1], k_src, next0, p.len,
-                                                              p.dim);
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.v[buf ^ 1], v_src, next0, p.len,
-                                                              p.dim);
+      const int32_t* next = slots_of(e + 1);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.k[buf ^ 1], k_src, next, sub, shift, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.v[buf ^ 1], v_src, next, sub, shift, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -101,7 +104,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       // below). Inside a kept group, removed elements (outside L, the layout's sub-blocks, the
       // causal rule) are -inf.
       float tile_max[2] = {kNegInf, kNegInf};
-      if (tile_is_plain(p, row0, col0)) {
+      const SlotSpan keys = slot_span(slots, sub, shift);
+      if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.first, keys.last)) {
         with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
           for (int j = 0; j < kScoreTiles; ++j) {
@@ -120,7 +124,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-            const int64_t i = row0 + r, jj = col0 + c;
+            const int64_t i = row0 + r, jj = slot_token(slots, c, shift);
             s[j][x] =
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
             tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);

@@ -42,12 +42,13 @@ struct EmuTiles {
     dt.shift = (int)t.shift;
     dt.full_mask = (int)t.full_mask;
     dt.num_tiles = (int)t.num_tiles;
-    dt.nnz = (int)t.nnz;
+    dt.row_entries = (int)t.row_entries;
+    dt.col_entries = (int)t.col_entries;
     dt.row_offsets = add(t.row_offsets);
-    dt.row_cols = add(t.row_cols);
+    dt.row_slots = add(t.row_slots);
     dt.row_masks = add(t.row_masks);
     dt.col_offsets = add(t.col_offsets);
-    dt.col_rows = add(t.col_rows);
+    dt.col_slots = add(t.col_slots);
     dt.col_masks = add(t.col_masks);
     dt.rows = work(t.rows);
     dt.cols = work(t.cols);
