@@ -520,6 +520,28 @@ std::vector<GpuCase> large_cases() {
   c.masked_row = true;
   c.seed = seed++;
   cases.push_back(c);
+  // Blocks of 16 and 32 with no masks and no causal rule: every entry below the edge is plain
+  // (no per-element checks), its blocks packed from several 64-token tiles; the global row and
+  // column are split.
+  c = GpuCase();
+  c.config = Config::kBigBird;
+  c.block = 16;
+  c.N = 256;  // 4096 tokens
+  c.B = 1;
+  c.H = 2;
+  c.D = 64;
+  c.seed = seed++;
+  cases.push_back(c);
+  c = GpuCase();
+  c.config = Config::kVariable;
+  c.block = 32;
+  c.N = 96;  // 3072 tokens
+  c.B = 1;
+  c.H = 2;
+  c.D = 128;
+  c.dtype = DType::kF16;
+  c.seed = seed++;
+  cases.push_back(c);
   // 65,536 tokens (the longest length): BigBird's class defaults at block 64, whose global
   // row and column (1,024 tiles) are cut into pieces and merged; a key padding mask. The oracle
   // walks only the layout's blocks (~10 s on one core).
