@@ -488,72 +488,40 @@ std::vector<GpuCase> small_cases() {
 std::vector<GpuCase> large_cases() {
   std::vector<GpuCase> cases;
   uint64_t seed = kBaseSeed + 81000;
-  GpuCase c;
-  c.config = Config::kBigBird;
-  c.block = 64;
-  c.N = 64;  // 4096 tokens; the global row (64 blocks) is cut into pieces of 16
-  c.B = 1;
-  c.H = 2;
-  c.D = 64;
+  // One batch of a config at N blocks of `block` tokens; the caller adds its features.
+  auto large = [&](Config config, int64_t block, int64_t N, int64_t H, int64_t D, DType dtype) {
+    GpuCase c;
+    c.config = config;
+    c.block = block;
+    c.N = N;
+    c.B = 1;
+    c.H = H;
+    c.D = D;
+    c.dtype = dtype;
+    c.seed = seed++;
+    return c;
+  };
+  // 4,096 tokens; the global row (64 blocks) is cut into pieces of 16.
+  GpuCase c = large(Config::kBigBird, 64, 64, 2, 64, DType::kBF16);
   c.kpm = MaskKind::kAdd;
-  c.seed = seed++;
   cases.push_back(c);
-  c = GpuCase();
-  c.config = Config::kBSLongformer;
-  c.block = 16;
-  c.N = 128;  // 2048 tokens
-  c.B = 1;
-  c.H = 2;
-  c.D = 128;
-  c.dtype = DType::kF16;
+  c = large(Config::kBSLongformer, 16, 128, 2, 128, DType::kF16);  // 2,048 tokens
   c.causal = true;
-  c.seed = seed++;
   cases.push_back(c);
-  c = GpuCase();
-  c.config = Config::kFixed;
-  c.block = 32;
-  c.N = 40;  // 1280 tokens: 20 tiles
-  c.B = 1;
-  c.H = 2;
-  c.D = 32;
+  c = large(Config::kFixed, 32, 40, 2, 32, DType::kBF16);  // 1,280 tokens: 20 tiles
   c.attn = MaskKind::kMul;
   c.masked_row = true;
-  c.seed = seed++;
   cases.push_back(c);
   // Blocks of 16 and 32 with no masks and no causal rule: every entry below the edge is plain
   // (no per-element checks), its blocks packed from several 64-token tiles; the global row and
   // column are split.
-  c = GpuCase();
-  c.config = Config::kBigBird;
-  c.block = 16;
-  c.N = 256;  // 4096 tokens
-  c.B = 1;
-  c.H = 2;
-  c.D = 64;
-  c.seed = seed++;
-  cases.push_back(c);
-  c = GpuCase();
-  c.config = Config::kVariable;
-  c.block = 32;
-  c.N = 96;  // 3072 tokens
-  c.B = 1;
-  c.H = 2;
-  c.D = 128;
-  c.dtype = DType::kF16;
-  c.seed = seed++;
-  cases.push_back(c);
+  cases.push_back(large(Config::kBigBird, 16, 256, 2, 64, DType::kBF16));  // 4,096 tokens
+  cases.push_back(large(Config::kVariable, 32, 96, 2, 128, DType::kF16));  // 3,072 tokens
   // 65,536 tokens (the longest length): BigBird's class defaults at block 64, whose global
   // row and column (1,024 tiles) are cut into pieces and merged; a key padding mask. The oracle
   // walks only the layout's blocks (~10 s on one core).
-  c = GpuCase();
-  c.config = Config::kBigBird;
-  c.block = 64;
-  c.N = 1024;
-  c.B = 1;
-  c.H = 1;
-  c.D = 64;
+  c = large(Config::kBigBird, 64, 1024, 1, 64, DType::kBF16);
   c.kpm = MaskKind::kAdd;
-  c.seed = seed++;
   cases.push_back(c);
   return cases;
 }
