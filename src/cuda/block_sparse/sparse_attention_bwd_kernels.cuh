@@ -38,7 +38,7 @@ constexpr bool kSparseFragsInRegisters = kHeadDim <= 64;
 template <int kHeadDim>
 constexpr int kSparseBwdMinCtas = kHeadDim <= 64 ? 3 : 1;
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dkdv_kernel(const SparseAttentionDeviceParams p) {
   using Smem = SparseBwdSmem<T, kHeadDim>;
@@ -59,8 +59,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
 
   // The column list's entries: slots of query units (common/sparse_attention_tiles.h).
-  const int sub = p.tiles.sub, shift = p.tiles.shift;
-  auto slots_of = [&](int e) { return p.tiles.col_slots + int64_t{e} * sub; };
+  const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
   const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h);
   if (at.begin < at.end) {
@@ -68,10 +67,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         smem.a, slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h), key0, p.len, p.dim);
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
         smem.b, slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h), key0, p.len, p.dim);
-    const int32_t* first = slots_of(at.begin);
-    load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], q_src, first, sub, shift, p.len, p.dim);
-    load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], do_src, first, sub, shift, p.len, p.dim);
-    load_sparse_row_stats(smem.lse[0], smem.delta[0], p, b, h, first);
+    const int32_t* first = slots.of(at.begin);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], q_src, slots, first, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], do_src, slots, first, p.len, p.dim);
+    load_sparse_row_stats(smem.lse[0], smem.delta[0], p, b, h, slots, first);
     cp_async_commit();
   }
 
@@ -84,13 +83,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    const int32_t* slots = slots_of(e);  // the entry's query units
+    const int32_t* entry = slots.of(e);  // the entry's query units
     const int mask = p.tiles.col_masks[e];
     if (e + 1 < at.end) {
-      const int32_t* next = slots_of(e + 1);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], q_src, next, sub, shift, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], do_src, next, sub, shift, p.len, p.dim);
-      load_sparse_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, b, h, next);
+      const int32_t* next = slots.of(e + 1);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], q_src, slots, next, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], do_src, slots, next, p.len, p.dim);
+      load_sparse_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, b, h, slots, next);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -120,31 +119,28 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pt[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pt, k_frag, kw, q_tile, g, t, keep);
       // P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
-      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). Only
-      // the query groups in `keep`: nothing reads the others (the dV and dK products below skip
-      // their k-steps), which a warp of a block-16 layout spares most of its exponentials.
-      const SlotSpan queries = slot_span(slots, sub, shift);
+      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). In a
+      // plain entry the query groups outside `keep` get values that nothing reads (the dV and dK
+      // products below skip their k-steps); computing them costs less than per-group tests
+      // (docs/perf/block_sparse_cuda.md v9).
+      const auto queries = slots.span(entry);
       if (tile_is_plain(p, queries.first, queries.last, key0, key0 + SparseTile::kSize - 1)) {
-        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            if (!pair_kept(all, keep, j)) continue;
-            const float2 lse2 = lse_pair_log2(lse, j, t);
+        for (int j = 0; j < 8; ++j) {
+          const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
-            }
+          for (int x = 0; x < 4; ++x) {
+            pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
           }
-        });
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if (((keep >> j) & 1u) == 0) continue;
           const float2 lse2 = lse_pair_log2(lse, j, t);
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
-            const int64_t i = slot_token(slots, qc, shift), jj = key0 + kc;
+            const int64_t i = slots.token(entry, qc), jj = key0 + kc;
             const float s =
                 element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
             pt[j][x] = fast_exp2(fmaf(s, kLog2e, (x & 1) ? -lse2.y : -lse2.x));
@@ -157,14 +153,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       {
         float ds[8][4];
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, v_frag, vw, do_tile, g, t, keep);
-        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            if (!pair_kept(all, keep, j)) continue;
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
-          }
-        });
+          for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
       }
       // dK += dS^T Q (times scale when written).
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dk, pt, q_tile, g, t, keep);
@@ -182,7 +174,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   store_slice_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, h, my_keys, p.len, p.dim, t);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dq_kernel(const SparseAttentionDeviceParams p) {
   using Smem = SparseBwdSmem<T, kHeadDim>;
@@ -203,8 +195,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
 
   // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
-  const int sub = p.tiles.sub, shift = p.tiles.shift;
-  auto slots_of = [&](int e) { return p.tiles.row_slots + int64_t{e} * sub; };
+  const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
   const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
   const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
   if (at.begin < at.end) {
@@ -212,9 +203,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         smem.a, slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h), q0, p.len, p.dim);
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
         smem.b, slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h), q0, p.len, p.dim);
-    const int32_t* first = slots_of(at.begin);
-    load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], k_src, first, sub, shift, p.len, p.dim);
-    load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], v_src, first, sub, shift, p.len, p.dim);
+    const int32_t* first = slots.of(at.begin);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], k_src, slots, first, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], v_src, slots, first, p.len, p.dim);
     cp_async_commit();
   }
 
@@ -236,12 +227,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    const int32_t* slots = slots_of(e);  // the entry's key units
+    const int32_t* entry = slots.of(e);  // the entry's key units
     const int mask = p.tiles.row_masks[e];
     if (e + 1 < at.end) {
-      const int32_t* next = slots_of(e + 1);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], k_src, next, sub, shift, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], v_src, next, sub, shift, p.len, p.dim);
+      const int32_t* next = slots.of(e + 1);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], k_src, slots, next, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], v_src, slots, next, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -263,28 +254,23 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pr[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pr, q_frag, qw, smem.c[buf], g, t,
                                                             keep);
-      // P and dS only in the key groups in `keep`: nothing reads the others (the dQ product
-      // below skips their k-steps).
-      const SlotSpan keys = slot_span(slots, sub, shift);
+      // In a plain entry the key groups outside `keep` get values that nothing reads (the dQ
+      // product below skips their k-steps).
+      const auto keys = slots.span(entry);
       if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.first, keys.last)) {
-        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            if (!pair_kept(all, keep, j)) continue;
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
-            }
+          for (int x = 0; x < 4; ++x) {
+            pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
           }
-        });
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          if (((keep >> j) & 1u) == 0) continue;
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-            const int64_t i = q0 + r, jj = slot_token(slots, c, shift);
+            const int64_t i = q0 + r, jj = slots.token(entry, c);
             const float s =
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
             pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));
@@ -295,14 +281,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
         float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, do_frag, dow, smem.d[buf], g, t,
                                                               keep);
-        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            if (!pair_kept(all, keep, j)) continue;
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
-          }
-        });
+          for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
         mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dq, ds, smem.c[buf], g, t,
                                                                       keep);  // dQ += dS K
       }

@@ -52,65 +52,90 @@ __device__ __forceinline__ void load_slice_rows(T* smem, const StridedSlice& src
   }
 }
 
-// The token at position c (0..63) along the slot side of a list entry (`slots`: its sub slots,
-// common/sparse_attention_tiles.h): slot c >> shift's unit plus the offset inside it; -1 in an
-// empty slot (whose mask bits are all clear, so nothing there is kept).
-__device__ __forceinline__ int64_t slot_token(const int32_t* slots, int c, int shift) {
-  const int32_t unit = slots[c >> shift];
-  return unit < 0 ? -1 : (int64_t{unit} << shift) + (c & ((1 << shift) - 1));
-}
+// The slot side of the list entries a kernel walks (common/sparse_attention_tiles.h): entry e
+// has `sub` slots of one column (or row) unit each, ascending, -1 in empty ones (whose mask bits
+// are all clear). kPacked: layout blocks of 16 or 32, several blocks per entry, whose rows are
+// gathered one by one; otherwise one slot of a whole 64-token tile (blocks of 64 and more), a
+// contiguous slice. The kernels are instantiated for both, so that blocks of 64 and 128 carry
+// none of the gather's code (per-row slot lookups in the copies and the element path; with it
+// they ran 3-5% slower, docs/perf/block_sparse_cuda.md v10).
+template <bool kPacked>
+struct EntrySlots {
+  static constexpr int kTileShift = 6;  // log2(SparseTile::kSize)
+  const int32_t* slots;                 // [entries * sub]
+  int sub, shift;
 
-// The first and last token of an entry's slots (slots ascend; empty ones come last).
-struct SlotSpan {
-  int64_t first, last;
-};
-__device__ __forceinline__ SlotSpan slot_span(const int32_t* slots, int sub, int shift) {
-  int32_t last = slots[0];
-  for (int k = 1; k < sub; ++k)
-    if (slots[k] >= 0) last = slots[k];
-  return {int64_t{slots[0]} << shift, ((int64_t{last} + 1) << shift) - 1};
-}
+  __device__ EntrySlots(const int32_t* all, const BlockSparseDeviceIndex::Tiles& tiles)
+      : slots(all), sub(kPacked ? tiles.sub : 1), shift(kPacked ? tiles.shift : kTileShift) {}
 
-// Starts loading the 64 rows of a list entry's slot side (row r: slot_token(slots, r, shift))
-// into shared memory, as load_slice_rows: rows of empty slots, rows >= len and columns >= dim are
-// zero-filled. One slot of 64 (blocks of 64 and more) is load_slice_rows itself.
-template <typename T, int kHeadDim, int kPitch>
-__device__ __forceinline__ void load_slot_rows(T* smem, const StridedSlice& src,
-                                               const int32_t* slots, int sub, int shift,
-                                               int64_t len, int64_t dim) {
-  constexpr int kRows = SparseTile::kSize;
-  if (sub == 1) {
-    load_slice_rows<T, kRows, kHeadDim, kPitch>(smem, src, int64_t{slots[0]} << shift, len, dim);
-    return;
+  // Entry e's slots.
+  __device__ __forceinline__ const int32_t* of(int e) const {
+    return slots + (kPacked ? int64_t{e} * sub : int64_t{e});
   }
-  const T* base = static_cast<const T*>(src.base);
-  if (src.vec) {
-    // copy_rows_async's split of the copies (a fixed chunk column per thread, every kRowStep-th
-    // row), each row's source found through its slot.
-    constexpr int kChunks = kHeadDim / 8, kRowStep = SparseTile::kThreads / kChunks;
-    constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
-    const int r0 = static_cast<int>(threadIdx.x) / kChunks,
-              c = static_cast<int>(threadIdx.x) % kChunks;
-    const bool column_inside = c * 8 < dim;
-    T* dst = smem + r0 * kPitch + c * 8;
-#pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const int r = r0 + i * kRowStep;
-      if (kRows % kRowStep != 0 && r >= kRows) break;
-      const int64_t row = slot_token(slots, r, shift);
-      const bool valid = column_inside && row >= 0 && row < len;
-      cp_async_16(dst + i * kRowStep * kPitch, valid ? base + row * src.row_stride + c * 8 : base,
-                  valid ? 16 : 0);
+  // The token at position c (0..63) along the entry's slot side: slot c >> shift's unit plus the
+  // offset inside it; -1 in an empty slot.
+  __device__ __forceinline__ int64_t token(const int32_t* entry, int c) const {
+    if constexpr (kPacked) {
+      const int32_t unit = entry[c >> shift];
+      return unit < 0 ? -1 : (int64_t{unit} << shift) + (c & ((1 << shift) - 1));
+    } else {
+      return (int64_t{entry[0]} << kTileShift) + c;
     }
+  }
+  // The first and last token of the entry's slots (empty ones come last).
+  struct Span {
+    int64_t first, last;
+  };
+  __device__ __forceinline__ Span span(const int32_t* entry) const {
+    const int64_t first = int64_t{entry[0]} << shift;
+    if constexpr (!kPacked) return {first, first + (1 << kTileShift) - 1};
+    int32_t last = entry[0];
+    for (int k = 1; k < sub; ++k)
+      if (entry[k] >= 0) last = entry[k];
+    return {first, ((int64_t{last} + 1) << shift) - 1};
+  }
+};
+
+// Starts loading the 64 rows of a list entry's slot side (row r: slots.token(entry, r)) into
+// shared memory, as load_slice_rows: rows of empty slots, rows >= len and columns >= dim are
+// zero-filled. An unpacked entry is load_slice_rows itself.
+template <typename T, int kHeadDim, int kPitch, bool kPacked>
+__device__ __forceinline__ void load_slot_rows(T* smem, const StridedSlice& src,
+                                               const EntrySlots<kPacked>& slots,
+                                               const int32_t* entry, int64_t len, int64_t dim) {
+  constexpr int kRows = SparseTile::kSize;
+  if constexpr (!kPacked) {
+    load_slice_rows<T, kRows, kHeadDim, kPitch>(smem, src, slots.token(entry, 0), len, dim);
   } else {
-    const T zero = ElementTraits<T>::from_float(0.0f);
+    const T* base = static_cast<const T*>(src.base);
+    if (src.vec) {
+      // copy_rows_async's split of the copies (a fixed chunk column per thread, every kRowStep-th
+      // row), each row's source found through its slot.
+      constexpr int kChunks = kHeadDim / 8, kRowStep = SparseTile::kThreads / kChunks;
+      constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
+      const int r0 = static_cast<int>(threadIdx.x) / kChunks,
+                c = static_cast<int>(threadIdx.x) % kChunks;
+      const bool column_inside = c * 8 < dim;
+      T* dst = smem + r0 * kPitch + c * 8;
+#pragma unroll
+      for (int i = 0; i < kIters; ++i) {
+        const int r = r0 + i * kRowStep;
+        if (kRows % kRowStep != 0 && r >= kRows) break;
+        const int64_t row = slots.token(entry, r);
+        const bool valid = column_inside && row >= 0 && row < len;
+        cp_async_16(dst + i * kRowStep * kPitch, valid ? base + row * src.row_stride + c * 8 : base,
+                    valid ? 16 : 0);
+      }
+    } else {
+      const T zero = ElementTraits<T>::from_float(0.0f);
 #pragma unroll 1
-    for (int e = threadIdx.x; e < kRows * kHeadDim; e += SparseTile::kThreads) {
-      const int r = e / kHeadDim, d = e % kHeadDim;
-      const int64_t row = slot_token(slots, r, shift);
-      smem[r * kPitch + d] = (row >= 0 && row < len && d < dim)
-                                 ? base[row * src.row_stride + d * src.col_stride]
-                                 : zero;
+      for (int e = threadIdx.x; e < kRows * kHeadDim; e += SparseTile::kThreads) {
+        const int r = e / kHeadDim, d = e % kHeadDim;
+        const int64_t row = slots.token(entry, r);
+        smem[r * kPitch + d] = (row >= 0 && row < len && d < dim)
+                                   ? base[row * src.row_stride + d * src.col_stride]
+                                   : zero;
+      }
     }
   }
 }
@@ -194,13 +219,16 @@ __device__ __forceinline__ uint32_t warp_column_groups(const SparseAttentionDevi
 }
 
 // Starts copying the lse and delta of the 64 query rows of a column-list entry (row r:
-// slot_token(slots, r, shift)) of (b, h) into shared memory in the caller's cp.async group. Rows
-// of empty slots or past L get lse = -inf (probability 0) and delta = 0.
+// slots.token(entry, r)) of (b, h) into shared memory in the caller's cp.async group. Rows of
+// empty slots or past L get lse = -inf (probability 0) and delta = 0.
+template <bool kPacked>
 __device__ __forceinline__ void load_sparse_row_stats(float* lse, float* delta,
                                                       const SparseAttentionDeviceParams& p,
-                                                      int64_t b, int64_t h, const int32_t* slots) {
+                                                      int64_t b, int64_t h,
+                                                      const EntrySlots<kPacked>& slots,
+                                                      const int32_t* entry) {
   for (int r = threadIdx.x; r < SparseTile::kSize; r += SparseTile::kThreads) {
-    const int64_t q = slot_token(slots, r, p.tiles.shift);
+    const int64_t q = slots.token(entry, r);
     if (q >= 0 && q < p.len) {
       cp_async_4(lse + r, p.lse + b * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
                  4);

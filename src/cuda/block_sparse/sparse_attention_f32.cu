@@ -74,11 +74,12 @@ __device__ __forceinline__ void for_each_key(const SparseAttentionDeviceParams& 
   const auto& tl = p.tiles;
   const int64_t line = h * tl.num_tiles + i / SparseTile::kSize;
   const int r = static_cast<int>(i % SparseTile::kSize);
+  const EntrySlots<true> slots(tl.row_slots, tl);  // the general form, for any block
   for (int e = tl.row_offsets[line]; e < tl.row_offsets[line + 1]; ++e) {
-    const int32_t* slots = tl.row_slots + int64_t{e} * tl.sub;
+    const int32_t* entry = slots.of(e);
     const int mask = tl.row_masks[e];
     for (int c = 0; c < SparseTile::kSize; ++c) {
-      const int64_t j = slot_token(slots, c, tl.shift);
+      const int64_t j = slots.token(entry, c);
       if (j < 0 || !element_kept(p, mask, r, c, i, j)) continue;
       fn(j, score_of(p, dot_f32(q, p.k, p.k_stride, b, h, j, p.dim), b, h, i, j));
     }
@@ -152,11 +153,12 @@ __global__ void __launch_bounds__(kF32Threads)
     const auto& tl = p.tiles;
     const int64_t line = h * tl.num_tiles + j / SparseTile::kSize;
     const int c = static_cast<int>(j % SparseTile::kSize);
+    const EntrySlots<true> slots(tl.col_slots, tl);  // the general form, for any block
     for (int e = tl.col_offsets[line]; e < tl.col_offsets[line + 1]; ++e) {
-      const int32_t* slots = tl.col_slots + int64_t{e} * tl.sub;
+      const int32_t* entry = slots.of(e);
       const int mask = tl.col_masks[e];
       for (int r = 0; r < SparseTile::kSize; ++r) {
-        const int64_t i = slot_token(slots, r, tl.shift);
+        const int64_t i = slots.token(entry, r);
         if (i < 0 || !element_kept(p, mask, r, c, i, j)) continue;
         const float s = score_of(p, dot_f32(k, p.q, p.q_stride, b, h, i, p.dim), b, h, i, j);
         const float lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];

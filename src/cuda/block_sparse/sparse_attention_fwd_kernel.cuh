@@ -24,7 +24,7 @@ struct SparseFwdSmem {
 
 // Up to head dim 64 the kernel fits in 128 registers, so four CTAs share an SM (three at 129+,
 // the shared memory allows four).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
     sparse_attention_fwd_kernel(const SparseAttentionDeviceParams p) {
   using Smem = SparseFwdSmem<T, kHeadDim>;
@@ -47,8 +47,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   const int64_t my_rows[2] = {row0 + my_r[0], row0 + my_r[1]};
 
   // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
-  const int sub = p.tiles.sub, shift = p.tiles.shift;
-  auto slots_of = [&](int e) { return p.tiles.row_slots + int64_t{e} * sub; };
+  const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
 
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
   const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
@@ -63,22 +62,22 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
 
   if (at.begin < at.end) {
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.q, q_src, row0, p.len, p.dim);
-    const int32_t* first = slots_of(at.begin);
-    load_slot_rows<T, kHeadDim, kPitch>(smem.k[0], k_src, first, sub, shift, p.len, p.dim);
-    load_slot_rows<T, kHeadDim, kPitch>(smem.v[0], v_src, first, sub, shift, p.len, p.dim);
+    const int32_t* first = slots.of(at.begin);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.k[0], k_src, slots, first, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.v[0], v_src, slots, first, p.len, p.dim);
     cp_async_commit();
   }
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    const int32_t* slots = slots_of(e);  // the entry's key units
+    const int32_t* entry = slots.of(e);  // the entry's key units
     const int mask = p.tiles.row_masks[e];
     // Start the next tile's K and V into the other buffer (freed by the barrier that ended the
     // previous iteration), then wait for this tile's.
     if (e + 1 < at.end) {
-      const int32_t* next = slots_of(e + 1);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.k[buf ^ 1], k_src, next, sub, shift, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.v[buf ^ 1], v_src, next, sub, shift, p.len, p.dim);
+      const int32_t* next = slots.of(e + 1);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.k[buf ^ 1], k_src, slots, next, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.v[buf ^ 1], v_src, slots, next, p.len, p.dim);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -99,73 +98,64 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       float s[kScoreTiles][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kQInRegisters>(s, q_frag, qw, smem.k[buf], g,
                                                                     t, keep);
-      // The scores with their terms, and the tile's row maxima, over the column groups in `keep`:
-      // the others hold no kept element (their accumulators stayed 0, and P is set to 0 there
-      // below). Inside a kept group, removed elements (outside L, the layout's sub-blocks, the
-      // causal rule) are -inf.
+      // The scores with their terms; removed elements (outside L, the layout's blocks, the causal
+      // rule) are -inf. Then the tile's row maxima.
       float tile_max[2] = {kNegInf, kNegInf};
-      const SlotSpan keys = slot_span(slots, sub, shift);
+      const auto keys = slots.span(entry);
       if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.first, keys.last)) {
-        with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
-          for (int j = 0; j < kScoreTiles; ++j) {
-            if (!pair_kept(all, keep, j)) continue;
+        for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              s[j][x] *= p.scale;
-              tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
-            }
-          }
-        });
+          for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
+        // -inf in the column groups outside `keep` (an entry of blocks of 16 or 32), which the
+        // row maxima and sums below must not see. Setting them costs less than skipping their
+        // exponentials: per-group tests split the loops below into small blocks (measured, perf
+        // doc v9: 5-9% slower at blocks 16 and 64).
+        if (keep != 0xFFu) {
+#pragma unroll
+          for (int j = 0; j < kScoreTiles; ++j)
+            if (((keep >> j) & 1u) == 0)
+#pragma unroll
+              for (int x = 0; x < 4; ++x) s[j][x] = kNegInf;
+        }
       } else {
 #pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j) {
-          if (((keep >> j) & 1u) == 0) continue;
+        for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
             const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-            const int64_t i = row0 + r, jj = slot_token(slots, c, shift);
+            const int64_t i = row0 + r, jj = slots.token(entry, c);
             s[j][x] =
                 element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
-            tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
           }
-        }
       }
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // The four threads of a row (t = 0..3) hold its 64 columns between them.
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
       }
-      float shift_log2[2], rescale[2];
+      float rescale[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float new_max = fmaxf(row_max[r], tile_max[r]);
         // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
         // scores gives 0 instead of exp(-inf - -inf) = NaN.
-        shift_log2[r] = new_max == kNegInf ? 0.0f : new_max * kLog2e;
-        rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2[r]);
+        const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
+        rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2);
         row_max[r] = new_max;
         row_sum[r] *= rescale[r];
-      }
-      // P = exp(s - max) in the kept column groups, 0 in the others (every score there is
-      // removed): a warp of a block-16 layout keeps one or two of a tile's four groups, and the
-      // exponentials of the rest would be most of its work.
-      with_kept_pairs<kSplitKeptLoops<kHeadDim>>(keep, [&](auto all) {
 #pragma unroll
         for (int j = 0; j < kScoreTiles; ++j) {
-          if (!pair_kept(all, keep, j)) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            continue;
-          }
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2[r]));
-            s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2[r]));
-            row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
-          }
+          s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2));
+          s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
+          row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
         }
-      });
+      }
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
         o_acc[i][0] *= rescale[0];

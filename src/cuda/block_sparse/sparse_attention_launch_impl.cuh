@@ -23,12 +23,15 @@ cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cud
   return cudaGetLastError();
 }
 
+// The fused kernels come in two instantiations: packed entries (layout blocks of 16 or 32, rows
+// gathered slot by slot) and whole-tile entries (blocks of 64 and more; EntrySlots).
 template <typename T, int kHeadDim>
 cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p,
                                             cudaStream_t stream) {
-  cudaError_t e =
-      launch_sparse_1d(sparse_attention_fwd_kernel<T, kHeadDim>, p.batch * p.tiles.rows.pieces,
-                       sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
+  const auto kernel = p.tiles.sub > 1 ? sparse_attention_fwd_kernel<T, kHeadDim, true>
+                                      : sparse_attention_fwd_kernel<T, kHeadDim, false>;
+  cudaError_t e = launch_sparse_1d(kernel, p.batch * p.tiles.rows.pieces,
+                                   sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
   if (e != cudaSuccess || p.tiles.rows.num_split_lines == 0) return e;
   return launch_sparse_1d(
       sparse_attention_fwd_combine_kernel<T, kHeadDim>,
@@ -40,11 +43,14 @@ template <typename T, int kHeadDim>
 cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& p,
                                              cudaStream_t stream) {
   const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim>);
-  cudaError_t e = launch_sparse_1d(sparse_attention_dkdv_kernel<T, kHeadDim>,
+  const bool packed = p.tiles.sub > 1;
+  cudaError_t e = launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true>
+                                          : sparse_attention_dkdv_kernel<T, kHeadDim, false>,
                                    p.batch * p.tiles.cols.pieces, smem, stream, p);
   if (e != cudaSuccess) return e;
-  e = launch_sparse_1d(sparse_attention_dq_kernel<T, kHeadDim>, p.batch * p.tiles.rows.pieces, smem,
-                       stream, p);
+  e = launch_sparse_1d(packed ? sparse_attention_dq_kernel<T, kHeadDim, true>
+                              : sparse_attention_dq_kernel<T, kHeadDim, false>,
+                       p.batch * p.tiles.rows.pieces, smem, stream, p);
   if (e != cudaSuccess) return e;
   // The split lines' partials, added in piece order (each kernel reads what the kernels above
   // wrote on the same stream).

@@ -205,7 +205,11 @@ bool run_case(const Case& c) {
   p.part_dim = kHD;
   std::vector<float> fwd_part(std::max<size_t>(1, c.B * dt.rows.slots * (64 * kHD + 128)), NAN);
   p.fwd_partial = fwd_part.data();
-  launch(cuda::sparse_attention_fwd_kernel<T, kHD>, c.B * dt.rows.pieces, p);
+  // The launcher's choice of instantiation (sparse_attention_launch_impl.cuh).
+  const bool packed = dt.sub > 1;
+  launch(packed ? cuda::sparse_attention_fwd_kernel<T, kHD, true>
+                : cuda::sparse_attention_fwd_kernel<T, kHD, false>,
+         c.B * dt.rows.pieces, p);
   if (dt.rows.num_split_lines)
     launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>,
            c.B * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p);
@@ -273,8 +277,12 @@ bool run_case(const Case& c) {
   p.dq_partial = dqp.data();
   p.dk_partial = dkp.data();
   p.dv_partial = dvp.data();
-  launch(cuda::sparse_attention_dkdv_kernel<T, kHD>, c.B * dt.cols.pieces, p);
-  launch(cuda::sparse_attention_dq_kernel<T, kHD>, c.B * dt.rows.pieces, p);
+  launch(packed ? cuda::sparse_attention_dkdv_kernel<T, kHD, true>
+                : cuda::sparse_attention_dkdv_kernel<T, kHD, false>,
+         c.B * dt.cols.pieces, p);
+  launch(packed ? cuda::sparse_attention_dq_kernel<T, kHD, true>
+                : cuda::sparse_attention_dq_kernel<T, kHD, false>,
+         c.B * dt.rows.pieces, p);
   auto sum = [&](const BlockSparseDeviceIndex::TileWork& w, float* part, void* out,
                  const int64_t* st) {
     if (!w.num_split_lines) return;
