@@ -17,6 +17,11 @@ SparseAttentionTileWork split_tile_lines(const std::vector<int64_t>& offsets, in
   w.max_blocks = max_tiles;
   const int64_t lines = static_cast<int64_t>(offsets.size()) - 1;
   w.line_items.assign(static_cast<size_t>(lines + 1), 0);
+  // One piece per line is the common case; split lines append more.
+  w.item_line.reserve(static_cast<size_t>(lines));
+  w.item_begin.reserve(static_cast<size_t>(lines));
+  w.item_end.reserve(static_cast<size_t>(lines));
+  work.item_slot.reserve(static_cast<size_t>(lines));
   for (int64_t l = 0; l < lines; ++l) {
     const int64_t begin = offsets[static_cast<size_t>(l)];
     const int64_t n = offsets[static_cast<size_t>(l + 1)] - begin;
@@ -64,6 +69,27 @@ void append_line_entries(const std::vector<int64_t>& units, std::vector<int64_t>
   }
 }
 
+// Whether every head of `ix` holds head 0's blocks (a layout shared by the heads, the configs'
+// default): equal row lengths and equal columns. The column lists then agree too (they are the
+// same blocks), so head 0's entries serve every head.
+bool heads_identical(const BlockSparseIndex& ix) {
+  const int64_t H = ix.num_heads, R = ix.num_row_blocks;
+  const int64_t head_nnz = ix.row_offsets[static_cast<size_t>(R)];
+  if (head_nnz * H != ix.nnz) return false;
+  for (int64_t h = 1; h < H; ++h) {
+    const int64_t* offsets = ix.row_offsets.data() + h * R;
+    if (offsets[0] != h * head_nnz) return false;
+    for (int64_t r = 1; r <= R; ++r) {
+      if (offsets[r] - offsets[0] != ix.row_offsets[static_cast<size_t>(r)]) return false;
+    }
+    if (!std::equal(ix.col.begin(), ix.col.begin() + head_nnz,
+                    ix.col.begin() + h * head_nnz)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The row and column lists of `t` (whose geometry is set) for a layout block other than the
 // tile. Below the tile size the units are layout blocks and each line packs the units its blocks
 // use (append_line_entries); above it the units are tiles, each block spanning span x span of
@@ -76,6 +102,9 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
   const int64_t units = packed ? R : nt;  // per side
   std::vector<int64_t> unit_bits(static_cast<size_t>(units), 0);
   std::vector<int64_t> touched;
+  // A layout shared by the heads is packed once and its entries copied to the other heads (they
+  // would come out the same): BigBird at 65,536 tokens and block 16 has 16 such heads.
+  const bool shared = heads_identical(ix);
   // One direction's lists: for each line (tile row, or tile column) of each head, the units its
   // blocks use, each with the bits of the line's own blocks that use it (below the tile size; 0
   // above it), packed into entries. bit_of maps (slot, own bit) to the mask bit.
@@ -86,7 +115,7 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
     const auto most = static_cast<size_t>(ix.nnz * span * span);
     masks->reserve(most);
     slots->reserve(most * static_cast<size_t>(sub));
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = 0; h < (shared ? 1 : H); ++h) {
       for (int64_t line = 0; line < nt; ++line) {
         touched.clear();
         // The line's own block rows (or columns): those it holds, or the one covering it.
@@ -108,6 +137,19 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
         std::sort(touched.begin(), touched.end());
         append_line_entries(touched, &unit_bits, sub, bit_of, slots, masks);
         (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
+      }
+    }
+    if (shared) {
+      const auto head_entries = static_cast<int64_t>(masks->size());
+      masks->resize(static_cast<size_t>(H * head_entries));
+      slots->resize(static_cast<size_t>(H * head_entries * sub));
+      for (int64_t h = 1; h < H; ++h) {
+        std::copy_n(masks->begin(), head_entries, masks->begin() + h * head_entries);
+        std::copy_n(slots->begin(), head_entries * sub, slots->begin() + h * head_entries * sub);
+        for (int64_t line = 0; line < nt; ++line) {
+          (*offsets)[static_cast<size_t>(h * nt + line + 1)] =
+              (*offsets)[static_cast<size_t>(line + 1)] + h * head_entries;
+        }
       }
     }
   };

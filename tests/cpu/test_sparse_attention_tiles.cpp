@@ -188,6 +188,41 @@ TEST(SparseAttentionTiles, MatchBruteForceForEveryBlock) {
   }
 }
 
+// Heads that share a layout take the builder's shortcut (head 0's entries copied to the others);
+// heads that differ only slightly must not. Checked element by element as above.
+TEST(SparseAttentionTiles, SharedHeadsAndNearlySharedHeads) {
+  for (uint64_t s = 0; s < 8; ++s) {
+    const uint64_t seed = kBaseSeed + 950 + s;
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 rng(seed);
+    const int64_t block = int64_t{16} << (s % 4);
+    const int64_t N = 2 + static_cast<int64_t>(rng() % (block < 64 ? 10 : 4));
+    const int64_t H = 2 + static_cast<int64_t>(rng() % 3);
+    const Layout one = random_layout(1, N, N, 0.3, rng);
+    Layout shared = Layout::zeros(H, N, N);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t c = 0; c < N; ++c) shared.at(h, r, c) = one.at(0, r, c);
+    SCOPED_TRACE("block " + std::to_string(block) + " N " + std::to_string(N));
+    expect_tiles_of(shared, block, make_index(shared, block));
+    // The last head differs in one block of its last row.
+    Layout differs = shared;
+    differs.at(H - 1, N - 1, s % N) ^= 1;
+    if (layout_nnz(differs) > 0) expect_tiles_of(differs, block, make_index(differs, block));
+  }
+  // Same columns in the same order, but in different rows: head 0 has block (0, 1), head 1 block
+  // (1, 1); and same row lengths with different columns.
+  Layout moved = Layout::zeros(2, 4, 4);
+  moved.at(0, 0, 1) = 1;
+  moved.at(1, 1, 1) = 1;
+  expect_tiles_of(moved, 16, make_index(moved, 16));
+  expect_tiles_of(moved, 64, make_index(moved, 64));
+  Layout other_columns = Layout::zeros(2, 4, 4);
+  other_columns.at(0, 2, 0) = 1;
+  other_columns.at(1, 2, 3) = 1;
+  expect_tiles_of(other_columns, 32, make_index(other_columns, 32));
+}
+
 TEST(SparseAttentionTiles, GlobalRowIsSplitAndEmptyRowsKeepOnePiece) {
   // Block 16, 640 tokens (10 tiles): head 0 block row 0 attends to everything (a global row),
   // block rows 4..7 (tile row 1) are empty.
