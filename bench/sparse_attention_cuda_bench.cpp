@@ -5,14 +5,17 @@
 // Reports ms, TFLOP/s on the layout's blocks (forward 4 * nnz * b^2 * D per batch, backward 10x;
 // sparse_attention_*_flops), the fraction of the H200's measured 790 TFLOP/s, the density and the
 // call's extra memory. The peers (dense flash, FlexAttention) are timed by
-// bench/compare/block_sparse.py.
+// bench/compare/block_sparse.py. BM_SparseIndexBuildAndUpload times the once-per-layout metadata
+// (the index from the config and its upload) on the same machine.
 //
 //   bench_sparse_attention_cuda --benchmark_filter='layout:0/L:16384/.*'
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -162,6 +165,57 @@ void shapes(benchmark::internal::Benchmark* b) {
           for (int64_t alg : {0, 1})
             for (int64_t bwd : {0, 1}) b->Args({layout, L, block, D, alg, bwd});
 }
+
+// The metadata of one layout, paid once per layout (issue 5 asks that it take well under one
+// attention call): the index from the config (build_sparse_attention_index) and its upload
+// (upload_block_sparse_index: the tile index, the int32 packing, cudaMalloc and the blocking
+// copy). Wall time of both on the host; the counters split it. Each iteration builds a fresh
+// index, as a first call does (its arrays are new memory), and frees it outside the timing.
+// Arguments: layout (index into kModes), L, block.
+void BM_SparseIndexBuildAndUpload(benchmark::State& state) {
+  if (cuda_device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const SparsityMode mode = kModes[state.range(0)];
+  const int64_t L = state.range(1), block = state.range(2);
+  state.SetLabel(sparsity_mode_name(mode));
+  SparsityConfig config = default_sparsity_config(mode, kHeads);
+  sparsity_common(config).block = block;
+  using Clock = std::chrono::steady_clock;
+  double index_s = 0.0, upload_s = 0.0;
+  for (auto _ : state) {
+    auto index = std::make_unique<BlockSparseIndex>();
+    const auto t0 = Clock::now();
+    Status s = build_sparse_attention_index(config, L, L, index.get());
+    const auto t1 = Clock::now();
+    if (s.ok()) s = upload_block_sparse_index(index.get(), 0);
+    const auto t2 = Clock::now();
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      return;
+    }
+    index_s += std::chrono::duration<double>(t1 - t0).count();
+    upload_s += std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(std::chrono::duration<double>(t2 - t0).count());
+    index.reset();  // host arrays and device copy freed; not timed
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["index_ms"] = index_s / n * 1e3;
+  state.counters["upload_ms"] = upload_s / n * 1e3;
+}
+
+void index_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"layout", "L", "block"});
+  for (int64_t layout : {0, 1, 3})  // Fixed (25% dense) is not a sparse layout at these lengths
+    for (int64_t L : {16384, 65536})
+      for (int64_t block : {64, 16}) b->Args({layout, L, block});
+}
+
+BENCHMARK(BM_SparseIndexBuildAndUpload)
+    ->Apply(index_shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 // No MinTime here: a registered one overrides --benchmark_min_time, which scripts/gpu_suite.sh
 // sets (BENCH_MIN_TIME, default 0.2 s) so that a device run can trade precision for time.
