@@ -1,5 +1,6 @@
 // The device copy of a BlockSparseIndex that the GPU kernels read: 32-bit arrays in one CUDA
-// allocation. Host-only C++ (no CUDA headers), so the ops' dispatch point can check it; made by
+// allocation. Host-only C++ (no CUDA headers), so the ops' dispatch point can check it; packed by
+// detail::pack_block_sparse_index (common/block_sparse_device_pack.h) and copied by
 // upload_block_sparse_index (src/cuda/block_sparse/block_sparse_device_index.cu).
 #pragma once
 
@@ -10,7 +11,11 @@
 
 namespace sciattn {
 
-struct BlockSparseDeviceIndex {
+// The arrays of a device index: 32-bit copies of a BlockSparseIndex's arrays and of the fused
+// attention's tile index, as pointers into one packed buffer (detail::pack_block_sparse_index,
+// common/block_sparse_device_pack.h). On the GPU the buffer is the device allocation; the host
+// emulator of the kernels points them at the host buffer itself.
+struct BlockSparseDeviceArrays {
   // A BlockSparseWorkSplit on the device (see its comment in sciattn/block_sparse_ops.h).
   struct Split {
     int32_t pieces = 0;
@@ -20,10 +25,6 @@ struct BlockSparseDeviceIndex {
     const int32_t* item_begin = nullptr;  // [pieces]
     const int32_t* item_end = nullptr;    // [pieces]
   };
-
-  int device = -1;         // the CUDA device ordinal the arrays live on
-  void* memory = nullptr;  // the one allocation holding every array below
-  size_t bytes = 0;
 
   int32_t block = 0, num_heads = 0, num_row_blocks = 0, num_col_blocks = 0, nnz = 0;
   int32_t max_row_nnz = 0, max_col_nnz = 0;
@@ -65,6 +66,13 @@ struct BlockSparseDeviceIndex {
     TileWork rows, cols;
   };
   Tiles tiles;
+};
+
+// The device copy of an index: its arrays in one CUDA allocation, which it owns.
+struct BlockSparseDeviceIndex : BlockSparseDeviceArrays {
+  int device = -1;         // the CUDA device ordinal the arrays live on
+  void* memory = nullptr;  // the one allocation holding every array
+  size_t bytes = 0;
 
   BlockSparseDeviceIndex() = default;
   BlockSparseDeviceIndex(const BlockSparseDeviceIndex&) = delete;

@@ -13,7 +13,7 @@
 
 #include <vector>
 
-#include "common/sparse_attention_tiles.h"
+#include "common/block_sparse_device_pack.h"
 #include "cpu/block_sparse_test_util.h"
 #include "cuda/bias_type_of.h"
 
@@ -30,51 +30,16 @@ void launch(Kernel kernel, int64_t ctas, const Args&... args) {
   emu::run_grid(kernel, ctas, 128, cuda::smem_raw, sizeof(cuda::smem_raw), args...);
 }
 
-// The device index's tile arrays as the kernels read them: int32 copies of the host tile index
-// held here (as upload_block_sparse_index packs them), with the pieces of both line directions.
+// The tile arrays the kernels read: the upload's own int32 packing of the index
+// (detail::pack_block_sparse_index), read here from the host buffer it packed.
 struct EmuTiles {
-  std::vector<std::vector<int32_t>> keep;  // the arrays dt points into
+  detail::PackedBlockSparseIndex packed;
   BlockSparseDeviceIndex::Tiles dt;
+  bool ok = false;
 
-  explicit EmuTiles(const detail::SparseAttentionTiles& t) {
-    keep.reserve(64);
-    dt.sub = (int)t.sub;
-    dt.shift = (int)t.shift;
-    dt.full_mask = (int)t.full_mask;
-    dt.num_tiles = (int)t.num_tiles;
-    dt.row_entries = (int)t.row_entries;
-    dt.col_entries = (int)t.col_entries;
-    dt.row_offsets = add(t.row_offsets);
-    dt.row_slots = add(t.row_slots);
-    dt.row_masks = add(t.row_masks);
-    dt.col_offsets = add(t.col_offsets);
-    dt.col_slots = add(t.col_slots);
-    dt.col_masks = add(t.col_masks);
-    dt.rows = work(t.rows);
-    dt.cols = work(t.cols);
-  }
-  EmuTiles(const EmuTiles&) = delete;
-  EmuTiles& operator=(const EmuTiles&) = delete;
-
- private:
-  const int32_t* add(const std::vector<int64_t>& v) {
-    keep.emplace_back(v.begin(), v.end());
-    if (keep.back().empty()) keep.back().push_back(0);
-    return keep.back().data();
-  }
-  BlockSparseDeviceIndex::TileWork work(const detail::SparseAttentionTileWork& w) {
-    BlockSparseDeviceIndex::TileWork d;
-    d.pieces = (int)w.split.pieces();
-    d.max_tiles = (int)w.split.max_blocks;
-    d.slots = (int)w.slots;
-    d.num_split_lines = (int)w.split_lines.size();
-    d.line_items = add(w.split.line_items);
-    d.item_line = add(w.split.item_line);
-    d.item_begin = add(w.split.item_begin);
-    d.item_end = add(w.split.item_end);
-    d.item_slot = add(w.item_slot);
-    d.split_lines = add(w.split_lines);
-    return d;
+  explicit EmuTiles(const BlockSparseIndex& ix) {
+    ok = detail::pack_block_sparse_index(ix, &packed).ok();
+    if (ok) dt = packed.at(packed.data()).tiles;
   }
 };
 
@@ -104,9 +69,8 @@ bool run_case(const Case& c) {
   }
   BlockSparseIndex ix = make_index(layout, c.block);
   if (c.split) split_block_sparse_work(c.split, &ix);
-  detail::SparseAttentionTiles tiles;
-  if (!detail::build_sparse_attention_tiles(ix, &tiles).ok()) return false;
-  const EmuTiles emu_tiles(tiles);
+  const EmuTiles emu_tiles(ix);
+  if (!emu_tiles.ok) return false;
   const BlockSparseDeviceIndex::Tiles& dt = emu_tiles.dt;
 
   const std::vector<int64_t> sizes = {c.B, c.H, L, c.D};
@@ -310,9 +274,8 @@ bool run_f32(const Case& c) {
   const int64_t L = c.N * c.block;
   sciattn::Layout layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
   BlockSparseIndex ix = make_index(layout, c.block);
-  detail::SparseAttentionTiles tiles;
-  if (!detail::build_sparse_attention_tiles(ix, &tiles).ok()) return false;
-  const EmuTiles emu_tiles(tiles);
+  const EmuTiles emu_tiles(ix);
+  if (!emu_tiles.ok) return false;
   const BlockSparseDeviceIndex::Tiles& dt = emu_tiles.dt;
   const std::vector<int64_t> sizes = {c.B, c.H, L, c.D};
   HostTensor q = HostTensor::packed(DType::kF32, sizes),

@@ -1,0 +1,170 @@
+// Packs a BlockSparseIndex and its tile index into the int32 buffer of a device index (see
+// block_sparse_device_pack.h). Host-only common layer.
+#include "common/block_sparse_device_pack.h"
+
+#include <utility>
+
+#include "common/int32_packer.h"
+#include "common/sparse_attention_tiles.h"
+
+namespace sciattn::detail {
+namespace {
+
+// Calls fn(pointer) for every array pointer of `a`: the one list that `at` rebases.
+template <typename Fn>
+void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
+  for (const int32_t** p : {&a.head, &a.row, &a.col, &a.row_offsets, &a.col_offsets, &a.col_rows,
+                            &a.col_blocks}) {
+    fn(p);
+  }
+  for (BlockSparseDeviceArrays::Split* s : {&a.row_split, &a.col_split}) {
+    for (const int32_t** p : {&s->line_items, &s->item_line, &s->item_begin, &s->item_end}) fn(p);
+  }
+  BlockSparseDeviceArrays::Tiles& t = a.tiles;
+  for (const int32_t** p : {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets,
+                            &t.col_slots, &t.col_masks}) {
+    fn(p);
+  }
+  for (BlockSparseDeviceArrays::TileWork* w : {&t.rows, &t.cols}) {
+    for (const int32_t** p : {&w->line_items, &w->item_line, &w->item_begin, &w->item_end,
+                              &w->item_slot, &w->split_lines}) {
+      fn(p);
+    }
+  }
+}
+
+// The element offsets of a split's arrays in the packer, as the pointers they will become.
+struct SplitOffsets {
+  size_t line_items, item_line, item_begin, item_end;
+};
+SplitOffsets add_split(Int32Packer& packer, const BlockSparseWorkSplit& s) {
+  return {packer.add(s.line_items), packer.add(s.item_line), packer.add(s.item_begin),
+          packer.add(s.item_end)};
+}
+BlockSparseDeviceArrays::Split split_at(const int32_t* base, const SplitOffsets& o,
+                                        const BlockSparseWorkSplit& s) {
+  BlockSparseDeviceArrays::Split d;
+  d.pieces = static_cast<int32_t>(s.pieces());
+  d.max_blocks = static_cast<int32_t>(s.max_blocks);
+  d.line_items = base + o.line_items;
+  d.item_line = base + o.item_line;
+  d.item_begin = base + o.item_begin;
+  d.item_end = base + o.item_end;
+  return d;
+}
+
+struct TileWorkOffsets {
+  size_t line_items, item_line, item_begin, item_end, item_slot, split_lines;
+};
+TileWorkOffsets add_tile_work(Int32Packer& packer, const SparseAttentionTileWork& w) {
+  return {packer.add(w.split.line_items), packer.add(w.split.item_line),
+          packer.add(w.split.item_begin), packer.add(w.split.item_end),
+          packer.add(w.item_slot),        packer.add(w.split_lines)};
+}
+BlockSparseDeviceArrays::TileWork tile_work_at(const int32_t* base, const TileWorkOffsets& o,
+                                               const SparseAttentionTileWork& w) {
+  BlockSparseDeviceArrays::TileWork d;
+  d.pieces = static_cast<int32_t>(w.split.pieces());
+  d.max_tiles = static_cast<int32_t>(w.split.max_blocks);
+  d.slots = static_cast<int32_t>(w.slots);
+  d.num_split_lines = static_cast<int32_t>(w.split_lines.size());
+  d.line_items = base + o.line_items;
+  d.item_line = base + o.item_line;
+  d.item_begin = base + o.item_begin;
+  d.item_end = base + o.item_end;
+  d.item_slot = base + o.item_slot;
+  d.split_lines = base + o.split_lines;
+  return d;
+}
+
+}  // namespace
+
+BlockSparseDeviceArrays PackedBlockSparseIndex::at(const int32_t* base) const {
+  BlockSparseDeviceArrays a = arrays_;
+  const int32_t* own = data_.get();
+  for_each_array(a, [&](const int32_t** p) { *p = base + (*p - own); });
+  return a;
+}
+
+Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseIndex* out) {
+  if (out == nullptr) return Status::invalid_argument("out is a null pointer");
+  if (ix.block < 1 ||
+      static_cast<int64_t>(ix.row_offsets.size()) != ix.num_heads * ix.num_row_blocks + 1) {
+    return Status::invalid_argument(
+        "index has not been built; build it with build_block_sparse_index first");
+  }
+  // The arrays are registered (offsets fixed), then converted into one buffer in one pass.
+  Int32Packer packer;
+  const size_t head = packer.add(ix.head), row = packer.add(ix.row), col = packer.add(ix.col);
+  const size_t row_offsets = packer.add(ix.row_offsets);
+  const size_t col_offsets = packer.add(ix.col_offsets);
+  const size_t col_rows = packer.add(ix.col_rows), col_blocks = packer.add(ix.col_blocks);
+  const SplitOffsets row_split = add_split(packer, ix.row_split);
+  const SplitOffsets col_split = add_split(packer, ix.col_split);
+  // The fused attention's tiles, for square layouts (sparse self-attention); the MatMul and
+  // Softmax ops also take rectangular ones, which get none.
+  SparseAttentionTiles tiles;
+  const bool with_tiles = ix.num_row_blocks == ix.num_col_blocks;
+  if (with_tiles) {
+    const Status built = build_sparse_attention_tiles(ix, &tiles);
+    if (!built.ok()) return built;
+  }
+  const size_t tile_row_offsets = packer.add(tiles.row_offsets);
+  const size_t tile_row_slots = packer.add(tiles.row_slots);
+  const size_t tile_row_masks = packer.add(tiles.row_masks);
+  const size_t tile_col_offsets = packer.add(tiles.col_offsets);
+  const size_t tile_col_slots = packer.add(tiles.col_slots);
+  const size_t tile_col_masks = packer.add(tiles.col_masks);
+  const TileWorkOffsets tile_rows = add_tile_work(packer, tiles.rows);
+  const TileWorkOffsets tile_cols = add_tile_work(packer, tiles.cols);
+
+  PackedBlockSparseIndex p;
+  p.size_ = packer.size();
+  p.data_.reset(new int32_t[p.size_ > 0 ? p.size_ : 1]);
+  if (!packer.pack(p.data_.get())) {
+    return Status::invalid_argument(
+        "index has a count that does not fit the GPU kernels' 32-bit "
+        "indexes (at most 2^31 - 1 blocks per dimension and in all)");
+  }
+  const int32_t* base = p.data_.get();
+  BlockSparseDeviceArrays& a = p.arrays_;
+  a.block = static_cast<int32_t>(ix.block);
+  a.num_heads = static_cast<int32_t>(ix.num_heads);
+  a.num_row_blocks = static_cast<int32_t>(ix.num_row_blocks);
+  a.num_col_blocks = static_cast<int32_t>(ix.num_col_blocks);
+  a.nnz = static_cast<int32_t>(ix.nnz);
+  a.max_row_nnz = static_cast<int32_t>(ix.max_row_nnz);
+  a.max_col_nnz = static_cast<int32_t>(ix.max_col_nnz);
+  a.head = base + head;
+  a.row = base + row;
+  a.col = base + col;
+  a.row_offsets = base + row_offsets;
+  a.col_offsets = base + col_offsets;
+  a.col_rows = base + col_rows;
+  a.col_blocks = base + col_blocks;
+  a.row_split = split_at(base, row_split, ix.row_split);
+  a.col_split = split_at(base, col_split, ix.col_split);
+  // Without tiles the tile arrays stay empty (num_tiles 0); their pointers still point into the
+  // buffer, at the end of the index's arrays, so that `at` rebases every pointer alike.
+  BlockSparseDeviceArrays::Tiles& t = a.tiles;
+  if (with_tiles) {
+    t.sub = static_cast<int32_t>(tiles.sub);
+    t.shift = static_cast<int32_t>(tiles.shift);
+    t.full_mask = static_cast<int32_t>(tiles.full_mask);
+    t.num_tiles = static_cast<int32_t>(tiles.num_tiles);
+    t.row_entries = static_cast<int32_t>(tiles.row_entries);
+    t.col_entries = static_cast<int32_t>(tiles.col_entries);
+  }
+  t.row_offsets = base + tile_row_offsets;
+  t.row_slots = base + tile_row_slots;
+  t.row_masks = base + tile_row_masks;
+  t.col_offsets = base + tile_col_offsets;
+  t.col_slots = base + tile_col_slots;
+  t.col_masks = base + tile_col_masks;
+  t.rows = tile_work_at(base, tile_rows, tiles.rows);
+  t.cols = tile_work_at(base, tile_cols, tiles.cols);
+  *out = std::move(p);
+  return Status::ok_status();
+}
+
+}  // namespace sciattn::detail

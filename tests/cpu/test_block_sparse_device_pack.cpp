@@ -1,0 +1,129 @@
+// Tests of the host step of the block-sparse index upload (src/common/block_sparse_device_pack.h):
+// every array of the index and of its tile index lands in the int32 buffer unchanged, on 16-byte
+// boundaries, and `at` moves every pointer to another copy of the buffer. Test layer (tests/cpu).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "block_sparse_test_util.h"
+#include "common/block_sparse_device_pack.h"
+#include "common/sparse_attention_tiles.h"
+
+namespace sciattn {
+namespace {
+
+using namespace sciattn::bstest;
+
+void expect_array(const int32_t* got, const std::vector<int64_t>& want, const int32_t* base,
+                  size_t size, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_GE(got, base);
+  EXPECT_EQ((got - base) % 4, 0) << "not on a 16-byte boundary";
+  ASSERT_LE(static_cast<size_t>(got - base) + want.size(), size) << "past the buffer";
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "element " << i;
+  }
+}
+
+void expect_split(const BlockSparseDeviceArrays::Split& d, const BlockSparseWorkSplit& s,
+                  const int32_t* base, size_t size, const std::string& what) {
+  EXPECT_EQ(d.pieces, s.pieces()) << what;
+  EXPECT_EQ(d.max_blocks, s.max_blocks) << what;
+  expect_array(d.line_items, s.line_items, base, size, what + " line_items");
+  expect_array(d.item_line, s.item_line, base, size, what + " item_line");
+  expect_array(d.item_begin, s.item_begin, base, size, what + " item_begin");
+  expect_array(d.item_end, s.item_end, base, size, what + " item_end");
+}
+
+void expect_work(const BlockSparseDeviceArrays::TileWork& d,
+                 const detail::SparseAttentionTileWork& w, const int32_t* base, size_t size,
+                 const std::string& what) {
+  EXPECT_EQ(d.pieces, w.split.pieces()) << what;
+  EXPECT_EQ(d.max_tiles, w.split.max_blocks) << what;
+  EXPECT_EQ(d.slots, w.slots) << what;
+  EXPECT_EQ(d.num_split_lines, static_cast<int64_t>(w.split_lines.size())) << what;
+  expect_array(d.line_items, w.split.line_items, base, size, what + " line_items");
+  expect_array(d.item_line, w.split.item_line, base, size, what + " item_line");
+  expect_array(d.item_begin, w.split.item_begin, base, size, what + " item_begin");
+  expect_array(d.item_end, w.split.item_end, base, size, what + " item_end");
+  expect_array(d.item_slot, w.item_slot, base, size, what + " item_slot");
+  expect_array(d.split_lines, w.split_lines, base, size, what + " split_lines");
+}
+
+// The arrays of `a` (pointing into base[0, size)) hold the index's and its tile index's values.
+void expect_packed(const BlockSparseDeviceArrays& a, const BlockSparseIndex& ix,
+                   const int32_t* base, size_t size) {
+  EXPECT_EQ(a.block, ix.block);
+  EXPECT_EQ(a.num_heads, ix.num_heads);
+  EXPECT_EQ(a.num_row_blocks, ix.num_row_blocks);
+  EXPECT_EQ(a.num_col_blocks, ix.num_col_blocks);
+  EXPECT_EQ(a.nnz, ix.nnz);
+  EXPECT_EQ(a.max_row_nnz, ix.max_row_nnz);
+  EXPECT_EQ(a.max_col_nnz, ix.max_col_nnz);
+  expect_array(a.head, ix.head, base, size, "head");
+  expect_array(a.row, ix.row, base, size, "row");
+  expect_array(a.col, ix.col, base, size, "col");
+  expect_array(a.row_offsets, ix.row_offsets, base, size, "row_offsets");
+  expect_array(a.col_offsets, ix.col_offsets, base, size, "col_offsets");
+  expect_array(a.col_rows, ix.col_rows, base, size, "col_rows");
+  expect_array(a.col_blocks, ix.col_blocks, base, size, "col_blocks");
+  expect_split(a.row_split, ix.row_split, base, size, "row_split");
+  expect_split(a.col_split, ix.col_split, base, size, "col_split");
+  if (ix.num_row_blocks != ix.num_col_blocks) {
+    EXPECT_EQ(a.tiles.num_tiles, 0) << "a rectangular layout has no tile index";
+    return;
+  }
+  detail::SparseAttentionTiles t;
+  ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+  const BlockSparseDeviceArrays::Tiles& d = a.tiles;
+  EXPECT_EQ(d.sub, t.sub);
+  EXPECT_EQ(d.shift, t.shift);
+  EXPECT_EQ(d.full_mask, t.full_mask);
+  EXPECT_EQ(d.num_tiles, t.num_tiles);
+  EXPECT_EQ(d.row_entries, t.row_entries);
+  EXPECT_EQ(d.col_entries, t.col_entries);
+  expect_array(d.row_offsets, t.row_offsets, base, size, "tile row_offsets");
+  expect_array(d.row_slots, t.row_slots, base, size, "tile row_slots");
+  expect_array(d.row_masks, t.row_masks, base, size, "tile row_masks");
+  expect_array(d.col_offsets, t.col_offsets, base, size, "tile col_offsets");
+  expect_array(d.col_slots, t.col_slots, base, size, "tile col_slots");
+  expect_array(d.col_masks, t.col_masks, base, size, "tile col_masks");
+  expect_work(d.rows, t.rows, base, size, "tile rows");
+  expect_work(d.cols, t.cols, base, size, "tile cols");
+}
+
+TEST(BlockSparseDevicePack, EveryArrayLandsInTheBufferAndMovesWithIt) {
+  for (uint64_t s = 0; s < 8; ++s) {
+    const uint64_t seed = kBaseSeed + 1100 + s;
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 rng(seed);
+    const int64_t block = int64_t{16} << (s % 4);
+    const int64_t R = 2 + static_cast<int64_t>(rng() % 9);
+    const int64_t C = s % 3 == 2 ? R + 1 : R;  // some rectangular (no tiles)
+    const Layout layout = random_layout(1 + static_cast<int64_t>(rng() % 3), R, C, 0.3, rng);
+    BlockSparseIndex ix = make_index(layout, block);
+    if (s % 2 == 1) {
+      ASSERT_TRUE(split_block_sparse_work(1, &ix).ok());  // split lines too
+    }
+    detail::PackedBlockSparseIndex packed;
+    ASSERT_TRUE(detail::pack_block_sparse_index(ix, &packed).ok());
+    expect_packed(packed.at(packed.data()), ix, packed.data(), packed.size());
+    // Another copy of the buffer (the device's, on the GPU): every pointer follows.
+    const std::vector<int32_t> copy(packed.data(), packed.data() + packed.size());
+    expect_packed(packed.at(copy.data()), ix, copy.data(), copy.size());
+  }
+}
+
+TEST(BlockSparseDevicePack, RefusesAnUnbuiltIndex) {
+  detail::PackedBlockSparseIndex packed;
+  const Status s = detail::pack_block_sparse_index(BlockSparseIndex{}, &packed);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("index has not been built"), std::string::npos) << s.message();
+  EXPECT_FALSE(detail::pack_block_sparse_index(BlockSparseIndex{}, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace sciattn
