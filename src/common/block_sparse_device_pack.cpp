@@ -13,16 +13,16 @@ namespace {
 // Calls fn(pointer) for every array pointer of `a`: the one list that `at` rebases.
 template <typename Fn>
 void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
-  for (const int32_t** p : {&a.head, &a.row, &a.col, &a.row_offsets, &a.col_offsets, &a.col_rows,
-                            &a.col_blocks}) {
+  for (const int32_t** p :
+       {&a.head, &a.row, &a.col, &a.row_offsets, &a.col_offsets, &a.col_rows, &a.col_blocks}) {
     fn(p);
   }
   for (BlockSparseDeviceArrays::Split* s : {&a.row_split, &a.col_split}) {
     for (const int32_t** p : {&s->line_items, &s->item_line, &s->item_begin, &s->item_end}) fn(p);
   }
   BlockSparseDeviceArrays::Tiles& t = a.tiles;
-  for (const int32_t** p : {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets,
-                            &t.col_slots, &t.col_masks}) {
+  for (const int32_t** p :
+       {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets, &t.col_slots, &t.col_masks}) {
     fn(p);
   }
   for (BlockSparseDeviceArrays::TileWork* w : {&t.rows, &t.cols}) {

@@ -82,8 +82,7 @@ bool heads_identical(const BlockSparseIndex& ix) {
     for (int64_t r = 1; r <= R; ++r) {
       if (offsets[r] - offsets[0] != ix.row_offsets[static_cast<size_t>(r)]) return false;
     }
-    if (!std::equal(ix.col.begin(), ix.col.begin() + head_nnz,
-                    ix.col.begin() + h * head_nnz)) {
+    if (!std::equal(ix.col.begin(), ix.col.begin() + head_nnz, ix.col.begin() + h * head_nnz)) {
       return false;
     }
   }
