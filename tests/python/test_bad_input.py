@@ -92,6 +92,15 @@ def test_sparse_ops_bad_input(device):
         MatMul(layout, 8, "sdd")
     with pytest.raises(ValueError, match="layout must hold only 0s and 1s"):
         MatMul(layout * 3, 16, "sdd")
+    # The check sees a single bad entry, below 0 or above 1, in any integer dtype; bool layouts
+    # need none.
+    for bad, dtype in ((-1, torch.int8), (2, torch.uint8), (256, torch.int32), (-7, torch.int64),
+                       (2**40, torch.int64)):
+        wrong = layout.to(dtype).clone()
+        wrong[0, 1, 0] = bad
+        with pytest.raises(ValueError, match="layout must hold only 0s and 1s"):
+            Softmax(wrong, 16)
+    assert Softmax(layout.bool(), 16).nnz == int(layout.sum())
     with pytest.raises(TypeError, match="layout must be an integer"):
         Softmax(layout.float(), 16)
     mm = MatMul(layout, 16, "sdd")

@@ -49,13 +49,16 @@ class SparseSelfAttention(nn.Module):
         self._algorithm = _checks.choice(algorithm, "algorithm", ATTENTION_ALGORITHMS)
         self.block = block_size(sparsity_config.block, "sparsity_config.block")
         master_layout = sparsity_config.make_layout(max_seq_length)
-        layout, _ = prepare_layout(master_layout, "sparsity_config.make_layout(max_seq_length)")
+        layout, _ = prepare_layout(master_layout, "sparsity_config.make_layout(max_seq_length)",
+                                   count=False)
         n_blocks = max_seq_length // self.block
         if layout.shape[1:] != (n_blocks, n_blocks):
             raise ValueError(f"sparsity_config.make_layout({max_seq_length}) must have shape "
                              f"[H, {n_blocks}, {n_blocks}]; got {list(layout.shape)}")
-        # The buffer DeepSpeed saves in checkpoints; the ops read a CPU copy of it.
-        self.register_buffer("master_layout", layout.clone())
+        # The buffer DeepSpeed saves in checkpoints (make_layout's tensor itself, as in DeepSpeed:
+        # no copy, which at 65,536 tokens and block 16 would be another 2.1 GB); the ops read a
+        # uint8 CPU copy of it.
+        self.register_buffer("master_layout", layout)
         self._set_layout(layout, checked=True)
 
     def _set_layout(self, layout, checked=False):
@@ -63,7 +66,7 @@ class SparseSelfAttention(nn.Module):
         # and 16 heads an int64 copy is 134 MB, 2.1 GB at block 16. A layout from a checkpoint is
         # checked first, since narrowing would turn a value such as 256 into 0.
         if not checked:
-            layout, _ = prepare_layout(layout, "master_layout")
+            layout, _ = prepare_layout(layout, "master_layout", count=False)
         self._layout_cpu = layout.detach().to("cpu", torch.uint8).contiguous()
         self._crop_nnz = _crop_nnz(self._layout_cpu)
         # One crop (a view) per length, kept: the ops cache the layout's index (and its copy on
