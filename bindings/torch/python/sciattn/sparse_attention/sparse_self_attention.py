@@ -10,9 +10,8 @@ from .sparsity_config import SparsityConfig
 
 def _crop_nnz(layout):
     """nnz of the top-left n x n crop of every head, for n = 0..N (one 2-D prefix sum)."""
-    n_blocks = layout.shape[1]
     prefix = layout.sum(0).cumsum(0).cumsum(1)  # [N, N]
-    return [0] + [int(prefix[n - 1, n - 1]) for n in range(1, n_blocks + 1)]
+    return [0] + prefix.diagonal().tolist()
 
 
 def _expand(t, name, shape):
