@@ -185,7 +185,7 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
 }
 
 // Whether an entry (queries first_row..last_row, keys first_col..last_col: the contiguous side
-// and the slot_span of the packed one) needs no per-element work: it lies inside L x L, off the
+// and the EntrySlots span of the slot side) needs no per-element work: it lies inside L x L, off the
 // causal diagonal (or the call is not causal) and no score term applies. Then the only removed
 // elements are the layout's: a warp's 16 rows lie in one block row of the entry (blocks are 16
 // or larger), so its element (r, c) is kept exactly when c's 16-column group is in the warp's
