@@ -185,8 +185,8 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
 }
 
 // Whether an entry (queries first_row..last_row, keys first_col..last_col: the contiguous side
-// and the EntrySlots span of the slot side) needs no per-element work: it lies inside L x L, off the
-// causal diagonal (or the call is not causal) and no score term applies. Then the only removed
+// and the EntrySlots span of the slot side) needs no per-element work: it lies inside L x L, off
+// the causal diagonal (or the call is not causal) and no score term applies. Then the only removed
 // elements are the layout's: a warp's 16 rows lie in one block row of the entry (blocks are 16
 // or larger), so its element (r, c) is kept exactly when c's 16-column group is in the warp's
 // warp_column_groups mask; the score is dot * scale there. True for every entry of the usual
