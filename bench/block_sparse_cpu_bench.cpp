@@ -16,7 +16,8 @@
 #include <random>
 #include <vector>
 
-#include "common/sparse_attention_tiles.h"  // the host step of the index upload (part 4)
+#include "common/block_sparse_device_pack.h"  // the host step of the index upload (part 5)
+#include "common/sparse_attention_tiles.h"    // its tile index (part 4)
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/evoformer.h"
@@ -266,7 +267,8 @@ BENCHMARK(BM_BuildIndex)
 // block, part (0 build_sparse_attention_index, 1 make_layout_for_length, 2
 // build_block_sparse_index, 3 both dense steps in one call sequence, 4 the host step of
 // upload_block_sparse_index: the GPU kernels' tile index of the built index,
-// detail::build_sparse_attention_tiles).
+// detail::build_sparse_attention_tiles, 5 the whole host step of the upload: the tile index and
+// the int32 packing, detail::pack_block_sparse_index, with the packed bytes as a counter).
 void BM_BuildIndexFromConfig(benchmark::State& state) {
   constexpr int64_t kTokens = 65536, kIndexHeads = 16;
   const int64_t block = state.range(1);
@@ -282,7 +284,9 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
   }
   BlockSparseIndex index;
   detail::SparseAttentionTiles tiles;
-  if (part == 4 && !build_sparse_attention_index(config, kTokens, kTokens, &index).ok()) {
+  detail::PackedBlockSparseIndex packed;
+  if ((part == 4 || part == 5) &&
+      !build_sparse_attention_index(config, kTokens, kTokens, &index).ok()) {
     state.SkipWithError("build_sparse_attention_index failed");
     return;
   }
@@ -298,6 +302,9 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
     } else if (part == 4) {
       s = detail::build_sparse_attention_tiles(index, &tiles);
       benchmark::DoNotOptimize(tiles.row_slots.data());
+    } else if (part == 5) {
+      s = detail::pack_block_sparse_index(index, &packed);
+      benchmark::DoNotOptimize(packed.data());
     } else {
       s = make_layout_for_length(config, kTokens, kTokens, &layout);
       if (s.ok()) s = build_block_sparse_index(layout, block, &index);
@@ -309,11 +316,12 @@ void BM_BuildIndexFromConfig(benchmark::State& state) {
     benchmark::DoNotOptimize(index.nnz);
   }
   if (part != 1) state.counters["nnz"] = static_cast<double>(index.nnz);
+  if (part == 5) state.counters["MB"] = static_cast<double>(packed.size() * sizeof(int32_t)) / 1e6;
 }
 
 BENCHMARK(BM_BuildIndexFromConfig)
     ->ArgNames({"config", "block", "part"})
-    ->ArgsProduct({{0, 1, 2, 3}, {64, 16}, {0, 1, 2, 3, 4}})
+    ->ArgsProduct({{0, 1, 2, 3}, {64, 16}, {0, 1, 2, 3, 4, 5}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.3);

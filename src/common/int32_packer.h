@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 namespace sciattn::detail {
@@ -33,7 +32,11 @@ class Int32Packer {
   // Converts every registered array into `data` (room for size() elements; padding is written as
   // 0). Returns false, leaving `data` unspecified, when a value does not fit in int32.
   bool pack(int32_t* data) const {
-    int64_t lo = 0, hi = 0;
+    // A value v fits in int32 exactly when v + 2^31 (in unsigned 64-bit arithmetic, which wraps
+    // instead of overflowing) is below 2^32: the high halves of those sums, OR-ed, are zero. An
+    // add, a shift and an OR per value vectorise, where a running min / max (a compare-and-move
+    // chain from one value to the next) ran at ~1 ns per value.
+    uint64_t high_bits = 0;
     size_t end = 0;  // the end of the previous array, where its padding starts
     for (const Array& a : arrays_) {
       std::memset(data + end, 0, (a.offset - end) * sizeof(int32_t));
@@ -41,17 +44,17 @@ class Int32Packer {
       int32_t* dst = data + a.offset;
       const size_t n = a.values->size();
       for (size_t i = 0; i < n; ++i) {
-        lo = src[i] < lo ? src[i] : lo;
-        hi = src[i] > hi ? src[i] : hi;
+        high_bits |= (static_cast<uint64_t>(src[i]) + kInt32Bias) >> 32;
         dst[i] = static_cast<int32_t>(src[i]);
       }
       end = a.offset + n;
     }
     std::memset(data + end, 0, (size_ - end) * sizeof(int32_t));
-    return lo >= std::numeric_limits<int32_t>::min() && hi <= std::numeric_limits<int32_t>::max();
+    return high_bits == 0;
   }
 
  private:
+  static constexpr uint64_t kInt32Bias = uint64_t{1} << 31;  // -INT32_MIN
   struct Array {
     const std::vector<int64_t>* values;
     size_t offset;

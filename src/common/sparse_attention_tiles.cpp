@@ -25,18 +25,25 @@ SparseAttentionTileWork split_tile_lines(const std::vector<int64_t>& offsets, in
   for (int64_t l = 0; l < lines; ++l) {
     const int64_t begin = offsets[static_cast<size_t>(l)];
     const int64_t n = offsets[static_cast<size_t>(l + 1)] - begin;
-    const int64_t pieces = std::max<int64_t>(1, (n + max_tiles - 1) / max_tiles);
+    if (n <= max_tiles) {  // one piece (most lines): no divisions
+      w.item_line.push_back(l);
+      w.item_begin.push_back(begin);
+      w.item_end.push_back(begin + n);
+      work.item_slot.push_back(-1);
+      w.line_items[static_cast<size_t>(l + 1)] = w.line_items[static_cast<size_t>(l)] + 1;
+      w.max_pieces_per_line = std::max<int64_t>(w.max_pieces_per_line, 1);
+      continue;
+    }
+    const int64_t pieces = (n + max_tiles - 1) / max_tiles;
     for (int64_t k = 0; k < pieces; ++k) {
       w.item_line.push_back(l);
       w.item_begin.push_back(begin + n * k / pieces);
       w.item_end.push_back(begin + n * (k + 1) / pieces);
-      work.item_slot.push_back(pieces > 1 ? work.slots++ : -1);
+      work.item_slot.push_back(work.slots++);
     }
     w.line_items[static_cast<size_t>(l + 1)] = w.line_items[static_cast<size_t>(l)] + pieces;
-    if (pieces > 1) {
-      ++w.split_lines;
-      work.split_lines.push_back(l);
-    }
+    ++w.split_lines;
+    work.split_lines.push_back(l);
     w.max_pieces_per_line = std::max(w.max_pieces_per_line, pieces);
   }
   return work;
