@@ -5,7 +5,7 @@
 #   Google Benchmark of the kernels, and the peer comparisons (bench/compare/evoformer.py and
 #   bench/compare/block_sparse.py).
 # Usage on the GPU machine:
-#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|bench|compare|sparse|sparse_compare|
+#   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|sass|bench|compare|sparse|sparse_compare|
 #                         sparse_sanitize|sparse_profile|python|all]...
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
@@ -89,6 +89,22 @@ if want stalls && [ -x "$bin/bench_evoformer_cuda" ]; then
     "$bin/bench_evoformer_cuda" --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' \
     --benchmark_min_time=0.001 > "$out/ncu_stalls.log" 2>&1
   grep -E "^  [a-z_]+.*evoformer|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per|Stall|Warp Cycles Per Issued|Executed Ipc A|Theoretical Occ" "$out/ncu_stalls.log" | cut -c1-120 | head -80
+fi
+if [[ " ${what[*]} " == *" sass "* ]] && [ -x "$bin/bench_evoformer_cuda" ]; then
+  # Only when named (not part of `all`). Executed count of every SASS instruction of each kernel of one forward + backward (triangle
+  # 384, bf16): which instructions of the generic code actually run, per tile. The per-kernel
+  # CSVs (source page) and the per-opcode summary come back xz-compressed.
+  echo "== executed SASS (ncu source counters)"
+  ncu --clock-control none --section SourceCounters --section InstructionStats -k regex:evoformer \
+    --launch-count 6 -f -o "$out/sass" "$bin/bench_evoformer_cuda" \
+    --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' --benchmark_min_time=0.001 \
+    > "$out/ncu_sass_run.log" 2>&1 || status=1
+  ncu -i "$out/sass.ncu-rep" --page source --csv --print-source sass > "$out/sass_source.csv" \
+    2> "$out/sass_source.err" || status=1
+  ncu -i "$out/sass.ncu-rep" --page details --print-details all > "$out/sass_details.log" 2>&1
+  xz -T4 -6 "$out/sass_source.csv" "$out/sass_details.log"
+  rm -f "$out/sass.ncu-rep"
+  ls -la "$out" | grep sass
 fi
 if want bench && [ -x "$bin/bench_evoformer_cuda" ]; then
   echo "== Google Benchmark"

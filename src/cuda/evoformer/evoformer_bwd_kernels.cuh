@@ -24,6 +24,7 @@
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/attention_delta.cuh"
 #include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/evoformer/evoformer_tile_stream.cuh"
 
 namespace sciattn::cuda {
 
@@ -195,27 +196,6 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
   }
 }
 
-// Starts copying the lse and delta of query rows [q0, q0 + kRows) into shared memory, in the
-// caller's cp.async group (plain loads here would stall every thread at the next barrier).
-// Rows past L get lse = +inf and delta = 0, so that their P = exp2(x - inf) is exactly 0 whatever
-// the biases are, and a padded row adds nothing anywhere without a per-element check.
-template <int kRows = EvoformerBwdTile::kBlock, int kThreads = EvoformerBwdTile::kThreads>
-__device__ __forceinline__ void load_row_stats(float* lse, float* delta,
-                                               const EvoformerDeviceParams& p, int64_t bn,
-                                               int64_t h, int64_t q0) {
-  for (int r = threadIdx.x; r < kRows; r += kThreads) {
-    const int64_t q = q0 + r;
-    if (q < p.len) {
-      cp_async_4(lse + r, p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
-                 4);
-      cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q, 4);
-    } else {
-      lse[r] = __builtin_huge_valf();
-      delta[r] = 0.0f;
-    }
-  }
-}
-
 // The 1-D grid of the per-(tile, h, b*n) kernels, decoded (so that B*N is not bounded by a grid
 // dimension's 65535): tile fastest, then h, then b*n.
 struct TileHeadSlice {
@@ -266,18 +246,12 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   // shared memory after the fixed part, copied with the Q/dO tile it belongs to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlock);
-  auto stage_bias2 = [&](int buf, int64_t q0) {
-    if (p.bias2_type != BiasType::kNone) {
-      stage_bias_tile<Tile::kBlock, Tile::kThreads>(
-          bias2_stage + buf * bias2_stage_bytes, p.bias2, p.bias2_type,
-          b * p.bias2_stride[0] + h * p.bias2_stride[1] + q0 * p.bias2_stride[2] + key0,
-          p.bias2_stride[2], p.len - q0, p.len - key0, p.bias2_staged);
-    }
+  auto copy_query_tile_to = [&](int buf, int64_t q0) {
+    copy_query_tile<T, kTileDim, kPitch, Tile::kThreads>(
+        p, q_src, do_src, b, bn, h, key0, smem.c[buf], smem.d[buf], smem.lse[buf], smem.delta[buf],
+        bias2_stage + buf * bias2_stage_bytes, q0);
   };
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], q_src, 0, p.len, p.dim);
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[0], do_src, 0, p.len, p.dim);
-  load_row_stats(smem.lse[0], smem.delta[0], p, bn, h, 0);
-  stage_bias2(0, 0);
+  copy_query_tile_to(0, 0);
   cp_async_commit();
 
   // The thread's rows are keys. bias1 depends on the key alone, so in this transposed tile it is
@@ -306,12 +280,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     const int buf = static_cast<int>(qt & 1);
     const int64_t q0 = qt * Tile::kBlock;
     if (qt + 1 < q_tiles) {
-      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], q_src,
-                                                                   q0 + Tile::kBlock, p.len, p.dim);
-      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], do_src,
-                                                                   q0 + Tile::kBlock, p.len, p.dim);
-      load_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, bn, h, q0 + Tile::kBlock);
-      stage_bias2(buf ^ 1, q0 + Tile::kBlock);
+      copy_query_tile_to(buf ^ 1, q0 + Tile::kBlock);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -416,22 +385,12 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlock);
   unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
   const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
-  auto stage_biases = [&](int buf, int64_t k0) {
-    if (p.bias2_type != BiasType::kNone) {
-      stage_bias_tile<Tile::kBlock, Tile::kThreads>(
-          bias2_stage + buf * bias2_stage_bytes, p.bias2, p.bias2_type,
-          b * p.bias2_stride[0] + h * p.bias2_stride[1] + q0 * p.bias2_stride[2] + k0,
-          p.bias2_stride[2], p.len - q0, p.len - k0, p.bias2_staged);
-    }
-    if (p.bias1_type != BiasType::kNone) {
-      stage_bias_tile<1, Tile::kThreads>(
-          bias1_stage + buf * bias1_stage_bytes, p.bias1, p.bias1_type,
-          b * p.bias1_stride[0] + n * p.bias1_stride[1] + k0, 0, 1, p.len - k0, p.bias1_staged);
-    }
+  auto copy_key_tile_to = [&](int buf, int64_t k0) {
+    copy_key_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads, BiasCopyWidths::kTwoBytes>(
+        p, k_src, v_src, b, n, h, q0, smem.c[buf], smem.d[buf],
+        bias2_stage + buf * bias2_stage_bytes, bias1_stage + buf * bias1_stage_bytes, k0);
   };
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[0], k_src, 0, p.len, p.dim);
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[0], v_src, 0, p.len, p.dim);
-  stage_biases(0, 0);
+  copy_key_tile_to(0, 0);
   cp_async_commit();
 
   float lse_log2[2], delta[2];
@@ -457,11 +416,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     const int buf = static_cast<int>(kt & 1);
     const int64_t k0 = kt * Tile::kBlock;
     if (kt + 1 < k_tiles) {
-      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[buf ^ 1], k_src,
-                                                                   k0 + Tile::kBlock, p.len, p.dim);
-      load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf ^ 1], v_src,
-                                                                   k0 + Tile::kBlock, p.len, p.dim);
-      stage_biases(buf ^ 1, k0 + Tile::kBlock);
+      copy_key_tile_to(buf ^ 1, k0 + Tile::kBlock);
       cp_async_commit();
       cp_async_wait<1>();
     } else {

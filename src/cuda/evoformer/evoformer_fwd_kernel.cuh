@@ -6,6 +6,7 @@
 #pragma once
 
 #include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/evoformer/evoformer_tile_stream.cuh"
 
 namespace sciattn::cuda {
 
@@ -65,24 +66,14 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlockM);
   unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
   const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
-  auto stage_biases = [&](int buf, int64_t col0) {
-    if (p.bias2_type != BiasType::kNone) {
-      stage_bias_tile<Tile::kBlockM, Tile::kThreads>(
-          bias2_stage + buf * bias2_stage_bytes, p.bias2, p.bias2_type,
-          b * p.bias2_stride[0] + h * p.bias2_stride[1] + row0 * p.bias2_stride[2] + col0,
-          p.bias2_stride[2], p.len - row0, p.len - col0, p.bias2_staged);
-    }
-    if (p.bias1_type != BiasType::kNone) {
-      stage_bias_tile<1, Tile::kThreads>(
-          bias1_stage + buf * bias1_stage_bytes, p.bias1, p.bias1_type,
-          b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0, 0, 1, p.len - col0, p.bias1_staged);
-    }
+  auto copy_key_tile_to = [&](int buf, int64_t col0) {
+    copy_key_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads, BiasCopyWidths::kAll>(
+        p, k_src, v_src, b, n, h, row0, smem.k[buf], smem.v[buf],
+        bias2_stage + buf * bias2_stage_bytes, bias1_stage + buf * bias1_stage_bytes, col0);
   };
 
   load_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len, p.dim);
-  load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.k[0], k_src, 0, p.len, p.dim);
-  load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.v[0], v_src, 0, p.len, p.dim);
-  stage_biases(0, 0);
+  copy_key_tile_to(0, 0);
   cp_async_commit();
 
   // The softmax runs in base 2: scores are multiplied by log2(e) once, exp2 is one instruction.
@@ -100,11 +91,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
     // Start the next tile's K and V into the other buffer (freed by the barrier at the end of the
     // previous iteration), then wait for this tile's.
     if (tile + 1 < tiles) {
-      load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(
-          smem.k[buf ^ 1], k_src, col0 + Tile::kBlockN, p.len, p.dim);
-      load_tile<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(
-          smem.v[buf ^ 1], v_src, col0 + Tile::kBlockN, p.len, p.dim);
-      stage_biases(buf ^ 1, col0 + Tile::kBlockN);
+      copy_key_tile_to(buf ^ 1, col0 + Tile::kBlockN);
       cp_async_commit();
       cp_async_wait<1>();
     } else {

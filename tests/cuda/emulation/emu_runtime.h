@@ -167,11 +167,22 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) {
 }
 // Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads, one CTA at a time, with
 // the kernel's shared memory (`smem`, `smem_bytes`) filled with garbage before each CTA.
+// The CTA's shared memory (run_grid's buffer), so that a 32-bit shared-window address (an offset
+// into it here) can be made from a pointer and turned back into one.
+inline unsigned char* shared_base = nullptr;
+inline uint32_t shared_offset(const void* p) {
+  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - shared_base);
+}
+inline void* shared_at(uint32_t offset) {
+  return shared_base + offset;
+}
+
 template <typename Kernel, typename... Args>
 void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
               const Args&... args) {
   gridDim.x = static_cast<unsigned>(ctas);
   blockDim.x = threads;
+  shared_base = smem;
   for (int64_t cta = 0; cta < ctas; ++cta) {
     std::memset(smem, 0xA5, smem_bytes);
     block_bar = std::make_unique<std::barrier<>>(threads);
