@@ -27,8 +27,15 @@ struct EvoformerFwdSmem {
   T v[2][EvoformerFwdTile::kBlockN * kPitch];
 };
 
+// CTAs per SM the register count must allow: at head dims 8 and 16 the kernel fits 128 registers
+// (four CTAs) without spilling, but left to itself the compiler took 158 at head dim 8 after the
+// lean copies (v15), three CTAs, and the extra-MSA forward ran 10% slower; 1 leaves the count to
+// the compiler.
+template <int kHeadDim>
+constexpr int kEvoformerFwdMinCtas = kHeadDim <= 16 ? 4 : 0;
+
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(EvoformerFwdTile::kThreads)
+__global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCtas<kHeadDim>)
     evoformer_fwd_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerFwdTile;
   using Smem = EvoformerFwdSmem<T, kHeadDim>;
