@@ -27,12 +27,12 @@ struct EvoformerFwdSmem {
   T v[2][EvoformerFwdTile::kBlockN * kPitch];
 };
 
-// CTAs per SM the register count must allow: at head dims 8 and 16 the kernel fits 128 registers
-// (four CTAs) without spilling, but left to itself the compiler took 158 at head dim 8 after the
-// lean copies (v15), three CTAs, and the extra-MSA forward ran 10% slower; 1 leaves the count to
-// the compiler.
+// CTAs per SM the register count must allow: up to head dim 32 the kernel fits 128 registers
+// (four CTAs) without spilling in its loop. Left to itself the compiler took 137-158 (three CTAs):
+// four ran the forward 4-7% faster at head dim 32 and 9% at 8 (docs/perf/evoformer_cuda.md v15).
+// 0 (no bound) above, since a bound of 1 made ptxas take more registers (182 at head dim 32).
 template <int kHeadDim>
-constexpr int kEvoformerFwdMinCtas = kHeadDim <= 16 ? 4 : 0;
+constexpr int kEvoformerFwdMinCtas = kHeadDim <= 32 ? 4 : 0;
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCtas<kHeadDim>)
