@@ -24,7 +24,7 @@
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/attention_delta.cuh"
 #include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/evoformer/evoformer_tile_stream.cuh"
+#include "cuda/evoformer/evoformer_tile_copies.cuh"
 
 namespace sciattn::cuda {
 

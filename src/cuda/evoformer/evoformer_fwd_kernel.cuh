@@ -6,7 +6,7 @@
 #pragma once
 
 #include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/evoformer/evoformer_tile_stream.cuh"
+#include "cuda/evoformer/evoformer_tile_copies.cuh"
 
 namespace sciattn::cuda {
 
