@@ -36,14 +36,14 @@ namespace sciattn {
 // How parallel kernels divide the lines (block rows, or block columns) of a layout into pieces
 // of at most max_blocks nonzero blocks each, so that a long line (a global block attends to every
 // block) is shared by several workers instead of serialising one; the pieces of a split line are
-// combined in piece order, which keeps results deterministic. Lines are numbered h * R + r (rows)
-// or h * C + c (columns); a line without blocks is one empty piece, so that its output (zero) is
-// still written.
+// combined in piece order, which keeps results deterministic. Lines are numbered g * R + r (rows)
+// or g * C + c (columns) over the index's stored heads g (BlockSparseIndex::layout_heads); a line
+// without blocks is one empty piece, so that its output (zero) is still written.
 struct BlockSparseWorkSplit {
   int64_t max_blocks = 0;           // the most nonzero blocks one piece holds (>= 1)
   std::vector<int64_t> line_items;  // [lines + 1]: pieces of line l are line_items[l] .. [l+1]-1
   std::vector<int64_t> item_line;   // [pieces] the line of each piece
-  // [pieces] the piece's positions in the row-wise (CSR: p) or column-wise (CSC: k) index, a
+  // [pieces] the piece's positions in the row-wise (CSR: s) or column-wise (CSC: k) index, a
   // contiguous range item_begin .. item_end - 1 of the line's range, in the line's order.
   std::vector<int64_t> item_begin, item_end;
   int64_t split_lines = 0;          // lines cut into more than one piece
@@ -62,35 +62,46 @@ struct BlockSparseDeviceIndex;
 // build_sparse_attention_index (from a config, without the dense layout: about 1-2 ms at 65,536
 // tokens and block 64 for BigBird, BSLongformer and Variable); the ops hold a pointer to it, so
 // it must outlive them. Build it once per layout and keep it.
+//
+// Stored heads. When every head has the same layout (the configs' default,
+// different_layout_per_head = false), the lists are kept once: layout_heads = 1 and the arrays
+// describe head 0 only, 1/H of the bytes to build, pack and upload. In general the arrays hold
+// the lists of layout_heads heads (num_heads, or 1; layout_heads divides num_heads), head h reads
+// those of stored head stored_head(h) = h % layout_heads, and a stored position s of its lists
+// (an index into head, row, col, col_rows and col_blocks' values) is the sparse tensors' block
+// p = s + position_shift(h). With layout_heads == num_heads both are the identity.
 struct BlockSparseIndex {
   int64_t block = 0;           // b: tokens per block side
   int64_t num_heads = 0;       // H
+  int64_t layout_heads = 0;    // heads whose lists the arrays hold: H, or 1 (see above)
   int64_t num_row_blocks = 0;  // R: the logical matrix of one head has R * b rows
   int64_t num_col_blocks = 0;  // C: ... and C * b columns
-  int64_t nnz = 0;             // nonzero blocks over all heads
+  int64_t nnz = 0;  // nonzero blocks over all H heads: the sparse tensors' [Z, nnz, b, b]
 
-  // The enumeration: block p is (head[p], row[p], col[p]), sorted by head, then row, then column.
-  std::vector<int64_t> head, row, col;  // [nnz] each
+  // The stored enumeration: stored block s is (head[s], row[s], col[s]), sorted by head, then
+  // row, then column; head[s] < layout_heads. Over all heads the sparse tensors' blocks p are in
+  // DeepSpeed's (head, row, column) order: block_head / block_row / block_col read them.
+  std::vector<int64_t> head, row, col;  // [stored_nnz()] each
 
   // Row-wise index (CSR). Because the enumeration is sorted by (head, row, column), the blocks of
-  // block row I of head h are exactly p = row_offsets[h * R + I] .. row_offsets[h * R + I + 1] - 1,
-  // in ascending column order: the CSR's entries are the positions p themselves, and their
-  // columns are col[p].
-  std::vector<int64_t> row_offsets;  // [H * R + 1]
+  // block row I of stored head g are exactly s = row_offsets[g * R + I] .. row_offsets[g * R + I +
+  // 1] - 1, in ascending column order: the CSR's entries are the stored positions themselves, and
+  // their columns are col[s]. row_begin(h, I) / row_end(h, I) give that range for head h.
+  std::vector<int64_t> row_offsets;  // [layout_heads * R + 1]
 
-  // Column-wise index (CSC): the blocks of block column J of head h are
-  // col_blocks[k] for k = col_offsets[h * C + J] .. col_offsets[h * C + J + 1] - 1, in ascending
-  // row order; col_rows[k] is that block's row (== row[col_blocks[k]]).
-  std::vector<int64_t> col_offsets;  // [H * C + 1]
-  std::vector<int64_t> col_rows;     // [nnz]
-  std::vector<int64_t> col_blocks;   // [nnz] positions p
+  // Column-wise index (CSC): the blocks of block column J of stored head g are col_blocks[k] (a
+  // stored position) for k = col_offsets[g * C + J] .. col_offsets[g * C + J + 1] - 1, in
+  // ascending row order; col_rows[k] is that block's row (== row[col_blocks[k]]).
+  std::vector<int64_t> col_offsets;  // [layout_heads * C + 1]
+  std::vector<int64_t> col_rows;     // [stored_nnz()]
+  std::vector<int64_t> col_blocks;   // [stored_nnz()] stored positions s
 
   int64_t max_row_nnz = 0;  // the longest block row over all heads
   int64_t max_col_nnz = 0;  // the longest block column over all heads
 
-  // The work split of the rows (forward and dQ walk rows) and of the columns (dK/dV walk
-  // columns), with max_blocks = default_split_blocks(*this) unless rebuilt with
-  // split_block_sparse_work.
+  // The work split of the stored rows (forward and dQ walk rows) and of the stored columns
+  // (dK/dV walk columns), with max_blocks = default_split_blocks(*this) unless rebuilt with
+  // split_block_sparse_work. Its lines are those of the stored heads (g * R + r, g * C + c).
   BlockSparseWorkSplit row_split, col_split;
 
   // The device copy the GPU ops read, on the CUDA device it was uploaded to; null until
@@ -98,18 +109,34 @@ struct BlockSparseIndex {
   // the splits (split_block_sparse_work) drops it, since it would no longer match.
   std::shared_ptr<const BlockSparseDeviceIndex> device;
 
+  // Blocks in the stored lists (nnz / (num_heads / layout_heads)).
+  int64_t stored_nnz() const { return row_offsets.empty() ? 0 : row_offsets.back(); }
+  // The stored head whose lists head h reads, and the shift from its stored positions to the
+  // sparse tensors' blocks.
+  int64_t stored_head(int64_t h) const { return h % layout_heads; }
+  int64_t position_shift(int64_t h) const { return (h / layout_heads) * stored_nnz(); }
+
+  // The stored range of block row r (column c) of head h.
   int64_t row_begin(int64_t h, int64_t r) const {
-    return row_offsets[static_cast<size_t>(h * num_row_blocks + r)];
+    return row_offsets[static_cast<size_t>(stored_head(h) * num_row_blocks + r)];
   }
   int64_t row_end(int64_t h, int64_t r) const {
-    return row_offsets[static_cast<size_t>(h * num_row_blocks + r + 1)];
+    return row_offsets[static_cast<size_t>(stored_head(h) * num_row_blocks + r + 1)];
   }
   int64_t col_begin(int64_t h, int64_t c) const {
-    return col_offsets[static_cast<size_t>(h * num_col_blocks + c)];
+    return col_offsets[static_cast<size_t>(stored_head(h) * num_col_blocks + c)];
   }
   int64_t col_end(int64_t h, int64_t c) const {
-    return col_offsets[static_cast<size_t>(h * num_col_blocks + c + 1)];
+    return col_offsets[static_cast<size_t>(stored_head(h) * num_col_blocks + c + 1)];
   }
+
+  // Head, block row and block column of the sparse tensors' block p (0 <= p < nnz).
+  int64_t block_head(int64_t p) const {
+    const int64_t n = stored_nnz();
+    return head[static_cast<size_t>(p % n)] + (p / n) * layout_heads;
+  }
+  int64_t block_row(int64_t p) const { return row[static_cast<size_t>(p % stored_nnz())]; }
+  int64_t block_col(int64_t p) const { return col[static_cast<size_t>(p % stored_nnz())]; }
 };
 
 // Builds the index of `layout` for blocks of `block` tokens (16, 32, 64 or 128). Fails, naming

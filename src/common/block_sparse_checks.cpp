@@ -258,7 +258,8 @@ Status check_index(const BlockSparseIndex* index) {
   }
   const BlockSparseIndex& ix = *index;
   if (!is_supported_block_size(ix.block)) return invalid_index("block " + str(ix.block));
-  if (ix.num_heads < 1 || ix.num_row_blocks < 1 || ix.num_col_blocks < 1 || ix.nnz < 0) {
+  if (ix.num_heads < 1 || ix.num_row_blocks < 1 || ix.num_col_blocks < 1 || ix.nnz < 0 ||
+      ix.layout_heads < 1 || ix.num_heads % ix.layout_heads != 0) {
     return invalid_index("a count is out of range");
   }
   int64_t entries = 0, tokens = 0;
@@ -267,13 +268,15 @@ Status check_index(const BlockSparseIndex* index) {
       ix.nnz > entries) {
     return invalid_index("its sizes overflow or nnz exceeds the layout");
   }
-  const auto n = static_cast<size_t>(ix.nnz);
+  // The stored lists: layout_heads heads, repeated num_heads / layout_heads times.
+  const int64_t stored = ix.stored_nnz();
+  const auto n = static_cast<size_t>(stored);
   if (ix.head.size() != n || ix.row.size() != n || ix.col.size() != n || ix.col_rows.size() != n ||
       ix.col_blocks.size() != n ||
-      ix.row_offsets.size() != static_cast<size_t>(ix.num_heads * ix.num_row_blocks + 1) ||
-      ix.col_offsets.size() != static_cast<size_t>(ix.num_heads * ix.num_col_blocks + 1) ||
-      ix.row_offsets.front() != 0 || ix.row_offsets.back() != ix.nnz ||
-      ix.col_offsets.front() != 0 || ix.col_offsets.back() != ix.nnz) {
+      ix.row_offsets.size() != static_cast<size_t>(ix.layout_heads * ix.num_row_blocks + 1) ||
+      ix.col_offsets.size() != static_cast<size_t>(ix.layout_heads * ix.num_col_blocks + 1) ||
+      ix.row_offsets.front() != 0 || ix.col_offsets.front() != 0 ||
+      ix.col_offsets.back() != stored || stored * (ix.num_heads / ix.layout_heads) != ix.nnz) {
     return invalid_index("its arrays do not match its counts");
   }
   return Status::ok_status();

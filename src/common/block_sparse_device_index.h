@@ -28,19 +28,23 @@ struct BlockSparseDeviceArrays {
 
   int32_t block = 0, num_heads = 0, num_row_blocks = 0, num_col_blocks = 0, nnz = 0;
   int32_t max_row_nnz = 0, max_col_nnz = 0;
+  // The stored heads G (BlockSparseIndex::layout_heads) and their blocks: head h reads stored
+  // head h % G, whose stored position s is the sparse tensors' block (h / G) * stored_nnz + s.
+  int32_t layout_heads = 0, stored_nnz = 0;
 
   // The host index's arrays, as int32 (see BlockSparseIndex).
-  const int32_t* head = nullptr;         // [nnz]
-  const int32_t* row = nullptr;          // [nnz]
-  const int32_t* col = nullptr;          // [nnz]
-  const int32_t* row_offsets = nullptr;  // [H * R + 1]
-  const int32_t* col_offsets = nullptr;  // [H * C + 1]
-  const int32_t* col_rows = nullptr;     // [nnz]
-  const int32_t* col_blocks = nullptr;   // [nnz]
+  const int32_t* head = nullptr;         // [stored_nnz]
+  const int32_t* row = nullptr;          // [stored_nnz]
+  const int32_t* col = nullptr;          // [stored_nnz]
+  const int32_t* row_offsets = nullptr;  // [G * R + 1]
+  const int32_t* col_offsets = nullptr;  // [G * C + 1]
+  const int32_t* col_rows = nullptr;     // [stored_nnz]
+  const int32_t* col_blocks = nullptr;   // [stored_nnz]
   Split row_split, col_split;
 
-  // The fused attention's tile index (common/sparse_attention_tiles.h) as int32; num_tiles is 0
-  // for a non-square layout, which only the MatMul / Softmax ops take.
+  // The fused attention's tile index (common/sparse_attention_tiles.h) as int32, for the G
+  // stored heads; num_tiles is 0 for a non-square layout, which only the MatMul / Softmax ops
+  // take.
   struct TileWork {
     int32_t pieces = 0;
     int32_t max_tiles = 0;
@@ -56,11 +60,15 @@ struct BlockSparseDeviceArrays {
   struct Tiles {
     int32_t sub = 1, shift = 0, full_mask = 1;
     int32_t num_tiles = 0;  // per side
+    // H / G: each piece of the stored lists is worked for this many heads (h = g + k * G), as
+    // if the batch were this many times larger; the partial slots count (batch, k) pairs.
+    int32_t head_repeat = 1;
+    int32_t layout_heads = 1;  // G
     int32_t row_entries = 0, col_entries = 0;
-    const int32_t* row_offsets = nullptr;  // [H * num_tiles + 1]
+    const int32_t* row_offsets = nullptr;  // [G * num_tiles + 1]
     const int32_t* row_slots = nullptr;    // [row_entries * sub] column units, -1 empty
     const int32_t* row_masks = nullptr;    // [row_entries]
-    const int32_t* col_offsets = nullptr;  // [H * num_tiles + 1]
+    const int32_t* col_offsets = nullptr;  // [G * num_tiles + 1]
     const int32_t* col_slots = nullptr;    // [col_entries * sub] row units, -1 empty
     const int32_t* col_masks = nullptr;    // [col_entries]
     TileWork rows, cols;

@@ -2,6 +2,8 @@
 // block_sparse_device_pack.h). Host-only common layer.
 #include "common/block_sparse_device_pack.h"
 
+#include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "common/int32_packer.h"
@@ -89,9 +91,18 @@ BlockSparseDeviceArrays PackedBlockSparseIndex::at(const int32_t* base) const {
 Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseIndex* out) {
   if (out == nullptr) return Status::invalid_argument("out is a null pointer");
   if (ix.block < 1 ||
-      static_cast<int64_t>(ix.row_offsets.size()) != ix.num_heads * ix.num_row_blocks + 1) {
+      static_cast<int64_t>(ix.row_offsets.size()) != ix.layout_heads * ix.num_row_blocks + 1) {
     return Status::invalid_argument(
         "index has not been built; build it with build_block_sparse_index first");
+  }
+  // The stored arrays hold positions below stored_nnz only: the counts over all heads are
+  // checked here (the packer checks every value it converts).
+  if (ix.nnz > std::numeric_limits<int32_t>::max() ||
+      ix.num_heads * std::max(ix.num_row_blocks, ix.num_col_blocks) >
+          std::numeric_limits<int32_t>::max()) {
+    return Status::invalid_argument(
+        "index has a count that does not fit the GPU kernels' 32-bit indexes (at most 2^31 - 1 "
+        "blocks over all heads, and heads times block rows)");
   }
   // The arrays are registered (offsets fixed), then converted into one buffer in one pass.
   Int32Packer packer;
@@ -135,6 +146,8 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
   a.nnz = static_cast<int32_t>(ix.nnz);
   a.max_row_nnz = static_cast<int32_t>(ix.max_row_nnz);
   a.max_col_nnz = static_cast<int32_t>(ix.max_col_nnz);
+  a.layout_heads = static_cast<int32_t>(ix.layout_heads);
+  a.stored_nnz = static_cast<int32_t>(ix.stored_nnz());
   a.head = base + head;
   a.row = base + row;
   a.col = base + col;
@@ -152,6 +165,8 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
     t.shift = static_cast<int32_t>(tiles.shift);
     t.full_mask = static_cast<int32_t>(tiles.full_mask);
     t.num_tiles = static_cast<int32_t>(tiles.num_tiles);
+    t.layout_heads = static_cast<int32_t>(ix.layout_heads);
+    t.head_repeat = static_cast<int32_t>(ix.num_heads / ix.layout_heads);
     t.row_entries = static_cast<int32_t>(tiles.row_entries);
     t.col_entries = static_cast<int32_t>(tiles.col_entries);
   }

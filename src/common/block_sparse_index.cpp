@@ -2,6 +2,7 @@
 // layout: the nonzero enumeration in DeepSpeed's order and the row-wise (CSR) and column-wise
 // (CSC) indexes the kernels walk. Host-only common layer.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -17,29 +18,59 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
-// The column-wise index (CSC), the longest column and the default work splits of an index whose
-// enumeration, row_offsets and max_row_nnz are built. Shared by both builds, so they agree.
-// `heads_identical`: every head has head 0's blocks (a layout shared by the heads), so the CSC of
-// head h is head 0's with positions shifted by h * (head 0's nnz): copied instead of sorted.
-void finish_index(BlockSparseIndex* index, bool heads_identical) {
+// Keeps one head's lists when every head of `ix` (enumeration and row_offsets built for all
+// num_heads heads, layout_heads == num_heads) has head 0's blocks: equal row lengths and equal
+// columns (the column lists then agree too, being the same blocks). A shared layout is the
+// configs' default; BigBird at 65,536 tokens and block 16 has 16 such heads.
+void keep_one_head_if_shared(BlockSparseIndex* index) {
   BlockSparseIndex& ix = *index;
-  const int64_t H = ix.num_heads, R = ix.num_row_blocks, C = ix.num_col_blocks;
-  ix.nnz = ix.row_offsets.back();
-  ix.col_offsets.assign(static_cast<size_t>(H * C + 1), 0);
-  ix.col_rows.resize(static_cast<size_t>(ix.nnz));
-  ix.col_blocks.resize(static_cast<size_t>(ix.nnz));
-  // The CSC: a counting sort of the enumeration by (h, J), one head at a time. The blocks of head
-  // h are p = row_offsets[h * R] .. row_offsets[(h + 1) * R] - 1, so its columns start at that
-  // same position and its C counters stay in L1. (Serial: on a shared 2-core machine OpenMP's
-  // barriers cost ten times the work, 21 ms against 1.6 ms for BigBird at 65,536 tokens.) Walking p
-  // in increasing order keeps each column's blocks in increasing row order.
+  const int64_t H = ix.num_heads, R = ix.num_row_blocks;
+  if (H < 2) return;
+  const int64_t head_nnz = ix.row_offsets[static_cast<size_t>(R)];
+  if (head_nnz * H != ix.row_offsets.back()) return;
+  for (int64_t h = 1; h < H; ++h) {
+    const int64_t* offsets = ix.row_offsets.data() + h * R;
+    if (offsets[0] != h * head_nnz) return;
+    for (int64_t r = 1; r <= R; ++r) {
+      if (offsets[r] - offsets[0] != ix.row_offsets[static_cast<size_t>(r)]) return;
+    }
+    if (!std::equal(ix.col.begin(), ix.col.begin() + head_nnz, ix.col.begin() + h * head_nnz)) {
+      return;
+    }
+  }
+  ix.layout_heads = 1;
+  ix.row_offsets.resize(static_cast<size_t>(R + 1));
+  for (std::vector<int64_t>* v : {&ix.head, &ix.row, &ix.col}) {
+    v->resize(static_cast<size_t>(head_nnz));
+    v->shrink_to_fit();
+  }
+  ix.row_offsets.shrink_to_fit();
+}
+
+// The column-wise index (CSC), the longest column, nnz and the default work splits of an index
+// whose stored enumeration, row_offsets, layout_heads and max_row_nnz are built. Shared by both
+// builds, so they agree.
+void finish_index(BlockSparseIndex* index) {
+  BlockSparseIndex& ix = *index;
+  const int64_t G = ix.layout_heads, R = ix.num_row_blocks, C = ix.num_col_blocks;
+  const int64_t stored = ix.stored_nnz();
+  ix.nnz = stored * (ix.num_heads / G);
+  ix.col_offsets.assign(static_cast<size_t>(G * C + 1), 0);
+  ix.col_rows.resize(static_cast<size_t>(stored));
+  ix.col_blocks.resize(static_cast<size_t>(stored));
+  // The CSC: a counting sort of the enumeration by (g, J), one stored head at a time. The blocks
+  // of stored head g are s = row_offsets[g * R] .. row_offsets[(g + 1) * R] - 1, so its columns
+  // start at that same position and its C counters stay in L1. (Serial: on a shared 2-core
+  // machine OpenMP's barriers cost ten times the work, 21 ms against 1.6 ms for BigBird at 65,536
+  // tokens and 16 heads.) Walking s in increasing order keeps each column's blocks in increasing
+  // row order.
   int64_t max_col = 0;
-  for (int64_t h = 0; h < (heads_identical ? 1 : H); ++h) {
-    const int64_t begin = ix.row_offsets[static_cast<size_t>(h * R)];
-    const int64_t end = ix.row_offsets[static_cast<size_t>((h + 1) * R)];
-    int64_t* offsets = ix.col_offsets.data() + h * C;  // offsets[J + 1] of head h
-    for (int64_t p = begin; p < end; ++p) ++offsets[ix.col[static_cast<size_t>(p)] + 1];
-    std::vector<int64_t> next(static_cast<size_t>(C));
+  std::vector<int64_t> next(static_cast<size_t>(C));
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = ix.row_offsets[static_cast<size_t>(g * R)];
+    const int64_t end = ix.row_offsets[static_cast<size_t>((g + 1) * R)];
+    int64_t* offsets = ix.col_offsets.data() + g * C;  // offsets[J + 1] of stored head g
+    for (int64_t s = begin; s < end; ++s) ++offsets[ix.col[static_cast<size_t>(s)] + 1];
     int64_t at = begin;
     for (int64_t j = 0; j < C; ++j) {
       const int64_t count = offsets[j + 1];
@@ -47,33 +78,17 @@ void finish_index(BlockSparseIndex* index, bool heads_identical) {
       next[static_cast<size_t>(j)] = at;
       at += count;
     }
-    for (int64_t p = begin; p < end; ++p) {
+    for (int64_t s = begin; s < end; ++s) {
       const auto slot =
-          static_cast<size_t>(next[static_cast<size_t>(ix.col[static_cast<size_t>(p)])]++);
-      ix.col_rows[slot] = ix.row[static_cast<size_t>(p)];
-      ix.col_blocks[slot] = p;
+          static_cast<size_t>(next[static_cast<size_t>(ix.col[static_cast<size_t>(s)])]++);
+      ix.col_rows[slot] = ix.row[static_cast<size_t>(s)];
+      ix.col_blocks[slot] = s;
     }
   }
   ix.max_col_nnz = max_col;
-  // The counts become offsets: head h's last offset is the next head's first.
-  const int64_t counted_heads = heads_identical ? 1 : H;
-  for (int64_t k = 0; k < counted_heads * C; ++k) {
+  // The counts become offsets: stored head g's last offset is the next one's first.
+  for (int64_t k = 0; k < G * C; ++k) {
     ix.col_offsets[static_cast<size_t>(k + 1)] += ix.col_offsets[static_cast<size_t>(k)];
-  }
-  if (heads_identical) {
-    const int64_t head_nnz = ix.col_offsets[static_cast<size_t>(C)];
-    for (int64_t h = 1; h < H; ++h) {
-      const int64_t shift = h * head_nnz;
-      for (int64_t j = 0; j < C; ++j) {
-        ix.col_offsets[static_cast<size_t>(h * C + j + 1)] =
-            ix.col_offsets[static_cast<size_t>(j + 1)] + shift;
-      }
-      for (int64_t k = 0; k < head_nnz; ++k) {
-        ix.col_rows[static_cast<size_t>(shift + k)] = ix.col_rows[static_cast<size_t>(k)];
-        ix.col_blocks[static_cast<size_t>(shift + k)] =
-            ix.col_blocks[static_cast<size_t>(k)] + shift;
-      }
-    }
   }
   // default_split_blocks is >= 16, which split_block_sparse_work accepts.
   split_block_sparse_work(default_split_blocks(ix), &ix);
@@ -176,7 +191,9 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
       ++p;
     });
   }
-  finish_index(&ix, /*heads_identical=*/false);
+  ix.layout_heads = H;
+  keep_one_head_if_shared(&ix);
+  finish_index(&ix);
   *out = std::move(ix);
   return Status::ok_status();
 }
@@ -229,10 +246,12 @@ BlockSparseWorkSplit split_lines(const std::vector<int64_t>& offsets, int64_t ma
 }  // namespace
 
 int64_t default_split_blocks(const BlockSparseIndex& index) {
-  const int64_t rows = index.num_heads * index.num_row_blocks;
-  const int64_t cols = index.num_heads * index.num_col_blocks;
-  const int64_t mean = std::max(rows > 0 ? (index.nnz + rows - 1) / rows : 0,
-                                cols > 0 ? (index.nnz + cols - 1) / cols : 0);
+  // The mean line of the stored heads (every head's, as they repeat).
+  const int64_t rows = index.layout_heads * index.num_row_blocks;
+  const int64_t cols = index.layout_heads * index.num_col_blocks;
+  const int64_t n = index.stored_nnz();
+  const int64_t mean =
+      std::max(rows > 0 ? (n + rows - 1) / rows : 0, cols > 0 ? (n + cols - 1) / cols : 0);
   return std::max<int64_t>(16, 2 * mean);
 }
 
@@ -266,39 +285,29 @@ Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_se
   BlockSparseIndex ix;
   ix.block = block;
   ix.num_heads = rows.num_heads;
+  ix.layout_heads = rows.stored_heads;
   ix.num_row_blocks = rows.num_blocks;
   ix.num_col_blocks = rows.num_blocks;
-  const int64_t H = rows.num_heads, n = rows.num_blocks;
-  // Row (h, r) is row r of stored head h, or of head 0 when the heads share one layout.
-  auto stored = [&](int64_t h, int64_t r) {
-    return static_cast<size_t>((rows.stored_heads == 1 ? 0 : h) * n + r);
-  };
-  ix.row_offsets.assign(static_cast<size_t>(H * n + 1), 0);
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t count = rows.row_offsets[stored(h, r) + 1] - rows.row_offsets[stored(h, r)];
-      ix.max_row_nnz = std::max(ix.max_row_nnz, count);
-      const auto l = static_cast<size_t>(h * n + r);
-      ix.row_offsets[l + 1] = ix.row_offsets[l] + count;
-    }
+  const int64_t G = rows.stored_heads, n = rows.num_blocks;
+  // The painters' rows are already in (stored head, row, column) order: the CSR is their offsets.
+  ix.row_offsets = std::move(rows.row_offsets);
+  for (int64_t l = 0; l < G * n; ++l) {
+    ix.max_row_nnz = std::max(ix.max_row_nnz, ix.row_offsets[static_cast<size_t>(l + 1)] -
+                                                  ix.row_offsets[static_cast<size_t>(l)]);
   }
-  const auto nnz = static_cast<size_t>(ix.row_offsets.back());
-  ix.head.resize(nnz);
-  ix.row.resize(nnz);
-  ix.col.resize(nnz);
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t r = 0; r < n; ++r) {
-      const auto begin = static_cast<size_t>(rows.row_offsets[stored(h, r)]);
-      const auto end = static_cast<size_t>(rows.row_offsets[stored(h, r) + 1]);
-      const auto p = static_cast<size_t>(ix.row_offsets[static_cast<size_t>(h * n + r)]);
-      std::fill_n(ix.head.begin() + static_cast<std::ptrdiff_t>(p), end - begin, h);
-      std::fill_n(ix.row.begin() + static_cast<std::ptrdiff_t>(p), end - begin, r);
-      std::copy(rows.cols.begin() + static_cast<std::ptrdiff_t>(begin),
-                rows.cols.begin() + static_cast<std::ptrdiff_t>(end),
-                ix.col.begin() + static_cast<std::ptrdiff_t>(p));
-    }
+  const auto stored = static_cast<size_t>(ix.row_offsets.back());
+  ix.head.resize(stored);
+  ix.row.resize(stored);
+  ix.col = std::move(rows.cols);
+  for (int64_t l = 0; l < G * n; ++l) {
+    const auto begin = static_cast<std::ptrdiff_t>(ix.row_offsets[static_cast<size_t>(l)]);
+    const auto count = static_cast<size_t>(ix.row_offsets[static_cast<size_t>(l + 1)] - begin);
+    std::fill_n(ix.head.begin() + begin, count, l / n);
+    std::fill_n(ix.row.begin() + begin, count, l % n);
   }
-  finish_index(&ix, /*heads_identical=*/rows.stored_heads == 1);
+  // Per-head layouts may still coincide (a config whose heads draw the same pattern).
+  keep_one_head_if_shared(&ix);
+  finish_index(&ix);
   *out = std::move(ix);
   return Status::ok_status();
 }

@@ -76,26 +76,6 @@ void append_line_entries(const std::vector<int64_t>& units, std::vector<int64_t>
   }
 }
 
-// Whether every head of `ix` holds head 0's blocks (a layout shared by the heads, the configs'
-// default): equal row lengths and equal columns. The column lists then agree too (they are the
-// same blocks), so head 0's entries serve every head.
-bool heads_identical(const BlockSparseIndex& ix) {
-  const int64_t H = ix.num_heads, R = ix.num_row_blocks;
-  const int64_t head_nnz = ix.row_offsets[static_cast<size_t>(R)];
-  if (head_nnz * H != ix.nnz) return false;
-  for (int64_t h = 1; h < H; ++h) {
-    const int64_t* offsets = ix.row_offsets.data() + h * R;
-    if (offsets[0] != h * head_nnz) return false;
-    for (int64_t r = 1; r <= R; ++r) {
-      if (offsets[r] - offsets[0] != ix.row_offsets[static_cast<size_t>(r)]) return false;
-    }
-    if (!std::equal(ix.col.begin(), ix.col.begin() + head_nnz, ix.col.begin() + h * head_nnz)) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // The row and column lists of `t` (whose geometry is set) for a layout block other than the
 // tile. Below the tile size the units are layout blocks and each line packs the units its blocks
 // use (append_line_entries); above it the units are tiles, each block spanning span x span of
@@ -103,25 +83,23 @@ bool heads_identical(const BlockSparseIndex& ix) {
 void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionTiles* out) {
   constexpr int64_t kTile = SparseAttentionTiles::kTile;
   SparseAttentionTiles& t = *out;
-  const int64_t H = ix.num_heads, R = ix.num_row_blocks, nt = t.num_tiles, sub = t.sub;
+  // The lists of the index's stored heads: a layout shared by the heads is packed once.
+  const int64_t G = ix.layout_heads, R = ix.num_row_blocks, nt = t.num_tiles, sub = t.sub;
   const bool packed = ix.block < kTile;
   const int64_t units = packed ? R : nt;  // per side
   std::vector<int64_t> unit_bits(static_cast<size_t>(units), 0);
   std::vector<int64_t> touched;
-  // A layout shared by the heads is packed once and its entries copied to the other heads (they
-  // would come out the same): BigBird at 65,536 tokens and block 16 has 16 such heads.
-  const bool shared = heads_identical(ix);
-  // One direction's lists: for each line (tile row, or tile column) of each head, the units its
-  // blocks use, each with the bits of the line's own blocks that use it (below the tile size; 0
+  // One direction's lists: for each line (tile row, or tile column) of each stored head, the units
+  // its blocks use, each with the bits of the line's own blocks that use it (below the tile size; 0
   // above it), packed into entries. bit_of maps (slot, own bit) to the mask bit.
   auto build = [&](bool rows, auto bit_of, std::vector<int64_t>* offsets,
                    std::vector<int64_t>* slots, std::vector<int64_t>* masks) {
-    offsets->assign(static_cast<size_t>(H * nt + 1), 0);
+    offsets->assign(static_cast<size_t>(G * nt + 1), 0);
     // At most one entry per layout block (each entry holds at least one), span^2 above the tile.
-    const auto most = static_cast<size_t>(ix.nnz * span * span);
+    const auto most = static_cast<size_t>(ix.stored_nnz() * span * span);
     masks->reserve(most);
     slots->reserve(most * static_cast<size_t>(sub));
-    for (int64_t h = 0; h < (shared ? 1 : H); ++h) {
+    for (int64_t h = 0; h < G; ++h) {
       for (int64_t line = 0; line < nt; ++line) {
         touched.clear();
         // The line's own block rows (or columns): those it holds, or the one covering it.
@@ -143,19 +121,6 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
         std::sort(touched.begin(), touched.end());
         append_line_entries(touched, &unit_bits, sub, bit_of, slots, masks);
         (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
-      }
-    }
-    if (shared) {
-      const auto head_entries = static_cast<int64_t>(masks->size());
-      masks->resize(static_cast<size_t>(H * head_entries));
-      slots->resize(static_cast<size_t>(H * head_entries * sub));
-      for (int64_t h = 1; h < H; ++h) {
-        std::copy_n(masks->begin(), head_entries, masks->begin() + h * head_entries);
-        std::copy_n(slots->begin(), head_entries * sub, slots->begin() + h * head_entries * sub);
-        for (int64_t line = 0; line < nt; ++line) {
-          (*offsets)[static_cast<size_t>(h * nt + line + 1)] =
-              (*offsets)[static_cast<size_t>(line + 1)] + h * head_entries;
-        }
       }
     }
   };
@@ -191,9 +156,9 @@ Status build_sparse_attention_tiles(const BlockSparseIndex& ix, SparseAttentionT
     return Status::invalid_argument("index has block " + std::to_string(ix.block) +
                                     "; the fused kernels take blocks of 16, 32, 64 or 128");
   }
-  const int64_t H = ix.num_heads, R = ix.num_row_blocks, C = ix.num_col_blocks;
-  if (H < 1 || R < 1 || C < 1 || static_cast<int64_t>(ix.row_offsets.size()) != H * R + 1 ||
-      static_cast<int64_t>(ix.col.size()) != ix.nnz) {
+  const int64_t G = ix.layout_heads, R = ix.num_row_blocks, C = ix.num_col_blocks;
+  if (G < 1 || R < 1 || C < 1 || static_cast<int64_t>(ix.row_offsets.size()) != G * R + 1 ||
+      static_cast<int64_t>(ix.col.size()) != ix.stored_nnz()) {
     return Status::invalid_argument(
         "index has not been built; build it with build_block_sparse_index first");
   }
@@ -208,7 +173,7 @@ Status build_sparse_attention_tiles(const BlockSparseIndex& ix, SparseAttentionT
   t.sub = ix.block < kTile ? kTile / ix.block : 1;
   t.shift = ix.block == 16 ? 4 : ix.block == 32 ? 5 : 6;
   t.full_mask = (int64_t{1} << (t.sub * t.sub)) - 1;
-  t.num_heads = H;
+  t.num_heads = G;
   t.len = R * ix.block;
   t.num_tiles = (t.len + kTile - 1) / kTile;
   const int64_t nt = t.num_tiles;
@@ -223,12 +188,12 @@ Status build_sparse_attention_tiles(const BlockSparseIndex& ix, SparseAttentionT
     t.col_offsets = ix.col_offsets;
     t.col_slots = ix.col_rows;
     t.col_masks = t.row_masks;
-    t.row_entries = t.col_entries = ix.nnz;
+    t.row_entries = t.col_entries = ix.stored_nnz();
   } else {
     build_tile_lists(ix, span, &t);
   }
 
-  const int64_t lines = H * nt;  // tile rows, and tile columns, over all heads
+  const int64_t lines = G * nt;  // tile rows, and tile columns, over the stored heads
   t.rows = split_tile_lines(t.row_offsets, sparse_attention_tiles_per_piece(
                                                ix, ix.row_split.max_blocks, t.row_entries, lines));
   t.cols = split_tile_lines(t.col_offsets, sparse_attention_tiles_per_piece(

@@ -1,7 +1,8 @@
 // The tile-level index of the fused block-sparse attention kernels on the GPU: for each 64-row
-// (or 64-column) kernel tile of each head, the list of entries the kernels walk, each a 64 x 64
-// block of scores with a bitmask of the layout blocks present, and the split of long lists into
-// pieces. Host-only common layer (plain C++): built once per layout by upload_block_sparse_index.
+// (or 64-column) kernel tile of each stored head (one for a layout the heads share), the list of
+// entries the kernels walk, each a 64 x 64 block of scores with a bitmask of the layout blocks
+// present, and the split of long lists into pieces. Host-only common layer (plain C++): built once
+// per layout by upload_block_sparse_index.
 //
 // The kernels work on entries of kTile x kTile scores whatever the layout block b is. An entry of
 // tile row T holds the tile's kTile query rows and `sub` slots of kTile / sub keys each; slot k
@@ -49,20 +50,20 @@ struct SparseAttentionTiles {
   int64_t shift = 0;      // log2(min(b, kTile)): a unit's tokens; element (r, c) of a row entry
                           // is in its block row r >> shift and slot c >> shift
   int64_t full_mask = 1;  // (1 << sub * sub) - 1: every block of an entry present
-  int64_t num_heads = 0;  // H
+  int64_t num_heads = 0;  // G: the index's stored heads (layout_heads); head h reads h % G
   int64_t len = 0;        // L = R * b tokens per side
   int64_t num_tiles = 0;  // ceil(L / kTile) tiles per side
-  int64_t row_entries = 0, col_entries = 0;  // entries of the row and column lists, all heads
+  int64_t row_entries = 0, col_entries = 0;  // entries of the row and column lists, G heads
 
-  // Row-wise lists: the entries of tile row T of head h are positions
-  // row_offsets[h * num_tiles + T] .. row_offsets[h * num_tiles + T + 1] - 1, their slots in
+  // Row-wise lists: the entries of tile row T of stored head g are positions
+  // row_offsets[g * num_tiles + T] .. row_offsets[g * num_tiles + T + 1] - 1, their slots in
   // ascending unit order; row_slots[e * sub + k] is the column unit of slot k of entry e (-1:
   // empty, only at the end of a row's last entry), row_masks[e] the entry's mask.
-  std::vector<int64_t> row_offsets;  // [H * num_tiles + 1]
+  std::vector<int64_t> row_offsets;  // [G * num_tiles + 1]
   std::vector<int64_t> row_slots;    // [row_entries * sub]
   std::vector<int64_t> row_masks;    // [row_entries]
   // Column-wise lists: the same for tile column T, its slots holding query units.
-  std::vector<int64_t> col_offsets;  // [H * num_tiles + 1]
+  std::vector<int64_t> col_offsets;  // [G * num_tiles + 1]
   std::vector<int64_t> col_slots;    // [col_entries * sub]
   std::vector<int64_t> col_masks;    // [col_entries]
 

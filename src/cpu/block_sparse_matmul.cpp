@@ -86,9 +86,9 @@ SCIATTN_CPU_CLONES void sdd_task(const BlockSparseIndex& ix, const TensorView& x
                                  std::byte* mine, int64_t z, int64_t hr) {
   const int64_t b = ix.block, k = x.sizes[3];
   const int64_t h = hr / ix.num_row_blocks, i_blk = hr % ix.num_row_blocks;
-  const int64_t begin = ix.row_offsets[static_cast<size_t>(hr)];
-  const int64_t end = ix.row_offsets[static_cast<size_t>(hr + 1)];
+  const int64_t begin = ix.row_begin(h, i_blk), end = ix.row_end(h, i_blk);
   if (begin == end) return;
+  const int64_t shift = ix.position_shift(h);
   const WorkspaceLayout at;  // `mine` is aligned already; offsets come from the plan
   float* xt = at.at<float>(mine, plan.x);
   float* yt = at.at<float>(mine, plan.y);
@@ -96,8 +96,8 @@ SCIATTN_CPU_CLONES void sdd_task(const BlockSparseIndex& ix, const TensorView& x
   // With a single inner slice the rows of x for this block row are loaded once for all blocks.
   const bool one_slice = k <= kInnerTile;
   if (one_slice) load_tile(x, z, h, i_blk * b, b, 0, k, xt, k);
-  for (int64_t p = begin; p < end; ++p) {
-    const int64_t j_blk = ix.col[static_cast<size_t>(p)];
+  for (int64_t s = begin; s < end; ++s) {
+    const int64_t j_blk = ix.col[static_cast<size_t>(s)];
     std::fill(acc, acc + b * b, 0.0f);
     for (int64_t k0 = 0; k0 < k; k0 += kInnerTile) {
       const int64_t kt = std::min(kInnerTile, k - k0);
@@ -106,7 +106,7 @@ SCIATTN_CPU_CLONES void sdd_task(const BlockSparseIndex& ix, const TensorView& x
       gemm_acc(b, b, kt, xt, kt, yt, b, acc, b);
     }
     // The sparse result as a 4-D view [Z, nnz, b, b]: block p is "head" p.
-    store_tile(c, z, p, 0, b, 0, b, acc, b);
+    store_tile(c, z, s + shift, 0, b, 0, b, acc, b);
   }
 }
 
@@ -143,17 +143,18 @@ SCIATTN_CPU_CLONES void dsd_task(const BlockSparseIndex& ix, const TensorView& s
   float* yt = at.at<float>(mine, plan.y);
   float* acc = at.at<float>(mine, plan.acc);
   std::fill(acc, acc + b * nt, 0.0f);
+  const int64_t shift = ix.position_shift(h);  // stored position -> block p
   if (!trans_s) {
     // out[I*b + r, :] += S_p[r, c] * y[J_p*b + c, :] over the blocks p of block row I.
-    for (int64_t p = ix.row_begin(h, o_blk); p < ix.row_end(h, o_blk); ++p) {
-      load_tile(s, z, p, 0, b, 0, b, sb, b);
-      load_tile(y, z, h, ix.col[static_cast<size_t>(p)] * b, b, n0, nt, yt, nt);
+    for (int64_t q = ix.row_begin(h, o_blk); q < ix.row_end(h, o_blk); ++q) {
+      load_tile(s, z, q + shift, 0, b, 0, b, sb, b);
+      load_tile(y, z, h, ix.col[static_cast<size_t>(q)] * b, b, n0, nt, yt, nt);
       gemm_acc(b, nt, b, sb, b, yt, nt, acc, nt);
     }
   } else {
     // out[J*b + c, :] += S_p[r, c] * y[I_p*b + r, :] over the blocks p of block column J.
     for (int64_t e = ix.col_begin(h, o_blk); e < ix.col_end(h, o_blk); ++e) {
-      const int64_t p = ix.col_blocks[static_cast<size_t>(e)];
+      const int64_t p = ix.col_blocks[static_cast<size_t>(e)] + shift;
       load_tile_transposed(s, z, p, 0, b, 0, b, sb, b);
       load_tile(y, z, h, ix.col_rows[static_cast<size_t>(e)] * b, b, n0, nt, yt, nt);
       gemm_acc(b, nt, b, sb, b, yt, nt, acc, nt);
@@ -204,19 +205,20 @@ SCIATTN_CPU_CLONES void dds_task(const BlockSparseIndex& ix, const TensorView& x
   float* sb = at.at<float>(mine, plan.s);
   float* acc = at.at<float>(mine, plan.acc);
   std::fill(acc, acc + mt * b, 0.0f);
+  const int64_t shift = ix.position_shift(h);  // stored position -> block p
   if (!trans_s) {
     // out[:, J*b + c] += x[:, I_p*b + r] * S_p[r, c] over the blocks p of block column J.
     for (int64_t e = ix.col_begin(h, o_blk); e < ix.col_end(h, o_blk); ++e) {
-      const int64_t p = ix.col_blocks[static_cast<size_t>(e)];
+      const int64_t p = ix.col_blocks[static_cast<size_t>(e)] + shift;
       load_tile(x, z, h, m0, mt, ix.col_rows[static_cast<size_t>(e)] * b, b, xt, b);
       load_tile(s, z, p, 0, b, 0, b, sb, b);
       gemm_acc(mt, b, b, xt, b, sb, b, acc, b);
     }
   } else {
     // out[:, I*b + r] += x[:, J_p*b + c] * S_p[r, c] over the blocks p of block row I.
-    for (int64_t p = ix.row_begin(h, o_blk); p < ix.row_end(h, o_blk); ++p) {
-      load_tile(x, z, h, m0, mt, ix.col[static_cast<size_t>(p)] * b, b, xt, b);
-      load_tile_transposed(s, z, p, 0, b, 0, b, sb, b);
+    for (int64_t q = ix.row_begin(h, o_blk); q < ix.row_end(h, o_blk); ++q) {
+      load_tile(x, z, h, m0, mt, ix.col[static_cast<size_t>(q)] * b, b, xt, b);
+      load_tile_transposed(s, z, q + shift, 0, b, 0, b, sb, b);
       gemm_acc(mt, b, b, xt, b, sb, b, acc, b);
     }
   }

@@ -30,7 +30,9 @@ int64_t find_block(const BlockSparseIndex& ix, int64_t h, int64_t i_blk, int64_t
   const auto first = ix.col.begin() + ix.row_begin(h, i_blk);
   const auto last = ix.col.begin() + ix.row_end(h, i_blk);
   const auto it = std::lower_bound(first, last, j_blk);
-  return it != last && *it == j_blk ? static_cast<int64_t>(it - ix.col.begin()) : -1;
+  return it != last && *it == j_blk
+             ? static_cast<int64_t>(it - ix.col.begin()) + ix.position_shift(h)
+             : -1;
 }
 
 // op(t)[z, h, i, j] of a dense operand.
@@ -104,7 +106,8 @@ void reference_matmul(const BlockSparseMatMulParams& p, Acc* c) {
         for (int64_t q = 0; q < ix.nnz; ++q)
           for (int64_t r = 0; r < b; ++r)
             for (int64_t cc = 0; cc < b; ++cc) {
-              const int64_t h = ix.head[q], i = ix.row[q] * b + r, j = ix.col[q] * b + cc;
+              const int64_t h = ix.block_head(q), i = ix.block_row(q) * b + r,
+                            j = ix.block_col(q) * b + cc;
               Acc acc = 0;
               for (int64_t k = 0; k < s.k; ++k) {
                 acc += dense_at<Acc>(p.a, p.trans_a, z, h, i, k) *
@@ -170,9 +173,9 @@ void for_each_operand_element(const BlockSparseIndex& ix, const TensorView& t, b
       for (int64_t q = 0; q < ix.nnz; ++q)
         for (int64_t r = 0; r < b; ++r)
           for (int64_t c = 0; c < b; ++c) {
-            int64_t i = ix.row[q] * b + r, k = ix.col[q] * b + c;
+            int64_t i = ix.block_row(q) * b + r, k = ix.block_col(q) * b + c;
             if (trans) std::swap(i, k);
-            f(e++, z, ix.head[q], i, k);
+            f(e++, z, ix.block_head(q), i, k);
           }
     return;
   }
@@ -221,7 +224,9 @@ void reference_softmax(const BlockSparseSoftmaxParams& p, Acc* y) {
   for (int64_t z = 0; z < batch; ++z)
     for (int64_t h = 0; h < ix.num_heads; ++h)
       for (int64_t i = 0; i < ix.num_row_blocks * b; ++i) {
-        const int64_t begin = ix.row_begin(h, i / b), end = ix.row_end(h, i / b);
+        // The row's blocks p: its stored range shifted to head h's blocks.
+        const int64_t shift = ix.position_shift(h);
+        const int64_t begin = ix.row_begin(h, i / b) + shift, end = ix.row_end(h, i / b) + shift;
         const int64_t r = i % b, n = (end - begin) * b;
         if (n == 0) continue;
         // The row's entries live in the output itself: row r of block q is at
@@ -230,7 +235,7 @@ void reference_softmax(const BlockSparseSoftmaxParams& p, Acc* y) {
         Acc max = -kInf<Acc>;
         for (int64_t q = begin; q < end; ++q)
           for (int64_t cc = 0; cc < b; ++cc) {
-            const int64_t j = ix.col[q] * b + cc;
+            const int64_t j = ix.block_col(q) * b + cc;
             const Acc x = load<Acc>(p.x, off4(p.x, z, q, r, cc));
             const Acc v = add_terms<Acc>(x, static_cast<Acc>(p.scale), p.rpe, p.key_padding_mask,
                                          p.key_padding_mask_mode, p.attn_mask, p.attn_mask_mode,
@@ -263,7 +268,8 @@ void reference_softmax_backward(const BlockSparseSoftmaxBackwardParams& p, Acc* 
   for (int64_t z = 0; z < batch; ++z)
     for (int64_t h = 0; h < ix.num_heads; ++h)
       for (int64_t i = 0; i < ix.num_row_blocks * b; ++i) {
-        const int64_t begin = ix.row_begin(h, i / b), end = ix.row_end(h, i / b);
+        const int64_t shift = ix.position_shift(h);
+        const int64_t begin = ix.row_begin(h, i / b) + shift, end = ix.row_end(h, i / b) + shift;
         const int64_t r = i % b;
         Acc dot = 0;
         for (int64_t q = begin; q < end; ++q)

@@ -54,8 +54,9 @@ SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorVie
   const int64_t b = ix.block;
   const bool want_lse = lse != nullptr && lse->present();
   const int64_t h = hr / ix.num_row_blocks, i_blk = hr % ix.num_row_blocks;
-  const int64_t begin = ix.row_offsets[static_cast<size_t>(hr)];
-  const int64_t end = ix.row_offsets[static_cast<size_t>(hr + 1)];
+  // The row's blocks p (stored positions plus the head's shift).
+  const int64_t shift = ix.position_shift(h);
+  const int64_t begin = ix.row_begin(h, i_blk) + shift, end = ix.row_end(h, i_blk) + shift;
   if (begin == end) {
     // An empty block row has no entries to write; its rows have no key at all, so their
     // log-sum-exp is that of a fully masked row.
@@ -76,7 +77,7 @@ SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorVie
     for (int64_t p = begin; p < end; ++p) {
       float* v = vals + (p - begin) * b;
       load_row(x, off4(x, z, p, r, 0), x.strides[3], b, v);
-      terms.apply(z, h, i, ix.col[static_cast<size_t>(p)] * b, b, v, tmp);
+      terms.apply(z, h, i, ix.col[static_cast<size_t>(p - shift)] * b, b, v, tmp);
     }
     float max = kNegInf;
     for (int64_t c = 0; c < width; ++c) max = std::max(max, vals[c]);
@@ -109,8 +110,9 @@ SCIATTN_CPU_CLONES void softmax_backward_task(const BlockSparseIndex& ix, const 
                                               float scale, const RowScratch& plan, std::byte* mine,
                                               int64_t z, int64_t hr) {
   const int64_t b = ix.block;
-  const int64_t begin = ix.row_offsets[static_cast<size_t>(hr)];
-  const int64_t end = ix.row_offsets[static_cast<size_t>(hr + 1)];
+  const int64_t h = hr / ix.num_row_blocks, i_blk = hr % ix.num_row_blocks;
+  const int64_t shift = ix.position_shift(h);  // the row's blocks p, as in the forward
+  const int64_t begin = ix.row_begin(h, i_blk) + shift, end = ix.row_end(h, i_blk) + shift;
   if (begin == end) return;
   const WorkspaceLayout at;
   float* yv = at.at<float>(mine, plan.a);

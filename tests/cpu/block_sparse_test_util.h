@@ -52,6 +52,19 @@ inline Layout random_layout(int64_t H, int64_t R, int64_t C, double density, std
   return layout;
 }
 
+// The op suites' layout of a case: `layout` itself, or, for every third seed, head 0's blocks
+// copied to every head, so that the index stores one head (BlockSparseIndex::layout_heads = 1)
+// and the ops map head h's stored positions to its own blocks (the configs' default,
+// different_layout_per_head = false).
+inline Layout maybe_shared_heads(Layout layout, uint64_t seed) {
+  if (seed % 3 != 1) return layout;
+  for (int64_t h = 1; h < layout.num_heads; ++h)
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r)
+      for (int64_t c = 0; c < layout.num_col_blocks; ++c) layout.at(h, r, c) = layout.at(0, r, c);
+  if (layout_nnz(layout) == 0) layout.at(0, layout.num_row_blocks - 1, 0) = 1;
+  return layout;
+}
+
 inline BlockSparseIndex make_index(const Layout& layout, int64_t block) {
   BlockSparseIndex ix;
   const Status s = build_block_sparse_index(layout, block, &ix);

@@ -144,6 +144,7 @@ ATProblem make_problem(const ATCase& c) {
   p.c = c;
   std::mt19937_64 rng(c.seed);
   p.layout = make_case_layout(c, rng);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   p.q = qkv_tensor(c);
   p.k = qkv_tensor(c, /*key_or_value=*/true);

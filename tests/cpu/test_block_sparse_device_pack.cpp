@@ -63,6 +63,8 @@ void expect_packed(const BlockSparseDeviceArrays& a, const BlockSparseIndex& ix,
   EXPECT_EQ(a.nnz, ix.nnz);
   EXPECT_EQ(a.max_row_nnz, ix.max_row_nnz);
   EXPECT_EQ(a.max_col_nnz, ix.max_col_nnz);
+  EXPECT_EQ(a.layout_heads, ix.layout_heads);
+  EXPECT_EQ(a.stored_nnz, ix.stored_nnz());
   expect_array(a.head, ix.head, base, size, "head");
   expect_array(a.row, ix.row, base, size, "row");
   expect_array(a.col, ix.col, base, size, "col");
@@ -83,6 +85,8 @@ void expect_packed(const BlockSparseDeviceArrays& a, const BlockSparseIndex& ix,
   EXPECT_EQ(d.shift, t.shift);
   EXPECT_EQ(d.full_mask, t.full_mask);
   EXPECT_EQ(d.num_tiles, t.num_tiles);
+  EXPECT_EQ(d.layout_heads, ix.layout_heads);
+  EXPECT_EQ(d.head_repeat, ix.num_heads / ix.layout_heads);
   EXPECT_EQ(d.row_entries, t.row_entries);
   EXPECT_EQ(d.col_entries, t.col_entries);
   expect_array(d.row_offsets, t.row_offsets, base, size, "tile row_offsets");
@@ -103,7 +107,9 @@ TEST(BlockSparseDevicePack, EveryArrayLandsInTheBufferAndMovesWithIt) {
     const int64_t block = int64_t{16} << (s % 4);
     const int64_t R = 2 + static_cast<int64_t>(rng() % 9);
     const int64_t C = s % 3 == 2 ? R + 1 : R;  // some rectangular (no tiles)
-    const Layout layout = random_layout(1 + static_cast<int64_t>(rng() % 3), R, C, 0.3, rng);
+    // Every third seed: heads sharing one layout (one stored head, head_repeat = H).
+    const Layout layout = maybe_shared_heads(
+        random_layout(1 + static_cast<int64_t>(rng() % 3), R, C, 0.3, rng), seed);
     BlockSparseIndex ix = make_index(layout, block);
     if (s % 2 == 1) {
       ASSERT_TRUE(split_block_sparse_work(1, &ix).ok());  // split lines too

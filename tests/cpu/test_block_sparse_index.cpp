@@ -13,7 +13,17 @@ namespace {
 
 using namespace sciattn::bstest;
 
-// Checks every array of `ix` against `layout` from first principles.
+// Whether every head of `layout` has head 0's blocks.
+bool heads_share(const Layout& layout) {
+  for (int64_t h = 1; h < layout.num_heads; ++h)
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r)
+      for (int64_t c = 0; c < layout.num_col_blocks; ++c)
+        if (layout.at(h, r, c) != layout.at(0, r, c)) return false;
+  return true;
+}
+
+// Checks every array of `ix` against `layout` from first principles, through the accessors that
+// map heads to stored heads and stored positions to the sparse tensors' blocks.
 void expect_index_of(const BlockSparseIndex& ix, const Layout& layout, int64_t block) {
   const std::vector<Block> blocks = nonzero_blocks(layout);
   ASSERT_EQ(ix.nnz, static_cast<int64_t>(blocks.size()));
@@ -21,13 +31,22 @@ void expect_index_of(const BlockSparseIndex& ix, const Layout& layout, int64_t b
   EXPECT_EQ(ix.num_heads, layout.num_heads);
   EXPECT_EQ(ix.num_row_blocks, layout.num_row_blocks);
   EXPECT_EQ(ix.num_col_blocks, layout.num_col_blocks);
+  // A layout the heads share is stored once.
+  const int64_t G = heads_share(layout) ? 1 : layout.num_heads;
+  ASSERT_EQ(ix.layout_heads, G);
+  ASSERT_EQ(ix.stored_nnz() * (layout.num_heads / G), ix.nnz);
+  EXPECT_EQ(static_cast<int64_t>(ix.col.size()), ix.stored_nnz());
+  EXPECT_EQ(static_cast<int64_t>(ix.row_offsets.size()), G * layout.num_row_blocks + 1);
+  EXPECT_EQ(static_cast<int64_t>(ix.col_offsets.size()), G * layout.num_col_blocks + 1);
   for (size_t p = 0; p < blocks.size(); ++p) {
-    EXPECT_EQ(ix.head[p], blocks[p].h);
-    EXPECT_EQ(ix.row[p], blocks[p].r);
-    EXPECT_EQ(ix.col[p], blocks[p].c);
+    const auto q = static_cast<int64_t>(p);
+    EXPECT_EQ(ix.block_head(q), blocks[p].h);
+    EXPECT_EQ(ix.block_row(q), blocks[p].r);
+    EXPECT_EQ(ix.block_col(q), blocks[p].c);
   }
   int64_t max_row = 0, max_col = 0;
   for (int64_t h = 0; h < layout.num_heads; ++h) {
+    const int64_t shift = ix.position_shift(h);
     for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
       // The CSR range of (h, r) holds exactly the blocks of that row, in column order.
       std::vector<int64_t> want;
@@ -35,7 +54,11 @@ void expect_index_of(const BlockSparseIndex& ix, const Layout& layout, int64_t b
         if (blocks[p].h == h && blocks[p].r == r) want.push_back(static_cast<int64_t>(p));
       }
       std::vector<int64_t> got;
-      for (int64_t p = ix.row_begin(h, r); p < ix.row_end(h, r); ++p) got.push_back(p);
+      for (int64_t s = ix.row_begin(h, r); s < ix.row_end(h, r); ++s) {
+        got.push_back(s + shift);
+        EXPECT_EQ(ix.row[static_cast<size_t>(s)], r);
+        EXPECT_EQ(ix.head[static_cast<size_t>(s)], ix.stored_head(h));
+      }
       EXPECT_EQ(got, want) << "row (" << h << ", " << r << ")";
       max_row = std::max<int64_t>(max_row, static_cast<int64_t>(want.size()));
     }
@@ -50,7 +73,7 @@ void expect_index_of(const BlockSparseIndex& ix, const Layout& layout, int64_t b
       }
       std::vector<int64_t> got_p, got_r;
       for (int64_t e = ix.col_begin(h, c); e < ix.col_end(h, c); ++e) {
-        got_p.push_back(ix.col_blocks[static_cast<size_t>(e)]);
+        got_p.push_back(ix.col_blocks[static_cast<size_t>(e)] + shift);
         got_r.push_back(ix.col_rows[static_cast<size_t>(e)]);
       }
       EXPECT_EQ(got_p, want_p) << "col (" << h << ", " << c << ")";
@@ -78,6 +101,41 @@ TEST(BlockSparseIndex, MatchesTheLayoutForRandomLayouts) {
 
 // The BigBird seed-0 grid of spec 1.9: block p = 0 is (0, 0, 0) and the global first row comes
 // first, in column order, as layout.nonzero() numbers it.
+// A layout the heads share is stored once (layout_heads 1); one that differs in a single block
+// of one head is not, and neither is a layout whose heads have the same columns in other rows.
+TEST(BlockSparseIndex, SharedLayoutIsStoredOnce) {
+  for (uint64_t s = 0; s < 12; ++s) {
+    const uint64_t seed = kBaseSeed + 40 + s;
+    SCOPED_TRACE(seed_note(seed));
+    std::mt19937_64 rng(seed);
+    const int64_t H = 2 + static_cast<int64_t>(rng() % 3), R = 1 + static_cast<int64_t>(rng() % 6),
+                  C = 1 + static_cast<int64_t>(rng() % 6);
+    const Layout one = random_layout(1, R, C, 0.2 + 0.1 * static_cast<double>(s % 6), rng);
+    Layout shared = Layout::zeros(H, R, C);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) shared.at(h, r, c) = one.at(0, r, c);
+    const int64_t block = int64_t{16} << (s % 4);
+    const BlockSparseIndex ix = make_index(shared, block);
+    EXPECT_EQ(ix.layout_heads, 1);
+    expect_index_of(ix, shared, block);
+    Layout differs = shared;
+    differs.at(static_cast<int64_t>(s) % H, R - 1, static_cast<int64_t>(s) % C) ^= 1;
+    if (layout_nnz(differs) > 0) {
+      const BlockSparseIndex d = make_index(differs, block);
+      EXPECT_EQ(d.layout_heads, H);
+      expect_index_of(d, differs, block);
+    }
+  }
+  // Same column lists in different rows: head 0 holds (0, 1), head 1 holds (1, 1).
+  Layout moved = Layout::zeros(2, 2, 2);
+  moved.at(0, 0, 1) = 1;
+  moved.at(1, 1, 1) = 1;
+  const BlockSparseIndex m = make_index(moved, 16);
+  EXPECT_EQ(m.layout_heads, 2);
+  expect_index_of(m, moved, 16);
+}
+
 TEST(BlockSparseIndex, BigBirdSeed0Enumeration) {
   BigBirdSparsityConfig cfg;
   cfg.num_heads = 1;
@@ -94,8 +152,9 @@ TEST(BlockSparseIndex, BigBirdSeed0Enumeration) {
 TEST(BlockSparseIndex, EmptyLayoutHasNoBlocks) {
   const BlockSparseIndex ix = make_index(Layout::zeros(2, 3, 4), 32);
   EXPECT_EQ(ix.nnz, 0);
-  EXPECT_EQ(ix.row_offsets, std::vector<int64_t>(2 * 3 + 1, 0));
-  EXPECT_EQ(ix.col_offsets, std::vector<int64_t>(2 * 4 + 1, 0));
+  EXPECT_EQ(ix.layout_heads, 1);  // the two (empty) heads share their layout
+  EXPECT_EQ(ix.row_offsets, std::vector<int64_t>(3 + 1, 0));
+  EXPECT_EQ(ix.col_offsets, std::vector<int64_t>(4 + 1, 0));
   EXPECT_EQ(ix.max_row_nnz, 0);
 }
 
@@ -167,10 +226,11 @@ TEST(BlockSparseIndex, WorkSplitCutsGlobalRowsOnly) {
   Layout layout;
   ASSERT_TRUE(make_layout(cfg, 16 * 256, &layout).ok());  // 256 block rows, global row 0
   const BlockSparseIndex ix = make_index(layout, 16);
+  ASSERT_EQ(ix.layout_heads, 1);  // the two heads share the layout: one stored head's lines
   const int64_t max_blocks = default_split_blocks(ix);
   EXPECT_LT(max_blocks, 256);
-  for (int64_t h = 0; h < 2; ++h) {
-    const int64_t global = h * 256;  // row 0 of head h
+  for (int64_t h = 0; h < 1; ++h) {
+    const int64_t global = h * 256;  // row 0 of stored head h
     const int64_t pieces = ix.row_split.line_items[static_cast<size_t>(global + 1)] -
                            ix.row_split.line_items[static_cast<size_t>(global)];
     EXPECT_EQ(pieces, (256 + max_blocks - 1) / max_blocks);
@@ -179,14 +239,14 @@ TEST(BlockSparseIndex, WorkSplitCutsGlobalRowsOnly) {
                   ix.row_split.line_items[static_cast<size_t>(window_row)],
               1);
   }
-  EXPECT_EQ(ix.row_split.split_lines, 2);  // one global row per head
-  EXPECT_EQ(ix.col_split.split_lines, 2);  // ... and one global column per head
+  EXPECT_EQ(ix.row_split.split_lines, 1);  // the global row of the stored head
+  EXPECT_EQ(ix.col_split.split_lines, 1);  // ... and its global column
 }
 
 TEST(BlockSparseIndex, WorkSplitOfAnEmptyLayoutAndRejections) {
   BlockSparseIndex ix = make_index(Layout::zeros(2, 3, 4), 32);
-  EXPECT_EQ(ix.row_split.pieces(), 2 * 3);  // one empty piece per line
-  EXPECT_EQ(ix.col_split.pieces(), 2 * 4);
+  EXPECT_EQ(ix.row_split.pieces(), 3);  // one empty piece per line of the stored head
+  EXPECT_EQ(ix.col_split.pieces(), 4);
   expect_split_of(ix.row_split, ix.row_offsets, default_split_blocks(ix), "rows");
   const Status s = split_block_sparse_work(0, &ix);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);

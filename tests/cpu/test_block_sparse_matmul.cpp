@@ -71,6 +71,7 @@ MMProblem make_problem(const MMCase& c) {
   p.c = c;
   std::mt19937_64 rng(c.seed);
   p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   const int64_t rb = c.R * c.block, cb = c.C * c.block, nnz = p.ix.nnz, b = c.block;
   const std::vector<int64_t> sparse = {c.Z, nnz, b, b};

@@ -96,6 +96,7 @@ SMProblem make_problem(const SMCase& c) {
   p.c = c;
   std::mt19937_64 rng(c.seed);
   p.layout = random_layout(c.H, c.R, c.C, 0.6, rng, /*empty_row=*/true);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   const int64_t rows = c.R * c.block, cols = c.C * c.block;
   p.x = HostTensor::packed(c.dtype, {c.Z, p.ix.nnz, c.block, c.block});

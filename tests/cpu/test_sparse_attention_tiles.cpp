@@ -22,20 +22,21 @@ using namespace sciattn::bstest;
 using detail::SparseAttentionTiles;
 using detail::SparseAttentionTileWork;
 
-// The elements (h, query i, key j) an index's entries keep: every entry of every line expanded
-// through its slots and mask bits, counted (a correct index keeps each layout element once).
-// rows: the row lists (the line is the query tile), else the column lists (the key tile).
+// The elements (h, query i, key j) an index's entries keep for the H heads: every entry of
+// every line of head h's stored head (h % t.num_heads) expanded through its slots and mask bits,
+// counted (a correct index keeps each layout element once). rows: the row lists (the line is
+// the query tile), else the column lists (the key tile).
 std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept_elements(const SparseAttentionTiles& t,
-                                                                   bool rows) {
+                                                                   bool rows, int64_t H) {
   std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept;
   const std::vector<int64_t>& offsets = rows ? t.row_offsets : t.col_offsets;
   const std::vector<int64_t>& slots = rows ? t.row_slots : t.col_slots;
   const std::vector<int64_t>& masks = rows ? t.row_masks : t.col_masks;
   const int64_t unit = int64_t{1} << t.shift;
-  for (int64_t h = 0; h < t.num_heads; ++h)
+  for (int64_t h = 0; h < H; ++h)
     for (int64_t line = 0; line < t.num_tiles; ++line)
-      for (int64_t e = offsets[static_cast<size_t>(h * t.num_tiles + line)];
-           e < offsets[static_cast<size_t>(h * t.num_tiles + line + 1)]; ++e)
+      for (int64_t e = offsets[static_cast<size_t>((h % t.num_heads) * t.num_tiles + line)];
+           e < offsets[static_cast<size_t>((h % t.num_heads) * t.num_tiles + line + 1)]; ++e)
         for (int64_t a = 0; a < 64; ++a)      // the line's own token (query, or key)
           for (int64_t c = 0; c < 64; ++c) {  // the slot side's token
             const int64_t own = line * 64 + a;
@@ -137,8 +138,9 @@ void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex
     for (int64_t i = 0; i < L; ++i)
       for (int64_t j = 0; j < L; ++j)
         if (layout.at(h, i / block, j / block)) want[{h, i, j}] = 1;
-  EXPECT_TRUE(kept_elements(t, true) == want) << "row lists";
-  EXPECT_TRUE(kept_elements(t, false) == want) << "column lists";
+  EXPECT_EQ(t.num_heads, ix.layout_heads);  // the stored heads' lists only
+  EXPECT_TRUE(kept_elements(t, true, layout.num_heads) == want) << "row lists";
+  EXPECT_TRUE(kept_elements(t, false, layout.num_heads) == want) << "column lists";
   // Below the tile size a line's units are packed: ceil(units / sub) entries, the units being
   // the blocks its own blocks use.
   if (block < 64) {
@@ -150,7 +152,7 @@ void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex
             if (layout.at(h, x, y)) cols.insert(y);
             if (layout.at(h, y, x)) rows.insert(y);
           }
-        const size_t l = static_cast<size_t>(h * t.num_tiles + line);
+        const size_t l = static_cast<size_t>((h % t.num_heads) * t.num_tiles + line);
         EXPECT_EQ(t.row_offsets[l + 1] - t.row_offsets[l],
                   (static_cast<int64_t>(cols.size()) + t.sub - 1) / t.sub);
         EXPECT_EQ(t.col_offsets[l + 1] - t.col_offsets[l],
@@ -188,8 +190,8 @@ TEST(SparseAttentionTiles, MatchBruteForceForEveryBlock) {
   }
 }
 
-// Heads that share a layout take the builder's shortcut (head 0's entries copied to the others);
-// heads that differ only slightly must not. Checked element by element as above.
+// Heads that share a layout have one stored head's lists, which serve every head; heads that
+// differ only slightly must have their own. Checked element by element as above.
 TEST(SparseAttentionTiles, SharedHeadsAndNearlySharedHeads) {
   for (uint64_t s = 0; s < 8; ++s) {
     const uint64_t seed = kBaseSeed + 950 + s;
@@ -271,10 +273,11 @@ TEST(SparseAttentionTiles, DefaultSplitFollowsTheTileLines) {
   ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
   EXPECT_EQ(t.num_tiles, 32);
   EXPECT_EQ(t.rows.split.max_blocks, 16);
-  // Tile row 0 of each head holds all 128 blocks in 32 entries (the global row): two pieces;
-  // nothing else splits.
-  EXPECT_EQ(t.rows.split_lines, (std::vector<int64_t>{0, 32}));
-  EXPECT_EQ(t.rows.slots, 4);
+  // The heads share the layout: one stored head, whose tile row 0 holds all 128 blocks in 32
+  // entries (the global row): two pieces; nothing else splits.
+  EXPECT_EQ(t.num_heads, 1);
+  EXPECT_EQ(t.rows.split_lines, (std::vector<int64_t>{0}));
+  EXPECT_EQ(t.rows.slots, 2);
   // A caller's own split is still kept in tokens: 4 blocks of 16 = one tile per piece.
   BlockSparseIndex forced = ix;
   ASSERT_TRUE(split_block_sparse_work(4, &forced).ok());

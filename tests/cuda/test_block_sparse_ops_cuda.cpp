@@ -113,6 +113,7 @@ MMProblem make_mm_problem(const MMCase& c) {
   // A per-head layout with an empty block row (head 0) and an empty block column (last head):
   // their dense outputs must come out as zeros.
   p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   upload(p.ix);
   const int64_t rb = c.R * c.block, cb = c.C * c.block, b = c.block;
@@ -455,6 +456,7 @@ SMProblem make_sm_problem(const SMCase& c) {
   p.c = c;
   std::mt19937_64 rng(c.seed);
   p.layout = random_layout(c.H, c.R, c.C, 0.6, rng, /*empty_row=*/true);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   upload(p.ix);
   const int64_t rows = c.R * c.block, cols = c.C * c.block;
@@ -774,6 +776,7 @@ ATProblem make_at_problem(const ATCase& c) {
   p.c = c;
   std::mt19937_64 rng(c.seed);
   p.layout = attn_layout(c, rng);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   upload(p.ix);
   p.q = qkv_tensor(c);

@@ -173,6 +173,7 @@ Problem make_problem(const GpuCase& c) {
   p.c = c;
   std::mt19937_64 rng(c.seed);
   p.layout = make_case_layout(c, rng);
+  p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   if (c.split_blocks > 0) {
     EXPECT_TRUE(split_block_sparse_work(c.split_blocks, &p.ix).ok());

@@ -83,6 +83,7 @@ Status check_device_index(const BlockSparseIndex& index, const void* tensor_data
         "upload_block_sparse_index(&index, device) once after building it");
   }
   if (d->nnz != index.nnz || d->block != index.block || d->num_heads != index.num_heads ||
+      d->layout_heads != index.layout_heads || d->stored_nnz != index.stored_nnz() ||
       d->num_row_blocks != index.num_row_blocks || d->num_col_blocks != index.num_col_blocks ||
       d->row_split.pieces != index.row_split.pieces() ||
       d->col_split.pieces != index.col_split.pieces()) {

@@ -66,6 +66,9 @@ struct MatMulArgs {
   int64_t batch = 0;
   int64_t tiles = 0;
   int32_t block = 0, heads = 0, row_blocks = 0, col_blocks = 0, nnz = 0;
+  // The index's stored heads G and their blocks: head h walks the lists of stored head h % G,
+  // whose stored position s is block (h / G) * stored_nnz + s of the sparse operand.
+  int32_t layout_heads = 1, stored_nnz = 0;
   const int32_t* head = nullptr;
   const int32_t* row = nullptr;
   const int32_t* col = nullptr;
@@ -397,7 +400,10 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
       const int64_t z = t / (a.nnz * per_block), rest = t % (a.nnz * per_block);
       const int64_t p = rest / per_block, sub = rest % per_block;
       const int64_t r0 = (sub / per_row) * TM, c0 = (sub % per_row) * TN;
-      const int64_t h = a.head[p], i_blk = a.row[p], j_blk = a.col[p];
+      // Block p is stored block s of the repeat p / stored_nnz of the stored heads.
+      const int64_t s = p % a.stored_nnz;
+      const int64_t h = a.head[s] + (p / a.stored_nnz) * a.layout_heads;
+      const int64_t i_blk = a.row[s], j_blk = a.col[s];
       const Slice<TA> xs{at<TA>(a.x.data, z * a.x.s0 + h * a.x.s1 + (i_blk * b + r0) * a.x.s2),
                          a.x.s2, a.x.s3};
       const Slice<TB> ys{at<TB>(a.y.data, z * a.y.s0 + h * a.y.s1 + (j_blk * b + c0) * a.y.s3),
@@ -415,12 +421,13 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
       const int64_t h = rest / per_h, o = (rest % per_h) / per_line, sub = rest % per_line;
       const int64_t r0 = (sub / n_tiles) * TM, n0 = (sub % n_tiles) * TN;
       out_cols = static_cast<int>(min64(TN, n - n0));
-      const int64_t s_base = z * a.x.s0;
+      const int64_t g = h % a.layout_heads, shift = (h / a.layout_heads) * a.stored_nnz;
+      const int64_t s_base = z * a.x.s0 + shift * a.x.s1;  // stored position s -> block s + shift
       const int64_t y_base = z * a.y.s0 + h * a.y.s1 + n0 * a.y.s3;
       if (!a.trans_s) {
         // out[I*b + r, :] += S_p[r, c] * y[J_p*b + c, :] over the blocks p of block row I.
-        const int64_t begin = a.row_offsets[h * a.row_blocks + o];
-        const int64_t end = a.row_offsets[h * a.row_blocks + o + 1];
+        const int64_t begin = a.row_offsets[g * a.row_blocks + o];
+        const int64_t end = a.row_offsets[g * a.row_blocks + o + 1];
         for (int64_t p = begin; p < end; ++p) {
           const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s2), a.x.s2, a.x.s3};
           const Slice<TB> ys{at<TB>(a.y.data, y_base + int64_t{a.col[p]} * b * a.y.s2), a.y.s2,
@@ -430,8 +437,8 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
       } else {
         // out[J*b + c, :] += S_p[r, c] * y[I_p*b + r, :] over the blocks p of block column J:
         // the left slice is S_p transposed, element (c, r) at r * s2 + c.
-        const int64_t begin = a.col_offsets[h * a.col_blocks + o];
-        const int64_t end = a.col_offsets[h * a.col_blocks + o + 1];
+        const int64_t begin = a.col_offsets[g * a.col_blocks + o];
+        const int64_t end = a.col_offsets[g * a.col_blocks + o + 1];
         for (int64_t e = begin; e < end; ++e) {
           const int64_t p = a.col_block_ids[e];
           const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s3), a.x.s3, a.x.s2};
@@ -452,12 +459,13 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
       const int64_t h = rest / per_h, o = (rest % per_h) / per_line, sub = rest % per_line;
       const int64_t m0 = (sub / n_tiles) * TM, c0 = (sub % n_tiles) * TN;
       out_rows = static_cast<int>(min64(TM, m - m0));
+      const int64_t g = h % a.layout_heads, shift = (h / a.layout_heads) * a.stored_nnz;
       const int64_t x_base = z * a.x.s0 + h * a.x.s1 + m0 * a.x.s2;
-      const int64_t s_base = z * a.y.s0;
+      const int64_t s_base = z * a.y.s0 + shift * a.y.s1;  // stored position s -> block s + shift
       if (!a.trans_s) {
         // out[:, J*b + c] += x[:, I_p*b + r] * S_p[r, c] over the blocks p of block column J.
-        const int64_t begin = a.col_offsets[h * a.col_blocks + o];
-        const int64_t end = a.col_offsets[h * a.col_blocks + o + 1];
+        const int64_t begin = a.col_offsets[g * a.col_blocks + o];
+        const int64_t end = a.col_offsets[g * a.col_blocks + o + 1];
         for (int64_t e = begin; e < end; ++e) {
           const int64_t p = a.col_block_ids[e];
           const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col_rows[e]} * b * a.x.s3), a.x.s2,
@@ -468,8 +476,8 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
       } else {
         // out[:, I*b + r] += x[:, J_p*b + c] * S_p[r, c] over the blocks p of block row I: the
         // right slice is S_p transposed, element (c, r) at r * s2 + c.
-        const int64_t begin = a.row_offsets[h * a.row_blocks + o];
-        const int64_t end = a.row_offsets[h * a.row_blocks + o + 1];
+        const int64_t begin = a.row_offsets[g * a.row_blocks + o];
+        const int64_t end = a.row_offsets[g * a.row_blocks + o + 1];
         for (int64_t p = begin; p < end; ++p) {
           const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col[p]} * b * a.x.s3), a.x.s2,
                              a.x.s3};
@@ -536,6 +544,8 @@ MatMulArgs make_args(const BlockSparseDeviceIndex& ix, const TensorView& x, cons
   a.row_blocks = ix.num_row_blocks;
   a.col_blocks = ix.num_col_blocks;
   a.nnz = ix.nnz;
+  a.layout_heads = ix.layout_heads;
+  a.stored_nnz = ix.stored_nnz;
   a.head = ix.head;
   a.row = ix.row;
   a.col = ix.col;

@@ -2,7 +2,8 @@
 // optional log-sum-exp) and backward. CUDA layer (kernels and their launchers).
 //
 // One warp per (z, head, query row): the row's entries are the b columns of each block of its
-// block row (CSR range row_offsets[h*R + I] .. [h*R + I + 1]), flattened so that lane l takes
+// block row (CSR range row_offsets[g*R + I] .. [g*R + I + 1] of its stored head g = h % G,
+// shifted to head h's blocks), flattened so that lane l takes
 // entries l, l + 32, ... whatever the block size. The forward makes two passes over the row:
 // an online max / sum (each lane its own, then a butterfly merge that leaves every lane with the
 // same bits), then y = exp(v - max) / sum, recomputing v from x. Each entry is read and then
@@ -50,6 +51,7 @@ TermTensor term_of(const TensorView& t) {
 struct RowWalk {
   int64_t batch = 0;
   int32_t block = 0, log2_block = 0, heads = 0, row_blocks = 0;
+  int32_t layout_heads = 1, stored_nnz = 0;  // the index's stored heads and their blocks
   const int32_t* row_offsets = nullptr;
   const int32_t* col = nullptr;
 };
@@ -97,9 +99,10 @@ __device__ __forceinline__ float mask_term(const TermTensor& m, bool mul, int64_
   return v;
 }
 
-// The position of one row: batch z, head h, block row, row i of the logical matrix.
+// The position of one row: batch z, head h, block row, row i of the logical matrix, and the
+// blocks p = begin .. end - 1 of its block row (stored positions plus `shift`).
 struct RowPos {
-  int64_t z, h, hr, r, i, begin, end;
+  int64_t z, h, hr, r, i, begin, end, shift;
 };
 
 __device__ __forceinline__ RowPos row_pos(const RowWalk& w, int64_t row) {
@@ -112,8 +115,10 @@ __device__ __forceinline__ RowPos row_pos(const RowWalk& w, int64_t row) {
   p.r = rest % b;
   p.h = p.hr / w.row_blocks;
   p.i = (p.hr % w.row_blocks) * b + p.r;
-  p.begin = w.row_offsets[p.hr];
-  p.end = w.row_offsets[p.hr + 1];
+  const int64_t stored_line = (p.h % w.layout_heads) * w.row_blocks + p.hr % w.row_blocks;
+  p.shift = (p.h / w.layout_heads) * int64_t{w.stored_nnz};
+  p.begin = w.row_offsets[stored_line] + p.shift;
+  p.end = w.row_offsets[stored_line + 1] + p.shift;
   return p;
 }
 
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) softmax_forward_kernel(const Forward
     // Pass 1: this lane's running max and sum of exp(v - max).
     for (int64_t e = lane; e < width; e += 32) {
       const int64_t p = rp.begin + (e >> a.w.log2_block);
-      const int64_t j = int64_t{a.w.col[p]} * a.w.block + (e & (a.w.block - 1));
+      const int64_t j = int64_t{a.w.col[p - rp.shift]} * a.w.block + (e & (a.w.block - 1));
       const float v = score<T>(a, rp, p, j);
       if (v == kMinusInf) continue;
       if (v > m) {
@@ -177,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) softmax_forward_kernel(const Forward
     for (int64_t e = lane; e < width; e += 32) {
       const int64_t p = rp.begin + (e >> a.w.log2_block);
       const int64_t c = e & (a.w.block - 1);
-      const int64_t j = int64_t{a.w.col[p]} * a.w.block + c;
+      const int64_t j = int64_t{a.w.col[p - rp.shift]} * a.w.block + c;
       const float y = masked ? 0.0f : expf(score<T>(a, rp, p, j) - m) / s;
       static_cast<T*>(a.y)[rp.z * a.ys0 + p * a.ys1 + rp.r * a.ys2 + c] =
           ElementTraits<T>::from_float(y);
@@ -230,6 +235,8 @@ RowWalk row_walk(const BlockSparseDeviceIndex& ix, int64_t batch) {
   while ((1 << w.log2_block) < ix.block) ++w.log2_block;
   w.heads = ix.num_heads;
   w.row_blocks = ix.num_row_blocks;
+  w.layout_heads = ix.layout_heads;
+  w.stored_nnz = ix.stored_nnz;
   w.row_offsets = ix.row_offsets;
   w.col = ix.col;
   return w;

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
-  const PieceOf at = decode_piece(p.tiles.cols, p.tiles.num_tiles);
+  const PieceOf at = decode_piece(p.tiles.cols, p.tiles);
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   }
 
   if (at.slot >= 0) {
-    const int64_t slot = (b * p.tiles.cols.slots + at.slot) * int64_t{SparseTile::kSize} * kHeadDim;
+    const int64_t slot = at.partial(p.tiles.cols.slots) * int64_t{SparseTile::kSize} * kHeadDim;
     store_partial_rows<kHeadDim>(dk, p.scale, p.dk_partial + slot, warp, g, t);
     store_partial_rows<kHeadDim>(dv, 1.0f, p.dv_partial + slot, warp, g, t);
     return;
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
-  const PieceOf at = decode_piece(p.tiles.rows, p.tiles.num_tiles);
+  const PieceOf at = decode_piece(p.tiles.rows, p.tiles);
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   }
 
   if (at.slot >= 0) {
-    const int64_t slot = (b * p.tiles.rows.slots + at.slot) * int64_t{SparseTile::kSize} * kHeadDim;
+    const int64_t slot = at.partial(p.tiles.rows.slots) * int64_t{SparseTile::kSize} * kHeadDim;
     store_partial_rows<kHeadDim>(dq, p.scale, p.dq_partial + slot, warp, g, t);
     return;
   }
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
     sparse_attention_sum_kernel(const SparseAttentionDeviceParams p,
                                 const BlockSparseDeviceIndex::TileWork work,
                                 const SparseSumTarget target) {
-  const SplitLineChunk<kHeadDim> at(work, p.tiles.num_tiles);
+  const SplitLineChunk<kHeadDim> at(work, p.tiles);
   if (at.row >= p.len) return;
   constexpr int64_t kSlot = int64_t{SparseTile::kSize} * kHeadDim;
   const float* first = target.partial + at.first_slot * kSlot + at.tile_row * kHeadDim + at.d;

@@ -283,21 +283,27 @@ __device__ __forceinline__ void store_partial_rows(const float acc[kHeadDim / 8]
   }
 }
 
-// The piece of a 1-D grid of (piece, batch) CTAs: piece fastest.
+// The piece of a 1-D grid of (piece, batch, head repeat) CTAs: piece fastest. The tile lists
+// hold the index's G stored heads; a piece of stored head g's lists is worked for heads
+// g + k * G, k < head_repeat, as if the batch were head_repeat times larger.
 struct PieceOf {
   int64_t b, h, tile;    // batch, head and tile line (row or column) of the piece
+  int64_t bk;            // (batch, head repeat) pair: b * head_repeat + k, which counts slots
   int begin, end, slot;  // its range in the tile list, and its partial slot (-1: whole line)
+  // The piece's fp32 partial, counted over (bk, slot) for a list with `slots` slots.
+  __device__ __forceinline__ int64_t partial(int slots) const { return bk * slots + slot; }
 };
 
 __device__ __forceinline__ PieceOf decode_piece(const BlockSparseDeviceIndex::TileWork& w,
-                                                int num_tiles) {
+                                                const BlockSparseDeviceIndex::Tiles& tiles) {
   PieceOf o;
   const int64_t block = blockIdx.x;
   const int piece = static_cast<int>(block % w.pieces);
-  o.b = block / w.pieces;
+  o.bk = block / w.pieces;
+  o.b = o.bk / tiles.head_repeat;
   const int line = w.item_line[piece];
-  o.h = line / num_tiles;
-  o.tile = line % num_tiles;
+  o.h = line / tiles.num_tiles + (o.bk % tiles.head_repeat) * tiles.layout_heads;
+  o.tile = line % tiles.num_tiles;
   o.begin = w.item_begin[piece];
   o.end = w.item_end[piece];
   o.slot = w.item_slot[piece];
@@ -322,18 +328,20 @@ struct SplitLineChunk {
   int tile_row;        // the same inside the line's 64-row tile
   int d;               // its first column
   int pieces;          // the line's pieces
-  int64_t first_slot;  // the partial slot of its first piece, counted over (batch, slot)
-  __device__ SplitLineChunk(const BlockSparseDeviceIndex::TileWork& work, int num_tiles) {
+  int64_t first_slot;  // the partial slot of its first piece, counted over (bk, slot)
+  __device__ SplitLineChunk(const BlockSparseDeviceIndex::TileWork& work,
+                            const BlockSparseDeviceIndex::Tiles& tiles) {
     const int64_t cta = blockIdx.x;
     const int64_t group = cta % kCtasPerLine, line_cta = cta / kCtasPerLine;
     const int line = work.split_lines[line_cta % work.num_split_lines];
-    b = line_cta / work.num_split_lines;
-    h = line / num_tiles;
+    const int64_t bk = line_cta / work.num_split_lines;  // (batch, head repeat), as in PieceOf
+    b = bk / tiles.head_repeat;
+    h = line / tiles.num_tiles + (bk % tiles.head_repeat) * tiles.layout_heads;
     tile_row = static_cast<int>(group) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    row = int64_t{line % num_tiles} * SparseTile::kSize + tile_row;
+    row = int64_t{line % tiles.num_tiles} * SparseTile::kSize + tile_row;
     d = (threadIdx.x % kThreadsPerRow) * 4;
     pieces = work.line_items[line + 1] - work.line_items[line];
-    first_slot = b * work.slots + work.item_slot[work.line_items[line]];
+    first_slot = bk * work.slots + work.item_slot[work.line_items[line]];
   }
 };
 

@@ -96,8 +96,8 @@ FusedPlan plan_forward(const SparseAttentionForwardParams& p, const detail::Atte
   plan.part_dim = kernel_head_dim(s.dim);
   if (t.rows.slots > 0) {
     plan.has_fwd = true;
-    plan.fwd_partial =
-        plan.layout.add<float>(s.batch * t.rows.slots * (kTile * plan.part_dim + 2 * kTile));
+    plan.fwd_partial = plan.layout.add<float>(s.batch * t.head_repeat * t.rows.slots *
+                                              (kTile * plan.part_dim + 2 * kTile));
   }
   return plan;
 }
@@ -110,12 +110,15 @@ FusedPlan plan_backward(const SparseAttentionBackwardParams& p, const detail::At
   plan.part_dim = kernel_head_dim(s.dim);
   if (t.rows.slots > 0) {
     plan.has_dq = true;
-    plan.dq_partial = plan.layout.add<float>(s.batch * t.rows.slots * kTile * plan.part_dim);
+    plan.dq_partial =
+        plan.layout.add<float>(s.batch * t.head_repeat * t.rows.slots * kTile * plan.part_dim);
   }
   if (t.cols.slots > 0) {
     plan.has_dkdv = true;
-    plan.dk_partial = plan.layout.add<float>(s.batch * t.cols.slots * kTile * plan.part_dim);
-    plan.dv_partial = plan.layout.add<float>(s.batch * t.cols.slots * kTile * plan.part_dim);
+    plan.dk_partial =
+        plan.layout.add<float>(s.batch * t.head_repeat * t.cols.slots * kTile * plan.part_dim);
+    plan.dv_partial =
+        plan.layout.add<float>(s.batch * t.head_repeat * t.cols.slots * kTile * plan.part_dim);
   }
   return plan;
 }
@@ -141,11 +144,13 @@ Status check_common(const BlockSparseIndex* index, DType dtype, const detail::At
         "index: its device copy has no tile index for the fused kernels (the layout is not "
         "square); upload a square index with upload_block_sparse_index");
   }
-  const int64_t pieces = std::max<int64_t>(d->tiles.rows.pieces, d->tiles.cols.pieces);
+  // Pieces of the stored heads' lists, each worked for head_repeat heads.
+  const int64_t pieces =
+      int64_t{d->tiles.head_repeat} * std::max<int64_t>(d->tiles.rows.pieces, d->tiles.cols.pieces);
   if (s.batch * pieces > 0x7fffffff) {
     return Status::not_supported("the problem needs " + std::to_string(s.batch * pieces) +
-                                 " thread blocks (B * pieces), more than one CUDA grid holds "
-                                 "(2^31 - 1)");
+                                 " thread blocks (B * pieces over all heads), more than one CUDA "
+                                 "grid holds (2^31 - 1)");
   }
   return Status::ok_status();
 }

@@ -72,7 +72,7 @@ template <typename Fn>
 __device__ __forceinline__ void for_each_key(const SparseAttentionDeviceParams& p, int64_t b,
                                              int64_t h, int64_t i, const float* q, const Fn& fn) {
   const auto& tl = p.tiles;
-  const int64_t line = h * tl.num_tiles + i / SparseTile::kSize;
+  const int64_t line = (h % tl.layout_heads) * tl.num_tiles + i / SparseTile::kSize;
   const int r = static_cast<int>(i % SparseTile::kSize);
   const EntrySlots<true> slots(tl.row_slots, tl);  // the general form, for any block
   for (int e = tl.row_offsets[line]; e < tl.row_offsets[line + 1]; ++e) {
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kF32Threads)
     load_row_f32(v, p.v, p.v_stride, b, h, j, p.dim);
     for (int64_t d = 0; d < p.dim; ++d) dk[d] = dv[d] = 0.0f;
     const auto& tl = p.tiles;
-    const int64_t line = h * tl.num_tiles + j / SparseTile::kSize;
+    const int64_t line = (h % tl.layout_heads) * tl.num_tiles + j / SparseTile::kSize;
     const int c = static_cast<int>(j % SparseTile::kSize);
     const EntrySlots<true> slots(tl.col_slots, tl);  // the general form, for any block
     for (int e = tl.col_offsets[line]; e < tl.col_offsets[line + 1]; ++e) {

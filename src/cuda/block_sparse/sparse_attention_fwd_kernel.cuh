@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
-  const PieceOf at = decode_piece(p.tiles.rows, p.tiles.num_tiles);
+  const PieceOf at = decode_piece(p.tiles.rows, p.tiles);
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   if (at.slot >= 0) {
     // A piece of a split row: the unnormalised O and the row statistics, for the combine kernel.
     float* slot =
-        p.fwd_partial + (b * p.tiles.rows.slots + at.slot) *
+        p.fwd_partial + at.partial(p.tiles.rows.slots) *
                             (int64_t{SparseTile::kSize} * kHeadDim + 2 * SparseTile::kSize);
     store_partial_rows<kHeadDim>(o_acc, 1.0f, slot, warp, g, t);
     if (t == 0) {
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(SparseTile::kThreads)
     sparse_attention_fwd_combine_kernel(const SparseAttentionDeviceParams p) {
-  const SplitLineChunk<kHeadDim> at(p.tiles.rows, p.tiles.num_tiles);
+  const SplitLineChunk<kHeadDim> at(p.tiles.rows, p.tiles);
   if (at.row >= p.len) return;
   constexpr int64_t kOut = int64_t{SparseTile::kSize} * kHeadDim;
   constexpr int64_t kSlot = kOut + 2 * SparseTile::kSize;

@@ -30,13 +30,13 @@ cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p
                                             cudaStream_t stream) {
   const auto kernel = p.tiles.sub > 1 ? sparse_attention_fwd_kernel<T, kHeadDim, true>
                                       : sparse_attention_fwd_kernel<T, kHeadDim, false>;
-  cudaError_t e = launch_sparse_1d(kernel, p.batch * p.tiles.rows.pieces,
+  cudaError_t e = launch_sparse_1d(kernel, p.batch * p.tiles.head_repeat * p.tiles.rows.pieces,
                                    sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
   if (e != cudaSuccess || p.tiles.rows.num_split_lines == 0) return e;
-  return launch_sparse_1d(
-      sparse_attention_fwd_combine_kernel<T, kHeadDim>,
-      p.batch * p.tiles.rows.num_split_lines * SplitLineChunk<kHeadDim>::kCtasPerLine, 0, stream,
-      p);
+  return launch_sparse_1d(sparse_attention_fwd_combine_kernel<T, kHeadDim>,
+                          p.batch * p.tiles.head_repeat * p.tiles.rows.num_split_lines *
+                              SplitLineChunk<kHeadDim>::kCtasPerLine,
+                          0, stream, p);
 }
 
 template <typename T, int kHeadDim>
@@ -44,13 +44,14 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
                                              cudaStream_t stream) {
   const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim>);
   const bool packed = p.tiles.sub > 1;
-  cudaError_t e = launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true>
-                                          : sparse_attention_dkdv_kernel<T, kHeadDim, false>,
-                                   p.batch * p.tiles.cols.pieces, smem, stream, p);
+  cudaError_t e =
+      launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true>
+                              : sparse_attention_dkdv_kernel<T, kHeadDim, false>,
+                       p.batch * p.tiles.head_repeat * p.tiles.cols.pieces, smem, stream, p);
   if (e != cudaSuccess) return e;
   e = launch_sparse_1d(packed ? sparse_attention_dq_kernel<T, kHeadDim, true>
                               : sparse_attention_dq_kernel<T, kHeadDim, false>,
-                       p.batch * p.tiles.rows.pieces, smem, stream, p);
+                       p.batch * p.tiles.head_repeat * p.tiles.rows.pieces, smem, stream, p);
   if (e != cudaSuccess) return e;
   // The split lines' partials, added in piece order (each kernel reads what the kernels above
   // wrote on the same stream).
@@ -59,7 +60,8 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
     if (work.num_split_lines == 0) return cudaSuccess;
     SparseSumTarget target{partial, out, {stride[0], stride[1], stride[2], stride[3]}};
     return launch_sparse_1d(sparse_attention_sum_kernel<T, kHeadDim>,
-                            p.batch * work.num_split_lines * SplitLineChunk<kHeadDim>::kCtasPerLine,
+                            p.batch * p.tiles.head_repeat * work.num_split_lines *
+                                SplitLineChunk<kHeadDim>::kCtasPerLine,
                             0, stream, p, work, target);
   };
   e = sum(p.tiles.cols, p.dk_partial, p.dk, p.dk_stride);

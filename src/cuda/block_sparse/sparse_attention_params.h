@@ -63,11 +63,12 @@ struct SparseAttentionDeviceParams {
   // Workspace regions (fp32, packed). part_dim is the head dim of a partial row (the kernel's
   // kHeadDim): forward slots hold [64 x part_dim] unnormalised O, then 64 row maxima and 64 row
   // sums; backward slots hold [64 x part_dim] of dQ (row pieces) or of dK and dV (column pieces).
+  // B' = B * tiles.head_repeat: the stored heads' slots repeat for each head they serve.
   float* delta;        // [B, H, L]: <dO_i, O_i>
-  float* fwd_partial;  // [B, row slots, 64 * part_dim + 128]
-  float* dq_partial;   // [B, row slots, 64 * part_dim]
-  float* dk_partial;   // [B, column slots, 64 * part_dim]
-  float* dv_partial;   // [B, column slots, 64 * part_dim]
+  float* fwd_partial;  // [B', row slots, 64 * part_dim + 128]
+  float* dq_partial;   // [B', row slots, 64 * part_dim]
+  float* dk_partial;   // [B', column slots, 64 * part_dim]
+  float* dv_partial;   // [B', column slots, 64 * part_dim]
   int part_dim;
 };
 

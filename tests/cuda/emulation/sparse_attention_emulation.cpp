@@ -46,7 +46,7 @@ struct EmuTiles {
 struct Case {
   DType dtype = DType::kBF16;
   int64_t block = 16, B = 1, H = 2, N = 8, D = 64;
-  int kind = 0;  // 0 random, 1 bigbird
+  int kind = 0;  // 0 random, 1 bigbird, 2 random with every head sharing head 0's layout
   int64_t split = 0;
   bool causal = false, kpm = false, attn = false, rpe = false, keyt = false;
   uint64_t seed = 1;
@@ -57,8 +57,9 @@ bool run_case(const Case& c) {
   std::mt19937_64 rng(c.seed);
   const int64_t L = c.N * c.block;
   sciattn::Layout layout;
-  if (c.kind == 0) {
+  if (c.kind == 0 || c.kind == 2) {
     layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
+    if (c.kind == 2) layout = maybe_shared_heads(layout, 1);  // one stored head
   } else {
     BigBirdSparsityConfig cfg;
     cfg.num_heads = c.H;
@@ -167,16 +168,16 @@ bool run_case(const Case& c) {
   strides(glse, p.lse_stride, 3);
   p.tiles = dt;
   p.part_dim = kHD;
-  std::vector<float> fwd_part(std::max<size_t>(1, c.B * dt.rows.slots * (64 * kHD + 128)), NAN);
+  std::vector<float> fwd_part(std::max<size_t>(1, c.B * dt.head_repeat * dt.rows.slots * (64 * kHD + 128)), NAN);
   p.fwd_partial = fwd_part.data();
   // The launcher's choice of instantiation (sparse_attention_launch_impl.cuh).
   const bool packed = dt.sub > 1;
   launch(packed ? cuda::sparse_attention_fwd_kernel<T, kHD, true>
                 : cuda::sparse_attention_fwd_kernel<T, kHD, false>,
-         c.B * dt.rows.pieces, p);
+         c.B * dt.head_repeat * dt.rows.pieces, p);
   if (dt.rows.num_split_lines)
     launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>,
-           c.B * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p);
+           c.B * dt.head_repeat * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p);
 
   bool ok = true;
   auto check = [&](const char* what, const testing::AssertionResult& r) {
@@ -235,24 +236,24 @@ bool run_case(const Case& c) {
       }
     }
   }
-  std::vector<float> dqp(std::max<size_t>(1, c.B * dt.rows.slots * 64 * kHD), NAN),
-      dkp(std::max<size_t>(1, c.B * dt.cols.slots * 64 * kHD), NAN),
-      dvp(std::max<size_t>(1, c.B * dt.cols.slots * 64 * kHD), NAN);
+  std::vector<float> dqp(std::max<size_t>(1, c.B * dt.head_repeat * dt.rows.slots * 64 * kHD), NAN),
+      dkp(std::max<size_t>(1, c.B * dt.head_repeat * dt.cols.slots * 64 * kHD), NAN),
+      dvp(std::max<size_t>(1, c.B * dt.head_repeat * dt.cols.slots * 64 * kHD), NAN);
   p.dq_partial = dqp.data();
   p.dk_partial = dkp.data();
   p.dv_partial = dvp.data();
   launch(packed ? cuda::sparse_attention_dkdv_kernel<T, kHD, true>
                 : cuda::sparse_attention_dkdv_kernel<T, kHD, false>,
-         c.B * dt.cols.pieces, p);
+         c.B * dt.head_repeat * dt.cols.pieces, p);
   launch(packed ? cuda::sparse_attention_dq_kernel<T, kHD, true>
                 : cuda::sparse_attention_dq_kernel<T, kHD, false>,
-         c.B * dt.rows.pieces, p);
+         c.B * dt.head_repeat * dt.rows.pieces, p);
   auto sum = [&](const BlockSparseDeviceIndex::TileWork& w, float* part, void* out,
                  const int64_t* st) {
     if (!w.num_split_lines) return;
     cuda::SparseSumTarget target{part, out, {st[0], st[1], st[2], st[3]}};
     launch(cuda::sparse_attention_sum_kernel<T, kHD>,
-           c.B * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p, w, target);
+           c.B * dt.head_repeat * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p, w, target);
   };
   sum(dt.cols, dkp.data(), p.dk, p.dk_stride);
   sum(dt.cols, dvp.data(), p.dv, p.dv_stride);
@@ -273,6 +274,7 @@ bool run_f32(const Case& c) {
   std::mt19937_64 rng(c.seed);
   const int64_t L = c.N * c.block;
   sciattn::Layout layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
+  if (c.kind == 2) layout = maybe_shared_heads(layout, 1);  // one stored head
   BlockSparseIndex ix = make_index(layout, c.block);
   const EmuTiles emu_tiles(ix);
   if (!emu_tiles.ok) return false;
@@ -455,6 +457,24 @@ int main(int argc, char** argv) {
   c.D = 32;
   c.causal = true;
   cases.push_back(c);  // 8: the same below the causal diagonal, element checks on it
+  c = Case();
+  c.kind = 2;
+  c.B = 2;
+  c.H = 3;
+  c.N = 12;
+  c.split = 2;
+  c.kpm = true;
+  cases.push_back(c);  // 9: heads sharing one stored layout (head_repeat 3), split lines
+  c = Case();
+  c.kind = 2;
+  c.block = 64;
+  c.B = 2;
+  c.H = 3;
+  c.N = 4;
+  c.split = 1;
+  c.D = 32;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 10: the same with whole-tile entries
   int fails = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && (int)i != which) continue;
@@ -490,6 +510,7 @@ int main(int argc, char** argv) {
       x.keyt = r() % 3 == 0;
       x.H = 1 + (int64_t)(r() % 2);
       x.B = 1 + (int64_t)(r() % 2);
+      if (x.seed % 3 == 1) x.kind = 2;  // a third share one stored layout
       const int64_t hd = x.D <= 32 ? 32 : x.D <= 64 ? 64 : 128;
       bool ok;
       if (x.dtype == DType::kF16)
@@ -515,6 +536,14 @@ int main(int argc, char** argv) {
     x.N = 2;
     x.D = 64;
     fails += !run_f32(x);
+    x = Case();
+    x.kind = 2;
+    x.block = 32;
+    x.B = 2;
+    x.H = 3;
+    x.N = 5;
+    x.D = 40;
+    fails += !run_f32(x);  // heads sharing one stored layout
   }
   std::printf("%d failures\n", fails);
   return fails;

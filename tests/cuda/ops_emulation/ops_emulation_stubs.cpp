@@ -25,7 +25,7 @@ Status check_device_index(const BlockSparseIndex& ix, const void*) {
 }  // namespace detail
 Status upload_block_sparse_index(BlockSparseIndex* ix, int) {
   auto d = std::make_shared<BlockSparseDeviceIndex>();
-  const size_t n = ix->nnz, rows = ix->row_offsets.size(), cols = ix->col_offsets.size();
+  const size_t n = ix->stored_nnz(), rows = ix->row_offsets.size(), cols = ix->col_offsets.size();
   const size_t total = 5 * n + rows + cols + 8;
   int32_t* m = static_cast<int32_t*>(std::calloc(total, 4));
   d->memory = m;
@@ -41,6 +41,8 @@ Status upload_block_sparse_index(BlockSparseIndex* ix, int) {
   d->num_row_blocks = ix->num_row_blocks;
   d->num_col_blocks = ix->num_col_blocks;
   d->nnz = ix->nnz;
+  d->layout_heads = ix->layout_heads;
+  d->stored_nnz = ix->stored_nnz();
   d->head = put(ix->head);
   d->row = put(ix->row);
   d->col = put(ix->col);
