@@ -2,6 +2,7 @@
 // Host-only common layer; written from the reference MT19937 description and spec section 1.8.
 #include "common/python_random.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <unordered_set>
@@ -156,12 +157,21 @@ Status PythonRandom::sample_range(int64_t n, int64_t k, std::vector<int64_t>* ou
       pool[j] = pool[n - i - 1];
     }
   } else {
-    // Set method: draw from the whole population and redraw repeats.
+    // Set method: draw from the whole population and redraw repeats. A few draws (BigBird's one
+    // to three random blocks per row, thousands of rows) are checked against those taken so far
+    // directly: building a hash set per call was most of this function's time. Same draws either
+    // way.
+    constexpr int64_t kLinearCheck = 16;
     std::unordered_set<int64_t> selected;
+    if (k > kLinearCheck) selected.reserve(static_cast<size_t>(k));
+    auto taken = [&](int64_t j, int64_t count) {
+      if (k > kLinearCheck) return selected.count(j) != 0;
+      return std::find(out->begin(), out->begin() + count, j) != out->begin() + count;
+    };
     for (int64_t i = 0; i < k; ++i) {
       auto j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
-      while (selected.count(j) != 0) j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
-      selected.insert(j);
+      while (taken(j, i)) j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
+      if (k > kLinearCheck) selected.insert(j);
       (*out)[i] = j;
     }
   }

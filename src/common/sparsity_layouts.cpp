@@ -367,6 +367,13 @@ class SparseLayoutSink final : public LayoutSink {
     out->stored_heads = shared_ ? 1 : num_heads_;
     out->row_offsets.assign(static_cast<size_t>(out->stored_heads * n + 1), 0);
     out->cols.clear();
+    // At most the painted columns (ranges may overlap): one allocation instead of a doubling
+    // series of copies.
+    size_t painted = 0;
+    for (int64_t h = 0; h < out->stored_heads; ++h)
+      for (const Range& g : ranges_[static_cast<size_t>(h)])
+        painted += static_cast<size_t>(std::max<int32_t>(0, g.c1 - g.c0));
+    out->cols.reserve(painted);
     std::vector<int64_t> starts(static_cast<size_t>(n + 1));
     std::vector<Range> by_row;
     for (int64_t h = 0; h < out->stored_heads; ++h) {
