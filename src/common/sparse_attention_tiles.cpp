@@ -51,11 +51,11 @@ SparseAttentionTileWork split_tile_lines(const std::vector<int64_t>& offsets, in
 
 // Appends the entries of one line (a tile row or column) to `slots` / `masks`: `units` (the
 // units the line's blocks touch, ascending) taken `sub` at a time, the last entry padded with -1;
-// unit_bits[u] holds, for unit u, the bits of the line's own blocks that touch it, and bit x of
-// it becomes mask bit bit_of(k, x) for slot k. Clears unit_bits of the units used.
-template <typename BitOf>
+// unit_bits[u] holds, for unit u, the bits of the line's own blocks that touch it, and
+// slot_bits(k, bits) places them in the mask for slot k. Clears unit_bits of the units used.
+template <typename SlotBits>
 void append_line_entries(const std::vector<int64_t>& units, std::vector<int64_t>* unit_bits,
-                         int64_t sub, const BitOf& bit_of, std::vector<int64_t>* slots,
+                         int64_t sub, const SlotBits& slot_bits, std::vector<int64_t>* slots,
                          std::vector<int64_t>* masks) {
   for (size_t first = 0; first < units.size(); first += static_cast<size_t>(sub)) {
     int64_t mask = 0;
@@ -68,8 +68,7 @@ void append_line_entries(const std::vector<int64_t>& units, std::vector<int64_t>
       const int64_t u = units[at];
       slots->push_back(u);
       int64_t& bits = (*unit_bits)[static_cast<size_t>(u)];
-      for (int64_t x = 0; x < sub; ++x)
-        if ((bits >> x) & 1) mask |= int64_t{1} << bit_of(k, x);
+      mask |= slot_bits(k, bits);
       bits = 0;
     }
     masks->push_back(mask);
@@ -91,8 +90,8 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
   std::vector<int64_t> touched;
   // One direction's lists: for each line (tile row, or tile column) of each stored head, the units
   // its blocks use, each with the bits of the line's own blocks that use it (below the tile size; 0
-  // above it), packed into entries. bit_of maps (slot, own bit) to the mask bit.
-  auto build = [&](bool rows, auto bit_of, std::vector<int64_t>* offsets,
+  // above it), packed into entries. slot_bits(k, bits) places a unit's own bits in the mask.
+  auto build = [&](bool rows, auto slot_bits, std::vector<int64_t>* offsets,
                    std::vector<int64_t>* slots, std::vector<int64_t>* masks) {
     offsets->assign(static_cast<size_t>(G * nt + 1), 0);
     // At most one entry per layout block (each entry holds at least one), span^2 above the tile.
@@ -118,20 +117,27 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
             }
           }
         }
-        std::sort(touched.begin(), touched.end());
-        append_line_entries(touched, &unit_bits, sub, bit_of, slots, masks);
+        // One block row's (or column's) units come out ascending already; several interleave.
+        if (last - first > 1) std::sort(touched.begin(), touched.end());
+        append_line_entries(touched, &unit_bits, sub, slot_bits, slots, masks);
         (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
       }
     }
   };
-  // Mask bits are (query block, key block): a row entry's slot is its key block, a column
-  // entry's slot its query block.
+  // Mask bits are (query block, key block), bit x * sub + k: a row entry's slot k is its key
+  // block and its own bit x the query block, so a unit's bits spread to every sub-th bit from k
+  // (spread[] precomputed for the at most 2^sub values); a column entry's slot is its query block
+  // and its own bits the key blocks, already contiguous: bits << k * sub.
+  std::vector<int64_t> spread(static_cast<size_t>(int64_t{1} << sub), 0);
+  for (int64_t bits = 0; bits < (int64_t{1} << sub); ++bits)
+    for (int64_t x = 0; x < sub; ++x)
+      if ((bits >> x) & 1) spread[static_cast<size_t>(bits)] |= int64_t{1} << (x * sub);
   build(
-      true, [&](int64_t k, int64_t x) { return x * sub + k; }, &t.row_offsets, &t.row_slots,
-      &t.row_masks);
+      true, [&](int64_t k, int64_t bits) { return spread[static_cast<size_t>(bits)] << k; },
+      &t.row_offsets, &t.row_slots, &t.row_masks);
   build(
-      false, [&](int64_t k, int64_t x) { return k * sub + x; }, &t.col_offsets, &t.col_slots,
-      &t.col_masks);
+      false, [&](int64_t k, int64_t bits) { return bits << (k * sub); }, &t.col_offsets,
+      &t.col_slots, &t.col_masks);
   t.row_entries = static_cast<int64_t>(t.row_masks.size());
   t.col_entries = static_cast<int64_t>(t.col_masks.size());
 }
