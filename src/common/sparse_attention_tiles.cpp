@@ -86,13 +86,13 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
   const int64_t G = ix.layout_heads, R = ix.num_row_blocks, nt = t.num_tiles, sub = t.sub;
   const bool packed = ix.block < kTile;
   const int64_t units = packed ? R : nt;  // per side
-  std::vector<int64_t> unit_bits(static_cast<size_t>(units), 0);
-  std::vector<int64_t> touched;
   // One direction's lists: for each line (tile row, or tile column) of each stored head, the units
   // its blocks use, each with the bits of the line's own blocks that use it (below the tile size; 0
   // above it), packed into entries. slot_bits(k, bits) places a unit's own bits in the mask.
   auto build = [&](bool rows, auto slot_bits, std::vector<int64_t>* offsets,
                    std::vector<int64_t>* slots, std::vector<int64_t>* masks) {
+    std::vector<int64_t> unit_bits(static_cast<size_t>(units), 0);
+    std::vector<int64_t> touched;
     offsets->assign(static_cast<size_t>(G * nt + 1), 0);
     // At most one entry per layout block (each entry holds at least one), span^2 above the tile.
     const auto most = static_cast<size_t>(ix.stored_nnz() * span * span);
@@ -132,12 +132,21 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
   for (int64_t bits = 0; bits < (int64_t{1} << sub); ++bits)
     for (int64_t x = 0; x < sub; ++x)
       if ((bits >> x) & 1) spread[static_cast<size_t>(bits)] |= int64_t{1} << (x * sub);
-  build(
-      true, [&](int64_t k, int64_t bits) { return spread[static_cast<size_t>(bits)] << k; },
-      &t.row_offsets, &t.row_slots, &t.row_masks);
-  build(
-      false, [&](int64_t k, int64_t bits) { return bits << (k * sub); }, &t.col_offsets,
-      &t.col_slots, &t.col_masks);
+  // The two directions are independent (each its own scratch): two threads for a large layout
+  // (BigBird at 65,536 tokens and block 16: ~25 K stored blocks, ~0.3 ms per direction), one
+  // for a small one, where starting a thread would cost more than it saves.
+  const bool two_threads = ix.stored_nnz() >= 4096;
+#pragma omp parallel sections num_threads(2) if (two_threads)
+  {
+#pragma omp section
+    build(
+        true, [&](int64_t k, int64_t bits) { return spread[static_cast<size_t>(bits)] << k; },
+        &t.row_offsets, &t.row_slots, &t.row_masks);
+#pragma omp section
+    build(
+        false, [&](int64_t k, int64_t bits) { return bits << (k * sub); }, &t.col_offsets,
+        &t.col_slots, &t.col_masks);
+  }
   t.row_entries = static_cast<int64_t>(t.row_masks.size());
   t.col_entries = static_cast<int64_t>(t.col_masks.size());
 }

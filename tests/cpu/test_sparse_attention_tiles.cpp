@@ -225,6 +225,61 @@ TEST(SparseAttentionTiles, SharedHeadsAndNearlySharedHeads) {
   expect_tiles_of(other_columns, 32, make_index(other_columns, 32));
 }
 
+// The (h, query block, key block) pairs a packed index's entries keep (block < 64: a mask bit is
+// one layout block), counted: the block-level form of kept_elements, cheap enough for large
+// layouts.
+std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept_blocks(const SparseAttentionTiles& t,
+                                                                 bool rows, int64_t H) {
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept;
+  const std::vector<int64_t>& offsets = rows ? t.row_offsets : t.col_offsets;
+  const std::vector<int64_t>& slots = rows ? t.row_slots : t.col_slots;
+  const std::vector<int64_t>& masks = rows ? t.row_masks : t.col_masks;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t line = 0; line < t.num_tiles; ++line)
+      for (int64_t e = offsets[static_cast<size_t>((h % t.num_heads) * t.num_tiles + line)];
+           e < offsets[static_cast<size_t>((h % t.num_heads) * t.num_tiles + line + 1)]; ++e)
+        for (int64_t x = 0; x < t.sub; ++x)      // the line's own block
+          for (int64_t k = 0; k < t.sub; ++k) {  // the slot
+            const int64_t bit = rows ? x * t.sub + k : k * t.sub + x;
+            if (((masks[static_cast<size_t>(e)] >> bit) & 1) == 0) continue;
+            const int64_t own = line * t.sub + x;
+            const int64_t other = slots[static_cast<size_t>(e * t.sub + k)];
+            ++kept[rows ? std::make_tuple(h, own, other) : std::make_tuple(h, other, own)];
+          }
+  return kept;
+}
+
+// A layout large enough for the builder to make the two directions' lists on two threads
+// (4,096 stored blocks and more; BigBird with 2,048 block rows has ~6 K): both directions
+// keep exactly the layout's blocks, each once, for shared and per-head layouts.
+TEST(SparseAttentionTiles, LargeLayoutListsMatchTheLayoutBlockByBlock) {
+  for (int64_t block : {16, 32}) {
+    for (bool per_head : {false, true}) {
+      BigBirdSparsityConfig cfg;
+      cfg.num_heads = 2;
+      cfg.block = block;
+      cfg.different_layout_per_head = per_head;
+      Layout layout;
+      ASSERT_TRUE(make_layout(cfg, 2048 * block, &layout).ok());  // 2,048 block rows
+      const BlockSparseIndex ix = make_index(layout, block);
+      ASSERT_GE(ix.stored_nnz(), 4096) << "too small for the two-thread path";
+      SparseAttentionTiles t;
+      ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+      expect_packed_lists(t, true);
+      expect_packed_lists(t, false);
+      std::map<std::tuple<int64_t, int64_t, int64_t>, int> want;
+      for (int64_t h = 0; h < layout.num_heads; ++h)
+        for (int64_t r = 0; r < layout.num_row_blocks; ++r)
+          for (int64_t c = 0; c < layout.num_col_blocks; ++c)
+            if (layout.at(h, r, c)) want[{h, r, c}] = 1;
+      EXPECT_TRUE(kept_blocks(t, true, layout.num_heads) == want)
+          << "row lists, block " << block << (per_head ? " per head" : " shared");
+      EXPECT_TRUE(kept_blocks(t, false, layout.num_heads) == want)
+          << "column lists, block " << block << (per_head ? " per head" : " shared");
+    }
+  }
+}
+
 TEST(SparseAttentionTiles, GlobalRowIsSplitAndEmptyRowsKeepOnePiece) {
   // Block 16, 640 tokens (10 tiles): head 0 block row 0 attends to everything (a global row),
   // block rows 4..7 (tile row 1) are empty.
