@@ -13,7 +13,8 @@
 # test_block_sparse_ops_cuda, whichever are in .carry) and `sciattn sparse --device cuda`;
 # `sparse_compare` runs bench/compare/block_sparse.py through the Python package (built with
 # --cuda first when the one in bindings/torch/python has no CUDA kernels).
-# Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), COMPARE_DTYPES (peer comparison),
+# Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), PROFILE_FILTER (profile, stalls:
+# the Evoformer bench row, default triangle 384), COMPARE_DTYPES (peer comparison),
 # SPARSE_BENCH_FILTER (bench_sparse_attention_cuda; default: D 64, L 4096 and 16384),
 # SPARSE_COMPARE_ARGS (block_sparse.py's options; default --quick).
 # Results go to $OUT (or results/ when OUT is unset).
@@ -72,10 +73,12 @@ if want cli && [ -x "$bin/sciattn" ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want profile && [ -x "$bin/bench_evoformer_cuda" ]; then
-  # Per-kernel device time of one forward + backward (triangle [1,384,384,4,32], bf16).
+  # Per-kernel device time of one forward + backward (triangle [1,384,384,4,32], bf16, unless
+  # PROFILE_FILTER names another bench_evoformer_cuda row).
   echo "== kernel durations (ncu)"
   ncu --clock-control none --metrics gpu__time_duration.sum --launch-count 10 \
-    "$bin/bench_evoformer_cuda" --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' \
+    "$bin/bench_evoformer_cuda" \
+    --benchmark_filter="${PROFILE_FILTER:-N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1}" \
     --benchmark_min_time=0.001 > "$out/ncu_durations.log" 2>&1
   grep -E "evoformer|gpu__time_duration" "$out/ncu_durations.log" | paste - - | \
     sed -E 's/ +/ /g; s/\(([0-9]+, ?)+[0-9]+\)x\([0-9, ]+\)//g' | cut -c1-160
@@ -86,7 +89,8 @@ if want stalls && [ -x "$bin/bench_evoformer_cuda" ]; then
   echo "== warp states (ncu)"
   ncu --clock-control none --section Occupancy --section SchedulerStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --launch-count 5 \
-    "$bin/bench_evoformer_cuda" --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' \
+    "$bin/bench_evoformer_cuda" \
+    --benchmark_filter="${PROFILE_FILTER:-N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1}" \
     --benchmark_min_time=0.001 > "$out/ncu_stalls.log" 2>&1
   grep -E "^  [a-z_]+.*evoformer|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per|Stall|Warp Cycles Per Issued|Executed Ipc A|Theoretical Occ" "$out/ncu_stalls.log" | cut -c1-120 | head -80
 fi

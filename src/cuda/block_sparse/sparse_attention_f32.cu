@@ -24,11 +24,16 @@ unsigned f32_grid(int64_t rows) {
       std::max<int64_t>(1, std::min<int64_t>((rows + kF32Threads - 1) / kF32Threads, 132 * 32)));
 }
 
-// delta = rowsum(dO * O) per (b, h, query row), eight lanes per row (attention_delta.cuh).
+// delta = rowsum(dO * O) per (b, h, query row), kLanes lanes per row (attention_delta.cuh).
 template <typename T>
+__host__ __device__ inline bool sparse_delta_vec(const SparseAttentionDeviceParams& p) {
+  return sizeof(T) == 2 && p.vec_out && p.vec_dout;
+}
+
+template <typename T, int kLanes>
 __global__ void sparse_attention_delta_kernel(const SparseAttentionDeviceParams p) {
-  const bool vec = sizeof(T) == 2 && p.vec_out && p.vec_dout;
-  delta_rows<T>(
+  const bool vec = sparse_delta_vec<T>(p);
+  delta_rows<T, kLanes>(
       p.batch * p.heads * p.len, p.dim, vec, p.out_stride[3], p.dout_stride[3],
       [&](auto row) {
         using Index = decltype(row);
@@ -186,9 +191,11 @@ __global__ void __launch_bounds__(kF32Threads)
 template <typename T>
 cudaError_t launch_sparse_attention_delta(const SparseAttentionDeviceParams& p,
                                           cudaStream_t stream) {
-  sparse_attention_delta_kernel<T>
-      <<<delta_grid(p.batch * p.heads * p.len, kF32Threads, 132 * 32), kF32Threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  const unsigned grid = delta_grid(p.batch * p.heads * p.len, kF32Threads, 132 * 32);
+  return launch_with_delta_lanes(p.dim, sparse_delta_vec<T>(p), [&](auto lanes) {
+    sparse_attention_delta_kernel<T, decltype(lanes)::value><<<grid, kF32Threads, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
 }
 template cudaError_t launch_sparse_attention_delta<float>(const SparseAttentionDeviceParams&,
                                                           cudaStream_t);

@@ -83,13 +83,17 @@ struct EvoformerDbias2Smem {
   float bias2_log2[Tile::kWarps][8][4][32];
 };
 
-// delta = rowsum(dO * O) per (b*n, query row, h), eight lanes per row (attention_delta.cuh);
-// rows in the tensors' memory order, so a warp's four rows are adjacent.
+// delta = rowsum(dO * O) per (b*n, query row, h), kLanes lanes per row (attention_delta.cuh);
+// rows in the tensors' memory order, so a warp's rows are adjacent.
 template <typename T>
+__host__ __device__ inline bool evoformer_delta_vec(const EvoformerDeviceParams& p) {
+  return sizeof(T) == 2 && p.vec_out && p.vec_dout;
+}
+
+template <typename T, int kLanes>
 __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
-  const bool vec = sizeof(T) == 2 && p.vec_out && p.vec_dout;
-  delta_rows<T>(
-      p.batch * p.n * p.len * p.heads, p.dim, vec, 1, 1,
+  delta_rows<T, kLanes>(
+      p.batch * p.n * p.len * p.heads, p.dim, evoformer_delta_vec<T>(p), 1, 1,
       [&](auto row) {
         using Index = decltype(row);
         const Index heads = static_cast<Index>(p.heads), len = static_cast<Index>(p.len);

@@ -255,9 +255,11 @@ __global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p)
 template <typename T>
 cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t stream) {
   const int threads = 256;
-  evoformer_bwd_delta_kernel<T>
-      <<<delta_grid(p.batch * p.n * p.len * p.heads, threads, 132 * 16), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  const unsigned grid = delta_grid(p.batch * p.n * p.len * p.heads, threads, 132 * 16);
+  return launch_with_delta_lanes(p.dim, evoformer_delta_vec<T>(p), [&](auto lanes) {
+    evoformer_bwd_delta_kernel<T, decltype(lanes)::value><<<grid, threads, 0, stream>>>(p);
+    return cudaGetLastError();
+  });
 }
 template cudaError_t launch_evoformer_backward_delta<float>(const EvoformerDeviceParams&,
                                                             cudaStream_t);

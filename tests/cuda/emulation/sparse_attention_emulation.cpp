@@ -168,7 +168,8 @@ bool run_case(const Case& c) {
   strides(glse, p.lse_stride, 3);
   p.tiles = dt;
   p.part_dim = kHD;
-  std::vector<float> fwd_part(std::max<size_t>(1, c.B * dt.head_repeat * dt.rows.slots * (64 * kHD + 128)), NAN);
+  std::vector<float> fwd_part(
+      std::max<size_t>(1, c.B * dt.head_repeat * dt.rows.slots * (64 * kHD + 128)), NAN);
   p.fwd_partial = fwd_part.data();
   // The launcher's choice of instantiation (sparse_attention_launch_impl.cuh).
   const bool packed = dt.sub > 1;
@@ -177,7 +178,8 @@ bool run_case(const Case& c) {
          c.B * dt.head_repeat * dt.rows.pieces, p);
   if (dt.rows.num_split_lines)
     launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>,
-           c.B * dt.head_repeat * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p);
+           c.B * dt.head_repeat * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine,
+           p);
 
   bool ok = true;
   auto check = [&](const char* what, const testing::AssertionResult& r) {
@@ -223,7 +225,20 @@ bool run_case(const Case& c) {
   std::vector<float> delta(c.B * c.H * L, NAN);
   p.delta = delta.data();
   p.vec_out = vec(gout);
-  launch(cuda::f32emu::sparse_attention_delta_kernel<T>, 3, p);
+  // The lanes per row the launcher picks (attention_delta.cuh), here too.
+  switch (cuda::delta_lanes(p.dim, cuda::f32emu::sparse_delta_vec<T>(p))) {
+    case 1:
+      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 1>, 3, p);
+      break;
+    case 2:
+      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 2>, 3, p);
+      break;
+    case 4:
+      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 4>, 3, p);
+      break;
+    default:
+      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 8>, 3, p);
+  }
   {
     const std::vector<double> ov = gout.values(), dv = dout.values();
     for (int64_t r = 0; r < c.B * c.H * L; ++r) {
@@ -253,7 +268,8 @@ bool run_case(const Case& c) {
     if (!w.num_split_lines) return;
     cuda::SparseSumTarget target{part, out, {st[0], st[1], st[2], st[3]}};
     launch(cuda::sparse_attention_sum_kernel<T, kHD>,
-           c.B * dt.head_repeat * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p, w, target);
+           c.B * dt.head_repeat * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p, w,
+           target);
   };
   sum(dt.cols, dkp.data(), p.dk, p.dk_stride);
   sum(dt.cols, dvp.data(), p.dv, p.dv_stride);
@@ -387,7 +403,7 @@ bool run_f32(const Case& c) {
   p.dv = gdv.data();
   strides(gdv, p.dv_stride, 4);
   p.delta = delta.data();
-  launch(cuda::f32emu::sparse_attention_delta_kernel<float>, 1, p);
+  launch(cuda::f32emu::sparse_attention_delta_kernel<float, 8>, 1, p);  // fp32: no 16-byte rows
   launch(cuda::f32emu::sparse_attention_dkdv_f32_kernel, 1, p);
   launch(cuda::f32emu::sparse_attention_dq_f32_kernel, 1, p);
   check("dq", within_tolerance("dq", gdq.values(), cdq.values(), og.dq.v, DType::kF32));
