@@ -90,7 +90,7 @@ BlockSparseDeviceArrays PackedBlockSparseIndex::at(const int32_t* base) const {
 
 Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseIndex* out) {
   if (out == nullptr) return Status::invalid_argument("out is a null pointer");
-  if (ix.block < 1 ||
+  if (ix.block < 1 || ix.layout_heads < 1 || ix.num_heads % ix.layout_heads != 0 ||
       static_cast<int64_t>(ix.row_offsets.size()) != ix.layout_heads * ix.num_row_blocks + 1) {
     return Status::invalid_argument(
         "index has not been built; build it with build_block_sparse_index first");

@@ -253,7 +253,7 @@ TEST_P(SoftmaxCases, ForwardWithinToleranceOfFp64) {
     const int64_t b = p.c.block;
     for (int64_t z = 0; z < p.c.Z; ++z)
       for (int64_t q = 0; q < p.ix.nnz; ++q) {
-        if (p.ix.row[q] != 0) continue;
+        if (p.ix.block_row(q) != 0) continue;
         for (int64_t cc = 0; cc < b; ++cc) {
           EXPECT_EQ(got[((z * p.ix.nnz + q) * b + 1) * b + cc], 0.0) << "masked row not 0";
         }
@@ -293,7 +293,7 @@ TEST_P(SoftmaxCases, BackwardWithinToleranceOfFp64) {
     const Vec got = dx.values();
     const int64_t b = p.c.block;
     for (int64_t q = 0; q < p.ix.nnz; ++q) {
-      if (p.ix.row[q] != 0) continue;
+      if (p.ix.block_row(q) != 0) continue;
       for (int64_t cc = 0; cc < b; ++cc) EXPECT_EQ(got[(q * b + 1) * b + cc], 0.0);
     }
   }

@@ -132,9 +132,16 @@ TEST(BlockSparseValidation, MatMulSdd) {
   using P = BlockSparseMatMulParams;
   BlockSparseIndex tampered = fx.ix;
   tampered.row_offsets.pop_back();
+  // Stored heads that do not divide the heads (or none): the arrays no longer match the counts.
+  BlockSparseIndex bad_heads = fx.ix;
+  bad_heads.layout_heads = fx.ix.num_heads + 1;
+  BlockSparseIndex no_heads = fx.ix;
+  no_heads.layout_heads = 0;
   const std::vector<Case<P>> cases = {
       {"no index", [](P& q) { q.index = nullptr; }, kInvalid, "index"},
       {"tampered index", [&](P& q) { q.index = &tampered; }, kInvalid, "index"},
+      {"layout_heads not dividing", [&](P& q) { q.index = &bad_heads; }, kInvalid, "index"},
+      {"layout_heads 0", [&](P& q) { q.index = &no_heads; }, kInvalid, "index"},
       {"bad mode", [](P& q) { q.mode = static_cast<BlockSparseMatMulMode>(7); }, kInvalid, "mode"},
       {"a null", [](P& q) { q.a.data = nullptr; }, kInvalid, "a"},
       {"a rank", [](P& q) { q.a = with_rank(q.a, 3); }, kInvalid, "a"},

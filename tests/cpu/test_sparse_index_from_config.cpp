@@ -50,6 +50,7 @@ bool expect_same_index(const SparsityConfig& config, int64_t max_seq_length, int
   EXPECT_EQ(got.num_row_blocks, want.num_row_blocks) << what;
   EXPECT_EQ(got.num_col_blocks, want.num_col_blocks) << what;
   EXPECT_EQ(got.nnz, want.nnz) << what;
+  EXPECT_EQ(got.layout_heads, want.layout_heads) << what;
   EXPECT_EQ(got.head, want.head) << what;
   EXPECT_EQ(got.row, want.row) << what;
   EXPECT_EQ(got.col, want.col) << what;
