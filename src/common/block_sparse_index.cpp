@@ -25,7 +25,7 @@ std::string str(int64_t v) {
 void keep_one_head_if_shared(BlockSparseIndex* index) {
   BlockSparseIndex& ix = *index;
   const int64_t H = ix.num_heads, R = ix.num_row_blocks;
-  if (H < 2) return;
+  if (H < 2 || ix.layout_heads != H) return;  // one head, or stored once already
   const int64_t head_nnz = ix.row_offsets[static_cast<size_t>(R)];
   if (head_nnz * H != ix.row_offsets.back()) return;
   for (int64_t h = 1; h < H; ++h) {
