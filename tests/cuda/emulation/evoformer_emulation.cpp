@@ -103,20 +103,11 @@ bool run_case(const EvoConfig& cfg) {
       detail::plan_cuda_backward(s, want_dbias1, want_dbias2, /*tensor_cores=*/true);
   std::vector<float> workspace(w.layout.total_bytes() / 4 + 16, NAN);
   const cuda::EvoformerDeviceParams pb = cuda::backward_device_params(b, s, workspace.data());
-  // The lanes per row the launcher picks (attention_delta.cuh), here too.
-  switch (cuda::delta_lanes(pb.dim, cuda::evoformer_delta_vec<T>(pb))) {
-    case 1:
-      launch(cuda::evoformer_bwd_delta_kernel<T, 1>, 3, 256, 0, pb);
-      break;
-    case 2:
-      launch(cuda::evoformer_bwd_delta_kernel<T, 2>, 3, 256, 0, pb);
-      break;
-    case 4:
-      launch(cuda::evoformer_bwd_delta_kernel<T, 4>, 3, 256, 0, pb);
-      break;
-    default:
-      launch(cuda::evoformer_bwd_delta_kernel<T, 8>, 3, 256, 0, pb);
-  }
+  // The lanes per row the launcher picks, through the launcher's own selection.
+  cuda::launch_with_delta_lanes(pb.dim, cuda::evoformer_delta_vec<T>(pb), [&](auto lanes) {
+    launch(cuda::evoformer_bwd_delta_kernel<T, decltype(lanes)::value>, 3, 256, 0, pb);
+    return 0;
+  });
   const size_t bias_smem_bwd =
       2 *
       static_cast<size_t>(cuda::bias_stage_bytes(pb.bias2_type, cuda::EvoformerBwdTile::kBlock) +

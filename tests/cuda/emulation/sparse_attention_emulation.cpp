@@ -225,20 +225,11 @@ bool run_case(const Case& c) {
   std::vector<float> delta(c.B * c.H * L, NAN);
   p.delta = delta.data();
   p.vec_out = vec(gout);
-  // The lanes per row the launcher picks (attention_delta.cuh), here too.
-  switch (cuda::delta_lanes(p.dim, cuda::f32emu::sparse_delta_vec<T>(p))) {
-    case 1:
-      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 1>, 3, p);
-      break;
-    case 2:
-      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 2>, 3, p);
-      break;
-    case 4:
-      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 4>, 3, p);
-      break;
-    default:
-      launch(cuda::f32emu::sparse_attention_delta_kernel<T, 8>, 3, p);
-  }
+  // The lanes per row the launcher picks, through the launcher's own selection.
+  cuda::launch_with_delta_lanes(p.dim, cuda::f32emu::sparse_delta_vec<T>(p), [&](auto lanes) {
+    launch(cuda::f32emu::sparse_attention_delta_kernel<T, decltype(lanes)::value>, 3, p);
+    return 0;
+  });
   {
     const std::vector<double> ov = gout.values(), dv = dout.values();
     for (int64_t r = 0; r < c.B * c.H * L; ++r) {
