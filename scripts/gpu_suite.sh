@@ -95,13 +95,15 @@ if want stalls && [ -x "$bin/bench_evoformer_cuda" ]; then
   grep -E "^  [a-z_]+.*evoformer|Achieved Occupancy|Issue Slots Busy|No Eligible|Registers Per|Stall|Warp Cycles Per Issued|Executed Ipc A|Theoretical Occ" "$out/ncu_stalls.log" | cut -c1-120 | head -80
 fi
 if [[ " ${what[*]} " == *" sass "* ]] && [ -x "$bin/bench_evoformer_cuda" ]; then
-  # Only when named (not part of `all`). Executed count of every SASS instruction of each kernel of one forward + backward (triangle
-  # 384, bf16): which instructions of the generic code actually run, per tile. The per-kernel
+  # Only when named (not part of `all`). Executed count of every SASS instruction of each kernel
+  # of one forward + backward (triangle 384, bf16, unless PROFILE_FILTER names another row):
+  # which instructions of the generic code actually run, per tile. The per-kernel
   # CSVs (source page) and the per-opcode summary come back xz-compressed.
   echo "== executed SASS (ncu source counters)"
   ncu --clock-control none --section SourceCounters --section InstructionStats -k regex:evoformer \
     --launch-count 6 -f -o "$out/sass" "$bin/bench_evoformer_cuda" \
-    --benchmark_filter='N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1' --benchmark_min_time=0.001 \
+    --benchmark_filter="${PROFILE_FILTER:-N:384/L:384/H:4/D:32/bias2:1/dtype:2/bwd:1}" \
+    --benchmark_min_time=0.001 \
     > "$out/ncu_sass_run.log" 2>&1 || status=1
   ncu -i "$out/sass.ncu-rep" --page source --csv --print-source sass > "$out/sass_source.csv" \
     2> "$out/sass_source.err" || status=1
