@@ -180,42 +180,34 @@ __device__ __forceinline__ void mma_acc_tile(float out[kOutTiles][4], const floa
   });
 }
 
-// Writes 16 rows (this warp's) x dim of an accumulator times `factor` into a [B,N,L,H,D] tensor.
+// Writes 16 rows (this warp's) x dim of an accumulator times `factor` into a [B,N,L,H,D] tensor;
+// with `pairs_aligned` (p.grads_paired: aligned rows, dim = kOutTiles * 8) as one 32-bit store per
+// pair of elements.
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float factor, void* base,
                                            const int64_t stride[4], int64_t b, int64_t n, int64_t h,
-                                           const int64_t rows[2], int64_t len, int64_t dim, int t) {
+                                           const int64_t rows[2], int64_t len, int64_t dim, int t,
+                                           bool pairs_aligned) {
   T* out = static_cast<T*>(base) + b * stride[0] + n * stride[1] + h * stride[3];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= len) continue;
+    T* row = out + rows[r] * stride[2];
+    if (pairs_aligned) {
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        *reinterpret_cast<uint32_t*>(row + i * 8 + 2 * t) =
+            ElementTraits<T>::pack(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor);
+      }
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
       const int d = i * 8 + 2 * t;
-      if (d < dim)
-        out[rows[r] * stride[2] + d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
-      if (d + 1 < dim)
-        out[rows[r] * stride[2] + d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
+      if (d < dim) row[d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
+      if (d + 1 < dim) row[d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
     }
   }
-}
-
-// The 1-D grid of the per-(tile, h, b*n) kernels, decoded (so that B*N is not bounded by a grid
-// dimension's 65535): tile fastest, then h, then b*n.
-struct TileHeadSlice {
-  int64_t tile, h, b, n, bn;
-};
-
-__device__ __forceinline__ TileHeadSlice decode_tile_head_slice(int64_t block, int64_t tiles,
-                                                                const EvoformerDeviceParams& p) {
-  TileHeadSlice s;
-  s.tile = block % tiles;
-  block /= tiles;
-  s.h = block % p.heads;
-  s.bn = block / p.heads;
-  s.b = s.bn / p.n;
-  s.n = s.bn % p.n;
-  return s;
 }
 
 template <typename T, int kHeadDim>
@@ -230,8 +222,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
-  const int64_t key_blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
-  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, key_blocks, p);
+  static_assert(Tile::kBlock == 64, "the grid's tiles are p.tiles64_div's");
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
   const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -340,8 +332,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
-  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t);
-  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t);
+  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t,
+                           p.grads_paired);
+  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t,
+                           p.grads_paired);
   if (p.dbias1_partial != nullptr) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -367,8 +361,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
-  const int64_t query_blocks = (p.len + Tile::kBlock - 1) / Tile::kBlock;
-  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, query_blocks, p);
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
   const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -462,7 +455,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t);  // dQ += dS K
     __syncthreads();
   }
-  store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t);
+  store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
+                           p.grads_paired);
 }
 
 // One CTA per (kRows x 64 tile of dbias2[b, h], chunk of N): the sum over the chunk's n of dS, in
@@ -482,17 +476,13 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   // 1-D grid: key block fastest, then query block, head, batch, chunk of N.
-  const int64_t key_blocks = (p.len + kKeys - 1) / kKeys;
-  const int64_t query_blocks = (p.len + Tile::kRows - 1) / Tile::kRows;
-  int64_t block = blockIdx.x;
-  const int64_t key_block = block % key_blocks;
-  block /= key_blocks;
-  const int64_t query_block = block % query_blocks;
-  block /= query_blocks;
-  const int64_t h = block % p.heads;
-  block /= p.heads;
-  const int64_t b = block % p.batch;
-  const int64_t chunk = block / p.batch;
+  static_assert(kKeys == 64, "the grid's key blocks are p.tiles64_div's");
+  const QuotientRemainder by_key = fast_divmod(blockIdx.x, p.tiles64_div);
+  const QuotientRemainder by_query = fast_divmod(by_key.quotient, p.dbias2_rows_div);
+  const QuotientRemainder by_head = fast_divmod(by_query.quotient, p.heads_div);
+  const QuotientRemainder by_batch = fast_divmod(by_head.quotient, p.batch_div);
+  const int64_t key_block = by_key.remainder, query_block = by_query.remainder,
+                h = by_head.remainder, b = by_batch.remainder, chunk = by_batch.quotient;
   const int64_t n_begin = chunk * p.n / p.dbias2_chunks,
                 n_end = (chunk + 1) * p.n / p.dbias2_chunks;
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/fast_divisor.h"
+
 namespace sciattn::cuda {
 
 // Storage type codes of the biases, read at run time (uniform per launch, so no divergence).
@@ -60,12 +62,25 @@ struct EvoformerDeviceParams {
   // stride along keys, every other stride and the buffer 16-byte aligned): the kernels then copy
   // the next tile's bias with the next K/V (or Q/dO) tile instead of loading it per thread.
   int bias1_staged, bias2_staged;
+  // 1 when whole tiles take the lean copies (evoformer_tile_copies.cuh): Q, K, V, O (and dO in the
+  // backward) vectorizable (vec_*), D a whole tile (dim == kTileDim: no zero-filled chunk), and
+  // every byte offset inside a 128-row tile of them below 2^31, so that a thread's addresses are
+  // a per-tile base plus a 32-bit offset. bias2_lean: the same for bias2's tiles (staged, and 128
+  // rows of it below 2^31 bytes).
+  int lean_tiles, bias2_lean;
+  // 1 when dQ, dK and dV are vectorizable and D is the instantiated head dim: the backward writes
+  // their rows as aligned 32-bit pairs with no per-pair test.
+  int grads_paired;
 
   // Workspace regions of the backward (fp32, packed).
   float* delta;           // [B*N, H, L]: <dO_i, O_i>
   float* dbias1_partial;  // [B, N, H, L]: sum over query rows of dS, per head
   float* dbias2_partial;  // [chunks, B, H, L, L]: sum over this chunk's N of dS (chunks > 1)
   int64_t dbias2_chunks;  // N is split into this many chunks (1..N); 1 writes dbias2 directly
+
+  // The kernels' 1-D grids are decoded with these (fast_divisor.h): the 64-row tiles of L, the
+  // heads, N, the batch, and the dbias2 kernel's blocks of query rows (cuda_dbias2_rows).
+  FastDivisor tiles64_div, heads_div, n_div, batch_div, dbias2_rows_div;
 };
 
 }  // namespace sciattn::cuda

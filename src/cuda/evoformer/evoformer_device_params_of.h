@@ -49,6 +49,14 @@ inline int bias_staged(const TensorView& t) {
   return 1;
 }
 
+// Every byte offset inside a tile of 128 rows of t is below 2^31 (t's rows are strides[row_dim]
+// elements apart).
+inline bool tile_offsets_fit_32_bits(const TensorView& t, int row_dim) {
+  if (!t.present()) return true;
+  const int64_t stride = t.strides[row_dim] < 0 ? -t.strides[row_dim] : t.strides[row_dim];
+  return stride <= (int64_t{1} << 31) / 128 / static_cast<int64_t>(dtype_size(t.dtype)) - 1;
+}
+
 // 16-byte copies of whole rows of 8 elements are safe: every row starts 16-byte aligned and D
 // comes in whole 8-element chunks.
 inline int vectorizable(const TensorView& t) {
@@ -91,9 +99,27 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   copy_strides(bias2, p.bias2_stride, {0, 2, 3, 4});
   p.bias2_pairs = bias_pairs(bias2);
   p.bias2_staged = bias_staged(bias2);
+  p.bias2_lean = p.bias2_staged && tile_offsets_fit_32_bits(bias2, 3);
   p.lse = static_cast<float*>(lse.data);
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;
+  p.vec_out = vectorizable(out);
+  p.lean_tiles = p.vec_q && p.vec_k && p.vec_v && p.vec_out &&
+                 s.dim == detail::cuda_evoformer_head_dim(s.dim) && s.dim >= 16;
+  for (const TensorView* t : {&q, &k, &v, &out}) {
+    if (!tile_offsets_fit_32_bits(*t, 2)) p.lean_tiles = 0;
+  }
+  // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
+  // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
+  const auto divisor = [](int64_t d) {
+    return make_fast_divisor(static_cast<uint32_t>(d < 1 ? 1 : d));
+  };
+  p.tiles64_div = divisor((s.len + 63) / 64);
+  p.heads_div = divisor(s.heads);
+  p.n_div = divisor(s.n);
+  p.batch_div = divisor(s.batch);
+  const int64_t rows = detail::cuda_dbias2_rows(detail::cuda_evoformer_head_dim(s.dim));
+  p.dbias2_rows_div = divisor((s.len + rows - 1) / rows);
   return p;
 }
 
@@ -117,13 +143,15 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   p.dout = params.dout.data;
   qkv_strides(params.dout, p.dout_stride);
   p.vec_dout = vectorizable(params.dout);
-  p.vec_out = vectorizable(params.out);
+  if (!p.vec_dout || !tile_offsets_fit_32_bits(params.dout, 2)) p.lean_tiles = 0;
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;
   qkv_strides(params.dk, p.dk_stride);
   p.dv = params.dv.data;
   qkv_strides(params.dv, p.dv_stride);
+  p.grads_paired = vectorizable(params.dq) && vectorizable(params.dk) && vectorizable(params.dv) &&
+                   s.dim == detail::cuda_evoformer_head_dim(s.dim);
   p.dbias1 = params.dbias1.data;
   copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
   p.dbias2 = params.dbias2.data;

@@ -655,4 +655,20 @@ __device__ __forceinline__ void add_staged_bias_transposed(float acc[8][4],
   });
 }
 
+// The 1-D grid of the per-(64-row tile, h, b*n) kernels (forward, dK/dV, dQ), decoded (so that
+// B*N is not bounded by a grid dimension's 65535): tile fastest, then h, then b*n. Multiply-high
+// divisions of the block index by launch constants: the coordinates and the addresses derived
+// from them stay in the uniform datapath.
+struct TileHeadSlice {
+  int64_t tile, h, b, n, bn;
+};
+
+__device__ __forceinline__ TileHeadSlice decode_tile_head_slice(uint32_t block,
+                                                                const EvoformerDeviceParams& p) {
+  const QuotientRemainder by_tile = fast_divmod(block, p.tiles64_div);
+  const QuotientRemainder by_head = fast_divmod(by_tile.quotient, p.heads_div);
+  const QuotientRemainder by_n = fast_divmod(by_head.quotient, p.n_div);
+  return {by_tile.remainder, by_head.remainder, by_n.quotient, by_n.remainder, by_head.quotient};
+}
+
 }  // namespace sciattn::cuda

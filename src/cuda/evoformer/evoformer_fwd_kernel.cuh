@@ -48,13 +48,9 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   // A 1-D grid decoded here, so that B*N is not bounded by a grid dimension's 65535.
-  const int64_t m_blocks = (p.len + Tile::kBlockM - 1) / Tile::kBlockM;
-  int64_t block = blockIdx.x;
-  const int64_t m_block = block % m_blocks;
-  block /= m_blocks;
-  const int64_t h = block % p.heads;
-  const int64_t bn = block / p.heads;
-  const int64_t b = bn / p.n, n = bn % p.n;
+  static_assert(Tile::kBlockM == 64, "the grid's tiles are p.tiles64_div's");
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
+  const int64_t m_block = at.tile, h = at.h, b = at.b, n = at.n, bn = at.bn;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -203,31 +199,42 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
   T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
+  // Whole rows of aligned pairs (the usual case): one 32-bit store per pair, no per-pair tests.
+  const bool pairs_aligned = p.vec_out && p.dim == kHeadDim;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = my_rows[r];
     if (row >= p.len) continue;
-    // A fully masked row has sum 0: output 0, lse -inf.
-    const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+    // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 1 otherwise (the
+    // row's largest term is exp2(0)), so the fast reciprocal and log are accurate to ~2^-22.
+    const float inv = row_sum[r] > 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
     T* out_row = out + row * p.out_stride[2];
+    if (pairs_aligned) {
 #pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (d + 1 < p.dim) {
-        // Two adjacent elements: one 32-bit store when the address allows it.
-        if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
-          *reinterpret_cast<uint32_t*>(out_row + d) =
-              ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
-        } else {
+      for (int i = 0; i < kOutTiles; ++i) {
+        *reinterpret_cast<uint32_t*>(out_row + i * 8 + 2 * t) =
+            ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        const int d = i * 8 + 2 * t;
+        if (d + 1 < p.dim) {
+          // Two adjacent elements: one 32-bit store when the address allows it.
+          if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
+            *reinterpret_cast<uint32_t*>(out_row + d) =
+                ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+          } else {
+            out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
+            out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
+          }
+        } else if (d < p.dim) {
           out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
-          out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
         }
-      } else if (d < p.dim) {
-        out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
       }
     }
     if (p.lse != nullptr && t == 0) {
-      const float lse = row_sum[r] > 0.0f ? (row_max[r] + log2f(row_sum[r])) * kLn2 : kNegInf;
+      const float lse = row_sum[r] > 0.0f ? (row_max[r] + __log2f(row_sum[r])) * kLn2 : kNegInf;
       p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
     }
   }

@@ -8,10 +8,16 @@
 // tile and thread in the forward at head dim 32, against ~470 for all of the score and softmax
 // work (docs/perf/evoformer_cuda.md v15). A first version kept per-stream state (pointers and
 // steps) across the loop; at the backward kernels' 128-register cap that spilled (dK/dV: 146
-// bytes), so the copies here derive everything from values the loop holds anyway. CUDA layer.
+// bytes), so the copies here derive everything from values the loop holds anyway.
+// The usual tile (every chunk inside, D a whole tile, offsets below 2^31: p.lean_tiles,
+// p.bias2_lean) takes copy_tile_lean: the tile's base, computed from the CTA's coordinates in the
+// uniform datapath, plus a 32-bit offset per thread, with no test or select per chunk (the copies
+// of one forward key tile at head dim 32 went from ~230 to ~100 instructions per thread; v17).
+// CUDA layer.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/evoformer/evoformer_device_utils.cuh"
 
@@ -55,6 +61,26 @@ __device__ __forceinline__ void copy_tile(uint32_t stage, const char* tile, int6
   }
 }
 
+// copy_tile for a tile wholly inside its tensor whose byte offsets fit 31 bits (p.lean_tiles,
+// p.bias2_lean): no bounds test or source select per chunk, and a thread's addresses are the
+// tile's (per-CTA, uniform) base plus a 32-bit offset.
+template <int kRows, int kRowChunks, int kPitchBytes, int kThreads>
+__device__ __forceinline__ void copy_tile_lean(uint32_t stage, const char* tile,
+                                               int32_t row_bytes) {
+  static_assert(kThreads % kRowChunks == 0, "a thread's chunk column must not change");
+  constexpr int kRowStep = kThreads / kRowChunks;
+  constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
+  const int c = static_cast<int>(threadIdx.x) % kRowChunks;
+  const int r0 = static_cast<int>(threadIdx.x) / kRowChunks;
+  const char* src = tile + (r0 * row_bytes + c * 16);
+  const uint32_t dst = stage + static_cast<uint32_t>(r0 * kPitchBytes + c * 16);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    if (kRows % kRowStep != 0 && r0 + i * kRowStep >= kRows) break;
+    cp_async_16_to(dst + i * kRowStep * kPitchBytes, src + i * kRowStep * row_bytes, 16);
+  }
+}
+
 // Rows [row0, row0 + kRows) of a Q/K/V/dO slice, all inside it, as load_tile copies them (chunks
 // at or past dim zero-filled). src.vec slices only.
 template <typename T, int kRows, int kTileDim, int kPitch, int kThreads>
@@ -86,31 +112,40 @@ __device__ __forceinline__ bool bias_rows_end_on_chunk(BiasType type, int64_t co
 // stage_bias_tile's asynchronous copy (kRows rows of 64 elements, rows padded by 16 bytes) for a
 // tile whose rows end on a 16-byte chunk (bias_rows_end_on_chunk): element (0, 0) at element
 // `offset` of `base`, rows `row_stride` elements apart, rows_inside rows and cols_inside columns
-// inside.
+// inside. `lean` (the bias's *_lean condition, or a single row) lets a tile wholly inside take
+// copy_tile_lean.
 template <int kRows, int kThreads, BiasCopyWidths kWidths>
 __device__ __forceinline__ void copy_bias_tile(unsigned char* stage, const void* base,
                                                BiasType type, int64_t offset, int64_t row_stride,
-                                               int rows_inside, int cols_inside) {
+                                               int rows_inside, int cols_inside, bool lean) {
   const uint32_t to = shared_address(stage);
   const int elem = static_cast<int>(bias_bytes(type));
   const char* tile = static_cast<const char*>(base) + offset * elem;
   const int chunks_inside = cols_inside * elem / 16;
+  const auto copy = [&](auto elem_bytes) {
+    constexpr int kElem = decltype(elem_bytes)::value;
+    constexpr int kChunks = 4 * kElem, kPitchBytes = 64 * kElem + 16;
+    if (lean && rows_inside >= kRows && chunks_inside == kChunks) {
+      copy_tile_lean<kRows, kChunks, kPitchBytes, kThreads>(
+          to, tile, static_cast<int32_t>(row_stride * kElem));
+    } else {
+      copy_tile<kRows, kChunks, kPitchBytes, kThreads>(to, tile, row_stride * kElem, rows_inside,
+                                                       chunks_inside);
+    }
+  };
   if constexpr (kWidths == BiasCopyWidths::kTwoBytes) {
-    copy_tile<kRows, 8, 64 * 2 + 16, kThreads>(to, tile, row_stride * 2, rows_inside,
-                                               chunks_inside);
+    copy(std::integral_constant<int, 2>{});
     return;
   }
   switch (elem) {
     case 4:
-      copy_tile<kRows, 16, 64 * 4 + 16, kThreads>(to, tile, row_stride * 4, rows_inside,
-                                                  chunks_inside);
+      copy(std::integral_constant<int, 4>{});
       break;
     case 2:
-      copy_tile<kRows, 8, 64 * 2 + 16, kThreads>(to, tile, row_stride * 2, rows_inside,
-                                                 chunks_inside);
+      copy(std::integral_constant<int, 2>{});
       break;
     default:
-      copy_tile<kRows, 4, 64 + 16, kThreads>(to, tile, row_stride, rows_inside, chunks_inside);
+      copy(std::integral_constant<int, 1>{});
       break;
   }
 }
@@ -144,7 +179,17 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
                                                      const SliceSource& b_src, T* b_dst,
                                                      int64_t row0) {
   constexpr int kRows = 64;
-  if (whole && a_src.vec && b_src.vec) {
+  if (whole && p.lean_tiles) {
+    constexpr int kPitchBytes = kPitch * static_cast<int>(sizeof(T));
+    const int32_t a_row_bytes = static_cast<int32_t>(a_src.row_stride * sizeof(T));
+    const int32_t b_row_bytes = static_cast<int32_t>(b_src.row_stride * sizeof(T));
+    copy_tile_lean<kRows, kTileDim / 8, kPitchBytes, kThreads>(
+        shared_address(a_dst), static_cast<const char*>(a_src.base) + row0 * a_row_bytes,
+        a_row_bytes);
+    copy_tile_lean<kRows, kTileDim / 8, kPitchBytes, kThreads>(
+        shared_address(b_dst), static_cast<const char*>(b_src.base) + row0 * b_row_bytes,
+        b_row_bytes);
+  } else if (whole && a_src.vec && b_src.vec) {
     copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.dim);
     copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.dim);
   } else {
@@ -174,7 +219,7 @@ __device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
     if (whole && p.bias2_staged && bias_width_copied<kWidths>(p.bias2_type)) {
       copy_bias_tile<kRows, kThreads, kWidths>(
           bias2_stage, p.bias2, p.bias2_type, offset, p.bias2_stride[2],
-          static_cast<int>(rows_inside < kRows ? rows_inside : kRows), kKeys);
+          static_cast<int>(rows_inside < kRows ? rows_inside : kRows), kKeys, p.bias2_lean);
     } else {
       stage_bias_tile<kRows, kThreads>(bias2_stage, p.bias2, p.bias2_type, offset,
                                        p.bias2_stride[2], rows_inside, p.len - col0,
@@ -184,7 +229,8 @@ __device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
   if (p.bias1_type != BiasType::kNone) {
     const int64_t offset = b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0;
     if (whole && p.bias1_staged && bias_width_copied<kWidths>(p.bias1_type)) {
-      copy_bias_tile<1, kThreads, kWidths>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1, kKeys);
+      copy_bias_tile<1, kThreads, kWidths>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1, kKeys,
+                                           true);
     } else {
       stage_bias_tile<1, kThreads>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1, p.len - col0,
                                    p.bias1_staged);
@@ -225,7 +271,7 @@ __device__ __forceinline__ void copy_query_tile(const EvoformerDeviceParams& p,
         bias_rows_end_on_chunk(p.bias2_type, cols_inside)) {
       copy_bias_tile<kQueries, kThreads, BiasCopyWidths::kTwoBytes>(
           bias2_stage, p.bias2, p.bias2_type, offset, p.bias2_stride[2], kQueries,
-          static_cast<int>(cols_inside));
+          static_cast<int>(cols_inside), p.bias2_lean);
     } else {
       stage_bias_tile<kQueries, kThreads>(bias2_stage, p.bias2, p.bias2_type, offset,
                                           p.bias2_stride[2], p.len - q0, cols_inside,

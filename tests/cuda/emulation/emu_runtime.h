@@ -203,6 +203,13 @@ void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem
 inline void __syncthreads() {
   emu::block_bar->arrive_and_wait();
 }
+// The fast math intrinsics, as their exact host counterparts (the hardware's are within 2 ulp).
+inline float __fdividef(float x, float y) {
+  return x / y;
+}
+inline float __log2f(float x) {
+  return std::log2(x);
+}
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::shfl_buf[w][l] = v;
