@@ -223,7 +223,11 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
   static_assert(Tile::kBlock == 64, "the grid's tiles are p.tiles64_div's");
-  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
+  // ptxas's allocation at the 128-register cap turns on the decoding: at head dim 32 the
+  // multiply-high form left 44 bytes of spill and the divide sequence 4; at 16 the reverse (0
+  // against 84).
+  const TileHeadSlice at = kHeadDim == 32 ? decode_tile_head_slice_by_division(blockIdx.x, p)
+                                          : decode_tile_head_slice(blockIdx.x, p);
   const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -491,8 +495,33 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
   const int64_t q0 = query_block * Tile::kRows, k0 = key_block * kKeys;
   const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};  // within the query rows
 
-  // Starts the copies of n's tiles and row statistics into buffer `buf`.
+  // Starts the copies of n's tiles and row statistics into buffer `buf` (the lean copies when
+  // both tiles lie inside L).
+  const bool lean = p.lean_tiles && q0 + Tile::kRows <= p.len && k0 + kKeys <= p.len;
   auto load_n = [&](int64_t n, int buf) {
+    if (lean) {
+      // copy_slice_tile_lean's work, written out: with a SliceSource from slice_of (the same
+      // arithmetic) ptxas spilled 216 bytes at this kernel's 128-register cap, against 12 here.
+      const auto lean_copy = [&](auto rows, T* dst, const void* base, const int64_t stride[4],
+                                 int64_t row0) {
+        const int32_t row_bytes = static_cast<int32_t>(stride[2] * sizeof(T));
+        copy_tile_lean<decltype(rows)::value, kTileDim / 8, kPitch* static_cast<int>(sizeof(T)),
+                       Tile::kThreads>(
+            shared_address(dst),
+            static_cast<const char*>(base) +
+                (b * stride[0] + n * stride[1] + h * stride[3]) * sizeof(T) + row0 * row_bytes,
+            row_bytes);
+      };
+      lean_copy(std::integral_constant<int, Tile::kRows>{}, smem.q[buf], p.q, p.q_stride, q0);
+      lean_copy(std::integral_constant<int, Tile::kRows>{}, smem.dout[buf], p.dout, p.dout_stride,
+                q0);
+      lean_copy(std::integral_constant<int, kKeys>{}, smem.k[buf], p.k, p.k_stride, k0);
+      lean_copy(std::integral_constant<int, kKeys>{}, smem.v[buf], p.v, p.v_stride, k0);
+      copy_row_stats_whole<Tile::kRows, Tile::kThreads>(smem.lse[buf], smem.delta[buf], p,
+                                                        b * p.n + n, h, q0);
+      cp_async_commit();
+      return;
+    }
     load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(
         smem.q[buf], slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
     load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(

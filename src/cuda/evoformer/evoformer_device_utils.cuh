@@ -663,6 +663,15 @@ struct TileHeadSlice {
   int64_t tile, h, b, n, bn;
 };
 
+// The same with the 32-bit divide sequence instead of multiply-high, for a kernel where ptxas
+// allocates registers better that way (the dK/dV kernel at head dim 32).
+__device__ __forceinline__ TileHeadSlice
+decode_tile_head_slice_by_division(uint32_t block, const EvoformerDeviceParams& p) {
+  const uint32_t tiles = p.tiles64_div.divisor, heads = p.heads_div.divisor, n = p.n_div.divisor;
+  const uint32_t rest = block / tiles, bn = rest / heads;
+  return {block % tiles, rest % heads, bn / n, bn % n, bn};
+}
+
 __device__ __forceinline__ TileHeadSlice decode_tile_head_slice(uint32_t block,
                                                                 const EvoformerDeviceParams& p) {
   const QuotientRemainder by_tile = fast_divmod(block, p.tiles64_div);

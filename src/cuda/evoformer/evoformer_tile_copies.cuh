@@ -81,6 +81,31 @@ __device__ __forceinline__ void copy_tile_lean(uint32_t stage, const char* tile,
   }
 }
 
+// Rows [row0, row0 + kRows) of a Q/K/V/dO slice with copy_tile_lean (p.lean_tiles, the rows
+// inside L).
+template <typename T, int kRows, int kTileDim, int kPitch, int kThreads>
+__device__ __forceinline__ void copy_slice_tile_lean(T* stage, const SliceSource& src,
+                                                     int64_t row0) {
+  const int32_t row_bytes = static_cast<int32_t>(src.row_stride * sizeof(T));
+  copy_tile_lean<kRows, kTileDim / 8, kPitch* static_cast<int>(sizeof(T)), kThreads>(
+      shared_address(stage), static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes);
+}
+
+// The lse and delta of query rows [q0, q0 + kRows), all inside L, into shared memory: threads
+// 0 .. kRows - 1 copy one of each, in the caller's cp.async group.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void copy_row_stats_whole(float* lse, float* delta,
+                                                     const EvoformerDeviceParams& p, int64_t bn,
+                                                     int64_t h, int64_t q0) {
+  static_assert(kThreads >= kRows, "one thread per query row's statistics");
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < kRows) {
+    cp_async_4(lse + r,
+               p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + r) * p.lse_stride[2], 4);
+    cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q0 + r, 4);
+  }
+}
+
 // Rows [row0, row0 + kRows) of a Q/K/V/dO slice, all inside it, as load_tile copies them (chunks
 // at or past dim zero-filled). src.vec slices only.
 template <typename T, int kRows, int kTileDim, int kPitch, int kThreads>
@@ -180,15 +205,8 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
                                                      int64_t row0) {
   constexpr int kRows = 64;
   if (whole && p.lean_tiles) {
-    constexpr int kPitchBytes = kPitch * static_cast<int>(sizeof(T));
-    const int32_t a_row_bytes = static_cast<int32_t>(a_src.row_stride * sizeof(T));
-    const int32_t b_row_bytes = static_cast<int32_t>(b_src.row_stride * sizeof(T));
-    copy_tile_lean<kRows, kTileDim / 8, kPitchBytes, kThreads>(
-        shared_address(a_dst), static_cast<const char*>(a_src.base) + row0 * a_row_bytes,
-        a_row_bytes);
-    copy_tile_lean<kRows, kTileDim / 8, kPitchBytes, kThreads>(
-        shared_address(b_dst), static_cast<const char*>(b_src.base) + row0 * b_row_bytes,
-        b_row_bytes);
+    copy_slice_tile_lean<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0);
+    copy_slice_tile_lean<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0);
   } else if (whole && a_src.vec && b_src.vec) {
     copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.dim);
     copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.dim);
@@ -242,8 +260,7 @@ __device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
 // looping over 64-query tiles): the tile's Q and dO rows, its rows' lse and delta, and its bias2
 // tile [queries][keys]. As copy_key_tile: whole tiles take the lean copies (the bias2 tile only
 // when its rows end on a 16-byte chunk; a last key block of a length that is not a multiple of 8
-// may not), the rest the generic ones. The row stats of a whole tile: threads 0..63 copy one lse
-// and one delta each.
+// may not), the rest the generic ones.
 template <typename T, int kTileDim, int kPitch, int kThreads>
 __device__ __forceinline__ void copy_query_tile(const EvoformerDeviceParams& p,
                                                 const SliceSource& q_src, const SliceSource& do_src,
@@ -252,16 +269,12 @@ __device__ __forceinline__ void copy_query_tile(const EvoformerDeviceParams& p,
                                                 float* delta_dst, unsigned char* bias2_stage,
                                                 int64_t q0) {
   constexpr int kQueries = 64;
-  static_assert(kThreads >= kQueries, "one thread per query row's statistics");
   const bool whole = q0 + kQueries <= p.len;
   copy_slice_pair_tile<T, kTileDim, kPitch, kThreads>(p, whole, q_src, q_dst, do_src, do_dst, q0);
-  const int r = static_cast<int>(threadIdx.x);
-  if (!whole) {
+  if (whole) {
+    copy_row_stats_whole<kQueries, kThreads>(lse_dst, delta_dst, p, bn, h, q0);
+  } else {
     load_row_stats<kQueries, kThreads>(lse_dst, delta_dst, p, bn, h, q0);
-  } else if (r < kQueries) {
-    cp_async_4(lse_dst + r,
-               p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + r) * p.lse_stride[2], 4);
-    cp_async_4(delta_dst + r, p.delta + (bn * p.heads + h) * p.len + q0 + r, 4);
   }
   if (p.bias2_type != BiasType::kNone) {
     const int64_t offset =
