@@ -60,13 +60,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 
   // The column list's entries: slots of query units (common/sparse_attention_tiles.h).
   const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
-  const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
-  const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h);
+  const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
+  const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h, p.lean_tiles);
   if (at.begin < at.end) {
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.a, slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h), key0, p.len, p.dim);
+        smem.a, slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles), key0, p.len, p.dim);
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.b, slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h), key0, p.len, p.dim);
+        smem.b, slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles), key0, p.len, p.dim);
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], q_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], do_src, slots, first, p.len, p.dim);
@@ -170,8 +170,11 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     store_partial_rows<kHeadDim>(dv, 1.0f, p.dv_partial + slot, warp, g, t);
     return;
   }
-  store_slice_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, h, my_keys, p.len, p.dim, t);
-  store_slice_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, h, my_keys, p.len, p.dim, t);
+  const float dk_factor[2] = {p.scale, p.scale}, dv_factor[2] = {1.0f, 1.0f};
+  store_slice_rows<T, kOutTiles>(dk, dk_factor, p.dk, p.dk_stride, b, h, my_keys, p.len, p.dim, t,
+                                 p.grads_paired);
+  store_slice_rows<T, kOutTiles>(dv, dv_factor, p.dv, p.dv_stride, b, h, my_keys, p.len, p.dim, t,
+                                 p.grads_paired);
 }
 
 template <typename T, int kHeadDim, bool kPacked>
@@ -196,13 +199,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
 
   // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
-  const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
-  const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
+  const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles);
+  const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles);
   if (at.begin < at.end) {
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.a, slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h), q0, p.len, p.dim);
+        smem.a, slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles), q0, p.len, p.dim);
     load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.b, slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h), q0, p.len, p.dim);
+        smem.b, slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h, p.lean_tiles), q0, p.len,
+        p.dim);
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], k_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], v_src, slots, first, p.len, p.dim);
@@ -297,7 +301,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     store_partial_rows<kHeadDim>(dq, p.scale, p.dq_partial + slot, warp, g, t);
     return;
   }
-  store_slice_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, h, my_rows, p.len, p.dim, t);
+  const float dq_factor[2] = {p.scale, p.scale};
+  store_slice_rows<T, kOutTiles>(dq, dq_factor, p.dq, p.dq_stride, b, h, my_rows, p.len, p.dim, t,
+                                 p.grads_paired);
 }
 
 // Where the sum kernel reads the partials of one gradient and writes its sum.

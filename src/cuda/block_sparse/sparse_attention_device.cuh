@@ -6,6 +6,7 @@
 #include "cuda/block_sparse/sparse_attention_params.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"  // load_a_frags, mma_rows_t, mma_acc_tile
 #include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/evoformer/evoformer_tile_copies.cuh"  // copy_tile_lean
 
 namespace sciattn::cuda {
 
@@ -21,12 +22,14 @@ struct StridedSlice {
   const void* base;
   int64_t row_stride, col_stride;
   int vec;
+  int lean;  // whole tiles may take the lean copy (SparseAttentionDeviceParams::lean_tiles)
 };
 
 template <typename T>
 __device__ __forceinline__ StridedSlice slice_bh(const void* data, const int64_t stride[4], int vec,
-                                                 int64_t b, int64_t h) {
-  return {static_cast<const T*>(data) + b * stride[0] + h * stride[1], stride[2], stride[3], vec};
+                                                 int64_t b, int64_t h, int lean) {
+  return {static_cast<const T*>(data) + b * stride[0] + h * stride[1], stride[2], stride[3], vec,
+          lean};
 }
 
 // Starts loading rows [row0, row0 + kRows) x [0, kHeadDim) of a slice into shared memory (row
@@ -37,7 +40,13 @@ template <typename T, int kRows, int kHeadDim, int kPitch>
 __device__ __forceinline__ void load_slice_rows(T* smem, const StridedSlice& src, int64_t row0,
                                                 int64_t len, int64_t dim) {
   const T* base = static_cast<const T*>(src.base);
-  if (src.vec) {
+  if (src.lean && row0 + kRows <= len) {
+    // The usual tile: no per-chunk bounds test or select, 32-bit offsets.
+    const int32_t row_bytes = static_cast<int32_t>(src.row_stride * sizeof(T));
+    copy_tile_lean<kRows, kHeadDim / 8, kPitch* static_cast<int>(sizeof(T)), SparseTile::kThreads>(
+        shared_address(smem), reinterpret_cast<const char*>(base + row0 * src.row_stride),
+        row_bytes);
+  } else if (src.vec) {
     copy_rows_async<T, kRows, kHeadDim / 8, kPitch, SparseTile::kThreads>(
         smem, base, src.row_stride, row0, len, dim);
   } else {
@@ -246,23 +255,34 @@ __device__ __forceinline__ float prob_of(float s, float lse) {
   return lse == kNegInf ? 0.0f : exp2f((s - lse) * kLog2e);
 }
 
-// Writes this warp's 16 rows (rows[r], r = 0..1 of this thread) x dim of an accumulator times
-// `factor` into the (b, h) slice of a [B, H, L, D] output with unit stride on D.
+// Writes this warp's 16 rows (rows[r], r = 0..1 of this thread) x dim of an accumulator, row r
+// times factor[r], into the (b, h) slice of a [B, H, L, D] output with unit stride on D; with
+// `pairs_aligned` (aligned rows, dim = kOutTiles * 8: the *_paired flags) one 32-bit store per
+// pair of elements and no per-pair test.
 template <typename T, int kOutTiles>
-__device__ __forceinline__ void store_slice_rows(const float acc[kOutTiles][4], float factor,
-                                                 void* base, const int64_t stride[4], int64_t b,
-                                                 int64_t h, const int64_t rows[2], int64_t len,
-                                                 int64_t dim, int t) {
+__device__ __forceinline__ void store_slice_rows(const float acc[kOutTiles][4],
+                                                 const float factor[2], void* base,
+                                                 const int64_t stride[4], int64_t b, int64_t h,
+                                                 const int64_t rows[2], int64_t len, int64_t dim,
+                                                 int t, bool pairs_aligned) {
   T* out = static_cast<T*>(base) + b * stride[0] + h * stride[1];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= len) continue;
     T* row = out + rows[r] * stride[2];
+    if (pairs_aligned) {
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        *reinterpret_cast<uint32_t*>(row + i * 8 + 2 * t) =
+            ElementTraits<T>::pack(acc[i][2 * r] * factor[r], acc[i][2 * r + 1] * factor[r]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
       const int d = i * 8 + 2 * t;
-      if (d < dim) row[d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
-      if (d + 1 < dim) row[d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
+      if (d < dim) row[d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor[r]);
+      if (d + 1 < dim) row[d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor[r]);
     }
   }
 }
@@ -296,14 +316,19 @@ struct PieceOf {
 
 __device__ __forceinline__ PieceOf decode_piece(const BlockSparseDeviceIndex::TileWork& w,
                                                 const BlockSparseDeviceIndex::Tiles& tiles) {
+  // 32-bit division throughout (the grid has fewer than 2^31 CTAs): a 64-bit divide is a
+  // software sequence several times longer.
   PieceOf o;
-  const int64_t block = blockIdx.x;
-  const int piece = static_cast<int>(block % w.pieces);
-  o.bk = block / w.pieces;
-  o.b = o.bk / tiles.head_repeat;
-  const int line = w.item_line[piece];
-  o.h = line / tiles.num_tiles + (o.bk % tiles.head_repeat) * tiles.layout_heads;
-  o.tile = line % tiles.num_tiles;
+  const uint32_t block = blockIdx.x, pieces = static_cast<uint32_t>(w.pieces),
+                 repeat = static_cast<uint32_t>(tiles.head_repeat),
+                 num_tiles = static_cast<uint32_t>(tiles.num_tiles);
+  const int piece = static_cast<int>(block % pieces);
+  const uint32_t bk = block / pieces;
+  o.bk = bk;
+  o.b = bk / repeat;
+  const uint32_t line = static_cast<uint32_t>(w.item_line[piece]);
+  o.h = line / num_tiles + (bk % repeat) * static_cast<uint32_t>(tiles.layout_heads);
+  o.tile = line % num_tiles;
   o.begin = w.item_begin[piece];
   o.end = w.item_end[piece];
   o.slot = w.item_slot[piece];

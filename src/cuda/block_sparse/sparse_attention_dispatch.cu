@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 
 #include "common/block_sparse_device_index.h"
@@ -74,6 +75,21 @@ int vectorizable(const TensorView& t) {
     if (t.sizes[d] > 1 && t.strides[d] % 8 != 0) return 0;
   }
   return 1;
+}
+
+// A 64-row tile of t (rows strides[2] elements apart) has all its byte offsets below 2^31.
+bool tile_offsets_fit_32_bits(const TensorView& t) {
+  const int64_t stride = t.strides[2] < 0 ? -t.strides[2] : t.strides[2];
+  return stride <= (int64_t{1} << 31) / 64 / static_cast<int64_t>(dtype_size(t.dtype)) - 1;
+}
+
+// The lean-copy condition of SparseAttentionDeviceParams::lean_tiles over these tensors.
+bool lean_tiles(std::initializer_list<const TensorView*> tensors, int64_t dim) {
+  if (dim != kernel_head_dim(dim)) return false;
+  for (const TensorView* t : tensors) {
+    if (!vectorizable(*t) || !tile_offsets_fit_32_bits(*t)) return false;
+  }
+  return true;
 }
 
 const BlockSparseDeviceIndex::Tiles& tiles_of(const BlockSparseIndex* index) {
@@ -176,6 +192,8 @@ SparseAttentionDeviceParams common_params(
   p.vec_q = vectorizable(q);
   p.vec_k = vectorizable(k);
   p.vec_v = vectorizable(v);
+  p.lean_tiles = lean_tiles({&q, &k, &v}, s.dim);
+  p.out_paired = vectorizable(out) && s.dim == kernel_head_dim(s.dim);
   p.rpe = rpe.data;
   p.rpe_type = bias_type_of(rpe);
   copy_strides(rpe, p.rpe_stride, 4);
@@ -284,6 +302,9 @@ Status run_backward_here(const SparseAttentionBackwardParams& params,
   p.dout = params.dout.data;
   copy_strides(params.dout, p.dout_stride, 4);
   p.vec_dout = vectorizable(params.dout);
+  p.lean_tiles = p.lean_tiles && lean_tiles({&params.dout}, s.dim);
+  p.grads_paired = vectorizable(params.dq) && vectorizable(params.dk) && vectorizable(params.dv) &&
+                   s.dim == kernel_head_dim(s.dim);
   p.vec_out = vectorizable(params.out);
   p.dq = params.dq.data;
   copy_strides(params.dq, p.dq_stride, 4);

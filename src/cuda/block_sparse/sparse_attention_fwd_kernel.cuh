@@ -49,9 +49,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
 
-  const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h);
-  const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h);
-  const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h);
+  const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
+  const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles);
+  const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles);
 
   float row_max[2] = {kNegInf, kNegInf};  // running max of the (natural-unit) scores
   float row_sum[2] = {0.0f, 0.0f};        // this thread's share of the running sum
@@ -191,24 +191,19 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
     }
     return;
   }
-  // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf.
-  const float inv[2] = {row_sum[0] > 0.0f ? 1.0f / row_sum[0] : 0.0f,
-                        row_sum[1] > 0.0f ? 1.0f / row_sum[1] : 0.0f};
-  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + h * p.out_stride[1];
+  // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf. The sum
+  // is at least 1 otherwise (the row's largest term is exp(0)), so the fast reciprocal and log
+  // are accurate to ~2^-22.
+  const float inv[2] = {row_sum[0] > 0.0f ? __fdividef(1.0f, row_sum[0]) : 0.0f,
+                        row_sum[1] > 0.0f ? __fdividef(1.0f, row_sum[1]) : 0.0f};
+  store_slice_rows<T, kOutTiles>(o_acc, inv, p.out, p.out_stride, b, h, my_rows, p.len, p.dim, t,
+                                 p.out_paired);
+  if (p.lse != nullptr && t == 0) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (my_rows[r] >= p.len) continue;
-    T* out_row = out + my_rows[r] * p.out_stride[2];
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (d < p.dim) out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv[r]);
-      if (d + 1 < p.dim)
-        out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv[r]);
-    }
-    if (p.lse != nullptr && t == 0) {
+    for (int r = 0; r < 2; ++r) {
+      if (my_rows[r] >= p.len) continue;
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] =
-          row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : kNegInf;
+          row_sum[r] > 0.0f ? row_max[r] + __logf(row_sum[r]) : kNegInf;
     }
   }
 }

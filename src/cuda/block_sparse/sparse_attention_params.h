@@ -27,6 +27,13 @@ struct SparseAttentionDeviceParams {
   // D % 8 == 0, every other stride a multiple of 8 elements and the data 16-byte aligned.
   int vec_q, vec_k, vec_v, vec_dout;
   int vec_out;  // the same for out as the backward reads it (the delta kernel)
+  // 1 when whole 64-row tiles of Q, K, V (and dO in the backward) take the lean copy
+  // (evoformer_tile_copies.cuh's copy_tile_lean): all vectorizable, D the instantiated head dim
+  // (no zero-filled chunk), and every byte offset inside a tile of rows below 2^31.
+  int lean_tiles;
+  // 1 when the rows of out (forward) or of dQ, dK and dV (backward) are vectorizable and D is the
+  // instantiated head dim: they are written as aligned 32-bit pairs with no per-pair test.
+  int out_paired, grads_paired;
 
   // Score terms (BiasType::kNone when absent). A kMul mask (not bool) turns 0 into -inf and
   // anything else into 0; a bool mask reads as 0 (true) or -inf (false) in either mode.

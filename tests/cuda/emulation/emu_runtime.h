@@ -210,6 +210,9 @@ inline float __fdividef(float x, float y) {
 inline float __log2f(float x) {
   return std::log2(x);
 }
+inline float __logf(float x) {
+  return std::log(x);
+}
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::shfl_buf[w][l] = v;

@@ -150,6 +150,10 @@ bool run_case(const Case& c) {
   p.vec_k = vec(k);
   p.vec_v = vec(v);
   p.vec_dout = vec(dout);
+  // As the dispatcher's lean_tiles (the test tensors' offsets are small).
+  p.lean_tiles = p.vec_q && p.vec_k && p.vec_v && p.vec_dout && c.D == kHD;
+  // The outputs here are packed: whole aligned pairs when D is the instantiated head dim.
+  p.out_paired = p.grads_paired = c.D == kHD;
   p.rpe = rpe.present() ? rpe.data() : nullptr;
   p.rpe_type = cuda::bias_type_of(rpe.view());
   strides(rpe, p.rpe_stride, 4);
