@@ -11,8 +11,8 @@
 // bytes), so the copies here derive everything from values the loop holds anyway.
 // The usual tile (every chunk inside, D a whole tile, offsets below 2^31: p.lean_tiles,
 // p.bias2_lean) takes copy_tile_lean: the tile's base, computed from the CTA's coordinates in the
-// uniform datapath, plus a 32-bit offset per thread, with no test or select per chunk (the copies
-// of one forward key tile at head dim 32 went from ~230 to ~100 instructions per thread; v17).
+// uniform datapath, plus a 32-bit offset per thread, with no test or select per chunk (with v17's
+// other changes: 17% fewer instructions in the forward at triangle 256, docs/perf v17).
 // CUDA layer.
 #pragma once
 
