@@ -194,6 +194,7 @@ SparseAttentionDeviceParams common_params(
   p.vec_v = vectorizable(v);
   p.lean_tiles = lean_tiles({&q, &k, &v}, s.dim);
   p.out_paired = vectorizable(out) && s.dim == kernel_head_dim(s.dim);
+  p.wgmma_tiles = p.lean_tiles && s.len % 64 == 0 && (s.dim == 64 || s.dim == 128);
   p.rpe = rpe.data;
   p.rpe_type = bias_type_of(rpe);
   copy_strides(rpe, p.rpe_stride, 4);

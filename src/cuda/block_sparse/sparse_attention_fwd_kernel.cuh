@@ -22,6 +22,136 @@ struct SparseFwdSmem {
   T v[2][kTile];
 };
 
+// The scores of a 16 x 64 warp tile from its raw dot products s (this thread's m16n8 accumulator
+// elements), with their terms; removed elements (outside L, the layout's blocks, the causal rule)
+// become -inf.
+template <bool kPacked>
+__device__ __forceinline__ void tile_scores(float (&s)[SparseTile::kSize / 8][4],
+                                            const SparseAttentionDeviceParams& p, uint32_t keep,
+                                            const EntrySlots<kPacked>& slots, const int32_t* entry,
+                                            int mask, int64_t row0, const int (&my_r)[2], int64_t b,
+                                            int64_t h, int t) {
+  constexpr int kScoreTiles = SparseTile::kSize / 8;
+  const auto keys = slots.span(entry);
+  if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.first, keys.last)) {
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
+    // -inf in the column groups outside `keep` (an entry of blocks of 16 or 32), which the
+    // row maxima and sums below must not see. Setting them costs less than skipping their
+    // exponentials: per-group tests split the loops below into small blocks (measured, perf
+    // doc v9: 5-9% slower at blocks 16 and 64).
+    if (keep != 0xFFu) {
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+        if (((keep >> j) & 1u) == 0)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) s[j][x] = kNegInf;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+        const int64_t i = row0 + r, jj = slots.token(entry, c);
+        s[j][x] = element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
+      }
+  }
+}
+
+// One key tile's step of the online softmax: the tile's row maxima, the running maxima and sums
+// rescaled, s turned into the tile's probabilities exp(s - max), and O rescaled.
+template <int kOutTiles>
+__device__ __forceinline__ void online_softmax_step(float (&s)[SparseTile::kSize / 8][4],
+                                                    float (&row_max)[2], float (&row_sum)[2],
+                                                    float (&o_acc)[kOutTiles][4]) {
+  constexpr int kScoreTiles = SparseTile::kSize / 8;
+  float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // The four threads of a row (t = 0..3) hold its 64 columns between them.
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+  }
+  float rescale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float new_max = fmaxf(row_max[r], tile_max[r]);
+    // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
+    // scores gives 0 instead of exp(-inf - -inf) = NaN.
+    const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
+    rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2);
+    row_max[r] = new_max;
+    row_sum[r] *= rescale[r];
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) {
+      s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2));
+      s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
+      row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) {
+    o_acc[i][0] *= rescale[0];
+    o_acc[i][1] *= rescale[0];
+    o_acc[i][2] *= rescale[1];
+    o_acc[i][3] *= rescale[1];
+  }
+}
+
+// After the last key tile: a whole row writes O and the fp32 log-sum-exp, a piece of a split row
+// its unnormalised O and row statistics for the combine kernel.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void finish_forward_rows(
+    const SparseAttentionDeviceParams& p, const PieceOf& at, float (&o_acc)[kHeadDim / 8][4],
+    float (&row_max)[2], float (&row_sum)[2], const int (&my_r)[2], const int64_t (&my_rows)[2],
+    int warp, int g, int t) {
+  constexpr int kOutTiles = kHeadDim / 8;
+  const int64_t b = at.b, h = at.h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  if (at.slot >= 0) {
+    // A piece of a split row: the unnormalised O and the row statistics, for the combine kernel.
+    float* slot =
+        p.fwd_partial + at.partial(p.tiles.rows.slots) *
+                            (int64_t{SparseTile::kSize} * kHeadDim + 2 * SparseTile::kSize);
+    store_partial_rows<kHeadDim>(o_acc, 1.0f, slot, warp, g, t);
+    if (t == 0) {
+      float* stats = slot + SparseTile::kSize * kHeadDim;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        stats[my_r[r]] = row_max[r];
+        stats[SparseTile::kSize + my_r[r]] = row_sum[r];
+      }
+    }
+    return;
+  }
+  // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf. The sum
+  // is at least 1 otherwise (the row's largest term is exp(0)), so the fast reciprocal and log
+  // are accurate to ~2^-22.
+  const float inv[2] = {row_sum[0] > 0.0f ? __fdividef(1.0f, row_sum[0]) : 0.0f,
+                        row_sum[1] > 0.0f ? __fdividef(1.0f, row_sum[1]) : 0.0f};
+  store_slice_rows<T, kOutTiles>(o_acc, inv, p.out, p.out_stride, b, h, my_rows, p.len, p.dim, t,
+                                 p.out_paired);
+  if (p.lse != nullptr && t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (my_rows[r] >= p.len) continue;
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] =
+          row_sum[r] > 0.0f ? row_max[r] + __logf(row_sum[r]) : kNegInf;
+    }
+  }
+}
+
 // Up to head dim 64 the kernel fits in 128 registers, so four CTAs share an SM (three at 129+,
 // the shared memory allows four).
 template <typename T, int kHeadDim, bool kPacked>
@@ -98,71 +228,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       float s[kScoreTiles][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kQInRegisters>(s, q_frag, qw, smem.k[buf], g,
                                                                     t, keep);
-      // The scores with their terms; removed elements (outside L, the layout's blocks, the causal
-      // rule) are -inf. Then the tile's row maxima.
-      float tile_max[2] = {kNegInf, kNegInf};
-      const auto keys = slots.span(entry);
-      if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.first, keys.last)) {
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-          for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
-        // -inf in the column groups outside `keep` (an entry of blocks of 16 or 32), which the
-        // row maxima and sums below must not see. Setting them costs less than skipping their
-        // exponentials: per-group tests split the loops below into small blocks (measured, perf
-        // doc v9: 5-9% slower at blocks 16 and 64).
-        if (keep != 0xFFu) {
-#pragma unroll
-          for (int j = 0; j < kScoreTiles; ++j)
-            if (((keep >> j) & 1u) == 0)
-#pragma unroll
-              for (int x = 0; x < 4; ++x) s[j][x] = kNegInf;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-            const int64_t i = row0 + r, jj = slots.token(entry, c);
-            s[j][x] =
-                element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
-          }
-      }
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) tile_max[x >> 1] = fmaxf(tile_max[x >> 1], s[j][x]);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // The four threads of a row (t = 0..3) hold its 64 columns between them.
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      }
-      float rescale[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float new_max = fmaxf(row_max[r], tile_max[r]);
-        // While every key so far is removed the max stays -inf; shift by 0 so that exp of the -inf
-        // scores gives 0 instead of exp(-inf - -inf) = NaN.
-        const float shift_log2 = new_max == kNegInf ? 0.0f : new_max * kLog2e;
-        rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2);
-        row_max[r] = new_max;
-        row_sum[r] *= rescale[r];
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j) {
-          s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2));
-          s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
-          row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        o_acc[i][0] *= rescale[0];
-        o_acc[i][1] *= rescale[0];
-        o_acc[i][2] *= rescale[1];
-        o_acc[i][3] *= rescale[1];
-      }
+      tile_scores<kPacked>(s, p, keep, slots, entry, mask, row0, my_r, b, h, t);
+      online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
       // O += P V (pairs of n8 tiles outside `keep` hold P = 0 and are skipped).
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(o_acc, s, smem.v[buf], g, t,
                                                                     keep);
@@ -170,42 +237,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-  }
-  if (at.slot >= 0) {
-    // A piece of a split row: the unnormalised O and the row statistics, for the combine kernel.
-    float* slot =
-        p.fwd_partial + at.partial(p.tiles.rows.slots) *
-                            (int64_t{SparseTile::kSize} * kHeadDim + 2 * SparseTile::kSize);
-    store_partial_rows<kHeadDim>(o_acc, 1.0f, slot, warp, g, t);
-    if (t == 0) {
-      float* stats = slot + SparseTile::kSize * kHeadDim;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        stats[my_r[r]] = row_max[r];
-        stats[SparseTile::kSize + my_r[r]] = row_sum[r];
-      }
-    }
-    return;
-  }
-  // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf. The sum
-  // is at least 1 otherwise (the row's largest term is exp(0)), so the fast reciprocal and log
-  // are accurate to ~2^-22.
-  const float inv[2] = {row_sum[0] > 0.0f ? __fdividef(1.0f, row_sum[0]) : 0.0f,
-                        row_sum[1] > 0.0f ? __fdividef(1.0f, row_sum[1]) : 0.0f};
-  store_slice_rows<T, kOutTiles>(o_acc, inv, p.out, p.out_stride, b, h, my_rows, p.len, p.dim, t,
-                                 p.out_paired);
-  if (p.lse != nullptr && t == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (my_rows[r] >= p.len) continue;
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] =
-          row_sum[r] > 0.0f ? row_max[r] + __logf(row_sum[r]) : kNegInf;
-    }
-  }
+  finish_forward_rows<T, kHeadDim>(p, at, o_acc, row_max, row_sum, my_r, my_rows, warp, g, t);
 }
 
 // Merges the pieces of the split rows, in piece order: SplitLineChunk<kHeadDim>::kCtasPerLine

@@ -4,6 +4,7 @@
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
+#include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 
 namespace sciattn::cuda {
@@ -28,10 +29,22 @@ cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cud
 template <typename T, int kHeadDim>
 cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p,
                                             cudaStream_t stream) {
-  const auto kernel = p.tiles.sub > 1 ? sparse_attention_fwd_kernel<T, kHeadDim, true>
-                                      : sparse_attention_fwd_kernel<T, kHeadDim, false>;
-  cudaError_t e = launch_sparse_1d(kernel, p.batch * p.tiles.head_repeat * p.tiles.rows.pieces,
-                                   sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
+  const int64_t ctas = p.batch * p.tiles.head_repeat * p.tiles.rows.pieces;
+  cudaError_t e = cudaSuccess;
+  bool launched = false;
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    // Whole tiles everywhere: the warpgroup-MMA kernel.
+    if (p.tiles.sub == 1 && p.wgmma_tiles) {
+      e = launch_sparse_1d(sparse_attention_fwd_wgmma_kernel<T, kHeadDim>, ctas,
+                           SparseFwdWgmmaSmem<T, kHeadDim>::kLaunchBytes, stream, p);
+      launched = true;
+    }
+  }
+  if (!launched) {
+    const auto kernel = p.tiles.sub > 1 ? sparse_attention_fwd_kernel<T, kHeadDim, true>
+                                        : sparse_attention_fwd_kernel<T, kHeadDim, false>;
+    e = launch_sparse_1d(kernel, ctas, sizeof(SparseFwdSmem<T, kHeadDim>), stream, p);
+  }
   if (e != cudaSuccess || p.tiles.rows.num_split_lines == 0) return e;
   return launch_sparse_1d(sparse_attention_fwd_combine_kernel<T, kHeadDim>,
                           p.batch * p.tiles.head_repeat * p.tiles.rows.num_split_lines *
