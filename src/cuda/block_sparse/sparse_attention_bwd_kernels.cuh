@@ -38,6 +38,126 @@ constexpr bool kSparseFragsInRegisters = kHeadDim <= 64;
 template <int kHeadDim>
 constexpr int kSparseBwdMinCtas = kHeadDim <= 64 ? 3 : 1;
 
+// P^T (16 keys x 64 queries of a warp) from the raw S^T = K Q^T in pt, in place, with the score
+// terms: P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
+// lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). The
+// thread's rows are keys and its columns queries, so the layout bit and the terms are read with
+// (query, key) swapped. In a plain entry the query groups outside the warp's `keep` get values
+// that nothing reads (the products skip their k-steps); computing them costs less than per-group
+// tests (docs/perf/block_sparse_cuda.md v9).
+template <bool kPacked>
+__device__ __forceinline__ void transposed_probabilities(
+    float (&pt)[8][4], const SparseAttentionDeviceParams& p, const float* lse,
+    const EntrySlots<kPacked>& slots, const int32_t* entry, int mask, int64_t key0,
+    const int (&my_k)[2], int64_t b, int64_t h, int t) {
+  const float scale_log2 = p.scale * kLog2e;
+  const auto queries = slots.span(entry);
+  if (tile_is_plain(p, queries.first, queries.last, key0, key0 + SparseTile::kSize - 1)) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lse2 = lse_pair_log2(lse, j, t);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lse2 = lse_pair_log2(lse, j, t);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
+        const int64_t i = slots.token(entry, qc), jj = key0 + kc;
+        const float s =
+            element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
+        pt[j][x] = fast_exp2(fmaf(s, kLog2e, (x & 1) ? -lse2.y : -lse2.x));
+      }
+    }
+  }
+}
+
+// dS^T = P^T (dP^T - delta) in place (pt), delta per query column.
+__device__ __forceinline__ void transposed_ds(float (&pt)[8][4], const float (&dpt)[8][4],
+                                              const float* delta, int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) pt[j][x] *= dpt[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+}
+
+// P (16 queries x 64 keys of a warp) from the raw S = Q K^T in pr, in place, with the score terms
+// and the rows' lse in log2 units (+inf: P = 0). In a plain entry the key groups outside `keep`
+// get values that nothing reads (the dQ product skips their k-steps).
+template <bool kPacked>
+__device__ __forceinline__ void row_probabilities(
+    float (&pr)[8][4], const SparseAttentionDeviceParams& p, const float (&lse_log2)[2],
+    const EntrySlots<kPacked>& slots, const int32_t* entry, int mask, int64_t q0,
+    const int (&my_r)[2], int64_t b, int64_t h, int t) {
+  const float scale_log2 = p.scale * kLog2e;
+  const auto keys = slots.span(entry);
+  if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.first, keys.last)) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
+        const int64_t i = q0 + r, jj = slots.token(entry, c);
+        const float s =
+            element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
+        pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));
+      }
+    }
+  }
+}
+
+// dK (times scale) and dV of a key tile's 16 rows per warp: to the tensors, or, for a piece of
+// a split column, to its fp32 partial slot.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void finish_dkdv_rows(
+    const SparseAttentionDeviceParams& p, const PieceOf& at, const float (&dk)[kHeadDim / 8][4],
+    const float (&dv)[kHeadDim / 8][4], const int64_t (&my_keys)[2], int warp, int g, int t) {
+  constexpr int kOutTiles = kHeadDim / 8;
+  const int64_t b = at.b, h = at.h;
+  if (at.slot >= 0) {
+    const int64_t slot = at.partial(p.tiles.cols.slots) * int64_t{SparseTile::kSize} * kHeadDim;
+    store_partial_rows<kHeadDim>(dk, p.scale, p.dk_partial + slot, warp, g, t);
+    store_partial_rows<kHeadDim>(dv, 1.0f, p.dv_partial + slot, warp, g, t);
+    return;
+  }
+  const float dk_factor[2] = {p.scale, p.scale}, dv_factor[2] = {1.0f, 1.0f};
+  store_slice_rows<T, kOutTiles>(dk, dk_factor, p.dk, p.dk_stride, b, h, my_keys, p.len, p.dim, t,
+                                 p.grads_paired);
+  store_slice_rows<T, kOutTiles>(dv, dv_factor, p.dv, p.dv_stride, b, h, my_keys, p.len, p.dim, t,
+                                 p.grads_paired);
+}
+
+// dQ (times scale) of a query tile's 16 rows per warp: to the tensor or to a split row's partial.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void finish_dq_rows(const SparseAttentionDeviceParams& p,
+                                               const PieceOf& at,
+                                               const float (&dq)[kHeadDim / 8][4],
+                                               const int64_t (&my_rows)[2], int warp, int g,
+                                               int t) {
+  constexpr int kOutTiles = kHeadDim / 8;
+  const int64_t b = at.b, h = at.h;
+  if (at.slot >= 0) {
+    const int64_t slot = at.partial(p.tiles.rows.slots) * int64_t{SparseTile::kSize} * kHeadDim;
+    store_partial_rows<kHeadDim>(dq, p.scale, p.dq_partial + slot, warp, g, t);
+    return;
+  }
+  const float dq_factor[2] = {p.scale, p.scale};
+  store_slice_rows<T, kOutTiles>(dq, dq_factor, p.dq, p.dq_stride, b, h, my_rows, p.len, p.dim, t,
+                                 p.grads_paired);
+}
+
 template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dkdv_kernel(const SparseAttentionDeviceParams p) {
@@ -53,7 +173,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const float scale_log2 = p.scale * kLog2e;
   const int64_t key0 = at.tile * SparseTile::kSize;
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};  // keys inside the tile
   const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
@@ -118,45 +237,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       // (query, key) swapped.
       float pt[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pt, k_frag, kw, q_tile, g, t, keep);
-      // P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
-      // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). In a
-      // plain entry the query groups outside `keep` get values that nothing reads (the dV and dK
-      // products below skip their k-steps); computing them costs less than per-group tests
-      // (docs/perf/block_sparse_cuda.md v9).
-      const auto queries = slots.span(entry);
-      if (tile_is_plain(p, queries.first, queries.last, key0, key0 + SparseTile::kSize - 1)) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 lse2 = lse_pair_log2(lse, j, t);
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            pt[j][x] = fast_exp2(fmaf(pt[j][x], scale_log2, (x & 1) ? -lse2.y : -lse2.x));
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 lse2 = lse_pair_log2(lse, j, t);
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
-            const int64_t i = slots.token(entry, qc), jj = key0 + kc;
-            const float s =
-                element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
-            pt[j][x] = fast_exp2(fmaf(s, kLog2e, (x & 1) ? -lse2.y : -lse2.x));
-          }
-        }
-      }
+      transposed_probabilities<kPacked>(pt, p, lse, slots, entry, mask, key0, my_k, b, h, t);
       // dV += P^T dO.
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dv, pt, do_tile, g, t, keep);
       // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
       {
         float ds[8][4];
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, v_frag, vw, do_tile, g, t, keep);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int x = 0; x < 4; ++x) pt[j][x] *= ds[j][x] - delta[j * 8 + 2 * t + (x & 1)];
+        transposed_ds(pt, ds, delta, t);
       }
       // dK += dS^T Q (times scale when written).
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dk, pt, q_tile, g, t, keep);
@@ -164,17 +252,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
-  if (at.slot >= 0) {
-    const int64_t slot = at.partial(p.tiles.cols.slots) * int64_t{SparseTile::kSize} * kHeadDim;
-    store_partial_rows<kHeadDim>(dk, p.scale, p.dk_partial + slot, warp, g, t);
-    store_partial_rows<kHeadDim>(dv, 1.0f, p.dv_partial + slot, warp, g, t);
-    return;
-  }
-  const float dk_factor[2] = {p.scale, p.scale}, dv_factor[2] = {1.0f, 1.0f};
-  store_slice_rows<T, kOutTiles>(dk, dk_factor, p.dk, p.dk_stride, b, h, my_keys, p.len, p.dim, t,
-                                 p.grads_paired);
-  store_slice_rows<T, kOutTiles>(dv, dv_factor, p.dv, p.dv_stride, b, h, my_keys, p.len, p.dim, t,
-                                 p.grads_paired);
+  finish_dkdv_rows<T, kHeadDim>(p, at, dk, dv, my_keys, warp, g, t);
 }
 
 template <typename T, int kHeadDim, bool kPacked>
@@ -192,7 +270,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const float scale_log2 = p.scale * kLog2e;
   const int64_t q0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
@@ -258,29 +335,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pr[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pr, q_frag, qw, smem.c[buf], g, t,
                                                             keep);
-      // In a plain entry the key groups outside `keep` get values that nothing reads (the dQ
-      // product below skips their k-steps).
-      const auto keys = slots.span(entry);
-      if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.first, keys.last)) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            pr[j][x] = fast_exp2(fmaf(pr[j][x], scale_log2, -lse_log2[x >> 1]));
-          }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-            const int64_t i = q0 + r, jj = slots.token(entry, c);
-            const float s =
-                element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
-            pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));
-          }
-        }
-      }
+      row_probabilities<kPacked>(pr, p, lse_log2, slots, entry, mask, q0, my_r, b, h, t);
       {
         float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, do_frag, dow, smem.d[buf], g, t,
@@ -296,14 +351,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     __syncthreads();
   }
 
-  if (at.slot >= 0) {
-    const int64_t slot = at.partial(p.tiles.rows.slots) * int64_t{SparseTile::kSize} * kHeadDim;
-    store_partial_rows<kHeadDim>(dq, p.scale, p.dq_partial + slot, warp, g, t);
-    return;
-  }
-  const float dq_factor[2] = {p.scale, p.scale};
-  store_slice_rows<T, kOutTiles>(dq, dq_factor, p.dq, p.dq_stride, b, h, my_rows, p.len, p.dim, t,
-                                 p.grads_paired);
+  finish_dq_rows<T, kHeadDim>(p, at, dq, my_rows, warp, g, t);
 }
 
 // Where the sum kernel reads the partials of one gradient and writes its sum.

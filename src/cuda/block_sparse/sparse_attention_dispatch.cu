@@ -304,6 +304,7 @@ Status run_backward_here(const SparseAttentionBackwardParams& params,
   copy_strides(params.dout, p.dout_stride, 4);
   p.vec_dout = vectorizable(params.dout);
   p.lean_tiles = p.lean_tiles && lean_tiles({&params.dout}, s.dim);
+  p.wgmma_tiles = p.wgmma_tiles && p.lean_tiles;  // dO too
   p.grads_paired = vectorizable(params.dq) && vectorizable(params.dk) && vectorizable(params.dv) &&
                    s.dim == kernel_head_dim(s.dim);
   p.vec_out = vectorizable(params.out);

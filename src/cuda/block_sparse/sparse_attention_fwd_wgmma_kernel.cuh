@@ -55,6 +55,23 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kTiles][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
+// The pipeline's step at entry e (buffer buf): start entry e + 1's copies into the other
+// buffer (freed by the barrier that ended the previous iteration), wait for this entry's, make
+// them visible to the async proxy (wgmma reads shared memory through it) and, through the
+// barrier, to the whole warpgroup.
+template <typename Load>
+__device__ __forceinline__ void next_stage(int e, int end, int buf, const Load& load) {
+  if (e + 1 < end) {
+    load(e + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  fence_proxy_async_shared();
+  __syncthreads();
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     sparse_attention_fwd_wgmma_kernel(const SparseAttentionDeviceParams p) {
@@ -111,17 +128,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
 
   for (int e = at.begin; e < at.end; ++e) {
     const int buf = (e - at.begin) & 1;
-    if (e + 1 < at.end) {
-      load_kv(e + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    // This thread's copies are done; make them visible to the async proxy, then to the
-    // warpgroup's wgmma through the barrier.
-    fence_proxy_async_shared();
-    __syncthreads();
+    next_stage(e, at.end, buf, load_kv);
 
     float s[kScoreTiles][4];
     wgmma_pin(s);

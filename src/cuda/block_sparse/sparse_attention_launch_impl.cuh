@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
+#include "cuda/block_sparse/sparse_attention_bwd_wgmma_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
@@ -55,17 +56,34 @@ cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p
 template <typename T, int kHeadDim>
 cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& p,
                                              cudaStream_t stream) {
-  const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim>);
-  const bool packed = p.tiles.sub > 1;
-  cudaError_t e =
-      launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true>
-                              : sparse_attention_dkdv_kernel<T, kHeadDim, false>,
-                       p.batch * p.tiles.head_repeat * p.tiles.cols.pieces, smem, stream, p);
-  if (e != cudaSuccess) return e;
-  e = launch_sparse_1d(packed ? sparse_attention_dq_kernel<T, kHeadDim, true>
-                              : sparse_attention_dq_kernel<T, kHeadDim, false>,
-                       p.batch * p.tiles.head_repeat * p.tiles.rows.pieces, smem, stream, p);
-  if (e != cudaSuccess) return e;
+  const int64_t dkdv_ctas = p.batch * p.tiles.head_repeat * p.tiles.cols.pieces;
+  const int64_t dq_ctas = p.batch * p.tiles.head_repeat * p.tiles.rows.pieces;
+  cudaError_t e = cudaSuccess;
+  bool launched = false;
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    // Whole tiles everywhere: the warpgroup-MMA kernels.
+    if (p.tiles.sub == 1 && p.wgmma_tiles) {
+      const size_t smem = SparseBwdWgmmaSmem<kHeadDim>::kLaunchBytes;
+      e = launch_sparse_1d(sparse_attention_dkdv_wgmma_kernel<T, kHeadDim>, dkdv_ctas, smem, stream,
+                           p);
+      if (e != cudaSuccess) return e;
+      e = launch_sparse_1d(sparse_attention_dq_wgmma_kernel<T, kHeadDim>, dq_ctas, smem, stream, p);
+      if (e != cudaSuccess) return e;
+      launched = true;
+    }
+  }
+  if (!launched) {
+    const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim>);
+    const bool packed = p.tiles.sub > 1;
+    e = launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true>
+                                : sparse_attention_dkdv_kernel<T, kHeadDim, false>,
+                         dkdv_ctas, smem, stream, p);
+    if (e != cudaSuccess) return e;
+    e = launch_sparse_1d(packed ? sparse_attention_dq_kernel<T, kHeadDim, true>
+                                : sparse_attention_dq_kernel<T, kHeadDim, false>,
+                         dq_ctas, smem, stream, p);
+    if (e != cudaSuccess) return e;
+  }
   // The split lines' partials, added in piece order (each kernel reads what the kernels above
   // wrote on the same stream).
   auto sum = [&](const BlockSparseDeviceIndex::TileWork& work, const float* partial, void* out,

@@ -1,0 +1,237 @@
+// The fused block-sparse attention backward on Hopper's warpgroup MMA (wgmma, sm_90a), for whole
+// 64-token tiles (the forward's condition, SparseAttentionDeviceParams::wgmma_tiles, with dO as
+// well). The same two kernels as sparse_attention_bwd_kernels.cuh, with their probability,
+// dS and output code, and the same determinism (every output element owned by one thread, split
+// lines through fp32 partials); the four products of a tile run as warpgroup MMAs on 128-byte
+// swizzled shared tiles (cuda/wgmma.cuh):
+//   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
+//                                               dV += P^T dO, dK += dS^T Q (registers x shared)
+//   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K
+// CUDA layer.
+#pragma once
+
+#include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
+#include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"  // copy_tile_swizzled, wgmma_pin
+
+namespace sciattn::cuda {
+
+// Shared memory of both kernels: the fixed tiles A and B, the streamed tiles C and D
+// double-buffered, each on a 1024-byte boundary, then the streamed query rows' lse and delta
+// (dK/dV kernel); 1024 bytes extra for rounding the base up inside the kernel.
+template <int kHeadDim>
+struct SparseBwdWgmmaSmem {
+  static constexpr uint32_t kTileBytes = SparseTile::kSize * kHeadDim * 2;
+  static_assert(kTileBytes % 1024 == 0, "every tile must start on a swizzle-pattern boundary");
+  static constexpr uint32_t kA = 0, kB = kTileBytes, kC = 2 * kTileBytes, kD = 4 * kTileBytes;
+  static constexpr uint32_t kStats = 6 * kTileBytes;  // float lse[2][64], delta[2][64]
+  static constexpr size_t kLaunchBytes = kStats + 4 * SparseTile::kSize * sizeof(float) + 1024;
+};
+
+// The CTA's 1024-byte aligned shared base, as a shared-window address and as a pointer.
+struct AlignedSmem {
+  uint32_t address;
+  unsigned char* pointer;
+};
+__device__ __forceinline__ AlignedSmem aligned_smem(unsigned char* raw) {
+  const uint32_t raw_address = shared_address(raw);
+  const uint32_t address = (raw_address + 1023u) & ~1023u;
+  return {address, raw + (address - raw_address)};
+}
+
+// The (b, h) slice of a [B, H, L, D] tensor as a byte base and a 32-bit row step (whole tiles of
+// aligned rows, the host's wgmma_tiles).
+struct RowSlice {
+  const char* base;
+  int32_t row_bytes;
+  __device__ __forceinline__ const char* row(int64_t r) const { return base + r * row_bytes; }
+};
+template <typename T>
+__device__ __forceinline__ RowSlice row_slice(const void* data, const int64_t stride[4], int64_t b,
+                                              int64_t h) {
+  return {static_cast<const char*>(data) + (b * stride[0] + h * stride[1]) * sizeof(T),
+          static_cast<int32_t>(stride[2] * sizeof(T))};
+}
+
+// x (64 x 64, fp32 accumulators) = A B^T over kSteps k-steps, A and B K-major swizzled tiles.
+template <typename T, int kSteps>
+__device__ __forceinline__ void wgmma_tile_nt(float (&x)[8][4], uint32_t a_tile, uint32_t b_tile) {
+  wgmma_pin(x);
+  wgmma_fence();
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    wgmma_m64n64k16_ss<T>(x, k_major_step<SparseTile::kSize>(a_tile, st),
+                          k_major_step<SparseTile::kSize>(b_tile, st), st > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(x);
+}
+
+// out (64 x kHeadDim, fp32) += X (64 x 64, fp32 accumulators, rounded to T) * B, B an MN-major
+// swizzled tile of 64 rows.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
+                                               const float (&x)[8][4], uint32_t b_tile) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = ElementTraits<T>::pack(x[2 * kk][0], x[2 * kk][1]);
+    a[kk][1] = ElementTraits<T>::pack(x[2 * kk][2], x[2 * kk][3]);
+    a[kk][2] = ElementTraits<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    a[kk][3] = ElementTraits<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+  }
+  wgmma_pin(out);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_m64nNk16_rs_tb<T, kHeadDim>(out, a[kk], mn_major_step<SparseTile::kSize>(b_tile, kk), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(out);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
+    sparse_attention_dkdv_wgmma_kernel(const SparseAttentionDeviceParams p) {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
+  using Smem = SparseBwdWgmmaSmem<kHeadDim>;
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const AlignedSmem smem = aligned_smem(smem_raw);
+  const auto q_tile = [&](int buf) { return smem.address + Smem::kC + buf * Smem::kTileBytes; };
+  const auto do_tile = [&](int buf) { return smem.address + Smem::kD + buf * Smem::kTileBytes; };
+  float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
+  const auto lse_of = [&](int buf) { return stats + buf * SparseTile::kSize; };
+  const auto delta_of = [&](int buf) { return stats + (2 + buf) * SparseTile::kSize; };
+
+  const PieceOf at = decode_piece(p.tiles.cols, p.tiles);
+  const int64_t b = at.b, h = at.h;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t key0 = at.tile * SparseTile::kSize;
+  const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};
+  const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
+
+  const EntrySlots<false> slots(p.tiles.col_slots, p.tiles);
+  const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
+  const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);
+  auto load_entry = [&](int e, int buf) {
+    const int32_t* entry = slots.of(e);
+    const int64_t q0 = slots.token(entry, 0);
+    copy_tile_swizzled<kHeadDim>(q_tile(buf), q_src.row(q0), q_src.row_bytes);
+    copy_tile_swizzled<kHeadDim>(do_tile(buf), do_src.row(q0), do_src.row_bytes);
+    load_sparse_row_stats(lse_of(buf), delta_of(buf), p, b, h, slots, entry);
+  };
+  if (at.begin < at.end) {
+    const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
+    const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
+    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kA, k_src.row(key0), k_src.row_bytes);
+    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kB, v_src.row(key0), v_src.row_bytes);
+    load_entry(at.begin, 0);
+    cp_async_commit();
+  }
+
+  float dk[kOutTiles][4], dv[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dk[i][x] = dv[i][x] = 0.0f;
+
+  for (int e = at.begin; e < at.end; ++e) {
+    const int buf = (e - at.begin) & 1;
+    next_stage(e, at.end, buf, load_entry);
+    // P^T from S^T = K Q^T; dV += P^T dO.
+    float pt[8][4];
+    wgmma_tile_nt<T, kSteps>(pt, smem.address + Smem::kA, q_tile(buf));
+    transposed_probabilities<false>(pt, p, lse_of(buf), slots, slots.of(e), p.tiles.col_masks[e],
+                                    key0, my_k, b, h, t);
+    wgmma_acc_tile<T, kHeadDim>(dv, pt, do_tile(buf));
+    // dP^T = V dO^T, dS^T = P^T (dP^T - delta); dK += dS^T Q (times scale when written).
+    {
+      float dpt[8][4];
+      wgmma_tile_nt<T, kSteps>(dpt, smem.address + Smem::kB, do_tile(buf));
+      transposed_ds(pt, dpt, delta_of(buf), t);
+    }
+    wgmma_acc_tile<T, kHeadDim>(dk, pt, q_tile(buf));
+    __syncthreads();  // the buffers of this tile are refilled next iteration
+  }
+
+  finish_dkdv_rows<T, kHeadDim>(p, at, dk, dv, my_keys, warp, g, t);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
+    sparse_attention_dq_wgmma_kernel(const SparseAttentionDeviceParams p) {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
+  using Smem = SparseBwdWgmmaSmem<kHeadDim>;
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const AlignedSmem smem = aligned_smem(smem_raw);
+  const auto k_tile = [&](int buf) { return smem.address + Smem::kC + buf * Smem::kTileBytes; };
+  const auto v_tile = [&](int buf) { return smem.address + Smem::kD + buf * Smem::kTileBytes; };
+
+  const PieceOf at = decode_piece(p.tiles.rows, p.tiles);
+  const int64_t b = at.b, h = at.h;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t q0 = at.tile * SparseTile::kSize;
+  const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
+  const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
+
+  const EntrySlots<false> slots(p.tiles.row_slots, p.tiles);
+  const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
+  const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
+  auto load_entry = [&](int e, int buf) {
+    const int64_t key0 = slots.token(slots.of(e), 0);
+    copy_tile_swizzled<kHeadDim>(k_tile(buf), k_src.row(key0), k_src.row_bytes);
+    copy_tile_swizzled<kHeadDim>(v_tile(buf), v_src.row(key0), v_src.row_bytes);
+  };
+  if (at.begin < at.end) {
+    const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
+    const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);
+    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kA, q_src.row(q0), q_src.row_bytes);
+    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kB, do_src.row(q0), do_src.row_bytes);
+    load_entry(at.begin, 0);
+    cp_async_commit();
+  }
+
+  // The rows' lse in log2 units (+inf for a row without any kept key: P = 0) and delta; L is a
+  // multiple of 64, so every row is inside.
+  float lse_log2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool valid = at.begin < at.end;
+    lse_log2[r] = lse_log2_of(
+        valid ? p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
+              : kNegInf);
+    delta[r] = valid ? p.delta[(b * p.heads + h) * p.len + my_rows[r]] : 0.0f;
+  }
+
+  float dq[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+  for (int e = at.begin; e < at.end; ++e) {
+    const int buf = (e - at.begin) & 1;
+    next_stage(e, at.end, buf, load_entry);
+    float pr[8][4];
+    wgmma_tile_nt<T, kSteps>(pr, smem.address + Smem::kA, k_tile(buf));
+    row_probabilities<false>(pr, p, lse_log2, slots, slots.of(e), p.tiles.row_masks[e], q0, my_r, b,
+                             h, t);
+    float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
+    wgmma_tile_nt<T, kSteps>(ds, smem.address + Smem::kB, v_tile(buf));
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
+    wgmma_acc_tile<T, kHeadDim>(dq, ds, k_tile(buf));  // dQ += dS K
+    __syncthreads();
+  }
+
+  finish_dq_rows<T, kHeadDim>(p, at, dq, my_rows, warp, g, t);
+}
+
+}  // namespace sciattn::cuda
