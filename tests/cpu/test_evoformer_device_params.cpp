@@ -1,6 +1,7 @@
 // The per-launch decisions the Evoformer CUDA dispatch makes on the host
 // (src/cuda/evoformer/evoformer_device_params_of.h), checked without a GPU: when whole tiles may
-// take the lean copies (lean_tiles, bias2_lean), when outputs are written as aligned pairs
+// take the lean copies (lean_tiles, bias2_lean), when head dims 64 and 128 run the warpgroup-MMA
+// kernels (wgmma_tiles), when outputs are written as aligned pairs
 // (vec_out, grads_paired), and the grid decoders' divisors. The kernels trust these flags
 // without re-checking them, so a wrong "yes" here would read or write out of bounds on the GPU;
 // the GPU tests use small tensors and cannot reach the 2^31-byte bounds.
@@ -138,6 +139,36 @@ TEST(EvoformerDeviceParams, MisalignedTensorsKeepTheGenericPaths) {
   v = views(s, DType::kBF16);
   v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);
   EXPECT_EQ(backward(v, s).lean_tiles, 0);
+}
+
+TEST(EvoformerDeviceParams, WarpgroupKernelsTakeHeadDims64And128OnLeanTiles) {
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t d : {64, 128}) {
+      for (const int64_t len : {1, 17, 64, 300}) {  // any L: rows past L are zero-filled
+        const Shape s{1, 2, len, 2, d};
+        const Views v = views(s, dtype);
+        EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 1) << d << " " << len;
+        EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << d << " " << len;
+      }
+    }
+  }
+  // Other head dims (also those padded to 64 or 128), fp32 inputs, and tiles that are not lean
+  // keep the mma.sync (or fp32) kernels.
+  for (const int64_t d : {8, 16, 32, 48, 96}) {
+    const Shape s{1, 2, 128, 2, d};
+    const Views v = views(s, DType::kBF16);
+    EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
+    EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
+  }
+  const Shape s{1, 2, 128, 2, 64};
+  EXPECT_EQ(cuda::forward_device_params(views(s, DType::kF32).f, s.evo()).wgmma_tiles, 0);
+  Views v = views(s, DType::kBF16);
+  v.f.q = qkv(s, DType::kBF16, 2);  // Q one element past a 16-byte boundary
+  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0);
+  v = views(s, DType::kBF16);
+  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);
+  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 1);
+  EXPECT_EQ(backward(v, s).wgmma_tiles, 0);  // dO is copied like Q
 }
 
 }  // namespace

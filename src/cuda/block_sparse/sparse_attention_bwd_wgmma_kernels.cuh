@@ -11,7 +11,7 @@
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
-#include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"  // copy_tile_swizzled, wgmma_pin
+#include "cuda/wgmma_tiles.cuh"
 
 namespace sciattn::cuda {
 
@@ -27,17 +27,6 @@ struct SparseBwdWgmmaSmem {
   static constexpr size_t kLaunchBytes = kStats + 4 * SparseTile::kSize * sizeof(float) + 1024;
 };
 
-// The CTA's 1024-byte aligned shared base, as a shared-window address and as a pointer.
-struct AlignedSmem {
-  uint32_t address;
-  unsigned char* pointer;
-};
-__device__ __forceinline__ AlignedSmem aligned_smem(unsigned char* raw) {
-  const uint32_t raw_address = shared_address(raw);
-  const uint32_t address = (raw_address + 1023u) & ~1023u;
-  return {address, raw + (address - raw_address)};
-}
-
 // The (b, h) slice of a [B, H, L, D] tensor as a byte base and a 32-bit row step (whole tiles of
 // aligned rows, the host's wgmma_tiles).
 struct RowSlice {
@@ -50,45 +39,6 @@ __device__ __forceinline__ RowSlice row_slice(const void* data, const int64_t st
                                               int64_t h) {
   return {static_cast<const char*>(data) + (b * stride[0] + h * stride[1]) * sizeof(T),
           static_cast<int32_t>(stride[2] * sizeof(T))};
-}
-
-// x (64 x 64, fp32 accumulators) = A B^T over kSteps k-steps, A and B K-major swizzled tiles.
-template <typename T, int kSteps>
-__device__ __forceinline__ void wgmma_tile_nt(float (&x)[8][4], uint32_t a_tile, uint32_t b_tile) {
-  wgmma_pin(x);
-  wgmma_fence();
-#pragma unroll
-  for (int st = 0; st < kSteps; ++st) {
-    wgmma_m64n64k16_ss<T>(x, k_major_step<SparseTile::kSize>(a_tile, st),
-                          k_major_step<SparseTile::kSize>(b_tile, st), st > 0 ? 1 : 0);
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_pin(x);
-}
-
-// out (64 x kHeadDim, fp32) += X (64 x 64, fp32 accumulators, rounded to T) * B, B an MN-major
-// swizzled tile of 64 rows.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
-                                               const float (&x)[8][4], uint32_t b_tile) {
-  uint32_t a[4][4];
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    a[kk][0] = ElementTraits<T>::pack(x[2 * kk][0], x[2 * kk][1]);
-    a[kk][1] = ElementTraits<T>::pack(x[2 * kk][2], x[2 * kk][3]);
-    a[kk][2] = ElementTraits<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-    a[kk][3] = ElementTraits<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
-  }
-  wgmma_pin(out);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    wgmma_m64nNk16_rs_tb<T, kHeadDim>(out, a[kk], mn_major_step<SparseTile::kSize>(b_tile, kk), 1);
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_pin(out);
 }
 
 template <typename T, int kHeadDim>

@@ -11,7 +11,7 @@
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
-#include "cuda/wgmma.cuh"
+#include "cuda/wgmma_tiles.cuh"
 
 namespace sciattn::cuda {
 
@@ -25,65 +25,18 @@ struct SparseFwdWgmmaSmem {
   static constexpr size_t kLaunchBytes = 5 * size_t{kTileBytes} + 1024;
 };
 
-// Starts cp.async copies of 64 whole rows (64 x kHeadDim, inside the tensor) whose first element is
-// at `rows` (rows `row_bytes` apart) into the swizzled tile at shared address `tile`. Thread x
-// owns chunk column x % (kHeadDim / 8) of every (128 / (kHeadDim / 8))-th row, so its swizzle
-// (row % 8 is the same for all its rows) and both its offsets are fixed across the copy.
-template <int kHeadDim>
-__device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* rows,
-                                                   int32_t row_bytes) {
-  constexpr int kChunks = kHeadDim / 8, kRowStep = SparseTile::kThreads / kChunks;
-  static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
-  const int c = static_cast<int>(threadIdx.x) % kChunks,
-            r0 = static_cast<int>(threadIdx.x) / kChunks;
-  const char* src = rows + (r0 * row_bytes + c * 16);
-  const uint32_t dst = tile + swizzled_chunk_offset<SparseTile::kSize>(r0, c);
-#pragma unroll
-  for (int i = 0; i < SparseTile::kSize / kRowStep; ++i) {
-    cp_async_16_to(dst + i * kRowStep * 128, src + i * kRowStep * row_bytes, 16);
-  }
-}
-
-// The compiler sees a wgmma's accumulators written when the instruction is issued; this empty
-// statement, placed after the wait, keeps every later read (and, before the issue, every earlier
-// write) of them on its side.
-template <int kTiles>
-__device__ __forceinline__ void wgmma_pin(float (&d)[kTiles][4]) {
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
-}
-
-// The pipeline's step at entry e (buffer buf): start entry e + 1's copies into the other
-// buffer (freed by the barrier that ended the previous iteration), wait for this entry's, make
-// them visible to the async proxy (wgmma reads shared memory through it) and, through the
-// barrier, to the whole warpgroup.
-template <typename Load>
-__device__ __forceinline__ void next_stage(int e, int end, int buf, const Load& load) {
-  if (e + 1 < end) {
-    load(e + 1, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  fence_proxy_async_shared();
-  __syncthreads();
-}
-
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     sparse_attention_fwd_wgmma_kernel(const SparseAttentionDeviceParams p) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
-  static_assert(SparseTile::kThreads == 128, "one warpgroup");
+  static_assert(SparseTile::kThreads == kWgmmaThreads && SparseTile::kSize == kWgmmaRows,
+                "one warpgroup over 64-row tiles");
   using Smem = SparseFwdWgmmaSmem<T, kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;              // k-steps of S = Q K^T
-  constexpr int kKeySteps = SparseTile::kSize / 16;  // k-steps of O += P V
+  constexpr int kSteps = kHeadDim / 16;  // k-steps of S = Q K^T
   constexpr int kScoreTiles = SparseTile::kSize / 8;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t base = (shared_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t base = aligned_smem(smem_raw).address;
   const uint32_t q_tile = base + Smem::kQ;
   // Buffer `buf` of K and V (arithmetic, not an array a runtime index would put on the stack).
   const auto k_tile = [&](int buf) { return base + Smem::kK + buf * Smem::kTileBytes; };
@@ -131,41 +84,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     next_stage(e, at.end, buf, load_kv);
 
     float s[kScoreTiles][4];
-    wgmma_pin(s);
-    wgmma_fence();
-#pragma unroll
-    for (int st = 0; st < kSteps; ++st) {
-      wgmma_m64n64k16_ss<T>(s, k_major_step<SparseTile::kSize>(q_tile, st),
-                            k_major_step<SparseTile::kSize>(k_tile(buf), st), st > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_pin(s);
+    wgmma_tile_nt<T, kSteps>(s, q_tile, k_tile(buf));
 
     tile_scores<false>(s, p, 0xFFu, slots, slots.of(e), p.tiles.row_masks[e], row0, my_r, b, h, t);
     online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
 
-    // O += P V: P (rounded to T) is the A operand straight from the score registers; all four
-    // k-steps' fragments are formed before the fence, so no register changes between the
-    // products (ptxas would otherwise fence before each).
-    uint32_t pa[kKeySteps][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk) {
-      pa[kk][0] = ElementTraits<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = ElementTraits<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = ElementTraits<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = ElementTraits<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-    wgmma_pin(o_acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk) {
-      wgmma_m64nNk16_rs_tb<T, kHeadDim>(o_acc, pa[kk],
-                                        mn_major_step<SparseTile::kSize>(v_tile(buf), kk), 1);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_pin(o_acc);
+    // O += P V, P (rounded to T) as the A operand straight from the score registers.
+    wgmma_acc_tile<T, kHeadDim>(o_acc, s, v_tile(buf));
     __syncthreads();  // every warp's products have read this buffer before it is refilled
   }
 

@@ -210,6 +210,139 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
   }
 }
 
+// The per-tile math of the dK/dV and dQ kernels, shared by their mma.sync and wgmma forms. The
+// tiles are 64 x 64 in fp32 accumulators; this thread holds two rows (r = e >> 1) of the m16n8
+// layout (lane = 4 g + t, columns 8 j + 2 t + (e & 1)).
+
+// dK/dV kernel: bias1 of this thread's two keys in log2 units (0 past L or without bias1).
+__device__ __forceinline__ void evoformer_key_bias1(float (&key_bias1)[2],
+                                                    const EvoformerDeviceParams& p, int64_t b,
+                                                    int64_t n, const int64_t (&my_keys)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    key_bias1[r] = 0.0f;
+    if (p.bias1_type != BiasType::kNone && my_keys[r] < p.len) {
+      key_bias1[r] = kLog2e * load_bias(p.bias1, p.bias1_type,
+                                        b * p.bias1_stride[0] + n * p.bias1_stride[1] +
+                                            my_keys[r] * p.bias1_stride[2]);
+    }
+  }
+}
+
+// dK/dV kernel: P^T (keys x queries) in place from S^T = K Q^T: the scale, bias1 (per key, a
+// per-row constant here), bias2 read transposed from its stage (this thread's "rows" are key
+// columns of the stage, its columns the stage's query rows), and the query rows' lse. No bounds
+// checks: a padded query column has lse = +inf (P = 0), and a padded key row only feeds dK, dV
+// and dbias1 of that key, which are never stored. Each of the thread's 16 query columns' lse is
+// converted once, not once per element.
+__device__ __forceinline__ void evoformer_transposed_probabilities(
+    float (&pt)[8][4], float scale_log2, const float (&key_bias1)[2],
+    const unsigned char* bias2_stage, BiasType bias2_type, const float* lse, int warp, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pt[j][e] = fmaf(pt[j][e], scale_log2, key_bias1[e >> 1]);
+  add_staged_bias_transposed(pt, bias2_stage, bias2_type, warp * 16, lane);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 lse2 = lse_pair_log2(lse, j, t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pt[j][e] = fast_exp2(pt[j][e] - ((e & 1) ? lse2.y : lse2.x));
+  }
+}
+
+// dK/dV kernel: dS^T = P^T (dP^T - delta) in place of P^T, delta per query column; adds each
+// key's share of the sum over queries (dbias1) to key_dbias1.
+__device__ __forceinline__ void evoformer_transposed_ds(float (&pt)[8][4], const float (&dpt)[8][4],
+                                                        const float* delta, float (&key_dbias1)[2],
+                                                        int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qc = j * 8 + 2 * t + (e & 1);
+      pt[j][e] *= dpt[j][e] - delta[qc];
+      key_dbias1[e >> 1] += pt[j][e];
+    }
+}
+
+// dK/dV kernel's epilogue: dK (times the scale), dV and the per-head dbias1 partial of its keys.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void evoformer_finish_dkdv(const EvoformerDeviceParams& p,
+                                                      const float (&dk)[kHeadDim / 8][4],
+                                                      const float (&dv)[kHeadDim / 8][4],
+                                                      const float (&key_dbias1)[2], int64_t b,
+                                                      int64_t n, int64_t h, int64_t bn,
+                                                      const int64_t (&my_keys)[2], int t) {
+  constexpr int kOutTiles = kHeadDim / 8;
+  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t,
+                           p.grads_paired);
+  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t,
+                           p.grads_paired);
+  if (p.dbias1_partial != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = key_dbias1[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (t == 0 && my_keys[r] < p.len) {
+        p.dbias1_partial[(bn * p.heads + h) * p.len + my_keys[r]] = sum;
+      }
+    }
+  }
+}
+
+// dQ kernel: this thread's two rows' lse in log2 units and delta. The shift of P = exp2(x -
+// shift): +inf for a padded or fully masked row gives P = 0 with no per-element check.
+__device__ __forceinline__ void evoformer_row_lse_delta(float (&lse_log2)[2], float (&delta)[2],
+                                                        const EvoformerDeviceParams& p, int64_t bn,
+                                                        int64_t h, const int64_t (&my_rows)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool valid = my_rows[r] < p.len;
+    const float lse =
+        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
+              : kNegInf;
+    lse_log2[r] = lse_log2_of(lse);
+    delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
+  }
+}
+
+// dQ kernel: P in place of the tile's biases (log2 units) from dots = Q K^T of the key tile at
+// k0. Keys past L exist only in the last tile: their P must be 0 (a row whose lse is very
+// negative would otherwise give inf there).
+__device__ __forceinline__ void evoformer_row_probabilities(float (&pr)[8][4],
+                                                            const float (&dots)[8][4],
+                                                            float scale_log2,
+                                                            const float (&lse_log2)[2], int64_t k0,
+                                                            int64_t len, int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pr[j][e] = fast_exp2(fmaf(dots[j][e], scale_log2, pr[j][e]) - lse_log2[e >> 1]);
+    }
+  if (k0 + 64 > len) {
+    const int cols_left = static_cast<int>(len - k0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (j * 8 + 2 * t + (e & 1) >= cols_left) pr[j][e] = 0.0f;
+      }
+  }
+}
+
+// dQ kernel: dS = P (dP - delta) in place of dP, delta per row.
+__device__ __forceinline__ void evoformer_row_ds(float (&ds)[8][4], const float (&pr)[8][4],
+                                                 const float (&delta)[2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ds[j][e] = pr[j][e] * (ds[j][e] - delta[e >> 1]);
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dkdv_kernel(const EvoformerDeviceParams p) {
@@ -257,15 +390,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   // The thread's rows are keys. bias1 depends on the key alone, so in this transposed tile it is
   // a per-row constant, read once. bias2 is read transposed from its stage: this thread's "rows"
   // are key columns of the stage, and its columns (queries) are the stage's rows.
-  float key_bias1[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (p.bias1_type != BiasType::kNone && my_keys[r] < p.len) {
-      key_bias1[r] = kLog2e * load_bias(p.bias1, p.bias1_type,
-                                        b * p.bias1_stride[0] + n * p.bias1_stride[1] +
-                                            my_keys[r] * p.bias1_stride[2]);
-    }
-  }
+  float key_bias1[2];
+  evoformer_key_bias1(key_bias1, p, b, n, my_keys);
 
   uint32_t k_frag[kSteps][4], v_frag[kSteps][4];
   float dk[kOutTiles][4], dv[kOutTiles][4];
@@ -301,56 +427,23 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     // of D <= 32 that array was spilled).
     float pt[8][4];
     mma_rows_t<T, kSteps, kPitch>(pt, k_frag, q_tile, g, t);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pt[j][e] = fmaf(pt[j][e], scale_log2, key_bias1[e >> 1]);
-    add_staged_bias_transposed(pt, bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16,
-                               lane);
-    // No bounds checks: a padded query column has lse = +inf (P = 0), and a padded key row only
-    // feeds dK, dV and dbias1 of that key, which are never stored. Each of the thread's 16 query
-    // columns' lse is converted once, not once per element.
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 lse2 = lse_pair_log2(lse, j, t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pt[j][e] = fast_exp2(pt[j][e] - ((e & 1) ? lse2.y : lse2.x));
-    }
+    evoformer_transposed_probabilities(pt, scale_log2, key_bias1,
+                                       bias2_stage + buf * bias2_stage_bytes, p.bias2_type, lse,
+                                       warp, lane);
     // dV += P^T dO.
     mma_acc_tile<T, kOutTiles, kPitch>(dv, pt, do_tile, g, t);
     // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.
     {
       float ds[8][4];
       mma_rows_t<T, kSteps, kPitch>(ds, v_frag, do_tile, g, t);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qc = j * 8 + 2 * t + (e & 1);
-          pt[j][e] *= ds[j][e] - delta[qc];
-          key_dbias1[e >> 1] += pt[j][e];
-        }
+      evoformer_transposed_ds(pt, ds, delta, key_dbias1, t);
     }
     // dK += dS^T Q (times scale when written).
     mma_acc_tile<T, kOutTiles, kPitch>(dk, pt, q_tile, g, t);
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
-  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t,
-                           p.grads_paired);
-  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t,
-                           p.grads_paired);
-  if (p.dbias1_partial != nullptr) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = key_dbias1[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (t == 0 && my_keys[r] < p.len) {
-        p.dbias1_partial[(bn * p.heads + h) * p.len + my_keys[r]] = sum;
-      }
-    }
-  }
+  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
 }
 
 template <typename T, int kHeadDim>
@@ -395,17 +488,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   cp_async_commit();
 
   float lse_log2[2], delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const bool valid = my_rows[r] < p.len;
-    // The shift of P = exp2(x - shift): +inf for a padded or fully masked row gives P = 0 with
-    // no per-element check.
-    const float lse =
-        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
-              : kNegInf;
-    lse_log2[r] = lse_log2_of(lse);
-    delta[r] = valid ? p.delta[(bn * p.heads + h) * p.len + my_rows[r]] : 0.0f;
-  }
+  evoformer_row_lse_delta(lse_log2, delta, p, bn, h, my_rows);
 
   uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
   float dq[kOutTiles][4];
@@ -434,33 +517,123 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     add_staged_biases(pr, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
                       bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16, lane);
     mma_rows_t<T, kSteps, kPitch>(dots, q_frag, smem.c[buf], g, t);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pr[j][e] = fast_exp2(fmaf(dots[j][e], scale_log2, pr[j][e]) - lse_log2[e >> 1]);
-      }
-    // Keys past L exist only in the last tile: their P must be 0 (a row whose lse is very
-    // negative would otherwise give inf there).
-    if (k0 + Tile::kBlock > p.len) {
-      const int cols_left = static_cast<int>(p.len - k0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (j * 8 + 2 * t + (e & 1) >= cols_left) pr[j][e] = 0.0f;
-        }
-    }
+    evoformer_row_probabilities(pr, dots, scale_log2, lse_log2, k0, p.len, t);
     mma_rows_t<T, kSteps, kPitch>(ds, do_frag, smem.d[buf], g, t);  // dP = dO V^T
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[j][e] = pr[j][e] * (ds[j][e] - delta[e >> 1]);
+    evoformer_row_ds(ds, pr, delta);
     mma_acc_tile<T, kOutTiles, kPitch>(dq, ds, smem.c[buf], g, t);  // dQ += dS K
     __syncthreads();
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
                            p.grads_paired);
+}
+
+// ---- The dbias2 kernel's parts, shared by its mma.sync and wgmma forms ----
+
+// The CTA's place in the dbias2 grid (1-D: key block fastest, then query block, head, batch,
+// chunk of N) and its chunk's range of n.
+struct Dbias2Cta {
+  int64_t key_block, query_block, h, b, chunk, n_begin, n_end;
+};
+__device__ __forceinline__ Dbias2Cta decode_dbias2_cta(const EvoformerDeviceParams& p) {
+  const QuotientRemainder by_key = fast_divmod(blockIdx.x, p.tiles64_div);
+  const QuotientRemainder by_query = fast_divmod(by_key.quotient, p.dbias2_rows_div);
+  const QuotientRemainder by_head = fast_divmod(by_query.quotient, p.heads_div);
+  const QuotientRemainder by_batch = fast_divmod(by_head.quotient, p.batch_div);
+  const int64_t chunk = by_batch.quotient;
+  return {by_key.remainder,
+          by_query.remainder,
+          by_head.remainder,
+          by_batch.remainder,
+          chunk,
+          chunk * p.n / p.dbias2_chunks,
+          (chunk + 1) * p.n / p.dbias2_chunks};
+}
+
+// bias1 of n at key k0 + threadIdx.x (threads below 64), in log2 units; 0 past L, where bias2's
+// -inf already removes the cell.
+__device__ __forceinline__ float dbias2_bias1_log2(const EvoformerDeviceParams& p, int64_t b,
+                                                   int64_t n, int64_t k0) {
+  const int64_t key = k0 + threadIdx.x;
+  if (p.bias1_type == BiasType::kNone || threadIdx.x >= 64 || key >= p.len) return 0.0f;
+  return load_bias(p.bias1, p.bias1_type,
+                   b * p.bias1_stride[0] + n * p.bias1_stride[1] + key * p.bias1_stride[2]) *
+         kLog2e;
+}
+
+// bias2 does not depend on n: this thread's 32 cells of it (rows q0 + my_row[r], 64 keys from
+// k0), in log2 units, read once into `cells` ([j][e][lane] of the warp's part of shared memory,
+// lane-contiguous so that a warp's reads are conflict-free). Cells outside the L x L matrix get
+// -inf, so that their P is 0 and they add nothing.
+__device__ __forceinline__ void stage_dbias2_bias2(float (&cells_out)[8][4][32],
+                                                   const EvoformerDeviceParams& p, int64_t b,
+                                                   int64_t h, int64_t q0, int64_t k0,
+                                                   const int (&my_row)[2], int lane) {
+  const int t = lane % 4;
+  float cells[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool inside = q0 + my_row[e >> 1] < p.len && k0 + j * 8 + 2 * t + (e & 1) < p.len;
+      cells[j][e] = inside ? 0.0f : kNegInf;
+    }
+  const void* rows[2] = {nullptr, nullptr};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (p.bias2_type != BiasType::kNone && q0 + my_row[r] < p.len) {
+      rows[r] = bias_ptr(
+          p.bias2, p.bias2_type,
+          b * p.bias2_stride[0] + h * p.bias2_stride[1] + (q0 + my_row[r]) * p.bias2_stride[2]);
+    }
+  }
+  add_bias_tile(p.bias2_type, cells, rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cells_out[j][e][lane] = cells[j][e];
+}
+
+// Adds dS = P (dP - delta) of n8 column tile j (dot = its Q K^T, dp = its dO V^T) to the running
+// sum acc; bias2 cells from stage_dbias2_bias2, bias1 of the 64 keys in log2 units.
+__device__ __forceinline__ void dbias2_add_cells(float (&acc)[4], const float (&dot)[4],
+                                                 const float (&dp)[4],
+                                                 const float (&bias2_cells)[4][32],
+                                                 const float* bias1_log2, int j, int lane,
+                                                 float scale_log2, const float (&lse_log2)[2],
+                                                 const float (&row_delta)[2]) {
+  const int t = lane % 4;
+  // bias1 of the thread's two key columns (the same for both of its rows).
+  const float2 b1 = *reinterpret_cast<const float2*>(&bias1_log2[j * 8 + 2 * t]);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float bias = bias2_cells[e][lane] + ((e & 1) ? b1.y : b1.x);
+    const float prob = fast_exp2(fmaf(dot[e], scale_log2, bias) - lse_log2[e >> 1]);
+    acc[e] = fmaf(prob, dp[e] - row_delta[e >> 1], acc[e]);
+  }
+}
+
+// The CTA's sum: with one chunk dbias2 itself (in bias2's type), with several this chunk's fp32
+// partial.
+__device__ __forceinline__ void store_dbias2_tile(const EvoformerDeviceParams& p,
+                                                  const float (&acc)[8][4], int64_t b, int64_t h,
+                                                  int64_t chunk, int64_t q0, int64_t k0,
+                                                  const int (&my_row)[2], int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t i = q0 + my_row[e >> 1], k = k0 + j * 8 + 2 * t + (e & 1);
+      if (i >= p.len || k >= p.len) continue;
+      if (p.dbias2_chunks > 1) {
+        p.dbias2_partial[(((chunk * p.batch + b) * p.heads + h) * p.len + i) * p.len + k] =
+            acc[j][e];
+      } else {
+        store_bias(p.dbias2, p.bias2_type,
+                   b * p.dbias2_stride[0] + h * p.dbias2_stride[1] + i * p.dbias2_stride[2] +
+                       k * p.dbias2_stride[3],
+                   acc[j][e]);
+      }
+    }
 }
 
 // One CTA per (kRows x 64 tile of dbias2[b, h], chunk of N): the sum over the chunk's n of dS, in
@@ -479,20 +652,13 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
 
-  // 1-D grid: key block fastest, then query block, head, batch, chunk of N.
   static_assert(kKeys == 64, "the grid's key blocks are p.tiles64_div's");
-  const QuotientRemainder by_key = fast_divmod(blockIdx.x, p.tiles64_div);
-  const QuotientRemainder by_query = fast_divmod(by_key.quotient, p.dbias2_rows_div);
-  const QuotientRemainder by_head = fast_divmod(by_query.quotient, p.heads_div);
-  const QuotientRemainder by_batch = fast_divmod(by_head.quotient, p.batch_div);
-  const int64_t key_block = by_key.remainder, query_block = by_query.remainder,
-                h = by_head.remainder, b = by_batch.remainder, chunk = by_batch.quotient;
-  const int64_t n_begin = chunk * p.n / p.dbias2_chunks,
-                n_end = (chunk + 1) * p.n / p.dbias2_chunks;
+  const Dbias2Cta at = decode_dbias2_cta(p);
+  const int64_t h = at.h, b = at.b, chunk = at.chunk, n_begin = at.n_begin, n_end = at.n_end;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t q0 = query_block * Tile::kRows, k0 = key_block * kKeys;
+  const int64_t q0 = at.query_block * Tile::kRows, k0 = at.key_block * kKeys;
   const int my_row[2] = {warp * 16 + g, warp * 16 + g + 8};  // within the query rows
 
   // Starts the copies of n's tiles and row statistics into buffer `buf` (the lean copies when
@@ -535,46 +701,13 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
                                                 q0);
     cp_async_commit();
   };
-  // bias1 of n at key k0 + threadIdx.x (threads below 64), in log2 units; 0 past L, where bias2's
-  // -inf already removes the cell. Read into a register one n ahead and stored in shared memory
-  // at the end of the iteration, so its latency hides behind the MMAs and it takes no registers
-  // in the cell loop.
-  auto bias1_of = [&](int64_t n) -> float {
-    const int64_t key = k0 + threadIdx.x;
-    if (p.bias1_type == BiasType::kNone || threadIdx.x >= kKeys || key >= p.len) return 0.0f;
-    return load_bias(p.bias1, p.bias1_type,
-                     b * p.bias1_stride[0] + n * p.bias1_stride[1] + key * p.bias1_stride[2]) *
-           kLog2e;
-  };
+  // bias1 of n is read into a register one n ahead and stored in shared memory at the end of the
+  // iteration, so its latency hides behind the MMAs and it takes no registers in the cell loop.
+  auto bias1_of = [&](int64_t n) { return dbias2_bias1_log2(p, b, n, k0); };
   load_n(n_begin, 0);
   if (threadIdx.x < kKeys) smem.bias1_log2[0][threadIdx.x] = bias1_of(n_begin);
 
-  // bias2 does not depend on n: this thread's 32 cells of it, in log2 units, read once. Cells
-  // outside the L x L matrix get -inf, so that their P is 0 and they add nothing.
-  {
-    float cells[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool inside = q0 + my_row[e >> 1] < p.len && k0 + j * 8 + 2 * t + (e & 1) < p.len;
-        cells[j][e] = inside ? 0.0f : kNegInf;
-      }
-    const void* rows[2] = {nullptr, nullptr};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (p.bias2_type != BiasType::kNone && q0 + my_row[r] < p.len) {
-        rows[r] = bias_ptr(
-            p.bias2, p.bias2_type,
-            b * p.bias2_stride[0] + h * p.bias2_stride[1] + (q0 + my_row[r]) * p.bias2_stride[2]);
-      }
-    }
-    add_bias_tile(p.bias2_type, cells, rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) smem.bias2_log2[warp][j][e][lane] = cells[j][e];
-  }
+  stage_dbias2_bias2(smem.bias2_log2[warp], p, b, h, q0, k0, my_row, lane);
 
   float acc[8][4];
 #pragma unroll
@@ -621,37 +754,15 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int j = j0 + x;
-        // bias1 of the thread's two key columns (the same for both of its rows).
-        const float2 b1 = *reinterpret_cast<const float2*>(&smem.bias1_log2[buf][j * 8 + 2 * t]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float bias = smem.bias2_log2[warp][j][e][lane] + ((e & 1) ? b1.y : b1.x);
-          const float prob = fast_exp2(fmaf(dot[x][e], scale_log2, bias) - lse_log2[e >> 1]);
-          acc[j][e] = fmaf(prob, dp[x][e] - row_delta[e >> 1], acc[j][e]);
-        }
+        dbias2_add_cells(acc[j], dot[x], dp[x], smem.bias2_log2[warp][j], smem.bias1_log2[buf], j,
+                         lane, scale_log2, lse_log2, row_delta);
       }
     }
     if (threadIdx.x < kKeys && n + 1 < n_end) smem.bias1_log2[buf ^ 1][threadIdx.x] = bias1_next;
     __syncthreads();  // this buffer is refilled for n + 2
   }
 
-  // One chunk: the sum is dbias2 itself; several: this chunk's fp32 partial.
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t i = q0 + my_row[e >> 1], k = k0 + j * 8 + 2 * t + (e & 1);
-      if (i >= p.len || k >= p.len) continue;
-      if (p.dbias2_chunks > 1) {
-        p.dbias2_partial[(((chunk * p.batch + b) * p.heads + h) * p.len + i) * p.len + k] =
-            acc[j][e];
-      } else {
-        store_bias(p.dbias2, p.bias2_type,
-                   b * p.dbias2_stride[0] + h * p.dbias2_stride[1] + i * p.dbias2_stride[2] +
-                       k * p.dbias2_stride[3],
-                   acc[j][e]);
-      }
-    }
+  store_dbias2_tile(p, acc, b, h, chunk, q0, k0, my_row, t);
 }
 
 }  // namespace sciattn::cuda

@@ -109,6 +109,7 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   for (const TensorView* t : {&q, &k, &v, &out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) p.lean_tiles = 0;
   }
+  p.wgmma_tiles = p.lean_tiles && q.dtype != DType::kF32 && (s.dim == 64 || s.dim == 128);
   // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
   // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
   const auto divisor = [](int64_t d) {
@@ -143,7 +144,7 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   p.dout = params.dout.data;
   qkv_strides(params.dout, p.dout_stride);
   p.vec_dout = vectorizable(params.dout);
-  if (!p.vec_dout || !tile_offsets_fit_32_bits(params.dout, 2)) p.lean_tiles = 0;
+  if (!p.vec_dout || !tile_offsets_fit_32_bits(params.dout, 2)) p.lean_tiles = p.wgmma_tiles = 0;
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;

@@ -34,6 +34,126 @@ struct EvoformerFwdSmem {
 template <int kHeadDim>
 constexpr int kEvoformerFwdMinCtas = kHeadDim <= 32 ? 4 : 0;
 
+// One key tile of the forward's online softmax, in log2 units, for this thread's two rows: on
+// entry s holds the tile's biases and dot its Q K^T (fp32 accumulators, in the m16n8 layout); on
+// return s holds P = exp2(s + dot * scale_log2 - running max), keys past L (the last tile only)
+// give 0, and the running max, the running sum and O are rescaled to the new max.
+template <int kOutTiles>
+__device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const float (&dot)[8][4],
+                                                       float scale_log2, int64_t col0, int64_t len,
+                                                       int t, float (&row_max)[2],
+                                                       float (&row_sum)[2],
+                                                       float (&o_acc)[kOutTiles][4]) {
+  constexpr int kScoreTiles = 8;
+  // Scores in log2 units, keys past L masked; then the tile's row maxima.
+  float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = fmaf(dot[j][e], scale_log2, s[j][e]);
+  // Keys past L exist only in the last tile (checked once per tile, not per element).
+  if (col0 + 64 > len) {
+    const int cols_left = static_cast<int>(len - col0);
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (j * 8 + 2 * t + (e & 1) >= cols_left) s[j][e] = kNegInf;
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < kScoreTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // The four threads of a row (t = 0..3) hold its 64 columns between them.
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+  }
+  float rescale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float new_max = fmaxf(row_max[r], tile_max[r]);
+    // While every key so far is masked the max stays -inf; use 0 as the shift so that exp2 of
+    // -inf scores gives 0 instead of exp2(-inf - -inf) = NaN.
+    const float shift = new_max == kNegInf ? 0.0f : new_max;
+    rescale[r] = fast_exp2(row_max[r] - shift);
+    row_max[r] = new_max;
+    row_sum[r] *= rescale[r];
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) {
+      s[j][2 * r] = fast_exp2(s[j][2 * r] - shift);
+      s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - shift);
+      row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) {
+    o_acc[i][0] *= rescale[0];
+    o_acc[i][1] *= rescale[0];
+    o_acc[i][2] *= rescale[1];
+    o_acc[i][3] *= rescale[1];
+  }
+}
+
+// The forward's epilogue: O (this thread's two rows, divided by their sums) and the rows' lse.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void evoformer_finish_forward(const EvoformerDeviceParams& p,
+                                                         const float (&o_acc)[kHeadDim / 8][4],
+                                                         float (&row_max)[2], float (&row_sum)[2],
+                                                         int64_t b, int64_t n, int64_t h,
+                                                         int64_t bn, const int64_t (&my_rows)[2],
+                                                         int t) {
+  constexpr int kOutTiles = kHeadDim / 8;
+  // The row sums are spread over the four threads of each row.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
+  // Whole rows of aligned pairs (the usual case): one 32-bit store per pair, no per-pair tests.
+  const bool pairs_aligned = p.vec_out && p.dim == kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = my_rows[r];
+    if (row >= p.len) continue;
+    // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 1 otherwise (the
+    // row's largest term is exp2(0)), so the fast reciprocal and log are accurate to ~2^-22.
+    const float inv = row_sum[r] > 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
+    T* out_row = out + row * p.out_stride[2];
+    if (pairs_aligned) {
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        *reinterpret_cast<uint32_t*>(out_row + i * 8 + 2 * t) =
+            ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        const int d = i * 8 + 2 * t;
+        if (d + 1 < p.dim) {
+          // Two adjacent elements: one 32-bit store when the address allows it.
+          if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
+            *reinterpret_cast<uint32_t*>(out_row + d) =
+                ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+          } else {
+            out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
+            out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
+          }
+        } else if (d < p.dim) {
+          out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
+        }
+      }
+    }
+    if (p.lse != nullptr && t == 0) {
+      const float lse = row_sum[r] > 0.0f ? (row_max[r] + __log2f(row_sum[r])) * kLn2 : kNegInf;
+      p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
+    }
+  }
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCtas<kHeadDim>)
     evoformer_fwd_kernel(const EvoformerDeviceParams p) {
@@ -129,56 +249,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
       }
     }
 
-    // Scores in log2 units, keys past L masked; then the tile's row maxima.
-    float tile_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = fmaf(dot[j][e], scale_log2, s[j][e]);
-    // Keys past L exist only in the last tile (checked once per tile, not per element).
-    if (col0 + Tile::kBlockN > p.len) {
-      const int cols_left = static_cast<int>(p.len - col0);
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (j * 8 + 2 * t + (e & 1) >= cols_left) s[j][e] = kNegInf;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[j][e]);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // The four threads of a row (t = 0..3) hold its 64 columns between them.
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-    }
-    float rescale[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float new_max = fmaxf(row_max[r], tile_max[r]);
-      // While every key so far is masked the max stays -inf; use 0 as the shift so that exp2 of
-      // -inf scores gives 0 instead of exp2(-inf - -inf) = NaN.
-      const float shift = new_max == kNegInf ? 0.0f : new_max;
-      rescale[r] = fast_exp2(row_max[r] - shift);
-      row_max[r] = new_max;
-      row_sum[r] *= rescale[r];
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j) {
-        s[j][2 * r] = fast_exp2(s[j][2 * r] - shift);
-        s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - shift);
-        row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      o_acc[i][0] *= rescale[0];
-      o_acc[i][1] *= rescale[0];
-      o_acc[i][2] *= rescale[1];
-      o_acc[i][3] *= rescale[1];
-    }
+    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, col0, p.len, t, row_max, row_sum, o_acc);
 
     // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.
 #pragma unroll
@@ -192,52 +263,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  // Finish: the row sums are spread over the four threads of each row.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-  }
-  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
-  // Whole rows of aligned pairs (the usual case): one 32-bit store per pair, no per-pair tests.
-  const bool pairs_aligned = p.vec_out && p.dim == kHeadDim;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t row = my_rows[r];
-    if (row >= p.len) continue;
-    // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 1 otherwise (the
-    // row's largest term is exp2(0)), so the fast reciprocal and log are accurate to ~2^-22.
-    const float inv = row_sum[r] > 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
-    T* out_row = out + row * p.out_stride[2];
-    if (pairs_aligned) {
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        *reinterpret_cast<uint32_t*>(out_row + i * 8 + 2 * t) =
-            ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        const int d = i * 8 + 2 * t;
-        if (d + 1 < p.dim) {
-          // Two adjacent elements: one 32-bit store when the address allows it.
-          if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
-            *reinterpret_cast<uint32_t*>(out_row + d) =
-                ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
-          } else {
-            out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
-            out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
-          }
-        } else if (d < p.dim) {
-          out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
-        }
-      }
-    }
-    if (p.lse != nullptr && t == 0) {
-      const float lse = row_sum[r] > 0.0f ? (row_max[r] + __log2f(row_sum[r])) * kLn2 : kNegInf;
-      p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
-    }
-  }
+  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t);
 }
 
 }  // namespace sciattn::cuda

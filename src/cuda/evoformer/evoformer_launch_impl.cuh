@@ -2,7 +2,9 @@
 #pragma once
 
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
+#include "cuda/evoformer/evoformer_fwd_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_launch.h"
 
 namespace sciattn::cuda {
@@ -34,24 +36,58 @@ inline size_t bias_stage_smem(const EvoformerDeviceParams& p, int rows) {
                                  bias_stage_bytes(p.bias1_type, 1));
 }
 
+// Head dims 64 and 128 with the host's wgmma_tiles run the forward, dK/dV, dQ and dbias2 kernels
+// on the warpgroup MMA (evoformer_*_wgmma_kernel*.cuh); the other head dims and layouts the
+// mma.sync ones.
+template <int kHeadDim>
+constexpr bool kEvoformerWgmmaHeadDim = kHeadDim == 64 || kHeadDim == 128;
+
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  return launch_1d(
-      evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p), EvoformerFwdTile::kThreads,
-      sizeof(EvoformerFwdSmem<T, kHeadDim>) + bias_stage_smem(p, EvoformerFwdTile::kBlockM), p,
-      stream);
+  const size_t bias_smem = bias_stage_smem(p, EvoformerFwdTile::kBlockM);
+  if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
+    if (p.wgmma_tiles) {
+      return launch_1d(evoformer_fwd_wgmma_kernel<T, kHeadDim>, evoformer_forward_ctas(p),
+                       kWgmmaThreads, EvoformerWgmmaSmem<kHeadDim>::kFwdBytes + 1024 + bias_smem, p,
+                       stream);
+    }
+  }
+  return launch_1d(evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p),
+                   EvoformerFwdTile::kThreads, sizeof(EvoformerFwdSmem<T, kHeadDim>) + bias_smem, p,
+                   stream);
 }
 
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  const size_t smem =
-      sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_stage_smem(p, EvoformerBwdTile::kBlock);
-  cudaError_t e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                            EvoformerBwdTile::kThreads, smem, p, stream);
-  if (e != cudaSuccess) return e;
-  e = launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
-                EvoformerBwdTile::kThreads, smem, p, stream);
+  const size_t bias_smem = bias_stage_smem(p, EvoformerBwdTile::kBlock);
+  cudaError_t e = cudaSuccess;
+  bool wgmma = false;
+  if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
+    wgmma = p.wgmma_tiles != 0;
+    if (wgmma) {
+      const size_t smem = EvoformerWgmmaSmem<kHeadDim>::kBwdBytes + 1024 + bias_smem;
+      e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
+                    kWgmmaThreads, smem, p, stream);
+      if (e != cudaSuccess) return e;
+      e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p), kWgmmaThreads,
+                    smem, p, stream);
+    }
+  }
+  if (!wgmma) {
+    const size_t smem = sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_smem;
+    e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
+                  EvoformerBwdTile::kThreads, smem, p, stream);
+    if (e != cudaSuccess) return e;
+    e = launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
+                  EvoformerBwdTile::kThreads, smem, p, stream);
+  }
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
+  if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
+    if (wgmma) {
+      return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
+                       kWgmmaThreads, EvoformerWgmmaSmem<kHeadDim>::kDbias2Bytes + 1024, p, stream);
+    }
+  }
   return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
                    EvoformerDbias2Tile<kHeadDim>::kThreads,
                    sizeof(EvoformerDbias2Smem<T, kHeadDim>), p, stream);

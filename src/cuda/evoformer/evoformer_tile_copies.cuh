@@ -216,20 +216,17 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
   }
 }
 
-// The copies of one key tile for the kernels whose CTA holds a block of kRows query rows from row0
-// and loops over 64-key tiles (the forward and dQ): the tile's K and V rows, its bias2 tile
-// [query rows][keys] and its bias1 entries, each into the stage the caller names, in the caller's
-// cp.async group. Whole key tiles take the lean copies above; a partial last tile and unaligned
-// tensors the generic ones.
-template <typename T, int kRows, int kTileDim, int kPitch, int kThreads, BiasCopyWidths kWidths>
-__device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
-                                              const SliceSource& k_src, const SliceSource& v_src,
-                                              int64_t b, int64_t n, int64_t h, int64_t row0,
-                                              T* k_dst, T* v_dst, unsigned char* bias2_stage,
-                                              unsigned char* bias1_stage, int64_t col0) {
+// The bias copies of one key tile for the kernels whose CTA holds a block of kRows query rows from
+// row0 and loops over 64-key tiles (the forward and dQ): its bias2 tile [query rows][keys] and its
+// bias1 entries, each into the stage the caller names, in the caller's cp.async group. `whole`:
+// the key tile lies inside L (lean copies where the bias allows them; the generic ones else).
+template <int kRows, int kThreads, BiasCopyWidths kWidths>
+__device__ __forceinline__ void copy_key_tile_biases(const EvoformerDeviceParams& p, int64_t b,
+                                                     int64_t n, int64_t h, int64_t row0,
+                                                     int64_t col0, bool whole,
+                                                     unsigned char* bias2_stage,
+                                                     unsigned char* bias1_stage) {
   constexpr int kKeys = 64;
-  const bool whole = col0 + kKeys <= p.len;
-  copy_slice_pair_tile<T, kTileDim, kPitch, kThreads>(p, whole, k_src, k_dst, v_src, v_dst, col0);
   const int64_t rows_inside = p.len - row0;
   if (p.bias2_type != BiasType::kNone) {
     const int64_t offset =
@@ -256,21 +253,33 @@ __device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
   }
 }
 
-// The copies of one query tile for the dK/dV kernel (one CTA = one block of 64 keys from key0,
-// looping over 64-query tiles): the tile's Q and dO rows, its rows' lse and delta, and its bias2
-// tile [queries][keys]. As copy_key_tile: whole tiles take the lean copies (the bias2 tile only
-// when its rows end on a 16-byte chunk; a last key block of a length that is not a multiple of 8
-// may not), the rest the generic ones.
-template <typename T, int kTileDim, int kPitch, int kThreads>
-__device__ __forceinline__ void copy_query_tile(const EvoformerDeviceParams& p,
-                                                const SliceSource& q_src, const SliceSource& do_src,
-                                                int64_t b, int64_t bn, int64_t h, int64_t key0,
-                                                T* q_dst, T* do_dst, float* lse_dst,
-                                                float* delta_dst, unsigned char* bias2_stage,
-                                                int64_t q0) {
+// The copies of one key tile for the forward and dQ kernels: the tile's K and V rows and its
+// biases (copy_key_tile_biases), in the caller's cp.async group. Whole key tiles take the lean
+// copies above; a partial last tile and unaligned tensors the generic ones.
+template <typename T, int kRows, int kTileDim, int kPitch, int kThreads, BiasCopyWidths kWidths>
+__device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
+                                              const SliceSource& k_src, const SliceSource& v_src,
+                                              int64_t b, int64_t n, int64_t h, int64_t row0,
+                                              T* k_dst, T* v_dst, unsigned char* bias2_stage,
+                                              unsigned char* bias1_stage, int64_t col0) {
+  const bool whole = col0 + 64 <= p.len;
+  copy_slice_pair_tile<T, kTileDim, kPitch, kThreads>(p, whole, k_src, k_dst, v_src, v_dst, col0);
+  copy_key_tile_biases<kRows, kThreads, kWidths>(p, b, n, h, row0, col0, whole, bias2_stage,
+                                                 bias1_stage);
+}
+
+// The row statistics and bias copies of one query tile for the dK/dV kernel (one CTA = one
+// block of 64 keys from key0, looping over 64-query tiles): its rows' lse and delta and its bias2
+// tile [queries][keys], in the caller's cp.async group. `whole`: the query tile lies inside L
+// (then the bias2 tile takes the lean copy when its rows end on a 16-byte chunk; a last key
+// block of a length that is not a multiple of 8 may not); the generic copies else.
+template <int kThreads>
+__device__ __forceinline__ void copy_query_tile_stats_and_bias(const EvoformerDeviceParams& p,
+                                                               int64_t b, int64_t bn, int64_t h,
+                                                               int64_t key0, int64_t q0, bool whole,
+                                                               float* lse_dst, float* delta_dst,
+                                                               unsigned char* bias2_stage) {
   constexpr int kQueries = 64;
-  const bool whole = q0 + kQueries <= p.len;
-  copy_slice_pair_tile<T, kTileDim, kPitch, kThreads>(p, whole, q_src, q_dst, do_src, do_dst, q0);
   if (whole) {
     copy_row_stats_whole<kQueries, kThreads>(lse_dst, delta_dst, p, bn, h, q0);
   } else {
@@ -291,6 +300,21 @@ __device__ __forceinline__ void copy_query_tile(const EvoformerDeviceParams& p,
                                           p.bias2_staged);
     }
   }
+}
+
+// The copies of one query tile for the dK/dV kernel: the tile's Q and dO rows (lean copies for
+// whole tiles, as copy_key_tile), then copy_query_tile_stats_and_bias.
+template <typename T, int kTileDim, int kPitch, int kThreads>
+__device__ __forceinline__ void copy_query_tile(const EvoformerDeviceParams& p,
+                                                const SliceSource& q_src, const SliceSource& do_src,
+                                                int64_t b, int64_t bn, int64_t h, int64_t key0,
+                                                T* q_dst, T* do_dst, float* lse_dst,
+                                                float* delta_dst, unsigned char* bias2_stage,
+                                                int64_t q0) {
+  const bool whole = q0 + 64 <= p.len;
+  copy_slice_pair_tile<T, kTileDim, kPitch, kThreads>(p, whole, q_src, q_dst, do_src, do_dst, q0);
+  copy_query_tile_stats_and_bias<kThreads>(p, b, bn, h, key0, q0, whole, lse_dst, delta_dst,
+                                           bias2_stage);
 }
 
 }  // namespace sciattn::cuda

@@ -1,0 +1,261 @@
+// The Evoformer attention backward's dK/dV and dQ kernels on Hopper's warpgroup MMA (wgmma,
+// sm_90a), for head dims 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles). Same grids,
+// bias stages, probability / dS code, epilogues and determinism as evoformer_bwd_kernels.cuh's
+// (shared helpers; the delta and reduction kernels are the same launches); the products of a tile
+// run as warpgroup MMAs on 128-byte swizzled shared tiles (cuda/wgmma.cuh), two products with
+// operands in shared memory issued together:
+//   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
+//                                               dV += P^T dO, dK += dS^T Q (registers x shared)
+//   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K
+//   dbias2 kernel (Q, dO, K, V of each n):      S = Q K^T, dP = dO V^T (the sum of dS over the
+//                                               chunk's n stays in registers)
+// Any L: rows past L are zero-filled and handled as in the mma.sync kernels. CUDA layer.
+#pragma once
+
+#include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_wgmma_tiles.cuh"
+
+namespace sciattn::cuda {
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
+    evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  static_assert(
+      EvoformerBwdTile::kBlock == kWgmmaRows && EvoformerBwdTile::kThreads == kWgmmaThreads,
+      "the mma.sync kernel's grid and bias stages");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const AlignedSmem smem = aligned_smem(smem_raw);
+  const uint32_t k_tile = smem.address + Smem::kA, v_tile = smem.address + Smem::kB;
+  const auto q_tile = [&](int buf) { return smem.address + Smem::kC + buf * Smem::kTileBytes; };
+  const auto do_tile = [&](int buf) { return smem.address + Smem::kD + buf * Smem::kTileBytes; };
+  float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
+  const auto lse_of = [&](int buf) { return stats + buf * kWgmmaRows; };
+  const auto delta_of = [&](int buf) { return stats + (2 + buf) * kWgmmaRows; };
+
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
+  const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = lane % 4;
+  const int64_t key0 = at.tile * kWgmmaRows;
+  const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
+  const int64_t q_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+
+  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
+  const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
+  unsigned char* const bias2_stage = smem.pointer + Smem::kBwdBytes;
+  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
+  auto load_query_tile = [&](int64_t qt, int buf) {
+    const int64_t q0 = qt * kWgmmaRows;
+    copy_slice_swizzled<T, kHeadDim>(q_tile(buf), q_src, q0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(do_tile(buf), do_src, q0, p.len);
+    copy_query_tile_stats_and_bias<kWgmmaThreads>(p, b, bn, h, key0, q0, q0 + kWgmmaRows <= p.len,
+                                                  lse_of(buf), delta_of(buf),
+                                                  bias2_stage + buf * bias2_stage_bytes);
+  };
+  copy_slice_swizzled<T, kHeadDim>(k_tile, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h),
+                                   key0, p.len);
+  copy_slice_swizzled<T, kHeadDim>(v_tile, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h),
+                                   key0, p.len);
+  load_query_tile(0, 0);
+  cp_async_commit();
+
+  float key_bias1[2];
+  evoformer_key_bias1(key_bias1, p, b, n, my_keys);
+  float dk[kOutTiles][4], dv[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+  float key_dbias1[2] = {0.0f, 0.0f};  // this thread's share of the sum over queries of dS
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t qt = 0; qt < q_tiles; ++qt) {
+    const int buf = static_cast<int>(qt & 1);
+    next_stage(qt, q_tiles, buf, load_query_tile);
+    // S^T = K Q^T and dP^T = V dO^T issued together; P^T from S^T while dP^T runs; dV += P^T dO
+    // (which waits for both).
+    float pt[8][4], dpt[8][4];
+    wgmma_tile_nt_issue<T, kSteps>(pt, k_tile, q_tile(buf));
+    wgmma_tile_nt_issue<T, kSteps>(dpt, v_tile, do_tile(buf));
+    wgmma_tile_done<1>(pt);
+    evoformer_transposed_probabilities(pt, scale_log2, key_bias1,
+                                       bias2_stage + buf * bias2_stage_bytes, p.bias2_type,
+                                       lse_of(buf), warp, lane);
+    wgmma_acc_tile<T, kHeadDim>(dv, pt, do_tile(buf));
+    // dS^T = P^T (dP^T - delta); dK += dS^T Q (times scale when written).
+    wgmma_tile_done<0>(dpt);
+    evoformer_transposed_ds(pt, dpt, delta_of(buf), key_dbias1, t);
+    wgmma_acc_tile<T, kHeadDim>(dk, pt, q_tile(buf));
+    __syncthreads();  // the buffers of this tile are refilled next iteration
+  }
+
+  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
+    evoformer_bwd_dq_wgmma_kernel(const EvoformerDeviceParams p) {
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const AlignedSmem smem = aligned_smem(smem_raw);
+  const uint32_t q_tile = smem.address + Smem::kA, do_tile = smem.address + Smem::kB;
+  const auto k_tile = [&](int buf) { return smem.address + Smem::kC + buf * Smem::kTileBytes; };
+  const auto v_tile = [&](int buf) { return smem.address + Smem::kD + buf * Smem::kTileBytes; };
+
+  const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
+  const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = lane % 4;
+  const int64_t q0 = at.tile * kWgmmaRows;
+  const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+  const int64_t k_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+
+  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
+  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
+  unsigned char* const bias2_stage = smem.pointer + Smem::kBwdBytes;
+  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
+  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
+  const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
+  auto load_key_tile = [&](int64_t kt, int buf) {
+    const int64_t k0 = kt * kWgmmaRows;
+    copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, k0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, k0, p.len);
+    copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
+        p, b, n, h, q0, k0, k0 + kWgmmaRows <= p.len, bias2_stage + buf * bias2_stage_bytes,
+        bias1_stage + buf * bias1_stage_bytes);
+  };
+  copy_slice_swizzled<T, kHeadDim>(q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
+                                   q0, p.len);
+  copy_slice_swizzled<T, kHeadDim>(
+      do_tile, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len);
+  load_key_tile(0, 0);
+  cp_async_commit();
+
+  float lse_log2[2], delta[2];
+  evoformer_row_lse_delta(lse_log2, delta, p, bn, h, my_rows);
+  float dq[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    const int buf = static_cast<int>(kt & 1);
+    next_stage(kt, k_tiles, buf, load_key_tile);
+    // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
+    // S while dP runs.
+    float dots[8][4], ds[8][4];
+    wgmma_tile_nt_issue<T, kSteps>(dots, q_tile, k_tile(buf));
+    wgmma_tile_nt_issue<T, kSteps>(ds, do_tile, v_tile(buf));
+    float pr[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
+    add_staged_biases(pr, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
+                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16, lane);
+    wgmma_tile_done<1>(dots);
+    evoformer_row_probabilities(pr, dots, scale_log2, lse_log2, kt * kWgmmaRows, p.len, t);
+    wgmma_tile_done<0>(ds);
+    evoformer_row_ds(ds, pr, delta);                   // dS = P (dP - delta)
+    wgmma_acc_tile<T, kHeadDim>(dq, ds, k_tile(buf));  // dQ += dS K
+    __syncthreads();
+  }
+  store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
+                           p.grads_paired);
+}
+
+// One CTA per (64 x 64 tile of dbias2[b, h], chunk of N), as evoformer_bwd_dbias2_kernel (whose
+// grid, bias handling and store it shares): the sum over the chunk's n of dS in order, S and dP of
+// each n recomputed from its Q, dO, K and V tiles (double-buffered over n).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 2 : 1)
+    evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  constexpr int kSteps = kHeadDim / 16;
+  static_assert(detail::cuda_dbias2_rows(kHeadDim) == kWgmmaRows &&
+                    detail::cuda_dbias2_ctas_per_sm(kHeadDim) == (kHeadDim <= 64 ? 2 : 1),
+                "the host plan's dbias2 tile and CTAs per SM");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const AlignedSmem smem = aligned_smem(smem_raw);
+  // Tile x (0 Q, 1 dO, 2 K, 3 V) of buffer buf.
+  const auto tile = [&](int x, int buf) { return smem.address + (2 * x + buf) * Smem::kTileBytes; };
+  float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kDbias2Stats);
+  const auto lse_of = [&](int buf) { return stats + buf * kWgmmaRows; };
+  const auto delta_of = [&](int buf) { return stats + (2 + buf) * kWgmmaRows; };
+  const auto bias1_of = [&](int buf) { return stats + (4 + buf) * kWgmmaRows; };
+  auto& bias2_cells = *reinterpret_cast<float(*)[4][8][4][32]>(smem.pointer + Smem::kDbias2Cells);
+
+  const Dbias2Cta at = decode_dbias2_cta(p);
+  const int64_t h = at.h, b = at.b;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t q0 = at.query_block * kWgmmaRows, k0 = at.key_block * kWgmmaRows;
+  const int my_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+
+  const bool rows_whole = q0 + kWgmmaRows <= p.len;
+  auto load_n = [&](int64_t n, int buf) {
+    copy_slice_swizzled<T, kHeadDim>(
+        tile(0, buf), slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(
+        tile(1, buf), slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(
+        tile(2, buf), slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(
+        tile(3, buf), slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len);
+    if (rows_whole) {
+      copy_row_stats_whole<kWgmmaRows, kWgmmaThreads>(lse_of(buf), delta_of(buf), p, b * p.n + n, h,
+                                                      q0);
+    } else {
+      load_row_stats<kWgmmaRows, kWgmmaThreads>(lse_of(buf), delta_of(buf), p, b * p.n + n, h, q0);
+    }
+  };
+  load_n(at.n_begin, 0);
+  cp_async_commit();
+  // bias1 of n is read into a register one n ahead and stored at the end of the iteration.
+  if (threadIdx.x < kWgmmaRows) bias1_of(0)[threadIdx.x] = dbias2_bias1_log2(p, b, at.n_begin, k0);
+  stage_dbias2_bias2(bias2_cells[warp], p, b, h, q0, k0, my_row, lane);
+
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int64_t n = at.n_begin; n < at.n_end; ++n) {
+    const int buf = static_cast<int>((n - at.n_begin) & 1);
+    float bias1_next = 0.0f;
+    if (n + 1 < at.n_end) {
+      load_n(n + 1, buf ^ 1);
+      cp_async_commit();
+      bias1_next = dbias2_bias1_log2(p, b, n + 1, k0);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_shared();
+    __syncthreads();
+    float dot[8][4], dp[8][4];
+    wgmma_tile_nt_issue<T, kSteps>(dot, tile(0, buf), tile(2, buf));  // S = Q K^T
+    wgmma_tile_nt_issue<T, kSteps>(dp, tile(1, buf), tile(3, buf));   // dP = dO V^T
+    float lse_log2[2], row_delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lse_log2[r] = lse_log2_of(lse_of(buf)[my_row[r]]);
+      row_delta[r] = delta_of(buf)[my_row[r]];
+    }
+    wgmma_tile_done<0>(dot);
+    wgmma_pin(dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      dbias2_add_cells(acc[j], dot[j], dp[j], bias2_cells[warp][j], bias1_of(buf), j, lane,
+                       scale_log2, lse_log2, row_delta);
+    }
+    if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end) bias1_of(buf ^ 1)[threadIdx.x] = bias1_next;
+    __syncthreads();  // this buffer is refilled for n + 2
+  }
+
+  store_dbias2_tile(p, acc, b, h, at.chunk, q0, k0, my_row, lane % 4);
+}
+
+}  // namespace sciattn::cuda

@@ -1,0 +1,144 @@
+// The 64-row tile machinery that the attention kernels on Hopper's warpgroup MMA share (the
+// block-sparse and the Evoformer wgmma kernels): copying rows into the swizzled tile layout of
+// cuda/wgmma.cuh, the double-buffer step, the CTA's 1024-byte aligned shared base, and the two
+// tile products every attention kernel is made of, S-like (A B^T, both operands in shared memory)
+// and O-like (X B, X the fp32 accumulators of an S-like product, rounded to T). One CTA is one
+// warpgroup of four warps; warp w owns rows 16w..16w+15 of every 64-row accumulator, in the
+// layout of mma.sync m16n8's (cuda/wgmma.cuh). CUDA layer.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/evoformer/evoformer_tile_copies.cuh"  // shared_address, cp_async_16_to, cp_async_*
+#include "cuda/wgmma.cuh"
+
+namespace sciattn::cuda {
+
+constexpr int kWgmmaRows = 64;      // rows of every tile and accumulator
+constexpr int kWgmmaThreads = 128;  // one warpgroup
+
+// Starts cp.async copies of 64 rows x kHeadDim 16-bit columns whose first element is at `rows`
+// (rows `row_bytes` apart, 16-byte aligned) into the swizzled tile at shared address `tile`;
+// rows at or past `rows_inside` are zero-filled (nothing is read for them). Thread x owns chunk
+// column x % (kHeadDim / 8) of every (128 / (kHeadDim / 8))-th row, so its swizzle (row % 8 is
+// the same for all its rows) and both its offsets are fixed across the copy. A whole tile
+// (rows_inside >= 64, a value the caller knows per tile) takes the copy without tests.
+template <int kHeadDim>
+__device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* rows,
+                                                   int32_t row_bytes, int64_t rows_inside = 64) {
+  constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
+  const int c = static_cast<int>(threadIdx.x) % kChunks,
+            r0 = static_cast<int>(threadIdx.x) / kChunks;
+  const char* src = rows + (r0 * row_bytes + c * 16);
+  const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows>(r0, c);
+  if (rows_inside >= kWgmmaRows) {
+#pragma unroll
+    for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+      cp_async_16_to(dst + i * kRowStep * 128, src + i * kRowStep * row_bytes, 16);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+      const bool inside = r0 + i * kRowStep < rows_inside;
+      cp_async_16_to(dst + i * kRowStep * 128, inside ? src + i * kRowStep * row_bytes : rows,
+                     inside ? 16 : 0);
+    }
+  }
+}
+
+// The compiler sees a wgmma's accumulators written when the instruction is issued; this empty
+// statement, placed after the wait, keeps every later read (and, before the issue, every earlier
+// write) of them on its side.
+template <int kTiles>
+__device__ __forceinline__ void wgmma_pin(float (&d)[kTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// The pipeline's step at iteration e of [.., end) (buffer buf): start iteration e + 1's copies
+// into the other buffer (freed by the barrier that ended the previous iteration), wait for this
+// iteration's, make them visible to the async proxy (wgmma reads shared memory through it) and,
+// through the barrier, to the whole warpgroup.
+template <typename Index, typename Load>
+__device__ __forceinline__ void next_stage(Index e, Index end, int buf, const Load& load) {
+  if (e + 1 < end) {
+    load(e + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  fence_proxy_async_shared();
+  __syncthreads();
+}
+
+// The CTA's 1024-byte aligned shared base (the swizzle pattern's period), as a shared-window
+// address and as a pointer; launches ask for 1024 bytes more than their tiles for the rounding.
+struct AlignedSmem {
+  uint32_t address;
+  unsigned char* pointer;
+};
+__device__ __forceinline__ AlignedSmem aligned_smem(unsigned char* raw) {
+  const uint32_t raw_address = shared_address(raw);
+  const uint32_t address = (raw_address + 1023u) & ~1023u;
+  return {address, raw + (address - raw_address)};
+}
+
+// Issues x (64 x 64, fp32 accumulators) = A B^T over kSteps k-steps, A and B K-major swizzled
+// tiles, as one commit group; x must not be touched until wgmma_tile_done<pending>(x), where
+// `pending` counts the groups issued after this one that may still run. Issuing two products
+// before waiting (S and dP) or doing other work meanwhile (the biases) overlaps them with it.
+template <typename T, int kSteps>
+__device__ __forceinline__ void wgmma_tile_nt_issue(float (&x)[8][4], uint32_t a_tile,
+                                                    uint32_t b_tile) {
+  wgmma_pin(x);
+  wgmma_fence();
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    wgmma_m64n64k16_ss<T>(x, k_major_step<kWgmmaRows>(a_tile, st),
+                          k_major_step<kWgmmaRows>(b_tile, st), st > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_tile_done(float (&x)[8][4]) {
+  wgmma_wait<kPending>();
+  wgmma_pin(x);
+}
+
+// x = A B^T as above, waited for.
+template <typename T, int kSteps>
+__device__ __forceinline__ void wgmma_tile_nt(float (&x)[8][4], uint32_t a_tile, uint32_t b_tile) {
+  wgmma_tile_nt_issue<T, kSteps>(x, a_tile, b_tile);
+  wgmma_tile_done<0>(x);
+}
+
+// out (64 x kHeadDim, fp32) += X (64 x 64, fp32 accumulators, rounded to T) * B, B an MN-major
+// swizzled tile of 64 rows. All four k-steps' A fragments are formed before the fence, so no
+// register changes between the products (ptxas would otherwise fence before each).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
+                                               const float (&x)[8][4], uint32_t b_tile) {
+  uint32_t a[4][4];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = ElementTraits<T>::pack(x[2 * kk][0], x[2 * kk][1]);
+    a[kk][1] = ElementTraits<T>::pack(x[2 * kk][2], x[2 * kk][3]);
+    a[kk][2] = ElementTraits<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+    a[kk][3] = ElementTraits<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+  }
+  wgmma_pin(out);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_m64nNk16_rs_tb<T, kHeadDim>(out, a[kk], mn_major_step<kWgmmaRows>(b_tile, kk), 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(out);
+}
+
+}  // namespace sciattn::cuda
