@@ -561,15 +561,13 @@ __device__ __forceinline__ float dbias2_bias1_log2(const EvoformerDeviceParams& 
 }
 
 // bias2 does not depend on n: this thread's 32 cells of it (rows q0 + my_row[r], 64 keys from
-// k0), in log2 units, read once into `cells` ([j][e][lane] of the warp's part of shared memory,
-// lane-contiguous so that a warp's reads are conflict-free). Cells outside the L x L matrix get
-// -inf, so that their P is 0 and they add nothing.
-__device__ __forceinline__ void stage_dbias2_bias2(float (&cells_out)[8][4][32],
+// k0), in log2 units, read once. Cells outside the L x L matrix get -inf, so that their P is 0
+// and they add nothing.
+__device__ __forceinline__ void dbias2_bias2_cells(float (&cells)[8][4],
                                                    const EvoformerDeviceParams& p, int64_t b,
                                                    int64_t h, int64_t q0, int64_t k0,
                                                    const int (&my_row)[2], int lane) {
   const int t = lane % 4;
-  float cells[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -587,17 +585,13 @@ __device__ __forceinline__ void stage_dbias2_bias2(float (&cells_out)[8][4][32],
     }
   }
   add_bias_tile(p.bias2_type, cells, rows, p.bias2_stride[3], k0, p.len, t, p.bias2_pairs);
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) cells_out[j][e][lane] = cells[j][e];
 }
 
 // Adds dS = P (dP - delta) of n8 column tile j (dot = its Q K^T, dp = its dO V^T) to the running
-// sum acc; bias2 cells from stage_dbias2_bias2, bias1 of the 64 keys in log2 units.
+// sum acc; bias2 = the tile's four cells of this thread (dbias2_bias2_cells), bias1 of the 64 keys
+// in log2 units.
 __device__ __forceinline__ void dbias2_add_cells(float (&acc)[4], const float (&dot)[4],
-                                                 const float (&dp)[4],
-                                                 const float (&bias2_cells)[4][32],
+                                                 const float (&dp)[4], const float (&bias2)[4],
                                                  const float* bias1_log2, int j, int lane,
                                                  float scale_log2, const float (&lse_log2)[2],
                                                  const float (&row_delta)[2]) {
@@ -606,7 +600,7 @@ __device__ __forceinline__ void dbias2_add_cells(float (&acc)[4], const float (&
   const float2 b1 = *reinterpret_cast<const float2*>(&bias1_log2[j * 8 + 2 * t]);
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float bias = bias2_cells[e][lane] + ((e & 1) ? b1.y : b1.x);
+    const float bias = bias2[e] + ((e & 1) ? b1.y : b1.x);
     const float prob = fast_exp2(fmaf(dot[e], scale_log2, bias) - lse_log2[e >> 1]);
     acc[e] = fmaf(prob, dp[e] - row_delta[e >> 1], acc[e]);
   }
@@ -707,7 +701,16 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
   load_n(n_begin, 0);
   if (threadIdx.x < kKeys) smem.bias1_log2[0][threadIdx.x] = bias1_of(n_begin);
 
-  stage_dbias2_bias2(smem.bias2_log2[warp], p, b, h, q0, k0, my_row, lane);
+  // Kept in shared memory ([warp][j][e][lane]: written and read by the same thread only, a warp's
+  // reads conflict-free), since the registers hold the sum and the operands.
+  {
+    float cells[8][4];
+    dbias2_bias2_cells(cells, p, b, h, q0, k0, my_row, lane);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) smem.bias2_log2[warp][j][e][lane] = cells[j][e];
+  }
 
   float acc[8][4];
 #pragma unroll
@@ -754,8 +757,11 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int j = j0 + x;
-        dbias2_add_cells(acc[j], dot[x], dp[x], smem.bias2_log2[warp][j], smem.bias1_log2[buf], j,
-                         lane, scale_log2, lse_log2, row_delta);
+        const float bias2[4] = {
+            smem.bias2_log2[warp][j][0][lane], smem.bias2_log2[warp][j][1][lane],
+            smem.bias2_log2[warp][j][2][lane], smem.bias2_log2[warp][j][3][lane]};
+        dbias2_add_cells(acc[j], dot[x], dp[x], bias2, smem.bias1_log2[buf], j, lane, scale_log2,
+                         lse_log2, row_delta);
       }
     }
     if (threadIdx.x < kKeys && n + 1 < n_end) smem.bias1_log2[buf ^ 1][threadIdx.x] = bias1_next;

@@ -169,24 +169,28 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
 
 // One CTA per (64 x 64 tile of dbias2[b, h], chunk of N), as evoformer_bwd_dbias2_kernel (whose
 // grid, bias handling and store it shares): the sum over the chunk's n of dS in order, S and dP of
-// each n recomputed from its Q, dO, K and V tiles (double-buffered over n).
+// each n recomputed from its Q, dO, K and V tiles. Per n the CTA does little arithmetic on 32 KB
+// (head dim 64) of tiles, so the tiles run three stages deep (two n in flight while one is
+// used), and bias2, which does not depend on n, stays in registers.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 2 : 1)
     evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kSteps = kHeadDim / 16;
+  constexpr int kStages = Smem::kDbias2Stages;
   static_assert(detail::cuda_dbias2_rows(kHeadDim) == kWgmmaRows &&
                     detail::cuda_dbias2_ctas_per_sm(kHeadDim) == (kHeadDim <= 64 ? 2 : 1),
                 "the host plan's dbias2 tile and CTAs per SM");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
-  // Tile x (0 Q, 1 dO, 2 K, 3 V) of buffer buf.
-  const auto tile = [&](int x, int buf) { return smem.address + (2 * x + buf) * Smem::kTileBytes; };
+  // Tile x (0 Q, 1 dO, 2 K, 3 V) of stage st.
+  const auto tile = [&](int x, int st) {
+    return smem.address + (kStages * x + st) * Smem::kTileBytes;
+  };
   float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kDbias2Stats);
-  const auto lse_of = [&](int buf) { return stats + buf * kWgmmaRows; };
-  const auto delta_of = [&](int buf) { return stats + (2 + buf) * kWgmmaRows; };
-  const auto bias1_of = [&](int buf) { return stats + (4 + buf) * kWgmmaRows; };
-  auto& bias2_cells = *reinterpret_cast<float(*)[4][8][4][32]>(smem.pointer + Smem::kDbias2Cells);
+  const auto lse_of = [&](int st) { return stats + st * kWgmmaRows; };
+  const auto delta_of = [&](int st) { return stats + (kStages + st) * kWgmmaRows; };
+  const auto bias1_of = [&](int parity) { return stats + (2 * kStages + parity) * kWgmmaRows; };
 
   const Dbias2Cta at = decode_dbias2_cta(p);
   const int64_t h = at.h, b = at.b;
@@ -195,64 +199,69 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 2 : 1)
   const int my_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
 
   const bool rows_whole = q0 + kWgmmaRows <= p.len;
-  auto load_n = [&](int64_t n, int buf) {
-    copy_slice_swizzled<T, kHeadDim>(
-        tile(0, buf), slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(
-        tile(1, buf), slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(
-        tile(2, buf), slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(
-        tile(3, buf), slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len);
-    if (rows_whole) {
-      copy_row_stats_whole<kWgmmaRows, kWgmmaThreads>(lse_of(buf), delta_of(buf), p, b * p.n + n, h,
-                                                      q0);
-    } else {
-      load_row_stats<kWgmmaRows, kWgmmaThreads>(lse_of(buf), delta_of(buf), p, b * p.n + n, h, q0);
+  // Starts the copies of n's tiles and row statistics into stage st, as one cp.async group (an
+  // empty one past the chunk, so that every iteration waits for the same group count).
+  auto load_n = [&](int64_t n, int st) {
+    if (n < at.n_end) {
+      copy_slice_swizzled<T, kHeadDim>(
+          tile(0, st), slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len);
+      copy_slice_swizzled<T, kHeadDim>(
+          tile(1, st), slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len);
+      copy_slice_swizzled<T, kHeadDim>(
+          tile(2, st), slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len);
+      copy_slice_swizzled<T, kHeadDim>(
+          tile(3, st), slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len);
+      if (rows_whole) {
+        copy_row_stats_whole<kWgmmaRows, kWgmmaThreads>(lse_of(st), delta_of(st), p, b * p.n + n, h,
+                                                        q0);
+      } else {
+        load_row_stats<kWgmmaRows, kWgmmaThreads>(lse_of(st), delta_of(st), p, b * p.n + n, h, q0);
+      }
     }
+    cp_async_commit();
   };
-  load_n(at.n_begin, 0);
-  cp_async_commit();
+#pragma unroll
+  for (int st = 0; st + 1 < kStages; ++st) load_n(at.n_begin + st, st);
   // bias1 of n is read into a register one n ahead and stored at the end of the iteration.
   if (threadIdx.x < kWgmmaRows) bias1_of(0)[threadIdx.x] = dbias2_bias1_log2(p, b, at.n_begin, k0);
-  stage_dbias2_bias2(bias2_cells[warp], p, b, h, q0, k0, my_row, lane);
+  float bias2_cells[8][4];  // this thread's cells of bias2, in registers (it does not depend on n)
+  dbias2_bias2_cells(bias2_cells, p, b, h, q0, k0, my_row, lane);
 
   float acc[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
   const float scale_log2 = p.scale * kLog2e;
 
+  int st = 0;  // the stage of n
   for (int64_t n = at.n_begin; n < at.n_end; ++n) {
-    const int buf = static_cast<int>((n - at.n_begin) & 1);
-    float bias1_next = 0.0f;
-    if (n + 1 < at.n_end) {
-      load_n(n + 1, buf ^ 1);
-      cp_async_commit();
-      bias1_next = dbias2_bias1_log2(p, b, n + 1, k0);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int parity = static_cast<int>((n - at.n_begin) & 1);
+    // Stage st + kStages - 1 (mod kStages) was last used by n - 1, which every thread finished
+    // before the barrier that ended that iteration.
+    load_n(n + kStages - 1, st == 0 ? kStages - 1 : st - 1);
+    const float bias1_next = n + 1 < at.n_end ? dbias2_bias1_log2(p, b, n + 1, k0) : 0.0f;
+    cp_async_wait<kStages - 1>();  // n's group is complete
     fence_proxy_async_shared();
     __syncthreads();
     float dot[8][4], dp[8][4];
-    wgmma_tile_nt_issue<T, kSteps>(dot, tile(0, buf), tile(2, buf));  // S = Q K^T
-    wgmma_tile_nt_issue<T, kSteps>(dp, tile(1, buf), tile(3, buf));   // dP = dO V^T
+    wgmma_tile_nt_issue<T, kSteps>(dot, tile(0, st), tile(2, st));  // S = Q K^T
+    wgmma_tile_nt_issue<T, kSteps>(dp, tile(1, st), tile(3, st));   // dP = dO V^T
     float lse_log2[2], row_delta[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      lse_log2[r] = lse_log2_of(lse_of(buf)[my_row[r]]);
-      row_delta[r] = delta_of(buf)[my_row[r]];
+      lse_log2[r] = lse_log2_of(lse_of(st)[my_row[r]]);
+      row_delta[r] = delta_of(st)[my_row[r]];
     }
     wgmma_tile_done<0>(dot);
     wgmma_pin(dp);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      dbias2_add_cells(acc[j], dot[j], dp[j], bias2_cells[warp][j], bias1_of(buf), j, lane,
-                       scale_log2, lse_log2, row_delta);
+      dbias2_add_cells(acc[j], dot[j], dp[j], bias2_cells[j], bias1_of(parity), j, lane, scale_log2,
+                       lse_log2, row_delta);
     }
-    if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end) bias1_of(buf ^ 1)[threadIdx.x] = bias1_next;
-    __syncthreads();  // this buffer is refilled for n + 2
+    if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end)
+      bias1_of(parity ^ 1)[threadIdx.x] = bias1_next;
+    st = st + 1 == kStages ? 0 : st + 1;
+    __syncthreads();  // this stage is refilled for n + kStages
   }
 
   store_dbias2_tile(p, acc, b, h, at.chunk, q0, k0, my_row, lane % 4);

@@ -24,12 +24,13 @@ struct EvoformerWgmmaSmem {
   static constexpr uint32_t kA = 0, kB = kTileBytes, kC = 2 * kTileBytes, kD = 4 * kTileBytes;
   static constexpr uint32_t kStats = 6 * kTileBytes;
   static constexpr uint32_t kBwdBytes = kStats + 4 * kWgmmaRows * sizeof(float);
-  // The dbias2 kernel: Q, dO, K, V of one n, double-buffered (tile x of buffer b at
-  // (2 x + b) kTileBytes), then lse[2][64], delta[2][64], bias1_log2[2][64] and the warps' bias2
-  // cells [4][8][4][32].
-  static constexpr uint32_t kDbias2Stats = 8 * kTileBytes;
-  static constexpr uint32_t kDbias2Cells = kDbias2Stats + 6 * kWgmmaRows * sizeof(float);
-  static constexpr uint32_t kDbias2Bytes = kDbias2Cells + 4 * 8 * 4 * 32 * sizeof(float);
+  // The dbias2 kernel: Q, dO, K, V of one n in kDbias2Stages stages (tile x of stage st at
+  // (kDbias2Stages x + st) kTileBytes), then lse[stages][64], delta[stages][64] and
+  // bias1_log2[2][64]. Three stages at head dim 64 (98 KB: two CTAs per SM), two at 128.
+  static constexpr int kDbias2Stages = kHeadDim <= 64 ? 3 : 2;
+  static constexpr uint32_t kDbias2Stats = 4 * kDbias2Stages * kTileBytes;
+  static constexpr uint32_t kDbias2Bytes =
+      kDbias2Stats + (2 * kDbias2Stages + 2) * kWgmmaRows * sizeof(float);
 };
 
 // Rows [row0, row0 + 64) of a slice (the host's wgmma_tiles: 16-byte aligned rows of exactly
