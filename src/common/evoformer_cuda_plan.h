@@ -20,6 +20,12 @@ constexpr int64_t kCudaEvoformerMaxHeadDim = 128;
 constexpr int64_t kCudaDbias2Sms = 132;
 // The dbias2 kernel's per-chunk fp32 partials may take at most this much memory.
 constexpr int64_t kCudaDbias2PartialBudget = int64_t{64} << 20;
+// A dbias2 CTA's fixed work (reading its bias2 cells, waiting for its first tiles, storing its
+// sum) in units of the work of one n: about 2,000 instructions per warp against ~450 per n in the
+// head dim 64 kernel (SASS and ncu, docs/perf/evoformer_cuda.md v18). Without it the model took
+// 37 chunks of 7 n over 4 of 64 at head dim 64 (63 against 64 modelled) and the kernel spent most
+// of its time on that fixed work.
+constexpr int64_t kCudaDbias2CtaCost = 4;
 
 // The padded head dim for D: the smallest of 8, 16, 32, 64, 128 that holds it (0 if D > 128).
 constexpr int64_t cuda_evoformer_head_dim(int64_t dim) {
@@ -27,14 +33,16 @@ constexpr int64_t cuda_evoformer_head_dim(int64_t dim) {
 }
 
 // The dbias2 kernel's CTA owns a tile of dbias2[b, h] of cuda_dbias2_rows(head dim) queries x 64
-// keys: 8 warps of 16 query rows up to head dim 32 (each K/V tile staged for twice the rows), 4
-// above (two stages of 8-warp tiles would not fit next to each other at head dim 128, nor two
-// such CTAs per SM at 64). Its shared memory and registers allow this many CTAs per SM.
+// keys: 128 rows up to head dim 64 (eight warps of 16 rows; at head dim 64 two warpgroups of the
+// warpgroup-MMA kernel), so that each K/V tile staged serves twice the rows (at head dim 64 the
+// kernel moves 6 bytes of tiles per cell and n instead of 8 with 64 rows), and 64 rows at 128
+// (two stages of 128-row tiles would not fit). Its shared memory and registers allow this many
+// CTAs per SM.
 constexpr int64_t cuda_dbias2_rows(int64_t head_dim) {
-  return head_dim <= 32 ? 128 : 64;
+  return head_dim <= 64 ? 128 : 64;
 }
 constexpr int64_t cuda_dbias2_ctas_per_sm(int64_t head_dim) {
-  return head_dim <= 64 ? 2 : 1;
+  return head_dim <= 32 ? 2 : 1;
 }
 
 // Tiles of dbias2 (over B, H, query and key blocks), without the N chunks.
@@ -47,9 +55,9 @@ inline int64_t cuda_dbias2_tiles(const EvoformerShape& s) {
 
 // Each dbias2 CTA sums dS over the n of one chunk of N, in order. With few tiles, N is split into
 // chunks whose fp32 partials are added in a fixed order afterwards. The count minimises the
-// kernel's modelled time, waves x n per CTA (a wave: every CTA slot of the GPU busy once), within
-// the partials' memory budget; of equal times the fewest chunks. Depends on the shape only, so
-// every run gives the same bits.
+// kernel's modelled time, waves x (n per CTA + the CTA's fixed cost) (a wave: every CTA slot of
+// the GPU busy once), within the partials' memory budget; of equal times the fewest chunks.
+// Depends on the shape only, so every run gives the same bits.
 inline int64_t cuda_dbias2_chunks(const EvoformerShape& s) {
   const int64_t tiles = cuda_dbias2_tiles(s);
   const int64_t slots = kCudaDbias2Sms * cuda_dbias2_ctas_per_sm(cuda_evoformer_head_dim(s.dim));
@@ -60,7 +68,7 @@ inline int64_t cuda_dbias2_chunks(const EvoformerShape& s) {
   int64_t best = 1, best_time = -1;
   for (int64_t c = 1; c <= max_chunks; ++c) {
     const int64_t waves = (tiles * c + slots - 1) / slots;
-    const int64_t time = waves * ((s.n + c - 1) / c);
+    const int64_t time = waves * ((s.n + c - 1) / c + kCudaDbias2CtaCost);
     if (best_time < 0 || time < best_time) best = c, best_time = time;
   }
   return best;

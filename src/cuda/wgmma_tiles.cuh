@@ -22,14 +22,15 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 // rows at or past `rows_inside` are zero-filled (nothing is read for them). Thread x owns chunk
 // column x % (kHeadDim / 8) of every (128 / (kHeadDim / 8))-th row, so its swizzle (row % 8 is
 // the same for all its rows) and both its offsets are fixed across the copy. A whole tile
-// (rows_inside >= 64, a value the caller knows per tile) takes the copy without tests.
+// (rows_inside >= 64, a value the caller knows per tile) takes the copy without tests. `thread`:
+// the calling thread's index in the warpgroup that makes the copy (0..127).
 template <int kHeadDim>
 __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* rows,
-                                                   int32_t row_bytes, int64_t rows_inside = 64) {
+                                                   int32_t row_bytes, int64_t rows_inside = 64,
+                                                   int thread = static_cast<int>(threadIdx.x)) {
   constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
-  const int c = static_cast<int>(threadIdx.x) % kChunks,
-            r0 = static_cast<int>(threadIdx.x) / kChunks;
+  const int c = thread % kChunks, r0 = thread / kChunks;
   const char* src = rows + (r0 * row_bytes + c * 16);
   const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows>(r0, c);
   if (rows_inside >= kWgmmaRows) {
@@ -46,6 +47,53 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
     }
   }
 }
+
+// copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
+// Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is a
+// 64-bit add and four cp.async (with the rows-past-L test folded into a bit mask).
+template <int kHeadDim>
+struct SwizzledTileCopier {
+  static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  static constexpr int kCopies = kWgmmaRows / kRowStep;
+  static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
+  const char* rows;  // the tile's first row at offset 0
+  int32_t first;     // this thread's first chunk, in bytes from `rows`
+  int32_t step;      // bytes between this thread's successive rows (kRowStep rows)
+  uint32_t dst;      // this thread's first chunk in a tile
+  uint32_t inside;   // bit i: this thread's i-th row is inside the tensor
+
+  // `rows`: the tile's first row at offset 0, rows `row_bytes` apart, `rows_inside` of them
+  // inside the tensor; `thread`: as copy_tile_swizzled's.
+  __device__ __forceinline__ SwizzledTileCopier(const char* tile_rows, int32_t row_bytes,
+                                                int64_t rows_inside, int thread)
+      : rows(tile_rows),
+        first((thread / kChunks) * row_bytes + (thread % kChunks) * 16),
+        step(kRowStep * row_bytes),
+        dst(swizzled_chunk_offset<kWgmmaRows>(thread / kChunks, thread % kChunks)),
+        inside(0) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      if (thread / kChunks + i * kRowStep < rows_inside) inside |= 1u << i;
+    }
+  }
+
+  // Starts the copies of the tile `offset` bytes past the first one into the tile at `tile`.
+  __device__ __forceinline__ void copy(uint32_t tile, int64_t offset) const {
+    const char* const base = rows + offset;
+    const char* const src = base + first;
+    if (inside == (1u << kCopies) - 1) {
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i)
+        cp_async_16_to(tile + dst + i * kRowStep * 128, src + i * step, 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        const bool in = (inside >> i) & 1u;
+        cp_async_16_to(tile + dst + i * kRowStep * 128, in ? src + i * step : base, in ? 16 : 0);
+      }
+    }
+  }
+};
 
 // The compiler sees a wgmma's accumulators written when the instruction is issued; this empty
 // statement, placed after the wait, keeps every later read (and, before the issue, every earlier

@@ -14,11 +14,12 @@ EvoformerShape shape(int64_t batch, int64_t n, int64_t len, int64_t heads, int64
   return {batch, n, len, heads, dim};
 }
 
-// The kernel's modelled time for `chunks`: waves of CTAs times the n each CTA walks.
+// The kernel's modelled time for `chunks`: waves of CTAs times the n each CTA walks plus its
+// fixed cost.
 int64_t modelled_time(const EvoformerShape& s, int64_t chunks) {
   const int64_t slots = kCudaDbias2Sms * cuda_dbias2_ctas_per_sm(cuda_evoformer_head_dim(s.dim));
   const int64_t waves = (cuda_dbias2_tiles(s) * chunks + slots - 1) / slots;
-  return waves * ((s.n + chunks - 1) / chunks);
+  return waves * ((s.n + chunks - 1) / chunks + kCudaDbias2CtaCost);
 }
 
 int64_t partial_bytes(const EvoformerShape& s, int64_t chunks) {
@@ -28,13 +29,14 @@ int64_t partial_bytes(const EvoformerShape& s, int64_t chunks) {
 TEST(EvoformerCudaPlan, TileRowsFollowTheHeadDim) {
   EXPECT_EQ(cuda_dbias2_rows(8), 128);
   EXPECT_EQ(cuda_dbias2_rows(32), 128);
-  EXPECT_EQ(cuda_dbias2_rows(64), 64);
+  EXPECT_EQ(cuda_dbias2_rows(64), 128);
   EXPECT_EQ(cuda_dbias2_rows(128), 64);
   // triangle [1, 384, 384, 4, 32]: 3 query blocks of 128 x 6 key blocks of 64, 4 heads.
   EXPECT_EQ(cuda_dbias2_tiles(shape(1, 384, 384, 4, 32)), 3 * 6 * 4);
-  // D = 24 is padded to 32; D = 40 to 64 (64-row tiles); L = 1 is one tile.
+  // D = 24 is padded to 32, D = 40 to 64; D = 96 to 128 (64-row tiles); L = 1 is one tile.
   EXPECT_EQ(cuda_dbias2_tiles(shape(2, 5, 300, 3, 24)), 2 * 3 * 5 * 3);
-  EXPECT_EQ(cuda_dbias2_tiles(shape(2, 5, 300, 3, 40)), 2 * 3 * 5 * 5);
+  EXPECT_EQ(cuda_dbias2_tiles(shape(2, 5, 300, 3, 40)), 2 * 3 * 5 * 3);
+  EXPECT_EQ(cuda_dbias2_tiles(shape(2, 5, 300, 3, 96)), 2 * 3 * 5 * 5);
   EXPECT_EQ(cuda_dbias2_tiles(shape(1, 1, 1, 1, 8)), 1);
 }
 
@@ -67,12 +69,23 @@ TEST(EvoformerCudaPlan, ChunksAreFeasibleAndBest) {
 
 // The headline shape, worked by hand: 72 tiles, 264 CTA slots (2 per SM), N = 384. One chunk
 // per tile would leave 73% of the GPU idle; 11 chunks give 792 CTAs, three full waves of 35 n
-// (modelled 105 against 128 for 3 chunks, one 82%-full wave of 128 n).
+// (modelled 3 x (35 + 4) = 117 against 132 for 3 chunks, one 82%-full wave of 128 n).
 TEST(EvoformerCudaPlan, HeadlineTriangleShape) {
   const EvoformerShape s = shape(1, 384, 384, 4, 32);
   EXPECT_EQ(cuda_dbias2_chunks(s), 11);
-  EXPECT_EQ(modelled_time(s, 11), 105);
-  EXPECT_EQ(modelled_time(s, 3), 128);
+  EXPECT_EQ(modelled_time(s, 11), 117);
+  EXPECT_EQ(modelled_time(s, 3), 132);
+}
+
+// Head dim 64 [1, 256, 256, 4, 64]: 32 tiles of 128 x 64, 132 slots (1 per SM). 37 chunks of 7 n
+// (nine waves) would tie four of 64 n (one wave) but for the CTA's fixed cost: 9 x 11 = 99
+// against 68.
+TEST(EvoformerCudaPlan, FixedCostPerCtaKeepsChunksLong) {
+  const EvoformerShape s = shape(1, 256, 256, 4, 64);
+  EXPECT_EQ(cuda_dbias2_tiles(s), 32);
+  EXPECT_EQ(cuda_dbias2_chunks(s), 4);
+  EXPECT_EQ(modelled_time(s, 4), 68);
+  EXPECT_EQ(modelled_time(s, 37), 99);
 }
 
 TEST(EvoformerCudaPlan, WorkspaceHoldsThePartialsOnlyWhenChunked) {

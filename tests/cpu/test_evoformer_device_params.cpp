@@ -74,15 +74,15 @@ TEST(EvoformerDeviceParams, PackedTensorsTakeTheLeanPaths) {
   EXPECT_EQ(b.lean_tiles, 1);
   EXPECT_EQ(b.grads_paired, 1);
   // The grids' divisors: 64-row tiles of L, heads, N, batch, and the dbias2 kernel's query
-  // blocks (128 rows up to head dim 32).
+  // blocks (128 rows up to head dim 64).
   EXPECT_EQ(f.tiles64_div.divisor, 3u);
   EXPECT_EQ(f.heads_div.divisor, 2u);
   EXPECT_EQ(f.n_div.divisor, 2u);
   EXPECT_EQ(f.batch_div.divisor, 1u);
   EXPECT_EQ(f.dbias2_rows_div.divisor, 2u);
-  EXPECT_EQ(cuda::backward_device_params(v.b, Shape{1, 2, 192, 2, 64}.evo(), address(0))
+  EXPECT_EQ(cuda::backward_device_params(v.b, Shape{1, 2, 192, 2, 128}.evo(), address(0))
                 .dbias2_rows_div.divisor,
-            3u);  // 64 rows above head dim 32
+            3u);  // 64 rows at head dim 128
 }
 
 TEST(EvoformerDeviceParams, PaddedHeadDimsKeepTheGenericCopies) {

@@ -167,55 +167,88 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
                            p.grads_paired);
 }
 
-// One CTA per (64 x 64 tile of dbias2[b, h], chunk of N), as evoformer_bwd_dbias2_kernel (whose
-// grid, bias handling and store it shares): the sum over the chunk's n of dS in order, S and dP of
-// each n recomputed from its Q, dO, K and V tiles. Per n the CTA does little arithmetic on 32 KB
-// (head dim 64) of tiles, so the tiles run three stages deep (two n in flight while one is
-// used), and bias2, which does not depend on n, stays in registers.
+// One CTA per (tile of dbias2[b, h], chunk of N), as evoformer_bwd_dbias2_kernel (whose grid,
+// bias handling and store it shares): the sum over the chunk's n of dS in order, S and dP of each
+// n recomputed from its Q, dO, K and V tiles. The tile is 128 queries (two warpgroups, each with
+// its own Q and dO rows, sharing the K and V tiles) x 64 keys at head dim 64 and 64 x 64 at 128.
+// Per n the CTA does little arithmetic on many bytes of tiles (6 per cell at head dim 64), so the
+// tiles run three stages deep there, and bias2, which does not depend on n, stays in registers.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 2 : 1)
+__global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::kDbias2Groups, 1)
     evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kSteps = kHeadDim / 16;
-  constexpr int kStages = Smem::kDbias2Stages;
-  static_assert(detail::cuda_dbias2_rows(kHeadDim) == kWgmmaRows &&
-                    detail::cuda_dbias2_ctas_per_sm(kHeadDim) == (kHeadDim <= 64 ? 2 : 1),
-                "the host plan's dbias2 tile and CTAs per SM");
+  constexpr int kStages = Smem::kDbias2Stages, kGroups = Smem::kDbias2Groups;
+  constexpr int kRows = Smem::kDbias2Rows, kThreads = kGroups * kWgmmaThreads;
+  static_assert(
+      detail::cuda_dbias2_rows(kHeadDim) == kRows && detail::cuda_dbias2_ctas_per_sm(kHeadDim) == 1,
+      "the host plan's dbias2 tile and CTAs per SM");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
-  // Tile x (0 Q, 1 dO, 2 K, 3 V) of stage st.
   const auto tile = [&](int x, int st) {
-    return smem.address + (kStages * x + st) * Smem::kTileBytes;
+    return smem.address + (st * Smem::kDbias2Tiles + x) * Smem::kTileBytes;
   };
   float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kDbias2Stats);
-  const auto lse_of = [&](int st) { return stats + st * kWgmmaRows; };
-  const auto delta_of = [&](int st) { return stats + (kStages + st) * kWgmmaRows; };
-  const auto bias1_of = [&](int parity) { return stats + (2 * kStages + parity) * kWgmmaRows; };
+  const auto lse_of = [&](int st) { return stats + st * kRows; };
+  const auto delta_of = [&](int st) { return stats + (kStages + st) * kRows; };
+  const auto bias1_of = [&](int parity) {
+    return stats + 2 * kStages * kRows + parity * kWgmmaRows;
+  };
 
   const Dbias2Cta at = decode_dbias2_cta(p);
   const int64_t h = at.h, b = at.b;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t q0 = at.query_block * kWgmmaRows, k0 = at.key_block * kWgmmaRows;
-  const int my_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int group = warp / 4, group_thread = static_cast<int>(threadIdx.x) % kWgmmaThreads;
+  const int64_t q0 = at.query_block * kRows, k0 = at.key_block * kWgmmaRows;
+  const int64_t group_q0 = q0 + group * kWgmmaRows;
+  const int my_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};  // in the tile's rows
 
-  const bool rows_whole = q0 + kWgmmaRows <= p.len;
+  // Each warpgroup copies its own Q and dO rows; K and V are split between the warpgroups (one
+  // copier per thread: Q or dO, then K or V). Addresses are those of n = 0 plus n times the
+  // tensor's N stride.
+  const auto copier = [&](const void* data, const int64_t stride[4], int64_t row0) {
+    const SliceSource src = slice_of(data, stride, 1, sizeof(T), b, 0, h);
+    const int32_t row_bytes =
+        static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
+    return SwizzledTileCopier<kHeadDim>(static_cast<const char*>(src.base) + row0 * row_bytes,
+                                        row_bytes, p.len - row0, group_thread);
+  };
+  const SwizzledTileCopier<kHeadDim> q_copy = copier(p.q, p.q_stride, group_q0);
+  const SwizzledTileCopier<kHeadDim> do_copy = copier(p.dout, p.dout_stride, group_q0);
+  const bool copies_k = group == 0;  // else V (with one warpgroup: both)
+  const SwizzledTileCopier<kHeadDim> k_copy = copier(p.k, p.k_stride, k0);
+  const SwizzledTileCopier<kHeadDim> v_copy = copier(p.v, p.v_stride, k0);
+  const int64_t q_n_bytes = p.q_stride[1] * static_cast<int64_t>(sizeof(T)),
+                do_n_bytes = p.dout_stride[1] * static_cast<int64_t>(sizeof(T)),
+                k_n_bytes = p.k_stride[1] * static_cast<int64_t>(sizeof(T)),
+                v_n_bytes = p.v_stride[1] * static_cast<int64_t>(sizeof(T));
+  // The row statistics of n: thread r < kRows copies row q0 + r's lse and delta (rows past L get
+  // lse +inf and delta 0, written once per stage below, so P = 0 there).
+  static_assert(kThreads >= kRows, "one thread per row's statistics");
+  const int stat_row = static_cast<int>(threadIdx.x);
+  const bool stat_copied = stat_row < kRows && q0 + stat_row < p.len;
+  const float* const lse_row =
+      p.lse + b * p.n * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + stat_row) * p.lse_stride[2];
+  const float* const delta_row = p.delta + (b * p.n * p.heads + h) * p.len + q0 + stat_row;
+  const int64_t delta_n = p.heads * p.len;
+  if (stat_row < kRows && !stat_copied) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      lse_of(st)[stat_row] = __builtin_huge_valf();
+      delta_of(st)[stat_row] = 0.0f;
+    }
+  }
   // Starts the copies of n's tiles and row statistics into stage st, as one cp.async group (an
   // empty one past the chunk, so that every iteration waits for the same group count).
   auto load_n = [&](int64_t n, int st) {
     if (n < at.n_end) {
-      copy_slice_swizzled<T, kHeadDim>(
-          tile(0, st), slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len);
-      copy_slice_swizzled<T, kHeadDim>(
-          tile(1, st), slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len);
-      copy_slice_swizzled<T, kHeadDim>(
-          tile(2, st), slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len);
-      copy_slice_swizzled<T, kHeadDim>(
-          tile(3, st), slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len);
-      if (rows_whole) {
-        copy_row_stats_whole<kWgmmaRows, kWgmmaThreads>(lse_of(st), delta_of(st), p, b * p.n + n, h,
-                                                        q0);
-      } else {
-        load_row_stats<kWgmmaRows, kWgmmaThreads>(lse_of(st), delta_of(st), p, b * p.n + n, h, q0);
+      q_copy.copy(tile(group, st), n * q_n_bytes);
+      do_copy.copy(tile(kGroups + group, st), n * do_n_bytes);
+      if (kGroups == 1 || copies_k) k_copy.copy(tile(2 * kGroups, st), n * k_n_bytes);
+      if (kGroups == 1 || !copies_k) v_copy.copy(tile(2 * kGroups + 1, st), n * v_n_bytes);
+      if (stat_copied) {
+        cp_async_4(lse_of(st) + stat_row, lse_row + n * p.lse_stride[0], 4);
+        cp_async_4(delta_of(st) + stat_row, delta_row + n * delta_n, 4);
       }
     }
     cp_async_commit();
@@ -243,8 +276,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 2 : 1)
     fence_proxy_async_shared();
     __syncthreads();
     float dot[8][4], dp[8][4];
-    wgmma_tile_nt_issue<T, kSteps>(dot, tile(0, st), tile(2, st));  // S = Q K^T
-    wgmma_tile_nt_issue<T, kSteps>(dp, tile(1, st), tile(3, st));   // dP = dO V^T
+    wgmma_tile_nt_issue<T, kSteps>(dot, tile(group, st), tile(2 * kGroups, st));  // S = Q K^T
+    wgmma_tile_nt_issue<T, kSteps>(dp, tile(kGroups + group, st),
+                                   tile(2 * kGroups + 1, st));  // dP = dO V^T
     float lse_log2[2], row_delta[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

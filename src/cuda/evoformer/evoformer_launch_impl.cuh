@@ -84,8 +84,9 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
   if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
     if (wgmma) {
+      using Smem = EvoformerWgmmaSmem<kHeadDim>;
       return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
-                       kWgmmaThreads, EvoformerWgmmaSmem<kHeadDim>::kDbias2Bytes + 1024, p, stream);
+                       kWgmmaThreads * Smem::kDbias2Groups, Smem::kDbias2Bytes + 1024, p, stream);
     }
   }
   return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),

@@ -24,24 +24,30 @@ struct EvoformerWgmmaSmem {
   static constexpr uint32_t kA = 0, kB = kTileBytes, kC = 2 * kTileBytes, kD = 4 * kTileBytes;
   static constexpr uint32_t kStats = 6 * kTileBytes;
   static constexpr uint32_t kBwdBytes = kStats + 4 * kWgmmaRows * sizeof(float);
-  // The dbias2 kernel: Q, dO, K, V of one n in kDbias2Stages stages (tile x of stage st at
-  // (kDbias2Stages x + st) kTileBytes), then lse[stages][64], delta[stages][64] and
-  // bias1_log2[2][64]. Three stages at head dim 64 (98 KB: two CTAs per SM), two at 128.
+  // The dbias2 kernel (kDbias2Groups warpgroups of 64 query rows over one 64-key block): per
+  // stage, each warpgroup's Q and dO tiles, then K and V (tile x of stage st at
+  // (kDbias2Tiles st + x) kTileBytes: Q of group w at x = w, dO at kDbias2Groups + w, K and V
+  // after), then lse[stages][rows], delta[stages][rows] and bias1_log2[2][64]. Three stages at
+  // head dim 64 (144 KB), two at 128 (128 KB): one CTA per SM.
+  static constexpr int kDbias2Groups = kHeadDim <= 64 ? 2 : 1;
+  static constexpr int kDbias2Rows = kDbias2Groups * kWgmmaRows;
+  static constexpr int kDbias2Tiles = 2 * kDbias2Groups + 2;
   static constexpr int kDbias2Stages = kHeadDim <= 64 ? 3 : 2;
-  static constexpr uint32_t kDbias2Stats = 4 * kDbias2Stages * kTileBytes;
+  static constexpr uint32_t kDbias2Stats = kDbias2Stages * kDbias2Tiles * kTileBytes;
   static constexpr uint32_t kDbias2Bytes =
-      kDbias2Stats + (2 * kDbias2Stages + 2) * kWgmmaRows * sizeof(float);
+      kDbias2Stats + (2 * kDbias2Stages * kDbias2Rows + 2 * kWgmmaRows) * sizeof(float);
 };
 
 // Rows [row0, row0 + 64) of a slice (the host's wgmma_tiles: 16-byte aligned rows of exactly
 // kHeadDim elements, offsets below 2^31) into the swizzled tile at `tile`; rows at or past L are
-// zero-filled.
+// zero-filled. `thread`: as copy_tile_swizzled's.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
-                                                    int64_t row0, int64_t len) {
+                                                    int64_t row0, int64_t len,
+                                                    int thread = static_cast<int>(threadIdx.x)) {
   const int32_t row_bytes = static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
   copy_tile_swizzled<kHeadDim>(tile, static_cast<const char*>(src.base) + row0 * row_bytes,
-                               row_bytes, len - row0);
+                               row_bytes, len - row0, thread);
 }
 
 }  // namespace sciattn::cuda
