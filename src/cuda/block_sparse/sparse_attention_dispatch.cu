@@ -5,12 +5,11 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <initializer_list>
 #include <string>
 
 #include "common/block_sparse_device_index.h"
 #include "common/workspace_layout.h"
-#include "cuda/bias_type_of.h"
+#include "cuda/block_sparse/sparse_attention_device_params_of.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 #include "cuda/device_guard.h"
 #include "cuda/sparse_attention_cuda.h"
@@ -60,36 +59,6 @@ bool dtype_built(DType dtype) {
     default:
       return false;
   }
-}
-
-void copy_strides(const TensorView& t, int64_t* dst, int n) {
-  for (int d = 0; d < n; ++d) dst[d] = t.present() ? t.strides[d] : 0;
-}
-
-// 16-byte copies of whole rows of 8 elements are safe: unit stride on D, D in whole 8-element
-// chunks, every row start 16-byte aligned.
-int vectorizable(const TensorView& t) {
-  if (t.strides[3] != 1 || t.sizes[3] % 8 != 0) return 0;
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return 0;
-  for (int d = 0; d < 3; ++d) {
-    if (t.sizes[d] > 1 && t.strides[d] % 8 != 0) return 0;
-  }
-  return 1;
-}
-
-// A 64-row tile of t (rows strides[2] elements apart) has all its byte offsets below 2^31.
-bool tile_offsets_fit_32_bits(const TensorView& t) {
-  const int64_t stride = t.strides[2] < 0 ? -t.strides[2] : t.strides[2];
-  return stride <= (int64_t{1} << 31) / 64 / static_cast<int64_t>(dtype_size(t.dtype)) - 1;
-}
-
-// The lean-copy condition of SparseAttentionDeviceParams::lean_tiles over these tensors.
-bool lean_tiles(std::initializer_list<const TensorView*> tensors, int64_t dim) {
-  if (dim != kernel_head_dim(dim)) return false;
-  for (const TensorView* t : tensors) {
-    if (!vectorizable(*t) || !tile_offsets_fit_32_bits(*t)) return false;
-  }
-  return true;
 }
 
 const BlockSparseDeviceIndex::Tiles& tiles_of(const BlockSparseIndex* index) {
@@ -171,52 +140,6 @@ Status check_common(const BlockSparseIndex* index, DType dtype, const detail::At
   return Status::ok_status();
 }
 
-// The fields shared by forward and backward.
-SparseAttentionDeviceParams common_params(
-    const BlockSparseIndex* index, const TensorView& q, const TensorView& k, const TensorView& v,
-    const TensorView& rpe, const TensorView& kpm, const TensorView& attn, const TensorView& out,
-    const TensorView& lse, const SparseAttentionOptions& options, const detail::AttentionShape& s) {
-  SparseAttentionDeviceParams p{};
-  p.batch = s.batch;
-  p.heads = s.heads;
-  p.len = s.len;
-  p.dim = s.dim;
-  p.scale = detail::attention_scale(options, s.dim);
-  p.causal = options.causal ? 1 : 0;
-  p.q = q.data;
-  copy_strides(q, p.q_stride, 4);
-  p.k = k.data;
-  copy_strides(k, p.k_stride, 4);
-  p.v = v.data;
-  copy_strides(v, p.v_stride, 4);
-  p.vec_q = vectorizable(q);
-  p.vec_k = vectorizable(k);
-  p.vec_v = vectorizable(v);
-  p.lean_tiles = lean_tiles({&q, &k, &v}, s.dim);
-  p.out_paired = vectorizable(out) && s.dim == kernel_head_dim(s.dim);
-  p.wgmma_tiles = p.lean_tiles && s.len % 64 == 0 && (s.dim == 64 || s.dim == 128);
-  p.rpe = rpe.data;
-  p.rpe_type = bias_type_of(rpe);
-  copy_strides(rpe, p.rpe_stride, 4);
-  p.kpm = kpm.data;
-  p.kpm_type = bias_type_of(kpm);
-  copy_strides(kpm, p.kpm_stride, 2);
-  p.kpm_mul =
-      kpm.present() && kpm.dtype != DType::kBool && options.key_padding_mask_mode == MaskMode::kMul;
-  p.attn = attn.data;
-  p.attn_type = bias_type_of(attn);
-  copy_strides(attn, p.attn_stride, 2);
-  p.attn_mul =
-      attn.present() && attn.dtype != DType::kBool && options.attn_mask_mode == MaskMode::kMul;
-  p.has_terms = rpe.present() || kpm.present() || attn.present();
-  p.out = out.data;
-  copy_strides(out, p.out_stride, 4);
-  p.lse = static_cast<float*>(lse.data);
-  copy_strides(lse, p.lse_stride, 3);
-  p.tiles = tiles_of(index);
-  return p;
-}
-
 // Calls fn.template run<T, kHeadDim>() for the runtime dtype (f16 / bf16) and head dim.
 template <typename Fn>
 cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
@@ -280,9 +203,8 @@ struct BackwardLauncher {
 
 Status run_forward_here(const SparseAttentionForwardParams& params, const detail::AttentionShape& s,
                         void* workspace, Stream stream) {
-  SparseAttentionDeviceParams p =
-      common_params(params.index, params.q, params.k, params.v, params.rpe, params.key_padding_mask,
-                    params.attn_mask, params.out, params.lse, params.options, s);
+  SparseAttentionDeviceParams p = sparse_forward_device_params(params, s, kernel_head_dim(s.dim));
+  p.tiles = tiles_of(params.index);
   const FusedPlan plan = plan_forward(params, s);
   p.part_dim = static_cast<int>(plan.part_dim);
   p.fwd_partial = plan.has_fwd ? plan.layout.at<float>(workspace, plan.fwd_partial) : nullptr;
@@ -297,23 +219,8 @@ Status run_forward_here(const SparseAttentionForwardParams& params, const detail
 
 Status run_backward_here(const SparseAttentionBackwardParams& params,
                          const detail::AttentionShape& s, void* workspace, Stream stream) {
-  SparseAttentionDeviceParams p =
-      common_params(params.index, params.q, params.k, params.v, params.rpe, params.key_padding_mask,
-                    params.attn_mask, params.out, params.lse, params.options, s);
-  p.dout = params.dout.data;
-  copy_strides(params.dout, p.dout_stride, 4);
-  p.vec_dout = vectorizable(params.dout);
-  p.lean_tiles = p.lean_tiles && lean_tiles({&params.dout}, s.dim);
-  p.wgmma_tiles = p.wgmma_tiles && p.lean_tiles;  // dO too
-  p.grads_paired = vectorizable(params.dq) && vectorizable(params.dk) && vectorizable(params.dv) &&
-                   s.dim == kernel_head_dim(s.dim);
-  p.vec_out = vectorizable(params.out);
-  p.dq = params.dq.data;
-  copy_strides(params.dq, p.dq_stride, 4);
-  p.dk = params.dk.data;
-  copy_strides(params.dk, p.dk_stride, 4);
-  p.dv = params.dv.data;
-  copy_strides(params.dv, p.dv_stride, 4);
+  SparseAttentionDeviceParams p = sparse_backward_device_params(params, s, kernel_head_dim(s.dim));
+  p.tiles = tiles_of(params.index);
   const FusedPlan plan = plan_backward(params, s);
   p.part_dim = static_cast<int>(plan.part_dim);
   p.delta = plan.layout.at<float>(workspace, plan.delta);

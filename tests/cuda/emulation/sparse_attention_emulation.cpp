@@ -16,6 +16,7 @@
 #include "common/block_sparse_device_pack.h"
 #include "cpu/block_sparse_test_util.h"
 #include "cuda/bias_type_of.h"
+#include "cuda/block_sparse/sparse_attention_device_params_of.h"
 
 namespace sciattn::cuda {
 __attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
@@ -128,48 +129,13 @@ bool run_case(const Case& c) {
   // Emulated GPU forward.
   HostTensor gout = HostTensor::packed(c.dtype, sizes),
              glse = HostTensor::packed(DType::kF32, {c.B, c.H, L});
-  SparseAttentionDeviceParams p{};
-  p.batch = c.B;
-  p.heads = c.H;
-  p.len = L;
-  p.dim = c.D;
-  p.scale = (float)(1.0 / std::sqrt((double)c.D));
-  p.causal = c.causal;
-  auto strides = [](const HostTensor& t, int64_t* dst, int n) {
-    for (int d = 0; d < n; ++d) dst[d] = t.present() ? t.strides()[d] : 0;
-  };
-  p.q = q.data();
-  strides(q, p.q_stride, 4);
-  p.k = k.data();
-  strides(k, p.k_stride, 4);
-  p.v = v.data();
-  strides(v, p.v_stride, 4);
-  // Host memory: "vec" uses memcpy emulation, fine when strides allow.
-  auto vec = [&](const HostTensor& t) { return (t.strides()[3] == 1 && c.D % 8 == 0) ? 1 : 0; };
-  p.vec_q = vec(q);
-  p.vec_k = vec(k);
-  p.vec_v = vec(v);
-  p.vec_dout = vec(dout);
-  // As the dispatcher's lean_tiles (the test tensors' offsets are small).
-  p.lean_tiles = p.vec_q && p.vec_k && p.vec_v && p.vec_dout && c.D == kHD;
-  // The outputs here are packed: whole aligned pairs when D is the instantiated head dim.
-  p.out_paired = p.grads_paired = c.D == kHD;
-  p.rpe = rpe.present() ? rpe.data() : nullptr;
-  p.rpe_type = cuda::bias_type_of(rpe.view());
-  strides(rpe, p.rpe_stride, 4);
-  p.kpm = kpm.present() ? kpm.data() : nullptr;
-  p.kpm_type = cuda::bias_type_of(kpm.view());
-  strides(kpm, p.kpm_stride, 2);
-  p.kpm_mul = 0;
-  p.attn = attn.present() ? attn.data() : nullptr;
-  p.attn_type = cuda::bias_type_of(attn.view());
-  strides(attn, p.attn_stride, 2);
-  p.attn_mul = 0;  // bool
-  p.has_terms = rpe.present() || kpm.present() || attn.present();
-  p.out = gout.data();
-  strides(gout, p.out_stride, 4);
-  p.lse = static_cast<float*>(glse.data());
-  strides(glse, p.lse_stride, 3);
+  // The arguments as the dispatch builds them (sparse_attention_device_params_of.h), for the
+  // emulated GPU's own output buffers.
+  SparseAttentionForwardParams gf = f;
+  gf.out = gout.view();
+  gf.lse = glse.view();
+  const detail::AttentionShape shape{c.B, c.H, L, c.D};
+  SparseAttentionDeviceParams p = cuda::sparse_forward_device_params(gf, shape, kHD);
   p.tiles = dt;
   p.part_dim = kHD;
   std::vector<float> fwd_part(
@@ -216,19 +182,23 @@ bool run_case(const Case& c) {
   // Emulated GPU backward from the GPU forward.
   HostTensor gdq = HostTensor::packed(c.dtype, sizes), gdk = HostTensor::packed(c.dtype, sizes),
              gdv = HostTensor::packed(c.dtype, sizes);
-  p.dout = dout.data();
-  strides(dout, p.dout_stride, 4);
-  p.dq = gdq.data();
-  strides(gdq, p.dq_stride, 4);
-  p.dk = gdk.data();
-  strides(gdk, p.dk_stride, 4);
-  p.dv = gdv.data();
-  strides(gdv, p.dv_stride, 4);
+  {
+    SparseAttentionBackwardParams gb = g;
+    gb.out = gout.view();
+    gb.lse = glse.view();
+    gb.dq = gdq.view();
+    gb.dk = gdk.view();
+    gb.dv = gdv.view();
+    const SparseAttentionDeviceParams fwd = p;
+    p = cuda::sparse_backward_device_params(gb, shape, kHD);
+    p.tiles = fwd.tiles;
+    p.part_dim = fwd.part_dim;
+    p.fwd_partial = fwd.fwd_partial;
+  }
   // delta by the GPU's kernel (its 16-byte path when the rows allow it), checked against the
   // same sum on the host.
   std::vector<float> delta(c.B * c.H * L, NAN);
   p.delta = delta.data();
-  p.vec_out = vec(gout);
   // The lanes per row the launcher picks, through the launcher's own selection.
   cuda::launch_with_delta_lanes(p.dim, cuda::f32emu::sparse_delta_vec<T>(p), [&](auto lanes) {
     launch(cuda::f32emu::sparse_attention_delta_kernel<T, decltype(lanes)::value>, 3, p);
