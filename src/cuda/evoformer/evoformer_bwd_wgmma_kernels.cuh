@@ -6,12 +6,14 @@
 // operands in shared memory issued together:
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
-//   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K
+//   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K; it runs
+//                                               first and computes delta = rowsum(dO * O)
 //   dbias2 kernel (Q, dO, K, V of each n):      S = Q K^T, dP = dO V^T (the sum of dS over the
 //                                               chunk's n stays in registers)
 // Any L: rows past L are zero-filled and handled as in the mma.sync kernels. CUDA layer.
 #pragma once
 
+#include "cuda/attention_delta.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_wgmma_tiles.cuh"
 
@@ -136,8 +138,38 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
   load_key_tile(0, 0);
   cp_async_commit();
 
+  // delta_i = <dO_i, O_i> of the CTA's rows, computed here (two threads a row) and written for the
+  // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel on this path).
+  float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
+  {
+    const int r = static_cast<int>(threadIdx.x) / 2, part = static_cast<int>(threadIdx.x) % 2;
+    const int64_t row = q0 + r;
+    float share = 0.0f;
+    if (row < p.len) {
+      share = row_delta_share<T, kHeadDim, 2>(
+          static_cast<const T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] +
+              row * p.out_stride[2] + h * p.out_stride[3],
+          static_cast<const T*>(p.dout) + b * p.dout_stride[0] + n * p.dout_stride[1] +
+              row * p.dout_stride[2] + h * p.dout_stride[3],
+          part);
+    }
+    const float sum = share + __shfl_xor_sync(0xffffffffu, share, 1);
+    if (part == 0) {
+      delta_rows[r] = sum;
+      if (row < p.len) p.delta[(bn * p.heads + h) * p.len + row] = sum;
+    }
+  }
+  __syncthreads();
   float lse_log2[2], delta[2];
-  evoformer_row_lse_delta(lse_log2, delta, p, bn, h, my_rows);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool valid = my_rows[r] < p.len;
+    // +inf for a padded or fully masked row: P = 0 with no per-element check.
+    lse_log2[r] = lse_log2_of(
+        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
+              : kNegInf);
+    delta[r] = valid ? delta_rows[my_rows[r] - q0] : 0.0f;
+  }
   float dq[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;

@@ -206,13 +206,16 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
   const EvoformerDeviceParams p = backward_device_params(params, s, workspace);
   const bool f32 = params.q.dtype == DType::kF32;
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  cudaError_t e = f32 ? launch_evoformer_backward_delta<float>(p, cuda_stream)
-                  : params.q.dtype == DType::kF16
-                      ? launch_evoformer_backward_delta<__half>(p, cuda_stream)
-                      : launch_evoformer_backward_delta<__nv_bfloat16>(p, cuda_stream);
-  if (e != cudaSuccess) return device_status(e, "Evoformer backward (delta) kernel launch");
-  e = f32 ? launch_evoformer_backward_f32(p, cuda_stream)
-          : dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
+  cudaError_t e = cudaSuccess;
+  if (f32) {
+    e = launch_evoformer_backward_delta<float>(p, cuda_stream);
+    if (e != cudaSuccess) return device_status(e, "Evoformer backward (delta) kernel launch");
+    e = launch_evoformer_backward_f32(p, cuda_stream);
+  } else {
+    // The launcher computes delta itself (a kernel of its own, or inside dQ on the warpgroup
+    // path).
+    e = dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
+  }
   if (e != cudaSuccess) return device_status(e, "Evoformer backward kernel launch");
   if (p.dbias1 != nullptr || p.dbias2_partial != nullptr) {
     e = launch_evoformer_backward_dbias_reduce(p, cuda_stream);

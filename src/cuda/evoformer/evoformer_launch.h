@@ -12,8 +12,7 @@ namespace sciattn::cuda {
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream);
 
-// dK/dV (with the dbias1 partial), dQ and dbias2 (or its chunk partials); delta must already be
-// in p.delta.
+// delta (into p.delta), dK/dV (with the dbias1 partial), dQ and dbias2 (or its chunk partials).
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream);
 

@@ -65,15 +65,18 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream
   if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
     wgmma = p.wgmma_tiles != 0;
     if (wgmma) {
+      // dQ first: it computes delta, which dK/dV and dbias2 read.
       const size_t smem = EvoformerWgmmaSmem<kHeadDim>::kBwdBytes + 1024 + bias_smem;
-      e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                    kWgmmaThreads, smem, p, stream);
-      if (e != cudaSuccess) return e;
       e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p), kWgmmaThreads,
                     smem, p, stream);
+      if (e != cudaSuccess) return e;
+      e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
+                    kWgmmaThreads, smem, p, stream);
     }
   }
   if (!wgmma) {
+    e = launch_evoformer_backward_delta<T>(p, stream);
+    if (e != cudaSuccess) return e;
     const size_t smem = sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_smem;
     e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
                   EvoformerBwdTile::kThreads, smem, p, stream);
