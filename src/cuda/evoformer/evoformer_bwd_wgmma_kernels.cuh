@@ -1,7 +1,8 @@
-// The Evoformer attention backward's dK/dV and dQ kernels on Hopper's warpgroup MMA (wgmma,
-// sm_90a), for head dims 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles). Same grids,
-// bias stages, probability / dS code, epilogues and determinism as evoformer_bwd_kernels.cuh's
-// (shared helpers; the delta and reduction kernels are the same launches); the products of a tile
+// The Evoformer attention backward's dK/dV, dQ and dbias2 kernels on Hopper's warpgroup MMA
+// (wgmma, sm_90a), for head dims 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles).
+// Same grids, bias stages, probability / dS code, epilogues and determinism as
+// evoformer_bwd_kernels.cuh's (shared helpers; the reduction kernel is the same launch, while
+// delta comes from the dQ kernel instead of a kernel of its own); the products of a tile
 // run as warpgroup MMAs on 128-byte swizzled shared tiles (cuda/wgmma.cuh), two products with
 // operands in shared memory issued together:
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
