@@ -139,8 +139,20 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
   load_key_tile(0, 0);
   cp_async_commit();
 
+  // The rows' lse in log2 units (+inf for a padded or fully masked row: P = 0 with no
+  // per-element check), loaded first so that their latency overlaps delta's loads and the first
+  // tiles' wait.
+  float lse_log2[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse_log2[r] = lse_log2_of(
+        my_rows[r] < p.len
+            ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
+            : kNegInf);
+  }
   // delta_i = <dO_i, O_i> of the CTA's rows, computed here (two threads a row) and written for the
   // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel on this path).
+  // Other threads' rows: through shared memory, read after the loop's first barrier.
   float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
   {
     const int r = static_cast<int>(threadIdx.x) / 2, part = static_cast<int>(threadIdx.x) % 2;
@@ -156,21 +168,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
     }
     const float sum = share + __shfl_xor_sync(0xffffffffu, share, 1);
     if (part == 0) {
-      delta_rows[r] = sum;
+      delta_rows[r] = sum;  // 0 for rows past L
       if (row < p.len) p.delta[(bn * p.heads + h) * p.len + row] = sum;
     }
   }
-  __syncthreads();
-  float lse_log2[2], delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const bool valid = my_rows[r] < p.len;
-    // +inf for a padded or fully masked row: P = 0 with no per-element check.
-    lse_log2[r] = lse_log2_of(
-        valid ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
-              : kNegInf);
-    delta[r] = valid ? delta_rows[my_rows[r] - q0] : 0.0f;
-  }
+  float delta[2] = {0.0f, 0.0f};
   float dq[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
@@ -179,6 +181,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int buf = static_cast<int>(kt & 1);
     next_stage(kt, k_tiles, buf, load_key_tile);
+    if (kt == 0) {
+      delta[0] = delta_rows[my_rows[0] - q0];
+      delta[1] = delta_rows[my_rows[1] - q0];
+    }
     // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
     // S while dP runs.
     float dots[8][4], ds[8][4];
