@@ -1,7 +1,9 @@
 // The Evoformer attention backward kernels (CUDA layer), deterministic by construction: no
 // floating-point atomics; every output element is owned by one thread of one CTA, and sums that
 // cross CTAs go through fp32 partials in the workspace that a second kernel adds in a fixed order.
-//   1. evoformer_bwd_delta_kernel:  delta_i = <dO_i, O_i>
+//   1. evoformer_bwd_delta_kernel:  delta_i = <dO_i, O_i> (on the warpgroup-MMA path of head dims
+//                                   64 and 128 the dQ kernel computes it and runs first,
+//                                   evoformer_bwd_wgmma_kernels.cuh)
 //   2. evoformer_bwd_dkdv_kernel:   per (64 keys, h, b*n): dK, dV and the per-head dbias1 partial
 //   3. evoformer_bwd_dq_kernel:     per (64 queries, h, b*n): dQ
 //   4. evoformer_bwd_dbias2_kernel: per (128 or 64 queries x 64 keys tile of dbias2[b, h], chunk
@@ -15,7 +17,7 @@
 // shared memory allowed one 4-warp CTA per SM and in global memory cost a read-modify-write per
 // tile; both made the dK/dV kernel 3-10x slower than its MMA work. A separate kernel owning a
 // tile keeps the sum in registers, reads bias2 once, and costs two GEMMs (S and dP) per tile and
-// n; its tile is 128 queries tall up to head dim 32, so that each K/V tile staged serves twice
+// n; its tile is 128 queries tall up to head dim 64, so that each K/V tile staged serves twice
 // the rows and eight warps hide each other's latencies.
 #pragma once
 

@@ -13,8 +13,9 @@ namespace sciattn::cuda {
 // The swizzled tiles of the CTA, each on a 1024-byte boundary from the aligned base: the forward's
 // Q, K[2], V[2]; the dK/dV and dQ kernels' fixed tiles A, B (dK/dV: K, V; dQ: Q, dO) and streamed
 // tiles C[2], D[2] (dK/dV: Q, dO; dQ: K, V), then the streamed query rows' lse[2][64] and
-// delta[2][64] (dK/dV). The bias stages (evoformer_device_utils.cuh) follow at kFwdBytes or
-// kBwdBytes; a launch asks for 1024 bytes more for the base's rounding.
+// delta[2][64] (dK/dV; the dQ kernel keeps its rows' delta in the first 64). The bias stages
+// (evoformer_device_utils.cuh) follow at kFwdBytes or kBwdBytes; a launch asks for 1024 bytes more
+// for the base's rounding.
 template <int kHeadDim>
 struct EvoformerWgmmaSmem {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
