@@ -29,20 +29,21 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
                                                    int32_t row_bytes, int64_t rows_inside = 64,
                                                    int thread = static_cast<int>(threadIdx.x)) {
   constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
   const int c = thread % kChunks, r0 = thread / kChunks;
   const char* src = rows + (r0 * row_bytes + c * 16);
-  const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows>(r0, c);
+  const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
   if (rows_inside >= kWgmmaRows) {
 #pragma unroll
     for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
-      cp_async_16_to(dst + i * kRowStep * 128, src + i * kRowStep * row_bytes, 16);
+      cp_async_16_to(dst + i * kRowStep * kWidth, src + i * kRowStep * row_bytes, 16);
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
       const bool inside = r0 + i * kRowStep < rows_inside;
-      cp_async_16_to(dst + i * kRowStep * 128, inside ? src + i * kRowStep * row_bytes : rows,
+      cp_async_16_to(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
                      inside ? 16 : 0);
     }
   }
@@ -55,6 +56,7 @@ template <int kHeadDim>
 struct SwizzledTileCopier {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   static constexpr int kCopies = kWgmmaRows / kRowStep;
+  static constexpr int kWidth = kSwizzleBytes<kHeadDim>;
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
   const char* rows;  // the tile's first row at offset 0
   int32_t first;     // this thread's first chunk, in bytes from `rows`
@@ -69,7 +71,7 @@ struct SwizzledTileCopier {
       : rows(tile_rows),
         first((thread / kChunks) * row_bytes + (thread % kChunks) * 16),
         step(kRowStep * row_bytes),
-        dst(swizzled_chunk_offset<kWgmmaRows>(thread / kChunks, thread % kChunks)),
+        dst(swizzled_chunk_offset<kWgmmaRows, kWidth>(thread / kChunks, thread % kChunks)),
         inside(0) {
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
@@ -84,12 +86,12 @@ struct SwizzledTileCopier {
     if (inside == (1u << kCopies) - 1) {
 #pragma unroll
       for (int i = 0; i < kCopies; ++i)
-        cp_async_16_to(tile + dst + i * kRowStep * 128, src + i * step, 16);
+        cp_async_16_to(tile + dst + i * kRowStep * kWidth, src + i * step, 16);
     } else {
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         const bool in = (inside >> i) & 1u;
-        cp_async_16_to(tile + dst + i * kRowStep * 128, in ? src + i * step : base, in ? 16 : 0);
+        cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? src + i * step : base, in ? 16 : 0);
       }
     }
   }
@@ -135,19 +137,21 @@ __device__ __forceinline__ AlignedSmem aligned_smem(unsigned char* raw) {
   return {address, raw + (address - raw_address)};
 }
 
-// Issues x (64 x 64, fp32 accumulators) = A B^T over kSteps k-steps, A and B K-major swizzled
-// tiles, as one commit group; x must not be touched until wgmma_tile_done<pending>(x), where
-// `pending` counts the groups issued after this one that may still run. Issuing two products
-// before waiting (S and dP) or doing other work meanwhile (the biases) overlaps them with it.
-template <typename T, int kSteps>
+// Issues x (64 x 64, fp32 accumulators) = A B^T, A and B K-major swizzled tiles of kHeadDim
+// columns (kHeadDim / 16 k-steps), as one commit group; x must not be touched until
+// wgmma_tile_done<pending>(x), where `pending` counts the groups issued after this one that may
+// still run. Issuing two products before waiting (S and dP) or doing other work meanwhile (the
+// biases) overlaps them with it.
+template <typename T, int kHeadDim>
 __device__ __forceinline__ void wgmma_tile_nt_issue(float (&x)[8][4], uint32_t a_tile,
                                                     uint32_t b_tile) {
+  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
   wgmma_pin(x);
   wgmma_fence();
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) {
-    wgmma_m64n64k16_ss<T>(x, k_major_step<kWgmmaRows>(a_tile, st),
-                          k_major_step<kWgmmaRows>(b_tile, st), st > 0 ? 1 : 0);
+  for (int st = 0; st < kHeadDim / 16; ++st) {
+    wgmma_m64n64k16_ss<T>(x, k_major_step<kWgmmaRows, kWidth>(a_tile, st),
+                          k_major_step<kWgmmaRows, kWidth>(b_tile, st), st > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
@@ -158,9 +162,9 @@ __device__ __forceinline__ void wgmma_tile_done(float (&x)[8][4]) {
 }
 
 // x = A B^T as above, waited for.
-template <typename T, int kSteps>
+template <typename T, int kHeadDim>
 __device__ __forceinline__ void wgmma_tile_nt(float (&x)[8][4], uint32_t a_tile, uint32_t b_tile) {
-  wgmma_tile_nt_issue<T, kSteps>(x, a_tile, b_tile);
+  wgmma_tile_nt_issue<T, kHeadDim>(x, a_tile, b_tile);
   wgmma_tile_done<0>(x);
 }
 
@@ -182,7 +186,8 @@ __device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    wgmma_m64nNk16_rs_tb<T, kHeadDim>(out, a[kk], mn_major_step<kWgmmaRows>(b_tile, kk), 1);
+    wgmma_m64nNk16_rs_tb<T, kHeadDim>(
+        out, a[kk], mn_major_step<kWgmmaRows, kSwizzleBytes<kHeadDim>>(b_tile, kk), 1);
   }
   wgmma_commit();
   wgmma_wait<0>();

@@ -141,9 +141,9 @@ TEST(EvoformerDeviceParams, MisalignedTensorsKeepTheGenericPaths) {
   EXPECT_EQ(backward(v, s).lean_tiles, 0);
 }
 
-TEST(EvoformerDeviceParams, WarpgroupKernelsTakeHeadDims64And128OnLeanTiles) {
+TEST(EvoformerDeviceParams, WarpgroupKernelsTakeHeadDims32To128OnLeanTiles) {
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    for (const int64_t d : {64, 128}) {
+    for (const int64_t d : {32, 64, 128}) {
       for (const int64_t len : {1, 17, 64, 300}) {  // any L: rows past L are zero-filled
         const Shape s{1, 2, len, 2, d};
         const Views v = views(s, dtype);
@@ -152,9 +152,9 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeHeadDims64And128OnLeanTiles) {
       }
     }
   }
-  // Other head dims (also those padded to 64 or 128), fp32 inputs, and tiles that are not lean
-  // keep the mma.sync (or fp32) kernels.
-  for (const int64_t d : {8, 16, 32, 48, 96}) {
+  // Other head dims (also those padded to 32, 64 or 128), fp32 inputs, and tiles that are not
+  // lean keep the mma.sync (or fp32) kernels.
+  for (const int64_t d : {8, 16, 24, 48, 96}) {
     const Shape s{1, 2, 128, 2, d};
     const Views v = views(s, DType::kBF16);
     EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;

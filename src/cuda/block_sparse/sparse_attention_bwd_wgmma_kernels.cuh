@@ -46,7 +46,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     sparse_attention_dkdv_wgmma_kernel(const SparseAttentionDeviceParams p) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
   using Smem = SparseBwdWgmmaSmem<kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
@@ -94,14 +93,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     next_stage(e, at.end, buf, load_entry);
     // P^T from S^T = K Q^T; dV += P^T dO.
     float pt[8][4];
-    wgmma_tile_nt<T, kSteps>(pt, smem.address + Smem::kA, q_tile(buf));
+    wgmma_tile_nt<T, kHeadDim>(pt, smem.address + Smem::kA, q_tile(buf));
     transposed_probabilities<false>(pt, p, lse_of(buf), slots, slots.of(e), p.tiles.col_masks[e],
                                     key0, my_k, b, h, t);
     wgmma_acc_tile<T, kHeadDim>(dv, pt, do_tile(buf));
     // dP^T = V dO^T, dS^T = P^T (dP^T - delta); dK += dS^T Q (times scale when written).
     {
       float dpt[8][4];
-      wgmma_tile_nt<T, kSteps>(dpt, smem.address + Smem::kB, do_tile(buf));
+      wgmma_tile_nt<T, kHeadDim>(dpt, smem.address + Smem::kB, do_tile(buf));
       transposed_ds(pt, dpt, delta_of(buf), t);
     }
     wgmma_acc_tile<T, kHeadDim>(dk, pt, q_tile(buf));
@@ -116,7 +115,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     sparse_attention_dq_wgmma_kernel(const SparseAttentionDeviceParams p) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
   using Smem = SparseBwdWgmmaSmem<kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
@@ -168,11 +166,11 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     const int buf = (e - at.begin) & 1;
     next_stage(e, at.end, buf, load_entry);
     float pr[8][4];
-    wgmma_tile_nt<T, kSteps>(pr, smem.address + Smem::kA, k_tile(buf));
+    wgmma_tile_nt<T, kHeadDim>(pr, smem.address + Smem::kA, k_tile(buf));
     row_probabilities<false>(pr, p, lse_log2, slots, slots.of(e), p.tiles.row_masks[e], q0, my_r, b,
                              h, t);
     float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
-    wgmma_tile_nt<T, kSteps>(ds, smem.address + Smem::kB, v_tile(buf));
+    wgmma_tile_nt<T, kHeadDim>(ds, smem.address + Smem::kB, v_tile(buf));
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll

@@ -32,7 +32,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   static_assert(SparseTile::kThreads == kWgmmaThreads && SparseTile::kSize == kWgmmaRows,
                 "one warpgroup over 64-row tiles");
   using Smem = SparseFwdWgmmaSmem<T, kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;  // k-steps of S = Q K^T
   constexpr int kScoreTiles = SparseTile::kSize / 8;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -84,7 +83,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     next_stage(e, at.end, buf, load_kv);
 
     float s[kScoreTiles][4];
-    wgmma_tile_nt<T, kSteps>(s, q_tile, k_tile(buf));
+    wgmma_tile_nt<T, kHeadDim>(s, q_tile, k_tile(buf));
 
     tile_scores<false>(s, p, 0xFFu, slots, slots.of(e), p.tiles.row_masks[e], row0, my_r, b, h, t);
     online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);

@@ -1,9 +1,9 @@
 // The Evoformer attention backward's dK/dV, dQ and dbias2 kernels on Hopper's warpgroup MMA
-// (wgmma, sm_90a), for head dims 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles).
+// (wgmma, sm_90a), for head dims 32, 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles).
 // Same grids, bias stages, probability / dS code, epilogues and determinism as
 // evoformer_bwd_kernels.cuh's (shared helpers; the reduction kernel is the same launch, while
 // delta comes from the dQ kernel instead of a kernel of its own); the products of a tile
-// run as warpgroup MMAs on 128-byte swizzled shared tiles (cuda/wgmma.cuh), two products with
+// run as warpgroup MMAs on swizzled shared tiles (cuda/wgmma.cuh), two products with
 // operands in shared memory issued together:
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
@@ -21,10 +21,11 @@
 namespace sciattn::cuda {
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
+__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
+                                                 : kHeadDim <= 64 ? 3
+                                                                  : 1)
     evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
   static_assert(
       EvoformerBwdTile::kBlock == kWgmmaRows && EvoformerBwdTile::kThreads == kWgmmaThreads,
@@ -81,8 +82,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
     // S^T = K Q^T and dP^T = V dO^T issued together; P^T from S^T while dP^T runs; dV += P^T dO
     // (which waits for both).
     float pt[8][4], dpt[8][4];
-    wgmma_tile_nt_issue<T, kSteps>(pt, k_tile, q_tile(buf));
-    wgmma_tile_nt_issue<T, kSteps>(dpt, v_tile, do_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(pt, k_tile, q_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(dpt, v_tile, do_tile(buf));
     wgmma_tile_done<1>(pt);
     evoformer_transposed_probabilities(pt, scale_log2, key_bias1,
                                        bias2_stage + buf * bias2_stage_bytes, p.bias2_type,
@@ -99,10 +100,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
+__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
+                                                 : kHeadDim <= 64 ? 3
+                                                                  : 1)
     evoformer_bwd_dq_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
@@ -188,8 +190,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
     // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
     // S while dP runs.
     float dots[8][4], ds[8][4];
-    wgmma_tile_nt_issue<T, kSteps>(dots, q_tile, k_tile(buf));
-    wgmma_tile_nt_issue<T, kSteps>(ds, do_tile, v_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(dots, q_tile, k_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(ds, do_tile, v_tile(buf));
     float pr[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
@@ -211,17 +213,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 1)
 // n recomputed from its Q, dO, K and V tiles. The tile is 128 queries (two warpgroups, each with
 // its own Q and dO rows, sharing the K and V tiles) x 64 keys at head dim 64 and 64 x 64 at 128.
 // Per n the CTA does little arithmetic on many bytes of tiles (6 per cell at head dim 64), so the
-// tiles run three stages deep there, and bias2, which does not depend on n, stays in registers.
+// tiles run three stages deep there, and bias2, which does not depend on n, stays in registers
+// (in shared memory at head dim 32, whose two CTAs per SM leave 128 registers a thread).
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::kDbias2Groups, 1)
+__global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::kDbias2Groups,
+                                  detail::cuda_dbias2_ctas_per_sm(kHeadDim))
     evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;
   constexpr int kStages = Smem::kDbias2Stages, kGroups = Smem::kDbias2Groups;
   constexpr int kRows = Smem::kDbias2Rows, kThreads = kGroups * kWgmmaThreads;
-  static_assert(
-      detail::cuda_dbias2_rows(kHeadDim) == kRows && detail::cuda_dbias2_ctas_per_sm(kHeadDim) == 1,
-      "the host plan's dbias2 tile and CTAs per SM");
+  static_assert(detail::cuda_dbias2_rows(kHeadDim) == kRows, "the host plan's dbias2 tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
   const auto tile = [&](int x, int st) {
@@ -296,8 +297,16 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   for (int st = 0; st + 1 < kStages; ++st) load_n(at.n_begin + st, st);
   // bias1 of n is read into a register one n ahead and stored at the end of the iteration.
   if (threadIdx.x < kWgmmaRows) bias1_of(0)[threadIdx.x] = dbias2_bias1_log2(p, b, at.n_begin, k0);
-  float bias2_cells[8][4];  // this thread's cells of bias2, in registers (it does not depend on n)
+  float bias2_cells[8][4];  // this thread's cells of bias2 (it does not depend on n)
   dbias2_bias2_cells(bias2_cells, p, b, h, q0, k0, my_row, lane);
+  float* const bias2_cells_smem = reinterpret_cast<float*>(smem.pointer + Smem::kDbias2Cells);
+  if constexpr (!Smem::kDbias2CellsInRegisters) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        bias2_cells_smem[(j * 4 + e) * kThreads + threadIdx.x] = bias2_cells[j][e];
+  }
 
   float acc[8][4];
 #pragma unroll
@@ -315,9 +324,9 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     fence_proxy_async_shared();
     __syncthreads();
     float dot[8][4], dp[8][4];
-    wgmma_tile_nt_issue<T, kSteps>(dot, tile(group, st), tile(2 * kGroups, st));  // S = Q K^T
-    wgmma_tile_nt_issue<T, kSteps>(dp, tile(kGroups + group, st),
-                                   tile(2 * kGroups + 1, st));  // dP = dO V^T
+    wgmma_tile_nt_issue<T, kHeadDim>(dot, tile(group, st), tile(2 * kGroups, st));  // S = Q K^T
+    wgmma_tile_nt_issue<T, kHeadDim>(dp, tile(kGroups + group, st),
+                                     tile(2 * kGroups + 1, st));  // dP = dO V^T
     float lse_log2[2], row_delta[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -328,7 +337,14 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     wgmma_pin(dp);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      dbias2_add_cells(acc[j], dot[j], dp[j], bias2_cells[j], bias1_of(parity), j, lane, scale_log2,
+      float cells[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        cells[e] = Smem::kDbias2CellsInRegisters
+                       ? bias2_cells[j][e]
+                       : bias2_cells_smem[(j * 4 + e) * kThreads + threadIdx.x];
+      }
+      dbias2_add_cells(acc[j], dot[j], dp[j], cells, bias1_of(parity), j, lane, scale_log2,
                        lse_log2, row_delta);
     }
     if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end)

@@ -68,7 +68,7 @@ struct EvoformerDeviceParams {
   // a per-tile base plus a 32-bit offset. bias2_lean: the same for bias2's tiles (staged, and 128
   // rows of it below 2^31 bytes).
   int lean_tiles, bias2_lean;
-  // 1 when head dims 64 and 128 run the warpgroup-MMA kernels (evoformer_*_wgmma_kernel*.cuh):
+  // 1 when head dims 32, 64 and 128 run the warpgroup-MMA kernels (evoformer_*_wgmma_kernel*.cuh):
   // 16-bit inputs and lean_tiles (their tiles are copied as the lean copies are, rows past L
   // zero-filled).
   int wgmma_tiles;

@@ -109,7 +109,8 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   for (const TensorView* t : {&q, &k, &v, &out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) p.lean_tiles = 0;
   }
-  p.wgmma_tiles = p.lean_tiles && q.dtype != DType::kF32 && (s.dim == 64 || s.dim == 128);
+  p.wgmma_tiles =
+      p.lean_tiles && q.dtype != DType::kF32 && (s.dim == 32 || s.dim == 64 || s.dim == 128);
   // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
   // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
   const auto divisor = [](int64_t d) {

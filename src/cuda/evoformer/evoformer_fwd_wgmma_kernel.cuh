@@ -1,8 +1,8 @@
-// The Evoformer attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for head dims 64
+// The Evoformer attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for head dims 32, 64
 // and 128 with aligned Q/K/V/O (the host's wgmma_tiles). The grid, the bias stages, the online
 // softmax and the epilogue are evoformer_fwd_kernel's (shared helpers); what differs is how the
 // two products run: the four warps issue them together as one warpgroup, S = Q K^T as
-// head dim / 16 m64n64k16 steps reading Q and K straight from 128-byte swizzled shared tiles,
+// head dim / 16 m64n64k16 steps reading Q and K straight from swizzled shared tiles,
 // and O += P V as four m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16
 // with ldmatrix fragment loads. Any L: the tiles' rows past L are zero-filled, and the last key
 // tile's keys past L are masked as in the mma.sync kernel. CUDA layer.
@@ -14,10 +14,11 @@
 namespace sciattn::cuda {
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 2)
+__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
+                                                 : kHeadDim <= 64 ? 3
+                                                                  : 2)
     evoformer_fwd_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  constexpr int kSteps = kHeadDim / 16;  // k-steps of S = Q K^T
   constexpr int kOutTiles = kHeadDim / 8;
   static_assert(EvoformerFwdTile::kBlockM == kWgmmaRows &&
                     EvoformerFwdTile::kBlockN == kWgmmaRows &&
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 64 ? 3 : 2)
     next_stage(tile, tiles, buf, load_key_tile);
     // S = Q K^T runs while the tile's biases are read from their stages.
     float dot[8][4];
-    wgmma_tile_nt_issue<T, kSteps>(dot, q_tile, k_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(dot, q_tile, k_tile(buf));
     float s[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;

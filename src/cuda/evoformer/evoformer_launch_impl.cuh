@@ -36,11 +36,11 @@ inline size_t bias_stage_smem(const EvoformerDeviceParams& p, int rows) {
                                  bias_stage_bytes(p.bias1_type, 1));
 }
 
-// Head dims 64 and 128 with the host's wgmma_tiles run the forward, dK/dV, dQ and dbias2 kernels
-// on the warpgroup MMA (evoformer_*_wgmma_kernel*.cuh); the other head dims and layouts the
-// mma.sync ones.
+// Head dims 32, 64 and 128 with the host's wgmma_tiles run the forward, dK/dV, dQ and dbias2
+// kernels on the warpgroup MMA (evoformer_*_wgmma_kernel*.cuh); the other head dims and layouts
+// the mma.sync ones.
 template <int kHeadDim>
-constexpr bool kEvoformerWgmmaHeadDim = kHeadDim == 64 || kHeadDim == 128;
+constexpr bool kEvoformerWgmmaHeadDim = kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128;
 
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {

@@ -18,7 +18,8 @@ namespace sciattn::cuda {
 // for the base's rounding.
 template <int kHeadDim>
 struct EvoformerWgmmaSmem {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128,
+                "swizzled rows (cuda/wgmma.cuh): head dim 32, 64 or 128");
   static constexpr uint32_t kTileBytes = kWgmmaRows * kHeadDim * 2;
   static constexpr uint32_t kQ = 0, kK = kTileBytes, kV = 3 * kTileBytes;
   static constexpr uint32_t kFwdBytes = 5 * kTileBytes;
@@ -28,15 +29,22 @@ struct EvoformerWgmmaSmem {
   // The dbias2 kernel (kDbias2Groups warpgroups of 64 query rows over one 64-key block): per
   // stage, each warpgroup's Q and dO tiles, then K and V (tile x of stage st at
   // (kDbias2Tiles st + x) kTileBytes: Q of group w at x = w, dO at kDbias2Groups + w, K and V
-  // after), then lse[stages][rows], delta[stages][rows] and bias1_log2[2][64]. Three stages at
-  // head dim 64 (144 KB), two at 128 (128 KB): one CTA per SM.
+  // after), then lse[stages][rows], delta[stages][rows], bias1_log2[2][64] and (head dim 32) the
+  // bias2 cells. Three stages at
+  // head dims 32 (72 KB: two CTAs per SM) and 64 (144 KB), two at 128 (128 KB): one CTA per SM.
   static constexpr int kDbias2Groups = kHeadDim <= 64 ? 2 : 1;
   static constexpr int kDbias2Rows = kDbias2Groups * kWgmmaRows;
   static constexpr int kDbias2Tiles = 2 * kDbias2Groups + 2;
   static constexpr int kDbias2Stages = kHeadDim <= 64 ? 3 : 2;
   static constexpr uint32_t kDbias2Stats = kDbias2Stages * kDbias2Tiles * kTileBytes;
-  static constexpr uint32_t kDbias2Bytes =
+  // With two CTAs per SM (head dim 32: 128 registers a thread) each thread's 32 cells of bias2
+  // wait in shared memory ([j][e][thread] fp32, 32 KB) instead of registers.
+  static constexpr bool kDbias2CellsInRegisters = kHeadDim > 32;
+  static constexpr uint32_t kDbias2Cells =
       kDbias2Stats + (2 * kDbias2Stages * kDbias2Rows + 2 * kWgmmaRows) * sizeof(float);
+  static constexpr uint32_t kDbias2Bytes =
+      kDbias2Cells +
+      (kDbias2CellsInRegisters ? 0 : 32 * kDbias2Groups * kWgmmaThreads * sizeof(float));
 };
 
 // Rows [row0, row0 + 64) of a slice (the host's wgmma_tiles: 16-byte aligned rows of exactly
