@@ -97,6 +97,25 @@ struct SwizzledTileCopier {
   }
 };
 
+// One thread's share of a stream of equally shaped tile copies (the tiles a CTA's loop copies one
+// after another), worked out once: tile t's copies are kCopies 16-byte chunks from
+// src + t * advance + i * step (global memory) to dst + i * kDstStep from the tile's shared
+// base, each an add and a cp.async (no per-tile address arithmetic from the CTA's coordinates).
+template <int kCopies, int kDstStep>
+struct ChunkStream {
+  const char* src;  // this thread's first chunk of tile 0
+  int32_t step;     // bytes between this thread's chunks of a tile
+  int32_t advance;  // bytes from one tile to the next
+  uint32_t dst;     // this thread's first chunk in a tile
+
+  __device__ __forceinline__ void copy(uint32_t tile, int64_t t) const {
+    const char* const from = src + t * advance;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i)
+      cp_async_16_to(tile + dst + i * kDstStep, from + i * step, 16);
+  }
+};
+
 // The compiler sees a wgmma's accumulators written when the instruction is issued; this empty
 // statement, placed after the wait, keeps every later read (and, before the issue, every earlier
 // write) of them on its side.
@@ -108,21 +127,20 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kTiles][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
 
-// The pipeline's step at iteration e of [.., end) (buffer buf): start iteration e + 1's copies
-// into the other buffer (freed by the barrier that ended the previous iteration), wait for this
-// iteration's, make them visible to the async proxy (wgmma reads shared memory through it) and,
-// through the barrier, to the whole warpgroup.
+// The pipeline's step at iteration e of [.., end) (buffer buf): wait for this iteration's copies
+// (the only group in flight), make them visible to the async proxy (wgmma reads shared memory
+// through it) and, through the barrier, to the whole CTA. Past the barrier every thread has also
+// finished iteration e - 1, so iteration e + 1's copies start into its buffer (buf ^ 1) right
+// away: one barrier per iteration, none at the end of the loop body.
 template <typename Index, typename Load>
 __device__ __forceinline__ void next_stage(Index e, Index end, int buf, const Load& load) {
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  __syncthreads();
   if (e + 1 < end) {
     load(e + 1, buf ^ 1);
     cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
   }
-  fence_proxy_async_shared();
-  __syncthreads();
 }
 
 // The CTA's 1024-byte aligned shared base (the swizzle pattern's period), as a shared-window

@@ -104,7 +104,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
       transposed_ds(pt, dpt, delta_of(buf), t);
     }
     wgmma_acc_tile<T, kHeadDim>(dk, pt, q_tile(buf));
-    __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
   finish_dkdv_rows<T, kHeadDim>(p, at, dk, dv, my_keys, warp, g, t);
@@ -176,7 +175,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
 #pragma unroll
       for (int x = 0; x < 4; ++x) ds[j][x] = pr[j][x] * (ds[j][x] - delta[x >> 1]);
     wgmma_acc_tile<T, kHeadDim>(dq, ds, k_tile(buf));  // dQ += dS K
-    __syncthreads();
   }
 
   finish_dq_rows<T, kHeadDim>(p, at, dq, my_rows, warp, g, t);

@@ -90,7 +90,6 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
 
     // O += P V, P (rounded to T) as the A operand straight from the score registers.
     wgmma_acc_tile<T, kHeadDim>(o_acc, s, v_tile(buf));
-    __syncthreads();  // every warp's products have read this buffer before it is refilled
   }
 
   finish_forward_rows<T, kHeadDim>(p, at, o_acc, row_max, row_sum, my_r, my_rows, warp, g, t);

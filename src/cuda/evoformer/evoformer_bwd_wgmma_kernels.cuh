@@ -21,9 +21,7 @@
 namespace sciattn::cuda {
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
-                                                 : kHeadDim <= 64 ? 3
-                                                                  : 1)
+__global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDim>)
     evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -51,8 +49,18 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
   const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
   unsigned char* const bias2_stage = smem.pointer + Smem::kBwdBytes;
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
+  // Whole query tiles through per-thread streams at head dim 32 (282 against 307 us at triangle
+  // 384); at 64 their registers spill at three CTAs per SM (151 against 141 us at
+  // [1,256,256,4,64]).
+  constexpr bool kStreamed = kHeadDim <= 32;
+  const EvoformerQueryTileStreams<kHeadDim> query_streams(p, q_src, do_src, b, bn, h, key0);
   auto load_query_tile = [&](int64_t qt, int buf) {
     const int64_t q0 = qt * kWgmmaRows;
+    if (kStreamed && query_streams.usable && q0 + kWgmmaRows <= p.len) {
+      query_streams.copy(qt, q_tile(buf), do_tile(buf), lse_of(buf), delta_of(buf),
+                         shared_address(bias2_stage + buf * bias2_stage_bytes));
+      return;
+    }
     copy_slice_swizzled<T, kHeadDim>(q_tile(buf), q_src, q0, p.len);
     copy_slice_swizzled<T, kHeadDim>(do_tile(buf), do_src, q0, p.len);
     copy_query_tile_stats_and_bias<kWgmmaThreads>(p, b, bn, h, key0, q0, q0 + kWgmmaRows <= p.len,
@@ -93,16 +101,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
     wgmma_tile_done<0>(dpt);
     evoformer_transposed_ds(pt, dpt, delta_of(buf), key_dbias1, t);
     wgmma_acc_tile<T, kHeadDim>(dk, pt, q_tile(buf));
-    __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
   evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
-                                                 : kHeadDim <= 64 ? 3
-                                                                  : 1)
+__global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>)
     evoformer_bwd_dq_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -126,8 +131,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
   unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
   const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
+  const EvoformerKeyTileStreams<kHeadDim> key_streams(p, k_src, v_src, b, n, h, q0);
   auto load_key_tile = [&](int64_t kt, int buf) {
     const int64_t k0 = kt * kWgmmaRows;
+    if (key_streams.usable && k0 + kWgmmaRows <= p.len) {
+      key_streams.copy(kt, k_tile(buf), v_tile(buf),
+                       shared_address(bias2_stage + buf * bias2_stage_bytes),
+                       shared_address(bias1_stage + buf * bias1_stage_bytes));
+      return;
+    }
     copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, k0, p.len);
     copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, k0, p.len);
     copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
@@ -202,7 +214,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
     wgmma_tile_done<0>(ds);
     evoformer_row_ds(ds, pr, delta);                   // dS = P (dP - delta)
     wgmma_acc_tile<T, kHeadDim>(dq, ds, k_tile(buf));  // dQ += dS K
-    __syncthreads();
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
                            p.grads_paired);
@@ -316,13 +327,14 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   int st = 0;  // the stage of n
   for (int64_t n = at.n_begin; n < at.n_end; ++n) {
     const int parity = static_cast<int>((n - at.n_begin) & 1);
-    // Stage st + kStages - 1 (mod kStages) was last used by n - 1, which every thread finished
-    // before the barrier that ended that iteration.
-    load_n(n + kStages - 1, st == 0 ? kStages - 1 : st - 1);
     const float bias1_next = n + 1 < at.n_end ? dbias2_bias1_log2(p, b, n + 1, k0) : 0.0f;
-    cp_async_wait<kStages - 1>();  // n's group is complete
+    cp_async_wait<kStages - 2>();  // n's group is complete (n + 1's may still run)
     fence_proxy_async_shared();
+    // Past this barrier n's tiles are visible to the whole CTA and every thread has finished
+    // n - 1, so its stage (st + kStages - 1, mod kStages) is refilled for n + kStages - 1 and
+    // bias1_of(parity ^ 1), which n - 1 read, is written below: one barrier per n.
     __syncthreads();
+    load_n(n + kStages - 1, st == 0 ? kStages - 1 : st - 1);
     float dot[8][4], dp[8][4];
     wgmma_tile_nt_issue<T, kHeadDim>(dot, tile(group, st), tile(2 * kGroups, st));  // S = Q K^T
     wgmma_tile_nt_issue<T, kHeadDim>(dp, tile(kGroups + group, st),
@@ -350,7 +362,6 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end)
       bias1_of(parity ^ 1)[threadIdx.x] = bias1_next;
     st = st + 1 == kStages ? 0 : st + 1;
-    __syncthreads();  // this stage is refilled for n + kStages
   }
 
   store_dbias2_tile(p, acc, b, h, at.chunk, q0, k0, my_row, lane % 4);

@@ -460,8 +460,11 @@ __device__ __forceinline__ float2 bias_pair_at(const void* base, int64_t offset)
     return __half22float2(
         *reinterpret_cast<const __half2*>(static_cast<const __half*>(base) + offset));
   } else if constexpr (kType == BiasType::kBF16) {
-    return __bfloat1622float2(
-        *reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + offset));
+    // A bf16 value is the top half of the float it converts to exactly: one shift or mask each
+    // (the pair intrinsic compiles to three instructions).
+    const uint32_t pair =
+        *reinterpret_cast<const uint32_t*>(static_cast<const __nv_bfloat16*>(base) + offset);
+    return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
   } else if constexpr (kType == BiasType::kBool) {
     const uint16_t m =
         *reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(base) + offset);

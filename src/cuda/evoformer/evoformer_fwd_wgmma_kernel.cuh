@@ -14,9 +14,7 @@
 namespace sciattn::cuda {
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
-                                                 : kHeadDim <= 64 ? 3
-                                                                  : 2)
+__global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim>)
     evoformer_fwd_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -45,8 +43,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
   unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
   const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
+  const EvoformerKeyTileStreams<kHeadDim> key_streams(p, k_src, v_src, b, n, h, row0);
   auto load_key_tile = [&](int64_t tile, int buf) {
     const int64_t col0 = tile * kWgmmaRows;
+    if (key_streams.usable && col0 + kWgmmaRows <= p.len) {
+      key_streams.copy(tile, k_tile(buf), v_tile(buf),
+                       shared_address(bias2_stage + buf * bias2_stage_bytes),
+                       shared_address(bias1_stage + buf * bias1_stage_bytes));
+      return;
+    }
     copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, col0, p.len);
     copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, col0, p.len);
     copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
@@ -81,7 +86,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kHeadDim <= 32   ? 4
     evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, tile * kWgmmaRows, p.len, t, row_max,
                                       row_sum, o_acc);
     wgmma_acc_tile<T, kHeadDim>(o_acc, s, v_tile(buf));  // O += P V
-    __syncthreads();  // every warp's products have read this buffer before it is refilled
   }
 
   evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t);

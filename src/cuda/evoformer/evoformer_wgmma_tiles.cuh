@@ -47,6 +47,16 @@ struct EvoformerWgmmaSmem {
       (kDbias2CellsInRegisters ? 0 : 32 * kDbias2Groups * kWgmmaThreads * sizeof(float));
 };
 
+// CTAs per SM the forward, dQ and dK/dV kernels are compiled for (their shared memory allows as
+// many). At head dim 32 the dK/dV kernel runs three (168 registers a thread: 281 against 325 us
+// with four, whose 128 registers spilled, at triangle 384; docs/perf v19).
+template <int kHeadDim>
+constexpr int kEvoformerWgmmaFwdCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 : 2);
+template <int kHeadDim>
+constexpr int kEvoformerWgmmaDqCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 : 1);
+template <int kHeadDim>
+constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
+
 // Rows [row0, row0 + 64) of a slice (the host's wgmma_tiles: 16-byte aligned rows of exactly
 // kHeadDim elements, offsets below 2^31) into the swizzled tile at `tile`; rows at or past L are
 // zero-filled. `thread`: as copy_tile_swizzled's.
@@ -58,5 +68,129 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
   copy_tile_swizzled<kHeadDim>(tile, static_cast<const char*>(src.base) + row0 * row_bytes,
                                row_bytes, len - row0, thread);
 }
+
+// The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
+// (16-bit, the host's wgmma_tiles) into the swizzled tile layout: tile t is rows [64 t, 64 t + 64).
+template <int kHeadDim>
+struct SliceTileStream {
+  static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  using Stream = ChunkStream<kWgmmaRows / kRowStep, kRowStep * kSwizzleBytes<kHeadDim>>;
+  __device__ __forceinline__ static Stream of(const SliceSource& src) {
+    const int c = static_cast<int>(threadIdx.x) % kChunks,
+              r = static_cast<int>(threadIdx.x) / kChunks;
+    const int32_t row_bytes = static_cast<int32_t>(src.row_stride * 2);
+    return {static_cast<const char*>(src.base) + (r * row_bytes + c * 16), kRowStep * row_bytes,
+            kWgmmaRows * row_bytes,
+            swizzled_chunk_offset<kWgmmaRows, kSwizzleBytes<kHeadDim>>(r, c)};
+  }
+};
+
+// A 16-bit bias staged whole (a tile of 64 rows x 64 columns in the stage layout of
+// bias_stage_pitch: 144-byte rows): thread x copies chunk x % 8 of rows x / 8 + 16 i.
+using BiasTileStream = ChunkStream<4, 16 * (64 * 2 + 16)>;
+__device__ __forceinline__ bool bias_streamed(BiasType type, int staged) {
+  return type == BiasType::kNone ||
+         ((type == BiasType::kBF16 || type == BiasType::kF16) && staged != 0);
+}
+// Element (0, 0) of tile 0 at `tile0` (a 16-bit bias's rows `row_stride` elements apart, the
+// host's bias2_lean: 16 rows' bytes fit 32 bits), tiles `advance` bytes apart.
+__device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, int64_t row_stride,
+                                                           int32_t advance) {
+  const int x = static_cast<int>(threadIdx.x);
+  const int32_t row_bytes = static_cast<int32_t>(row_stride * 2);
+  return {tile0 + (x / 8) * row_bytes + (x % 8) * 16, 16 * row_bytes, advance,
+          static_cast<uint32_t>((x / 8) * (64 * 2 + 16) + (x % 8) * 16)};
+}
+
+// The copies of whole key tiles in the forward and dQ wgmma kernels (K and V rows [64 t, 64 t +
+// 64), and the 16-bit staged biases' columns of them), this thread's addresses worked out once per
+// CTA. `usable`: whole key tiles may take them (the CTA's 64 query rows, bias2's rows, inside L;
+// each bias absent, or 16-bit, staged and, bias2, lean); a partial last key tile and other biases
+// take the generic copies (copy_slice_swizzled, copy_key_tile_biases).
+template <int kHeadDim>
+struct EvoformerKeyTileStreams {
+  typename SliceTileStream<kHeadDim>::Stream k, v;
+  BiasTileStream bias2;
+  ChunkStream<1, 0> bias1;  // the 64 keys' 128 bytes: threads 0..7
+  bool usable, has_bias2, has_bias1;
+
+  __device__ __forceinline__ EvoformerKeyTileStreams(const EvoformerDeviceParams& p,
+                                                     const SliceSource& k_src,
+                                                     const SliceSource& v_src, int64_t b, int64_t n,
+                                                     int64_t h, int64_t row0)
+      : k(SliceTileStream<kHeadDim>::of(k_src)),
+        v(SliceTileStream<kHeadDim>::of(v_src)),
+        bias2{},
+        bias1{},
+        has_bias2(p.bias2_type != BiasType::kNone),
+        has_bias1(p.bias1_type != BiasType::kNone) {
+    usable = row0 + kWgmmaRows <= p.len && bias_streamed(p.bias2_type, p.bias2_lean) &&
+             bias_streamed(p.bias1_type, p.bias1_staged);
+    if (has_bias2) {
+      bias2 = bias_tile_stream(
+          static_cast<const char*>(p.bias2) +
+              (b * p.bias2_stride[0] + h * p.bias2_stride[1] + row0 * p.bias2_stride[2]) * 2,
+          p.bias2_stride[2], kWgmmaRows * 2);
+    }
+    if (has_bias1) {
+      bias1 = {static_cast<const char*>(p.bias1) +
+                   (b * p.bias1_stride[0] + n * p.bias1_stride[1]) * 2 + threadIdx.x * 16,
+               0, kWgmmaRows * 2, threadIdx.x * 16};
+    }
+  }
+
+  // Starts key tile t's copies (shared-window addresses of its K and V tiles and bias stages).
+  __device__ __forceinline__ void copy(int64_t t, uint32_t k_tile, uint32_t v_tile,
+                                       uint32_t bias2_stage, uint32_t bias1_stage) const {
+    k.copy(k_tile, t);
+    v.copy(v_tile, t);
+    if (has_bias2) bias2.copy(bias2_stage, t);
+    if (has_bias1 && threadIdx.x < 8) bias1.copy(bias1_stage, t);
+  }
+};
+
+// The same for the dK/dV wgmma kernel's whole query tiles: Q and dO rows [64 t, 64 t + 64), their
+// lse and delta (threads 0..63, one row each), and bias2's tile [those queries][the CTA's 64
+// keys]. `usable`: the CTA's key block inside L and bias2 absent or 16-bit, staged and lean.
+template <int kHeadDim>
+struct EvoformerQueryTileStreams {
+  typename SliceTileStream<kHeadDim>::Stream q, dout;
+  BiasTileStream bias2;
+  const float* lse;  // row threadIdx.x of tile 0 (threads 0..63)
+  const float* delta;
+  int64_t lse_advance;  // elements from a tile's lse row to the next tile's
+  bool usable, has_bias2;
+
+  __device__ __forceinline__ EvoformerQueryTileStreams(const EvoformerDeviceParams& p,
+                                                       const SliceSource& q_src,
+                                                       const SliceSource& do_src, int64_t b,
+                                                       int64_t bn, int64_t h, int64_t key0)
+      : q(SliceTileStream<kHeadDim>::of(q_src)),
+        dout(SliceTileStream<kHeadDim>::of(do_src)),
+        bias2{},
+        lse(p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + threadIdx.x * p.lse_stride[2]),
+        delta(p.delta + (bn * p.heads + h) * p.len + threadIdx.x),
+        lse_advance(kWgmmaRows * p.lse_stride[2]),
+        has_bias2(p.bias2_type != BiasType::kNone) {
+    usable = key0 + kWgmmaRows <= p.len && bias_streamed(p.bias2_type, p.bias2_lean);
+    if (has_bias2) {
+      bias2 = bias_tile_stream(static_cast<const char*>(p.bias2) +
+                                   (b * p.bias2_stride[0] + h * p.bias2_stride[1] + key0) * 2,
+                               p.bias2_stride[2],
+                               static_cast<int32_t>(kWgmmaRows * p.bias2_stride[2] * 2));
+    }
+  }
+
+  __device__ __forceinline__ void copy(int64_t t, uint32_t q_tile, uint32_t do_tile, float* lse_dst,
+                                       float* delta_dst, uint32_t bias2_stage) const {
+    q.copy(q_tile, t);
+    dout.copy(do_tile, t);
+    if (threadIdx.x < kWgmmaRows) {
+      cp_async_4(lse_dst + threadIdx.x, lse + t * lse_advance, 4);
+      cp_async_4(delta_dst + threadIdx.x, delta + t * kWgmmaRows, 4);
+    }
+    if (has_bias2) bias2.copy(bias2_stage, t);
+  }
+};
 
 }  // namespace sciattn::cuda
