@@ -75,10 +75,50 @@ void append_line_entries(const std::vector<int64_t>& units, std::vector<int64_t>
   }
 }
 
+// The entries of one packed line (blocks below the tile size): the line's n <= 4 block rows (or
+// columns) list their blocks ascending in list[begin[i] .. end[i]); a merge of the n lists gives
+// the units (layout blocks) in ascending order, each with the bits of the lines' own blocks that
+// use it, taken `sub` at a time into entries as append_line_entries does (the last padded with
+// -1). One pass, no per-unit table and no sort.
+template <typename SlotBits>
+void append_merged_line_entries(const std::vector<int64_t>& list, int64_t* begin,
+                                const int64_t* end, int64_t n, int64_t sub,
+                                const SlotBits& slot_bits, std::vector<int64_t>* slots,
+                                std::vector<int64_t>* masks) {
+  int64_t k = 0, mask = 0;
+  for (;;) {
+    int64_t unit = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (begin[i] < end[i]) {
+        const int64_t y = list[static_cast<size_t>(begin[i])];
+        if (unit < 0 || y < unit) unit = y;
+      }
+    }
+    if (unit < 0) break;
+    int64_t bits = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (begin[i] < end[i] && list[static_cast<size_t>(begin[i])] == unit) {
+        bits |= int64_t{1} << i;
+        ++begin[i];
+      }
+    }
+    slots->push_back(unit);
+    mask |= slot_bits(k, bits);
+    if (++k == sub) {
+      masks->push_back(mask);
+      k = mask = 0;
+    }
+  }
+  if (k > 0) {
+    for (; k < sub; ++k) slots->push_back(-1);
+    masks->push_back(mask);
+  }
+}
+
 // The row and column lists of `t` (whose geometry is set) for a layout block other than the
 // tile. Below the tile size the units are layout blocks and each line packs the units its blocks
-// use (append_line_entries); above it the units are tiles, each block spanning span x span of
-// them, one entry per tile.
+// use (append_merged_line_entries); above it the units are tiles, each block spanning span x span
+// of them, one entry per tile (append_line_entries).
 void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionTiles* out) {
   constexpr int64_t kTile = SparseAttentionTiles::kTile;
   SparseAttentionTiles& t = *out;
@@ -91,34 +131,40 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
   // above it), packed into entries. slot_bits(k, bits) places a unit's own bits in the mask.
   auto build = [&](bool rows, auto slot_bits, std::vector<int64_t>* offsets,
                    std::vector<int64_t>* slots, std::vector<int64_t>* masks) {
-    std::vector<int64_t> unit_bits(static_cast<size_t>(units), 0);
+    std::vector<int64_t> unit_bits(packed ? 0 : static_cast<size_t>(units), 0);
     std::vector<int64_t> touched;
     offsets->assign(static_cast<size_t>(G * nt + 1), 0);
     // At most one entry per layout block (each entry holds at least one), span^2 above the tile.
     const auto most = static_cast<size_t>(ix.stored_nnz() * span * span);
     masks->reserve(most);
     slots->reserve(most * static_cast<size_t>(sub));
+    const std::vector<int64_t>& list = rows ? ix.col : ix.col_rows;
     for (int64_t h = 0; h < G; ++h) {
       for (int64_t line = 0; line < nt; ++line) {
+        if (packed) {  // the line's block rows (or columns) line * sub .. , merged
+          const int64_t first = line * sub, n = std::min(R, first + sub) - first;
+          int64_t begin[4], end[4];  // sub <= 4 (blocks of 16 or 32)
+          for (int64_t i = 0; i < n; ++i) {
+            begin[i] = rows ? ix.row_begin(h, first + i) : ix.col_begin(h, first + i);
+            end[i] = rows ? ix.row_end(h, first + i) : ix.col_end(h, first + i);
+          }
+          append_merged_line_entries(list, begin, end, n, sub, slot_bits, slots, masks);
+          (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
+          continue;
+        }
+        // Above the tile size: the one block row (or column) covering the line, whose blocks
+        // come out ascending, each spanning `span` tiles.
         touched.clear();
-        // The line's own block rows (or columns): those it holds, or the one covering it.
-        const int64_t first = packed ? line * sub : line / span;
-        const int64_t last = packed ? std::min(R, (line + 1) * sub) : first + 1;
-        for (int64_t x = first; x < last; ++x) {
-          const int64_t begin = rows ? ix.row_begin(h, x) : ix.col_begin(h, x);
-          const int64_t end = rows ? ix.row_end(h, x) : ix.col_end(h, x);
-          for (int64_t q = begin; q < end; ++q) {
-            const int64_t y = (rows ? ix.col : ix.col_rows)[static_cast<size_t>(q)];
-            const int64_t u0 = packed ? y : y * span, u1 = packed ? y + 1 : (y + 1) * span;
-            for (int64_t u = u0; u < u1; ++u) {
-              int64_t& bits = unit_bits[static_cast<size_t>(u)];
-              if (bits == 0) touched.push_back(u);
-              bits |= int64_t{1} << (packed ? x - first : 0);
-            }
+        const int64_t x = line / span;
+        const int64_t begin = rows ? ix.row_begin(h, x) : ix.col_begin(h, x);
+        const int64_t end = rows ? ix.row_end(h, x) : ix.col_end(h, x);
+        for (int64_t q = begin; q < end; ++q) {
+          const int64_t y = list[static_cast<size_t>(q)];
+          for (int64_t u = y * span; u < (y + 1) * span; ++u) {
+            unit_bits[static_cast<size_t>(u)] = 1;
+            touched.push_back(u);
           }
         }
-        // One block row's (or column's) units come out ascending already; several interleave.
-        if (last - first > 1) std::sort(touched.begin(), touched.end());
         append_line_entries(touched, &unit_bits, sub, slot_bits, slots, masks);
         (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
       }
