@@ -1,6 +1,7 @@
 // The 64-row tile machinery that the attention kernels on Hopper's warpgroup MMA share (the
 // block-sparse and the Evoformer wgmma kernels): copying rows into the swizzled tile layout of
-// cuda/wgmma.cuh, the double-buffer step, the CTA's 1024-byte aligned shared base, and the two
+// cuda/wgmma.cuh (per call, per moving slice, or as a per-thread stream of tiles), the
+// double-buffer step, the CTA's 1024-byte aligned shared base, and the two
 // tile products every attention kernel is made of, S-like (A B^T, both operands in shared memory)
 // and O-like (X B, X the fp32 accumulators of an S-like product, rounded to T). One CTA is one
 // warpgroup of four warps; warp w owns rows 16w..16w+15 of every 64-row accumulator, in the

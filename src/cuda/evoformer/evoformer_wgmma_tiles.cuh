@@ -1,6 +1,8 @@
 // What the Evoformer kernels on Hopper's warpgroup MMA (evoformer_fwd_wgmma_kernel.cuh,
-// evoformer_bwd_wgmma_kernels.cuh) share: their shared-memory layout and the copy of 64 rows of a
-// [B, N, L, H, D] slice into a swizzled tile. CUDA layer.
+// evoformer_bwd_wgmma_kernels.cuh) share: their shared-memory layout, the CTAs per SM they are
+// compiled for, the copy of 64 rows of a [B, N, L, H, D] slice into a swizzled tile, and the
+// per-thread streams (ChunkStream) that copy whole key tiles (forward, dQ) and query tiles (dK/dV).
+// CUDA layer.
 #pragma once
 
 #include <cstdint>
