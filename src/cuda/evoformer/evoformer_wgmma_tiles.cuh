@@ -32,8 +32,8 @@ struct EvoformerWgmmaSmem {
   // stage, each warpgroup's Q and dO tiles, then K and V (tile x of stage st at
   // (kDbias2Tiles st + x) kTileBytes: Q of group w at x = w, dO at kDbias2Groups + w, K and V
   // after), then lse[stages][rows], delta[stages][rows], bias1_log2[2][64] and (head dim 32) the
-  // bias2 cells. Three stages at
-  // head dims 32 (72 KB: two CTAs per SM) and 64 (144 KB), two at 128 (128 KB): one CTA per SM.
+  // bias2 cells. Three stages at head dims 32 (72 KB of tiles, two CTAs per SM) and 64 (144 KB,
+  // one), two at 128 (128 KB, one).
   static constexpr int kDbias2Groups = kHeadDim <= 64 ? 2 : 1;
   static constexpr int kDbias2Rows = kDbias2Groups * kWgmmaRows;
   static constexpr int kDbias2Tiles = 2 * kDbias2Groups + 2;
