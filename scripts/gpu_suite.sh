@@ -128,10 +128,19 @@ if want bench && [ -x "$bin/bench_sparse_attention_cuda" ]; then
     > "$out/bench_sparse.log" 2>&1
   grep -E "^BM_" "$out/bench_sparse.log" | sed -E 's/min_time:[0-9.]+\/manual_time//' | cut -c1-170
 fi
+# The Python package with its CUDA kernels, built here unless the checkout's already has them
+# (the Evoformer comparison's package columns and the block-sparse comparison use it).
+package_with_cuda() {
+  PYTHONPATH=bindings/torch/python python3 -c \
+    'import sciattn, sys; sys.exit(0 if sciattn.built_with_cuda() else 1)' 2>/dev/null && return 0
+  scripts/build_torch_ext.sh --cuda --python python3 > "$out/torch_build.log" 2>&1 \
+    || { tail -30 "$out/torch_build.log"; return 1; }
+}
 if want compare; then
   echo "== peer comparison"
-  PYTHONUNBUFFERED=1 python3 bench/compare/evoformer.py --lib "$bin/libsciattn_capi.so" --out "$out" \
-    --dtypes "${COMPARE_DTYPES:-bfloat16,float16}" \
+  package_with_cuda || echo "(no package columns: the extension did not build)"
+  PYTHONUNBUFFERED=1 PYTHONPATH=bindings/torch/python python3 bench/compare/evoformer.py \
+    --lib "$bin/libsciattn_capi.so" --out "$out" --dtypes "${COMPARE_DTYPES:-bfloat16,float16}" \
     2>&1 | tee "$out/compare.log" | tail -40
 fi
 if want sparse; then
@@ -177,11 +186,7 @@ if want sparse_profile && [ -x "$bin/bench_sparse_attention_cuda" ]; then
 fi
 if want sparse_compare; then
   echo "== block-sparse peer comparison"
-  if ! PYTHONPATH=bindings/torch/python python3 -c \
-      'import sciattn, sys; sys.exit(0 if sciattn.built_with_cuda() else 1)' 2>/dev/null; then
-    scripts/build_torch_ext.sh --cuda --python python3 > "$out/torch_build.log" 2>&1 \
-      || { tail -30 "$out/torch_build.log"; status=1; }
-  fi
+  package_with_cuda || status=1
   # shellcheck disable=SC2086  # SPARSE_COMPARE_ARGS is a list of options
   PYTHONUNBUFFERED=1 PYTHONPATH=bindings/torch/python python3 bench/compare/block_sparse.py \
     --out "$out" ${SPARSE_COMPARE_ARGS:---quick} 2>&1 | tee "$out/sparse_compare.log" | tail -60

@@ -45,10 +45,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (MATMUL_CEILING, error_text, gpu_meta, peak_extra_bytes,  # noqa: E402
-                    raise_compile_limits, time_ms, write_json)
-
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import (MATMUL_CEILING, error_text, gpu_meta, import_sciattn,  # noqa: E402
+                    peak_extra_bytes, raise_compile_limits, time_ms, write_json)
 
 LAYOUTS = ["bigbird", "bslongformer", "fixed", "variable"]
 LENGTHS = [4096, 16384, 65536]
@@ -65,15 +63,6 @@ PERFORMANCE_MD_MS = {
     16384: {"dense_flash": 13.3, "bigbird": 4.28, "bslongformer": 3.81, "fixed": 21.0},
     65536: {"dense_flash": 209, "bigbird": 17.2, "bslongformer": 14.6, "fixed": 323},
 }
-
-
-def import_sciattn():
-    try:
-        import sciattn  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, os.path.join(_REPO, "bindings", "torch", "python"))
-        import sciattn  # noqa: F401
-    return sys.modules["sciattn"]
 
 
 def sparsity_config(sciattn, name, block, heads=None):

@@ -1,16 +1,30 @@
 """What the peer-comparison scripts share: CUDA-event timing, peak extra memory, the H200's
 measured ceilings (../../shared/PERFORMANCE.md), error text of a peer that cannot run a shape,
-torch.compile limits, and writing the JSON results. Runs on the GPU machine; importing it needs
-only torch."""
+torch.compile limits, writing the JSON results, and importing the sciattn Python package. Runs on
+the GPU machine; importing it needs only torch."""
 import json
 import os
 import statistics
+import sys
 
 import torch
 
 MATMUL_CEILING = 790e12  # FLOP/s, dense bf16/fp16 tensor-core matmul, measured (PERFORMANCE.md)
 EXP_CEILING = 3.9e12     # exp/s (MUFU), from the FlashAttention-3 paper (PERFORMANCE.md)
 COPY_CEILING = 4.3e12    # bytes/s, device-to-device copy, measured (PERFORMANCE.md)
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def import_sciattn():
+    """The sciattn package: the installed one, else the checkout's bindings/torch/python."""
+    try:
+        import sciattn  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.join(_REPO, "bindings", "torch", "python"))
+        import sciattn  # noqa: F401
+    return sys.modules["sciattn"]
 
 
 def time_ms(fn, warmup=5, reps=20):

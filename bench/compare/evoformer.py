@@ -6,7 +6,11 @@ materialised bias, and FlexAttention (torch.compile) with a score_mod bias. Deep
 kernel is not installed on the GPU machine; its times from ../../shared/PERFORMANCE.md are shown
 for reference only (measured there, not here).
 
-sciattn is called through libsciattn_capi.so (ctypes) until the Python package exists.
+sciattn is called through libsciattn_capi.so (ctypes: the C API's forward and backward, each
+call's workspace from torch's allocator; the `sciattn` columns and ratios) and, when the sciattn
+Python package with CUDA kernels is importable (scripts/build_torch_ext.sh --cuda), also as users
+call it, `sciattn.evoformer_attention` through autograd, timed exactly as the peers are (the
+`sciattn_package` columns).
 
 Usage (on the GPU machine):
   python3 bench/compare/evoformer.py --lib build/gpu/bindings/capi/libsciattn_capi.so --out results/
@@ -21,8 +25,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from common import (EXP_CEILING, MATMUL_CEILING, error_text, gpu_meta, peak_extra_bytes,
-                    raise_compile_limits, time_ms, write_json)
+from common import (EXP_CEILING, MATMUL_CEILING, error_text, gpu_meta, import_sciattn,
+                    peak_extra_bytes, raise_compile_limits, time_ms, write_json)
 
 # [B, N, L, H, D]; the last field says whether the shape has a pair bias (MSA column: mask only).
 SHAPES = [
@@ -149,7 +153,16 @@ def make_inputs(shape, has_bias2, dtype, seed):
     return q, k, v, b1, b2, dout
 
 
-def run_shape(sci, name, shape, has_bias2, dtype, seed):
+def package_attention(package):
+    """sciattn's Python package in the peers' calling convention."""
+    def attention(q, k, v, b1, b2, scale):
+        return package.evoformer_attention(q, k, v, b1, b2, scale)
+    return attention
+
+
+def run_shape(sci, package, name, shape, has_bias2, dtype, seed):
+    """One shape: `sci` the ctypes wrapper, `package` the Python package's attention (or a
+    string saying why it is not available)."""
     global _flex
     # A fresh compile per shape: FlexAttention recompiles for each new score_mod closure, and
     # past dynamo's recompile limit it silently falls back to an unfused path.
@@ -176,7 +189,12 @@ def run_shape(sci, name, shape, has_bias2, dtype, seed):
         sci.backward(q, k, v, b1, b2, o, l, dout, True)
 
     impls = {"sciattn": (sci_fwd, sci_fwd_bwd)}
-    for peer_name, peer in (("naive", naive), ("sdpa_efficient", sdpa_efficient), ("flex", flex)):
+    peers = [("naive", naive), ("sdpa_efficient", sdpa_efficient), ("flex", flex)]
+    if isinstance(package, str):
+        row["sciattn_package_error"] = package
+    else:
+        peers.insert(0, ("sciattn_package", package))
+    for peer_name, peer in peers:
         qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
         b2g = None if b2 is None else b2.detach().clone().requires_grad_(True)
 
@@ -206,8 +224,9 @@ def run_shape(sci, name, shape, has_bias2, dtype, seed):
 
 def print_table(rows):
     peers = ["naive", "sdpa_efficient", "flex"]
-    head = (f"{'shape':<20}{'dtype':<9}{'sciattn fwd':>12}{'fwd+bwd':>10}{'TFLOP/s':>9}{'%mm':>6}{'%exp':>6}"
-            + "".join(f"{p + ' f+b':>18}{'ratio':>7}" for p in peers) + f"{'sci mem':>10}{'min peer mem':>13}{'err':>9}")
+    head = (f"{'shape':<20}{'dtype':<9}{'sciattn fwd':>12}{'fwd+bwd':>10}{'pkg f+b':>9}{'TFLOP/s':>9}"
+            f"{'%mm':>6}{'%exp':>6}"
+            + "".join(f"{p + ' f+b':>20}{'ratio':>7}" for p in peers) + f"{'sci mem':>10}{'min peer mem':>13}{'err':>9}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -218,15 +237,18 @@ def print_table(rows):
             print(line)
             continue
         tflops = r["flops_fwd_bwd"] / (t * 1e-3) / 1e12
-        line += f"{r['sciattn_fwd_ms']:>12.3f}{t:>10.3f}{tflops:>9.1f}"
+        pkg = r.get("sciattn_package_fwd_bwd_ms")
+        line += f"{r['sciattn_fwd_ms']:>12.3f}{t:>10.3f}"
+        line += f"{pkg:>9.3f}" if pkg is not None else f"{'-':>9}"
+        line += f"{tflops:>9.1f}"
         line += f"{100 * tflops * 1e12 / MATMUL_CEILING:>5.1f}%{100 * r['exps_fwd_bwd'] / (t * 1e-3) / EXP_CEILING:>5.1f}%"
         mems = []
         for p in peers:
             pt = r.get(p + "_fwd_bwd_ms")
             if pt is None:
-                line += f"{'fails':>18}{'-':>7}"
+                line += f"{'fails':>20}{'-':>7}"
             else:
-                line += f"{pt:>18.3f}{pt / t:>7.2f}"
+                line += f"{pt:>20.3f}{pt / t:>7.2f}"
                 mems.append(r[p + "_peak_bytes"])
         line += f"{r['sciattn_peak_bytes'] / 2**20:>9.1f}M"
         line += f"{(min(mems) / 2**20 if mems else float('nan')):>12.1f}M{r['sciattn_rel_err']:>9.1e}"
@@ -237,7 +259,7 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    impls = ["sciattn", "naive", "sdpa_efficient", "flex"]
+    impls = ["sciattn", "sciattn_package", "naive", "sdpa_efficient", "flex"]
     labels = [f"{r['name']}\n{r['dtype']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.2), 5))
     width = 0.8 / len(impls)
@@ -265,6 +287,14 @@ def main():
         sys.exit("no CUDA device")
     raise_compile_limits()
     sci = Sciattn(args.lib)
+    try:
+        package = import_sciattn()
+        package = (package_attention(package) if package.built_with_cuda()
+                   else "the sciattn package has no CUDA kernels (scripts/build_torch_ext.sh --cuda)")
+    except Exception as e:  # not built here
+        package = f"the sciattn package is not importable: {error_text(e)}"
+    if isinstance(package, str):
+        print(f"warning: {package}; its columns stay empty", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
     rows = []
     wanted = [s for s in args.shapes.split(",") if s]
@@ -273,7 +303,7 @@ def main():
         for i, (name, shape, has_bias2) in enumerate(SHAPES):
             if wanted and name not in wanted:
                 continue
-            rows.append(run_shape(sci, name, shape, has_bias2, dtype, seed=1234 + i))
+            rows.append(run_shape(sci, package, name, shape, has_bias2, dtype, seed=1234 + i))
             print(f"done {name} {dtype_name}", file=sys.stderr, flush=True)
     print_table(rows)
     meta = dict(gpu_meta(), ds4sci_ms_from_performance_md=DS4SCI_MS)
