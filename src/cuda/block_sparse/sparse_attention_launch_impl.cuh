@@ -7,6 +7,7 @@
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
+#include "cuda/kernel_smem_config.h"
 
 namespace sciattn::cuda {
 
@@ -16,11 +17,9 @@ template <typename Kernel, typename... Args>
 cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cudaStream_t stream,
                              const Args&... args) {
   if (ctas == 0) return cudaSuccess;
-  if (smem_bytes > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem_bytes));
-    if (e != cudaSuccess) return e;
-  }
+  const cudaError_t e =
+      configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem_bytes, false);
+  if (e != cudaSuccess) return e;
   kernel<<<static_cast<unsigned>(ctas), SparseTile::kThreads, smem_bytes, stream>>>(args...);
   return cudaGetLastError();
 }

@@ -6,6 +6,7 @@
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_fwd_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_launch.h"
+#include "cuda/kernel_smem_config.h"
 
 namespace sciattn::cuda {
 
@@ -17,14 +18,9 @@ template <typename Kernel>
 cudaError_t launch_1d(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
                       const EvoformerDeviceParams& p, cudaStream_t stream) {
   if (ctas == 0) return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared);
+  const cudaError_t e =
+      configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem_bytes, true);
   if (e != cudaSuccess) return e;
-  if (smem_bytes > 48 * 1024) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem_bytes));
-    if (e != cudaSuccess) return e;
-  }
   kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -57,41 +53,39 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
                    stream);
 }
 
+// The warpgroup backward: dQ first (it also computes delta, which dK/dV and dbias2 read), then
+// dK/dV, then dbias2 when asked for.
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  const size_t smem = Smem::kBwdBytes + 1024 + bias_stage_smem(p, EvoformerBwdTile::kBlock);
+  cudaError_t e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
+                            kWgmmaThreads, smem, p, stream);
+  if (e != cudaSuccess) return e;
+  e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p), kWgmmaThreads,
+                smem, p, stream);
+  if (e != cudaSuccess || p.dbias2 == nullptr) return e;
+  return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
+                   kWgmmaThreads * Smem::kDbias2Groups, Smem::kDbias2Bytes + 1024, p, stream);
+}
+
+// The backward: the warpgroup kernels where the host chose them (wgmma_tiles), else delta, then
+// the mma.sync dK/dV, dQ and (when asked for) dbias2 kernels.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  const size_t bias_smem = bias_stage_smem(p, EvoformerBwdTile::kBlock);
-  cudaError_t e = cudaSuccess;
-  bool wgmma = false;
   if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
-    wgmma = p.wgmma_tiles != 0;
-    if (wgmma) {
-      // dQ first: it computes delta, which dK/dV and dbias2 read.
-      const size_t smem = EvoformerWgmmaSmem<kHeadDim>::kBwdBytes + 1024 + bias_smem;
-      e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p), kWgmmaThreads,
-                    smem, p, stream);
-      if (e != cudaSuccess) return e;
-      e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                    kWgmmaThreads, smem, p, stream);
-    }
+    if (p.wgmma_tiles) return launch_evoformer_backward_wgmma<T, kHeadDim>(p, stream);
   }
-  if (!wgmma) {
-    e = launch_evoformer_backward_delta<T>(p, stream);
-    if (e != cudaSuccess) return e;
-    const size_t smem = sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_smem;
-    e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                  EvoformerBwdTile::kThreads, smem, p, stream);
-    if (e != cudaSuccess) return e;
-    e = launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
-                  EvoformerBwdTile::kThreads, smem, p, stream);
-  }
+  cudaError_t e = launch_evoformer_backward_delta<T>(p, stream);
+  if (e != cudaSuccess) return e;
+  const size_t smem =
+      sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_stage_smem(p, EvoformerBwdTile::kBlock);
+  e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
+                EvoformerBwdTile::kThreads, smem, p, stream);
+  if (e != cudaSuccess) return e;
+  e = launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
+                EvoformerBwdTile::kThreads, smem, p, stream);
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
-  if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
-    if (wgmma) {
-      using Smem = EvoformerWgmmaSmem<kHeadDim>;
-      return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
-                       kWgmmaThreads * Smem::kDbias2Groups, Smem::kDbias2Bytes + 1024, p, stream);
-    }
-  }
   return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
                    EvoformerDbias2Tile<kHeadDim>::kThreads,
                    sizeof(EvoformerDbias2Smem<T, kHeadDim>), p, stream);
