@@ -114,8 +114,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
   const uint32_t q_tile = smem.address + Smem::kA, do_tile = smem.address + Smem::kB;
-  const auto k_tile = [&](int buf) { return smem.address + Smem::kC + buf * Smem::kTileBytes; };
-  const auto v_tile = [&](int buf) { return smem.address + Smem::kD + buf * Smem::kTileBytes; };
 
   const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
   const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
@@ -125,27 +123,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
   const int64_t k_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
-  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  unsigned char* const bias2_stage = smem.pointer + Smem::kBwdBytes;
-  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
-  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
-  const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
-  const EvoformerKeyTileStreams<kHeadDim> key_streams(p, k_src, v_src, b, n, h, q0);
-  auto load_key_tile = [&](int64_t kt, int buf) {
-    const int64_t k0 = kt * kWgmmaRows;
-    if (key_streams.usable && k0 + kWgmmaRows <= p.len) {
-      key_streams.copy(kt, k_tile(buf), v_tile(buf),
-                       shared_address(bias2_stage + buf * bias2_stage_bytes),
-                       shared_address(bias1_stage + buf * bias1_stage_bytes));
-      return;
-    }
-    copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, k0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, k0, p.len);
-    copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
-        p, b, n, h, q0, k0, k0 + kWgmmaRows <= p.len, bias2_stage + buf * bias2_stage_bytes,
-        bias1_stage + buf * bias1_stage_bytes);
-  };
+  const EvoformerKeyTileLoader<T, kHeadDim> keys(p, b, n, h, q0, smem.address + Smem::kC,
+                                                 smem.address + Smem::kD,
+                                                 smem.pointer + Smem::kBwdBytes);
+  auto load_key_tile = [&](int64_t kt, int buf) { keys.load(p, kt, buf); };
   copy_slice_swizzled<T, kHeadDim>(q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
                                    q0, p.len);
   copy_slice_swizzled<T, kHeadDim>(
@@ -202,18 +183,18 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
     // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
     // S while dP runs.
     float dots[8][4], ds[8][4];
-    wgmma_tile_nt_issue<T, kHeadDim>(dots, q_tile, k_tile(buf));
-    wgmma_tile_nt_issue<T, kHeadDim>(ds, do_tile, v_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(dots, q_tile, keys.k_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(ds, do_tile, keys.v_tile(buf));
     float pr[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
-    add_staged_biases(pr, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
-                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16, lane);
+    add_staged_biases(pr, keys.bias1_stage(buf), p.bias1_type, keys.bias2_stage(buf), p.bias2_type,
+                      warp * 16, lane);
     wgmma_tile_done<1>(dots);
     evoformer_row_probabilities(pr, dots, scale_log2, lse_log2, kt * kWgmmaRows, p.len, t);
     wgmma_tile_done<0>(ds);
-    evoformer_row_ds(ds, pr, delta);                   // dS = P (dP - delta)
-    wgmma_acc_tile<T, kHeadDim>(dq, ds, k_tile(buf));  // dQ += dS K
+    evoformer_row_ds(ds, pr, delta);                        // dS = P (dP - delta)
+    wgmma_acc_tile<T, kHeadDim>(dq, ds, keys.k_tile(buf));  // dQ += dS K
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
                            p.grads_paired);

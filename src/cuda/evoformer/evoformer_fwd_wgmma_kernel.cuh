@@ -25,9 +25,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
   const uint32_t q_tile = smem.address + Smem::kQ;
-  // Buffer `buf` of K and V (arithmetic, not an array a runtime index would put on the stack).
-  const auto k_tile = [&](int buf) { return smem.address + Smem::kK + buf * Smem::kTileBytes; };
-  const auto v_tile = [&](int buf) { return smem.address + Smem::kV + buf * Smem::kTileBytes; };
 
   const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
   const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
@@ -37,27 +34,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   const int64_t my_rows[2] = {row0 + warp * 16 + lane / 4, row0 + warp * 16 + lane / 4 + 8};
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
-  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  unsigned char* const bias2_stage = smem.pointer + Smem::kFwdBytes;
-  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
-  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
-  const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
-  const EvoformerKeyTileStreams<kHeadDim> key_streams(p, k_src, v_src, b, n, h, row0);
-  auto load_key_tile = [&](int64_t tile, int buf) {
-    const int64_t col0 = tile * kWgmmaRows;
-    if (key_streams.usable && col0 + kWgmmaRows <= p.len) {
-      key_streams.copy(tile, k_tile(buf), v_tile(buf),
-                       shared_address(bias2_stage + buf * bias2_stage_bytes),
-                       shared_address(bias1_stage + buf * bias1_stage_bytes));
-      return;
-    }
-    copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, col0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, col0, p.len);
-    copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
-        p, b, n, h, row0, col0, col0 + kWgmmaRows <= p.len, bias2_stage + buf * bias2_stage_bytes,
-        bias1_stage + buf * bias1_stage_bytes);
-  };
+  const EvoformerKeyTileLoader<T, kHeadDim> keys(p, b, n, h, row0, smem.address + Smem::kK,
+                                                 smem.address + Smem::kV,
+                                                 smem.pointer + Smem::kFwdBytes);
+  auto load_key_tile = [&](int64_t tile, int buf) { keys.load(p, tile, buf); };
 
   copy_slice_swizzled<T, kHeadDim>(q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
                                    row0, p.len);
@@ -76,16 +56,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     next_stage(tile, tiles, buf, load_key_tile);
     // S = Q K^T runs while the tile's biases are read from their stages.
     float dot[8][4];
-    wgmma_tile_nt_issue<T, kHeadDim>(dot, q_tile, k_tile(buf));
+    wgmma_tile_nt_issue<T, kHeadDim>(dot, q_tile, keys.k_tile(buf));
     float s[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    add_staged_biases(s, bias1_stage + buf * bias1_stage_bytes, p.bias1_type,
-                      bias2_stage + buf * bias2_stage_bytes, p.bias2_type, warp * 16, lane);
+    add_staged_biases(s, keys.bias1_stage(buf), p.bias1_type, keys.bias2_stage(buf), p.bias2_type,
+                      warp * 16, lane);
     wgmma_tile_done<0>(dot);
     evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, tile * kWgmmaRows, p.len, t, row_max,
                                       row_sum, o_acc);
-    wgmma_acc_tile<T, kHeadDim>(o_acc, s, v_tile(buf));  // O += P V
+    wgmma_acc_tile<T, kHeadDim>(o_acc, s, keys.v_tile(buf));  // O += P V
   }
 
   evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t);

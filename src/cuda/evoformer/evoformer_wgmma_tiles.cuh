@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/evoformer/evoformer_tile_copies.cuh"
 #include "cuda/wgmma_tiles.cuh"
 
 namespace sciattn::cuda {
@@ -148,6 +149,70 @@ struct EvoformerKeyTileStreams {
     v.copy(v_tile, t);
     if (has_bias2) bias2.copy(bias2_stage, t);
     if (has_bias1 && threadIdx.x < 8) bias1.copy(bias1_stage, t);
+  }
+};
+
+// The forward's and dQ's key-tile copies: K and V rows [64 t, 64 t + 64) of the (b, n, h) slice
+// into the double-buffered swizzled tiles (buffer `buf` at k_tiles / v_tiles + buf * kTileBytes)
+// and the tile's columns of the biases into their stages (bias2's rows row0 .. row0 + 63), whole
+// tiles through EvoformerKeyTileStreams, a partial last tile and other biases through the
+// generic copies. In the caller's cp.async group.
+template <typename T, int kHeadDim>
+struct EvoformerKeyTileLoader {
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  SliceSource k_src, v_src;
+  uint32_t k_tiles, v_tiles;
+  unsigned char* bias2_stages;
+  unsigned char* bias1_stages;
+  int bias2_stage_bytes, bias1_stage_bytes;
+  int64_t b, n, h, row0;
+  EvoformerKeyTileStreams<kHeadDim> streams;
+
+  // The bias stages start at `bias_stages` (bias2's two, then bias1's two).
+  __device__ __forceinline__ EvoformerKeyTileLoader(const EvoformerDeviceParams& p, int64_t b_,
+                                                    int64_t n_, int64_t h_, int64_t row0_,
+                                                    uint32_t k_tiles_, uint32_t v_tiles_,
+                                                    unsigned char* bias_stages)
+      : k_src(slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b_, n_, h_)),
+        v_src(slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b_, n_, h_)),
+        k_tiles(k_tiles_),
+        v_tiles(v_tiles_),
+        bias2_stages(bias_stages),
+        bias1_stages(bias_stages + 2 * bias_stage_bytes(p.bias2_type, kWgmmaRows)),
+        bias2_stage_bytes(bias_stage_bytes(p.bias2_type, kWgmmaRows)),
+        bias1_stage_bytes(bias_stage_bytes(p.bias1_type, 1)),
+        b(b_),
+        n(n_),
+        h(h_),
+        row0(row0_),
+        streams(p, k_src, v_src, b_, n_, h_, row0_) {}
+
+  __device__ __forceinline__ uint32_t k_tile(int buf) const {
+    return k_tiles + buf * Smem::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t v_tile(int buf) const {
+    return v_tiles + buf * Smem::kTileBytes;
+  }
+  __device__ __forceinline__ unsigned char* bias2_stage(int buf) const {
+    return bias2_stages + buf * bias2_stage_bytes;
+  }
+  __device__ __forceinline__ unsigned char* bias1_stage(int buf) const {
+    return bias1_stages + buf * bias1_stage_bytes;
+  }
+
+  // Starts key tile `tile`'s copies into buffer `buf`.
+  __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t tile,
+                                       int buf) const {
+    const int64_t col0 = tile * kWgmmaRows;
+    if (streams.usable && col0 + kWgmmaRows <= p.len) {
+      streams.copy(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
+                   shared_address(bias1_stage(buf)));
+      return;
+    }
+    copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, col0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, col0, p.len);
+    copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
+        p, b, n, h, row0, col0, col0 + kWgmmaRows <= p.len, bias2_stage(buf), bias1_stage(buf));
   }
 };
 
