@@ -50,6 +50,7 @@ def main():
         out, lse = ops.evoformer_fwd(q, k, v, b1, b2, scale, 0)
         out_g = sciattn.evoformer_attention(qg, kg, vg, b1, b2g, scale)
         c_out, c_lse = sci.forward(q, k, v, b1, b2)
+        out_sdpa = E.sdpa_efficient(qg, kg, vg, b1, b2g, scale)  # a peer's graph, for comparison
         pieces = {
             "fwd op": lambda: ops.evoformer_fwd(q, k, v, b1, b2, scale, 0),
             "bwd op": lambda: ops.evoformer_bwd(dout, q, k, v, b1, b2, out, lse, scale, False,
@@ -57,6 +58,8 @@ def main():
             "package fwd (autograd)": lambda: sciattn.evoformer_attention(qg, kg, vg, b1, b2g,
                                                                           scale),
             "autograd.grad": lambda: torch.autograd.grad(out_g, leaves, dout, retain_graph=True),
+            "SDPA's autograd.grad": lambda: torch.autograd.grad(out_sdpa, leaves, dout,
+                                                                retain_graph=True),
             "ctypes fwd": lambda: sci.forward(q, k, v, b1, b2),
             "ctypes bwd": lambda: sci.backward(q, k, v, b1, b2, c_out, c_lse, dout, True),
             "5 tiny kernels": lambda: [q.add_(0) for _ in range(5)],
