@@ -2,6 +2,7 @@
 measured ceilings (../../shared/PERFORMANCE.md), error text of a peer that cannot run a shape,
 torch.compile limits, writing the JSON results, and importing the sciattn Python package. Runs on
 the GPU machine; importing it needs only torch."""
+import gc
 import json
 import os
 import statistics
@@ -44,7 +45,13 @@ def time_ms(fn, warmup=5, reps=20):
 
 
 def peak_extra_bytes(fn):
-    """The most memory fn() holds above what was allocated before it (torch's allocator)."""
+    """The most memory fn() holds above what was allocated before it (torch's allocator).
+
+    Garbage from earlier calls (tensors in reference cycles, e.g. through a compiled peer's
+    closures) is collected first: left in the baseline and freed by a collection during fn(), it
+    would be subtracted from fn()'s own need (FlexAttention read 34.5 MB at triangle 256 once,
+    below its own outputs and gradients, docs/perf/evoformer_cuda.md v20)."""
+    gc.collect()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
