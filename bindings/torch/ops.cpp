@@ -125,7 +125,8 @@ void run_op(const Params& p, const at::Tensor& like, const char* op) {
   std::string why;
   check_status(can_implement(p, &why), op);
   const size_t bytes = workspace_size(p);
-  at::Tensor ws = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  at::Tensor ws;  // none when the call needs none (the CUDA forward): an allocation less
+  if (bytes > 0) ws = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
   Stream stream;
 #ifdef SCIATTN_TORCH_CUDA
   std::optional<c10::cuda::CUDAGuard> guard;
