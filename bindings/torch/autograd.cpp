@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace sciattn::torch_ext {
@@ -43,6 +44,39 @@ bool needs_grad(const AutogradContext* ctx, const char* key) {
 
 at::Tensor grad_if(bool needed, const at::Tensor& g) {
   return needed ? g : at::Tensor();
+}
+
+// A backward op's call as an autograd node of its own, used when autograd records the backward
+// (torch.autograd.grad or .backward with create_graph=True): the gradients it returns are correct,
+// and differentiating them again raises. Without it they would come from an op with no autograd
+// kernel, which torch differentiates as a constant with only a warning: a second derivative
+// silently missing. `inputs`: the tensors the gradients depend on (for autograd's edges);
+// `call` runs the op.
+class BackwardOpNode : public torch::autograd::Function<BackwardOpNode> {
+ public:
+  template <typename Call, typename... Inputs>
+  static variable_list forward(AutogradContext* ctx, const char* op, const Call& call,
+                               const Inputs&... /* autograd's edges only */) {
+    ctx->saved_data["op"] = std::string(op);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "sciattn.", ctx->saved_data["op"].toStringRef(),
+                                ": the gradients are not differentiable (no second derivative; "
+                                "create_graph=True gives correct first derivatives, but "
+                                "backpropagating through them is not supported)");
+    return {};
+  }
+};
+
+// Runs `call` (a backward op) directly, or as a BackwardOpNode when grad mode is on (the backward
+// is being recorded).
+template <typename Call, typename... Inputs>
+variable_list run_backward_op(const char* op, const Call& call, const Inputs&... inputs) {
+  if (!at::GradMode::is_enabled()) return call();
+  return BackwardOpNode::apply(op, call, inputs...);
 }
 
 // ---- Evoformer ------------------------------------------------------------------------------
@@ -93,15 +127,22 @@ class EvoformerFunction : public torch::autograd::Function<EvoformerFunction> {
     const auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; };
     const bool need_b1 = needs_grad(ctx, "bias1");
     const bool need_b2 = needs_grad(ctx, "bias2");
-    auto [dq, dk, dv, db1, db2] =
-        evoformer_bwd_op.call(dout, saved[0], saved[1], saved[2], opt(saved[3]), opt(saved[4]),
-                              saved[5], saved[6], ctx->saved_data["scale"].toOptional<double>(),
-                              need_b1, need_b2, ctx->saved_data["algorithm"].toInt());
-    return {grad_if(needs_grad(ctx, "q"), dq),
-            grad_if(needs_grad(ctx, "k"), dk),
-            grad_if(needs_grad(ctx, "v"), dv),
-            grad_if(need_b1, db1),
-            grad_if(need_b2, db2),
+    const auto scale = ctx->saved_data["scale"].toOptional<double>();
+    const int64_t algorithm = ctx->saved_data["algorithm"].toInt();
+    const variable_list g = run_backward_op(
+        "evoformer_attention (backward)",
+        [&]() -> variable_list {
+          auto [dq, dk, dv, db1, db2] = evoformer_bwd_op.call(
+              dout, saved[0], saved[1], saved[2], opt(saved[3]), opt(saved[4]), saved[5], saved[6],
+              scale, need_b1, need_b2, algorithm);
+          return {dq, dk, dv, db1, db2};
+        },
+        dout, saved[0], saved[1], saved[2], opt(saved[3]), opt(saved[4]));
+    return {grad_if(needs_grad(ctx, "q"), g[0]),
+            grad_if(needs_grad(ctx, "k"), g[1]),
+            grad_if(needs_grad(ctx, "v"), g[2]),
+            grad_if(need_b1, g[3]),
+            grad_if(need_b2, g[4]),
             at::Tensor(),
             at::Tensor()};
   }
@@ -172,14 +213,20 @@ class SparseAttentionFunction : public torch::autograd::Function<SparseAttention
     const variable_list s = ctx->get_saved_variables();
     const auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; };
     const auto& d = ctx->saved_data;
-    auto [dq, dk, dv] = sparse_attention_bwd_op.call(
-        dout, s[0], s[1], s[2], s[3], s[4], s[5], d.at("block").toInt(), d.at("nnz").toInt(),
-        opt(s[6]), opt(s[7]), opt(s[8]), d.at("scale").toOptional<double>(),
-        d.at("causal").toBool(), d.at("key_padding_mask_mode").toInt(),
-        d.at("attn_mask_mode").toInt(), d.at("algorithm").toInt());
-    result[0] = grad_if(needs_grad(ctx, "q"), dq);
-    result[1] = grad_if(needs_grad(ctx, "k"), dk);
-    result[2] = grad_if(needs_grad(ctx, "v"), dv);
+    const variable_list g = run_backward_op(
+        "SparseSelfAttention (backward)",
+        [&]() -> variable_list {
+          auto [dq, dk, dv] = sparse_attention_bwd_op.call(
+              dout, s[0], s[1], s[2], s[3], s[4], s[5], d.at("block").toInt(), d.at("nnz").toInt(),
+              opt(s[6]), opt(s[7]), opt(s[8]), d.at("scale").toOptional<double>(),
+              d.at("causal").toBool(), d.at("key_padding_mask_mode").toInt(),
+              d.at("attn_mask_mode").toInt(), d.at("algorithm").toInt());
+          return {dq, dk, dv};
+        },
+        dout, s[0], s[1], s[2], opt(s[6]));
+    result[0] = grad_if(needs_grad(ctx, "q"), g[0]);
+    result[1] = grad_if(needs_grad(ctx, "k"), g[1]);
+    result[2] = grad_if(needs_grad(ctx, "v"), g[2]);
     return result;
   }
 };

@@ -259,6 +259,20 @@ def test_gradcheck_attention_fp64(device):
     assert torch.autograd.gradcheck(module, (q, k, v))
 
 
+def test_attention_double_backward_is_refused(device):
+    """As for Evoformer attention: correct first derivatives under create_graph=True, an error
+    (not a silently missing term) for a second derivative through the fused attention."""
+    module = SparseSelfAttention(BigBirdSparsityConfig(2, seed=1), max_seq_length=64)
+    q, k, v = (rand(1, 2, 48, 8, device=device).requires_grad_(True) for _ in range(3))
+    out = run_or_skip(module, q, k, v)
+    plain = torch.autograd.grad(out.square().sum(), [q, k, v], retain_graph=True)
+    graphed = torch.autograd.grad(out.square().sum(), [q, k, v], create_graph=True)
+    for a, b in zip(plain, graphed):
+        assert torch.equal(a, b)
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        torch.autograd.grad(graphed[0].sum(), [k])
+
+
 def test_index_cache_follows_in_place_layout_changes(device):
     """The binding keeps the index of recently used layout tensors; changing a layout in place
     must not be answered from that cache (the tensor's version moves on)."""

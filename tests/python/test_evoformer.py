@@ -187,3 +187,18 @@ def test_fp64_path_matches_oracle(device):
     ref = oracle.evoformer(*(t.cpu() for t in (q, k, v, b1, b2)))
     got = sciattn.evoformer_attention(q, k, v, b1, b2)
     assert (got.cpu() - ref).abs().max().item() < 1e-12
+
+
+def test_double_backward_is_refused(device):
+    """create_graph=True gives the same first derivatives; differentiating them again raises
+    (without the package's guard torch treats the backward op as a constant: no error, a silently
+    missing second derivative)."""
+    q, k, v, b1, b2 = make_inputs(device, torch.float32, 1, 2, 5, 2, 8)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, b2)]
+    out = sciattn.evoformer_attention(q, k, v, b1, b2)
+    plain = torch.autograd.grad(out.square().sum(), leaves, retain_graph=True)
+    graphed = torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
+    for a, b in zip(plain, graphed):
+        assert torch.equal(a, b)
+    with pytest.raises(NotImplementedError, match="not differentiable"):
+        torch.autograd.grad(graphed[0].sum(), [k])
