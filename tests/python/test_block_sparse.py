@@ -273,6 +273,22 @@ def test_attention_double_backward_is_refused(device):
         torch.autograd.grad(graphed[0].sum(), [k])
 
 
+def test_matmul_softmax_double_backward_is_refused(device):
+    """MatMul and Softmax (Python autograd formulas): the same first derivatives under
+    create_graph=True, an error for a second derivative through either op."""
+    layout = random_layout(2, 3, 3)
+    a = rand(1, 2, 48, 8, device=device).requires_grad_(True)
+    b = rand(1, 2, 8, 48, device=device).requires_grad_(True)
+    for op in (lambda: MatMul(layout, 16, "sdd")(a, b),
+               lambda: Softmax(layout, 16)(MatMul(layout, 16, "sdd")(a, b).detach() * a.sum())):
+        out = run_or_skip(op)
+        plain = torch.autograd.grad(out.square().sum(), [a], retain_graph=True)
+        graphed = torch.autograd.grad(out.square().sum(), [a], create_graph=True)
+        assert torch.equal(plain[0], graphed[0])
+        with pytest.raises(NotImplementedError, match="not differentiable"):
+            torch.autograd.grad(graphed[0].sum(), [a])
+
+
 def test_index_cache_follows_in_place_layout_changes(device):
     """The binding keeps the index of recently used layout tensors; changing a layout in place
     must not be answered from that cache (the tensor's version moves on)."""

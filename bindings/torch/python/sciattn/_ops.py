@@ -63,6 +63,31 @@ def _evoformer_bwd_fake(dout, q, k, v, bias1, bias2, out, lse, scale, need_dbias
 # one cost ~0.3 ms of host time per forward + backward, more than the kernels of small shapes.
 
 
+# ---- First derivatives only ---------------------------------------------------------------------
+
+class _BackwardOp(torch.autograd.Function):
+    """A backward op's call as an autograd node whose own backward raises, for when autograd
+    records the backward (create_graph=True): a second derivative is refused instead of coming out
+    silently without this op's term (torch differentiates an op without an autograd formula as a
+    constant, with only a warning). The C++ attention ops do the same (autograd.cpp)."""
+
+    @staticmethod
+    def forward(ctx, name, call, *inputs):  # inputs: for autograd's edges only
+        ctx.name = name
+        return call()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"sciattn.{ctx.name}: the gradients are not differentiable (no second derivative; "
+            "create_graph=True gives correct first derivatives, but backpropagating through "
+            "them is not supported)")
+
+
+def _run_backward_op(name, call, *inputs):
+    return _BackwardOp.apply(name, call, *inputs) if torch.is_grad_enabled() else call()
+
+
 # ---- Block-sparse MatMul ----------------------------------------------------------------------
 
 @torch.library.register_fake("sciattn::bsmm")
@@ -94,7 +119,9 @@ def _bsmm_backward(ctx, dc):
     need_da, need_db = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need_da or need_db):
         return (None,) * 8
-    da, db = ops.bsmm_bwd(dc, a, b, layout, *ctx.args, need_da, need_db)
+    da, db = _run_backward_op(
+        "MatMul (backward)",
+        lambda: ops.bsmm_bwd(dc, a, b, layout, *ctx.args, need_da, need_db), dc, a, b)
     return (da if need_da else None, db if need_db else None) + (None,) * 6
 
 
@@ -122,7 +149,9 @@ def _bs_softmax_setup(ctx, inputs, output):
 
 def _bs_softmax_backward(ctx, dy):
     y, layout = ctx.saved_tensors
-    dx = ops.bs_softmax_bwd(dy, y, layout, *ctx.args) if ctx.needs_input_grad[0] else None
+    dx = (_run_backward_op("Softmax (backward)",
+                           lambda: ops.bs_softmax_bwd(dy, y, layout, *ctx.args), dy, y)
+          if ctx.needs_input_grad[0] else None)
     # rpe and the masks get no gradient, as in DeepSpeed.
     return (dx,) + (None,) * 9
 
