@@ -23,6 +23,24 @@ def _load_extension():
 _load_extension()
 ops = torch.ops.sciattn
 
+
+def _check_extension_matches():
+    """The attention ops' autograd lives in the compiled module (bindings/torch/autograd.cpp). A
+    module built from older sources lacks it, and torch would differentiate those ops as
+    constants with only a warning; such a mix is refused here."""
+    has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    if has_kernel is None:  # a torch without this query: nothing to check with
+        return
+    for op in ("evoformer_fwd", "sparse_attention_fwd"):
+        if not has_kernel(f"sciattn::{op}", "Autograd"):
+            raise ImportError(
+                f"sciattn: the compiled extension in {_HERE} has no autograd for {op}: it was "
+                "built from older sources than these Python files; rebuild it "
+                "(pip install --no-build-isolation ., or scripts/build_torch_ext.sh)")
+
+
+_check_extension_matches()
+
 # Algorithms the ops take as ints (the C++ enums).
 EVOFORMER_ALGORITHMS = {"tiled": 0, "reference": 1}
 ATTENTION_ALGORITHMS = {"fused": 0, "composite": 1, "reference": 2}
