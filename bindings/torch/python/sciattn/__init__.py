@@ -8,7 +8,7 @@
 The ops are torch.library ops (torch.ops.sciattn.*) with CPU kernels, CUDA kernels in CUDA
 builds, fake (meta) kernels for torch.compile, and autograd formulas. See docs/python.md.
 """
-from . import _ops  # noqa: F401  (loads the extension; registers the fake kernels and Python autograd)
+from . import _ops  # noqa: F401  (loads the extension; fake kernels, Python autograd)
 from ._ops import built_with_cuda
 from .evoformer import DS4Sci_EvoformerAttention, evoformer_attention
 from . import sparse_attention  # noqa: F401
