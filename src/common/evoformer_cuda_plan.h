@@ -74,6 +74,35 @@ inline int64_t cuda_dbias2_chunks(const EvoformerShape& s) {
   return best;
 }
 
+// The fused backward (head dim 32 on the warpgroup MMA, evoformer_bwd_fused_wgmma_kernel.cuh):
+// one CTA per (b, n, h) slice walks its key tiles in order, forming dS once for dK, dV and dQ,
+// with the slice's dQ summed in shared memory (L x 32 fp32), which allows this many CTAs per SM.
+// The separate dK/dV and dQ kernels it replaces run their own counts (kEvoformerWgmma*Ctas).
+constexpr int64_t kCudaFusedBackwardCtasPerSm = 2;
+constexpr int64_t kCudaDkdvCtasPerSm = 3, kCudaDqCtasPerSm = 4;
+// Modelled cost of a step (one query tile x one key tile) in quarters of a separate dK/dV step:
+// the fused kernel's, and the separate dK/dV and dQ kernels' each.
+constexpr int64_t kCudaFusedStepCost = 4, kCudaSeparateStepCost = 4;
+
+// Whether the fused kernel is modelled faster than the separate ones: its CTAs each walk
+// tiles^2 steps in waves of the GPU's slots; the separate kernels' CTAs one row of tiles. The
+// fused kernel needs slices enough to fill the GPU: few long slices (large L, small N) keep the
+// separate kernels, whose CTAs are per tile. Shape only (the launcher also checks that the
+// slice's dQ fits in shared memory), so every run of a shape takes the same kernels.
+inline bool cuda_fused_backward_faster(const EvoformerShape& s) {
+  if (s.dim != 32) return false;
+  const int64_t slices = s.batch * s.n * s.heads;
+  const int64_t tiles = (s.len + kCudaEvoformerBlock - 1) / kCudaEvoformerBlock;
+  if (slices == 0 || tiles == 0) return false;
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t fused = ceil_div(slices, kCudaDbias2Sms * kCudaFusedBackwardCtasPerSm) * tiles *
+                        tiles * kCudaFusedStepCost;
+  const int64_t separate = (ceil_div(slices * tiles, kCudaDbias2Sms * kCudaDkdvCtasPerSm) +
+                            ceil_div(slices * tiles, kCudaDbias2Sms * kCudaDqCtasPerSm)) *
+                           tiles * kCudaSeparateStepCost;
+  return fused < separate;
+}
+
 struct CudaBackwardWorkspace {
   WorkspaceLayout layout;
   size_t delta = 0, dbias1_partial = 0, dbias2_partial = 0;

@@ -106,6 +106,13 @@ template <typename T, int kN>
 __device__ __forceinline__ void wgmma_m64nNk16_rs_tb(float (&d)[kN / 8][4], const uint32_t (&a)[4],
                                                      uint64_t desc_b, int accumulate);
 
+// d (64 x N, fp32; + d when accumulate != 0) = A * B with both operands MN-major tile steps in
+// shared memory (the transpose flags): A = 64 (M) x 16 (K) of a tile whose rows run along K (the
+// fused backward's dS^T tile, read as dS), B = 16 rows x N (K in dQ += dS K). N = 32.
+template <typename T, int kN>
+__device__ __forceinline__ void wgmma_m64nNk16_ss_tt(float (&d)[kN / 8][4], uint64_t desc_a,
+                                                     uint64_t desc_b, int accumulate);
+
 template <>
 __device__ __forceinline__ void wgmma_m64n64k16_ss<__nv_bfloat16>(float (&d)[8][4], uint64_t desc_a,
                                                                   uint64_t desc_b, int accumulate) {
@@ -239,6 +246,34 @@ __device__ __forceinline__ void wgmma_m64nNk16_rs_tb<__half, 32>(float (&d)[4][4
       : SCIATTN_WGMMA_ACC4(d, 0), SCIATTN_WGMMA_ACC4(d, 1), SCIATTN_WGMMA_ACC4(d, 2),
         SCIATTN_WGMMA_ACC4(d, 3)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64nNk16_ss_tt<__nv_bfloat16, 32>(float (&d)[4][4],
+                                                                        uint64_t desc_a,
+                                                                        uint64_t desc_b,
+                                                                        int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 1, 1;\n}\n"
+      : SCIATTN_WGMMA_ACC4(d, 0), SCIATTN_WGMMA_ACC4(d, 1), SCIATTN_WGMMA_ACC4(d, 2),
+        SCIATTN_WGMMA_ACC4(d, 3)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64nNk16_ss_tt<__half, 32>(float (&d)[4][4], uint64_t desc_a,
+                                                                 uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 1, 1;\n}\n"
+      : SCIATTN_WGMMA_ACC4(d, 0), SCIATTN_WGMMA_ACC4(d, 1), SCIATTN_WGMMA_ACC4(d, 2),
+        SCIATTN_WGMMA_ACC4(d, 3)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 #undef SCIATTN_WGMMA_ACC4

@@ -187,13 +187,11 @@ __device__ __forceinline__ void wgmma_tile_nt(float (&x)[8][4], uint32_t a_tile,
   wgmma_tile_done<0>(x);
 }
 
-// out (64 x kHeadDim, fp32) += X (64 x 64, fp32 accumulators, rounded to T) * B, B an MN-major
-// swizzled tile of 64 rows. All four k-steps' A fragments are formed before the fence, so no
-// register changes between the products (ptxas would otherwise fence before each).
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
-                                               const float (&x)[8][4], uint32_t b_tile) {
-  uint32_t a[4][4];
+// X (64 x 64, fp32 accumulators) rounded to T as the A fragments of the four k16 steps of an
+// O-like product: a[kk] holds this thread's columns 16 kk + 2 t, + 1 (a[kk][0]: row g, [1]: row
+// g + 8) and 16 kk + 8 + 2 t, + 1 ([2]: row g, [3]: row g + 8).
+template <typename T>
+__device__ __forceinline__ void pack_a_fragments(uint32_t (&a)[4][4], const float (&x)[8][4]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     a[kk][0] = ElementTraits<T>::pack(x[2 * kk][0], x[2 * kk][1]);
@@ -201,6 +199,14 @@ __device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
     a[kk][2] = ElementTraits<T>::pack(x[2 * kk + 1][0], x[2 * kk + 1][1]);
     a[kk][3] = ElementTraits<T>::pack(x[2 * kk + 1][2], x[2 * kk + 1][3]);
   }
+}
+
+// out (64 x kHeadDim, fp32) += A (pack_a_fragments) * B, B an MN-major swizzled tile of 64 rows.
+// All four k-steps' fragments are formed before the fence, so no register changes between the
+// products (ptxas would otherwise fence before each).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_acc_packed(float (&out)[kHeadDim / 8][4],
+                                                 const uint32_t (&a)[4][4], uint32_t b_tile) {
   wgmma_pin(out);
   wgmma_fence();
 #pragma unroll
@@ -211,6 +217,16 @@ __device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_pin(out);
+}
+
+// out (64 x kHeadDim, fp32) += X (64 x 64, fp32 accumulators, rounded to T) * B, B an MN-major
+// swizzled tile of 64 rows.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_acc_tile(float (&out)[kHeadDim / 8][4],
+                                               const float (&x)[8][4], uint32_t b_tile) {
+  uint32_t a[4][4];
+  pack_a_fragments<T>(a, x);
+  wgmma_acc_packed<T, kHeadDim>(out, a, b_tile);
 }
 
 }  // namespace sciattn::cuda

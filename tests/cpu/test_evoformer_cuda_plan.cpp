@@ -106,5 +106,28 @@ TEST(EvoformerCudaPlan, WorkspaceHoldsThePartialsOnlyWhenChunked) {
   EXPECT_EQ(cuda_dbias2_chunks(big), 1);
 }
 
+// The fused dK/dV/dQ kernel (head dim 32 on the warpgroup MMA) is modelled faster on the head dim
+// 32 shapes of PERFORMANCE.md, whose slices fill the GPU many times over (the launcher also needs
+// the slice's dQ in shared memory, which triangle 768 does not fit); a few long slices keep the
+// per-tile kernels, as does every other head dim.
+TEST(EvoformerCudaPlan, FusedBackwardWhereSlicesFillTheGpu) {
+  for (const EvoformerShape& s :
+       {shape(1, 256, 256, 4, 32), shape(1, 512, 256, 8, 32), shape(1, 256, 512, 8, 32),
+        shape(1, 384, 384, 4, 32), shape(1, 768, 768, 4, 32)}) {
+    SCOPED_TRACE("N " + std::to_string(s.n) + " L " + std::to_string(s.len));
+    EXPECT_TRUE(cuda_fused_backward_faster(s));
+  }
+  // Four slices of 64 tiles: four CTAs against the separate kernels' 256 each.
+  EXPECT_FALSE(cuda_fused_backward_faster(shape(1, 1, 4096, 4, 32)));
+  // One short slice: one CTA either way, and the fused one skips the dQ kernel.
+  EXPECT_TRUE(cuda_fused_backward_faster(shape(1, 1, 17, 1, 32)));
+  for (int64_t dim : {8, 16, 24, 64, 128}) {
+    EXPECT_FALSE(cuda_fused_backward_faster(shape(1, 384, 384, 4, dim))) << dim;
+  }
+  // Triangle 384 worked by hand: 1536 slices over 264 slots, 6 waves of 36 steps (864), against
+  // 9216 tiles over 396 and 528 slots, 24 + 18 waves of 6 steps (1008).
+  EXPECT_TRUE(cuda_fused_backward_faster(shape(1, 384, 384, 4, 32)));
+}
+
 }  // namespace
 }  // namespace sciattn::detail

@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "common/evoformer_cuda_plan.h"
 #include "cpu/evoformer_test_util.h"
 #include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
@@ -203,6 +204,43 @@ TEST(EvoformerCudaEdges, Dbias2SplitOverNIntoChunks) {
     c.bias1 = Bias1Kind::kSameAsQ;
     c.bias2 = Bias2Kind::kF32;
     c.seed = kBaseSeed + 70200 + static_cast<uint64_t>(dt);
+    check_case(c);
+  }
+}
+
+// The fused dK/dV/dQ kernel (head dim 32, 16-bit, where the host plan takes it: many slices of a
+// few tiles): partial last key tiles (L = 150, 200), bias2 and none, bias1 as values and as a
+// mask, fp32 bias2 (the largest bias stages), a transposed layout.
+TEST(EvoformerCudaEdges, FusedBackwardOverKeyTiles) {
+  SKIP_WITHOUT_GPU();
+  struct FusedCase {
+    EvoShape shape;
+    DType dtype;
+    Bias1Kind bias1;
+    Bias2Kind bias2;
+    Layout layout;
+  };
+  const FusedCase cases[] = {
+      {{1, 48, 150, 4, 32}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked},
+      {{1, 64, 200, 4, 32}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kNone, Layout::kPacked},
+      {{1, 48, 150, 4, 32},
+       DType::kF16,
+       Bias1Kind::kSameAsQ,
+       Bias2Kind::kF32,
+       Layout::kTransposedNL},
+  };
+  uint64_t seed = kBaseSeed + 70400;
+  for (const FusedCase& fc : cases) {
+    const EvoShape& s = fc.shape;
+    ASSERT_TRUE(detail::cuda_fused_backward_faster({s.B, s.N, s.L, s.H, s.D}))
+        << "the plan no longer fuses this shape: pick one it does";
+    EvoConfig c;
+    c.shape = s;
+    c.dtype = fc.dtype;
+    c.bias1 = fc.bias1;
+    c.bias2 = fc.bias2;
+    c.in_layout = fc.layout;
+    c.seed = seed++;
     check_case(c);
   }
 }

@@ -20,6 +20,93 @@
 
 namespace sciattn::cuda {
 
+// The dK/dV and fused kernels' query tiles (64 queries of the CTA's (b, n, h) slice against its
+// 64 keys from key0): Q and dO into double-buffered swizzled tiles (Q at q_tiles + buf *
+// kTileBytes, dO at do_tiles + ...), the rows' lse and delta into stats (lse of buffer buf at
+// stats + 64 buf, delta at stats + 64 (2 + buf)), and bias2's tile [those queries][the keys] into
+// its stage (bias2_stages + buf * the stage's bytes). Whole tiles through per-thread streams at
+// head dim 32 (282 against 307 us at triangle 384 in the dK/dV kernel; at 64 their registers
+// spill at three CTAs per SM: 151 against 141 us at [1,256,256,4,64]); a partial last tile and
+// other biases through the generic copies. In the caller's cp.async group.
+template <typename T, int kHeadDim>
+struct EvoformerQueryTileLoader {
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  static constexpr bool kStreamed = kHeadDim <= 32;
+  SliceSource q_src, do_src;
+  uint32_t q_tiles, do_tiles;
+  float* stats;
+  unsigned char* bias2_stages;
+  int bias2_stage_bytes;
+  int64_t b, bn, h, key0;
+  EvoformerQueryTileStreams<kHeadDim> streams;
+
+  __device__ __forceinline__ EvoformerQueryTileLoader(const EvoformerDeviceParams& p,
+                                                      const SliceSource& q_src_,
+                                                      const SliceSource& do_src_, int64_t b_,
+                                                      int64_t bn_, int64_t h_, int64_t key0_,
+                                                      uint32_t q_tiles_, uint32_t do_tiles_,
+                                                      float* stats_, unsigned char* bias2_stages_)
+      : q_src(q_src_),
+        do_src(do_src_),
+        q_tiles(q_tiles_),
+        do_tiles(do_tiles_),
+        stats(stats_),
+        bias2_stages(bias2_stages_),
+        bias2_stage_bytes(bias_stage_bytes(p.bias2_type, kWgmmaRows)),
+        b(b_),
+        bn(bn_),
+        h(h_),
+        key0(key0_),
+        streams(p, q_src_, do_src_, b_, bn_, h_, key0_) {}
+
+  __device__ __forceinline__ uint32_t q_tile(int buf) const {
+    return q_tiles + buf * Smem::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t do_tile(int buf) const {
+    return do_tiles + buf * Smem::kTileBytes;
+  }
+  __device__ __forceinline__ float* lse(int buf) const { return stats + buf * kWgmmaRows; }
+  __device__ __forceinline__ float* delta(int buf) const { return stats + (2 + buf) * kWgmmaRows; }
+  __device__ __forceinline__ unsigned char* bias2_stage(int buf) const {
+    return bias2_stages + buf * bias2_stage_bytes;
+  }
+
+  // Starts query tile qt's copies into buffer `buf`.
+  __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t qt, int buf) const {
+    const int64_t q0 = qt * kWgmmaRows;
+    if (kStreamed && streams.usable && q0 + kWgmmaRows <= p.len) {
+      streams.copy(qt, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
+                   shared_address(bias2_stage(buf)));
+      return;
+    }
+    copy_slice_swizzled<T, kHeadDim>(q_tile(buf), q_src, q0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(do_tile(buf), do_src, q0, p.len);
+    copy_query_tile_stats_and_bias<kWgmmaThreads>(p, b, bn, h, key0, q0, q0 + kWgmmaRows <= p.len,
+                                                  lse(buf), delta(buf), bias2_stage(buf));
+  }
+};
+
+// A step of the dK/dV loop (the keys' K and V tiles against query tile `buf` of `queries`) up to
+// dS: S^T = K Q^T and dP^T = V dO^T issued together, P^T from S^T while dP^T runs, dV += P^T dO
+// (which waits for both), then dS^T = P^T (dP^T - delta) in pt, each key's share of dbias1 added
+// to key_dbias1.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void evoformer_dkdv_wgmma_ds(
+    float (&pt)[8][4], float (&dv)[kHeadDim / 8][4], float (&key_dbias1)[2], uint32_t k_tile,
+    uint32_t v_tile, const EvoformerQueryTileLoader<T, kHeadDim>& queries, int buf,
+    const EvoformerDeviceParams& p, float scale_log2, const float (&key_bias1)[2], int warp,
+    int lane) {
+  float dpt[8][4];
+  wgmma_tile_nt_issue<T, kHeadDim>(pt, k_tile, queries.q_tile(buf));
+  wgmma_tile_nt_issue<T, kHeadDim>(dpt, v_tile, queries.do_tile(buf));
+  wgmma_tile_done<1>(pt);
+  evoformer_transposed_probabilities(pt, scale_log2, key_bias1, queries.bias2_stage(buf),
+                                     p.bias2_type, queries.lse(buf), warp, lane);
+  wgmma_acc_tile<T, kHeadDim>(dv, pt, queries.do_tile(buf));
+  wgmma_tile_done<0>(dpt);
+  evoformer_transposed_ds(pt, dpt, queries.delta(buf), key_dbias1, lane % 4);
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDim>)
     evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
@@ -31,11 +118,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
   const uint32_t k_tile = smem.address + Smem::kA, v_tile = smem.address + Smem::kB;
-  const auto q_tile = [&](int buf) { return smem.address + Smem::kC + buf * Smem::kTileBytes; };
-  const auto do_tile = [&](int buf) { return smem.address + Smem::kD + buf * Smem::kTileBytes; };
-  float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
-  const auto lse_of = [&](int buf) { return stats + buf * kWgmmaRows; };
-  const auto delta_of = [&](int buf) { return stats + (2 + buf) * kWgmmaRows; };
 
   const TileHeadSlice at = decode_tile_head_slice(blockIdx.x, p);
   const int64_t h = at.h, b = at.b, n = at.n, bn = at.bn;
@@ -45,28 +127,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
   const int64_t q_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
-  const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
-  unsigned char* const bias2_stage = smem.pointer + Smem::kBwdBytes;
-  const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, kWgmmaRows);
-  // Whole query tiles through per-thread streams at head dim 32 (282 against 307 us at triangle
-  // 384); at 64 their registers spill at three CTAs per SM (151 against 141 us at
-  // [1,256,256,4,64]).
-  constexpr bool kStreamed = kHeadDim <= 32;
-  const EvoformerQueryTileStreams<kHeadDim> query_streams(p, q_src, do_src, b, bn, h, key0);
-  auto load_query_tile = [&](int64_t qt, int buf) {
-    const int64_t q0 = qt * kWgmmaRows;
-    if (kStreamed && query_streams.usable && q0 + kWgmmaRows <= p.len) {
-      query_streams.copy(qt, q_tile(buf), do_tile(buf), lse_of(buf), delta_of(buf),
-                         shared_address(bias2_stage + buf * bias2_stage_bytes));
-      return;
-    }
-    copy_slice_swizzled<T, kHeadDim>(q_tile(buf), q_src, q0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(do_tile(buf), do_src, q0, p.len);
-    copy_query_tile_stats_and_bias<kWgmmaThreads>(p, b, bn, h, key0, q0, q0 + kWgmmaRows <= p.len,
-                                                  lse_of(buf), delta_of(buf),
-                                                  bias2_stage + buf * bias2_stage_bytes);
-  };
+  const EvoformerQueryTileLoader<T, kHeadDim> queries(
+      p, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
+      slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), b, bn, h, key0,
+      smem.address + Smem::kC, smem.address + Smem::kD,
+      reinterpret_cast<float*>(smem.pointer + Smem::kStats), smem.pointer + Smem::kBwdBytes);
+  auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
   copy_slice_swizzled<T, kHeadDim>(k_tile, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h),
                                    key0, p.len);
   copy_slice_swizzled<T, kHeadDim>(v_tile, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h),
@@ -87,20 +153,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   for (int64_t qt = 0; qt < q_tiles; ++qt) {
     const int buf = static_cast<int>(qt & 1);
     next_stage(qt, q_tiles, buf, load_query_tile);
-    // S^T = K Q^T and dP^T = V dO^T issued together; P^T from S^T while dP^T runs; dV += P^T dO
-    // (which waits for both).
-    float pt[8][4], dpt[8][4];
-    wgmma_tile_nt_issue<T, kHeadDim>(pt, k_tile, q_tile(buf));
-    wgmma_tile_nt_issue<T, kHeadDim>(dpt, v_tile, do_tile(buf));
-    wgmma_tile_done<1>(pt);
-    evoformer_transposed_probabilities(pt, scale_log2, key_bias1,
-                                       bias2_stage + buf * bias2_stage_bytes, p.bias2_type,
-                                       lse_of(buf), warp, lane);
-    wgmma_acc_tile<T, kHeadDim>(dv, pt, do_tile(buf));
-    // dS^T = P^T (dP^T - delta); dK += dS^T Q (times scale when written).
-    wgmma_tile_done<0>(dpt);
-    evoformer_transposed_ds(pt, dpt, delta_of(buf), key_dbias1, t);
-    wgmma_acc_tile<T, kHeadDim>(dk, pt, q_tile(buf));
+    float pt[8][4];
+    evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
+                                         scale_log2, key_bias1, warp, lane);
+    wgmma_acc_tile<T, kHeadDim>(dk, pt, queries.q_tile(buf));  // dK += dS^T Q (scaled when written)
   }
 
   evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);

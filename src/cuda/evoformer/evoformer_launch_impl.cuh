@@ -1,6 +1,7 @@
 // The bodies of the per-instantiation launchers (see evoformer_launch.h). CUDA layer.
 #pragma once
 
+#include "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
@@ -53,17 +54,45 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
                    stream);
 }
 
-// The warpgroup backward: dQ first (it also computes delta, which dK/dV and dbias2 read), then
-// dK/dV, then dbias2 when asked for.
+// Whether the fused dK/dV/dQ kernel runs the backward (head dim 32 on the warpgroup path): the
+// host plan models it faster for the shape and two CTAs with the slice's dQ fit an SM's shared
+// memory (227 KB; with a 16-bit bias2 that is L up to 448, without bias2 up to 576).
+inline bool evoformer_fused_backward(const EvoformerDeviceParams& p, size_t bias_smem) {
+  const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+  constexpr size_t kSmemPerSm = 227 * 1024, kReservedPerCta = 1024;
+  return detail::cuda_fused_backward_faster({p.batch, p.n, p.len, p.heads, p.dim}) &&
+         detail::kCudaFusedBackwardCtasPerSm *
+                 (evoformer_fused_backward_smem(tiles, bias_smem) + kReservedPerCta) <=
+             kSmemPerSm;
+}
+
+// The warpgroup backward: at head dim 32 where evoformer_fused_backward holds, delta and then the
+// fused dK/dV/dQ kernel (one CTA per (b, n, h) slice); else dQ first (it also computes delta,
+// which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked for.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  const size_t smem = Smem::kBwdBytes + 1024 + bias_stage_smem(p, EvoformerBwdTile::kBlock);
-  cudaError_t e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
-                            kWgmmaThreads, smem, p, stream);
-  if (e != cudaSuccess) return e;
-  e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p), kWgmmaThreads,
-                smem, p, stream);
+  const size_t bias_smem = bias_stage_smem(p, EvoformerBwdTile::kBlock);
+  cudaError_t e = cudaSuccess;
+  bool fused = false;
+  if constexpr (kHeadDim == 32) {
+    if (evoformer_fused_backward(p, bias_smem)) {
+      fused = true;
+      e = launch_evoformer_backward_delta<T>(p, stream);
+      if (e != cudaSuccess) return e;
+      const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+      e = launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim>, p.batch * p.n * p.heads,
+                    kWgmmaThreads, evoformer_fused_backward_smem(tiles, bias_smem), p, stream);
+    }
+  }
+  if (!fused) {
+    const size_t smem = Smem::kBwdBytes + 1024 + bias_smem;
+    e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p), kWgmmaThreads,
+                  smem, p, stream);
+    if (e != cudaSuccess) return e;
+    e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
+                  kWgmmaThreads, smem, p, stream);
+  }
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
   return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
                    kWgmmaThreads * Smem::kDbias2Groups, Smem::kDbias2Bytes + 1024, p, stream);

@@ -29,6 +29,12 @@ struct EvoformerWgmmaSmem {
   static constexpr uint32_t kA = 0, kB = kTileBytes, kC = 2 * kTileBytes, kD = 4 * kTileBytes;
   static constexpr uint32_t kStats = 6 * kTileBytes;
   static constexpr uint32_t kBwdBytes = kStats + 4 * kWgmmaRows * sizeof(float);
+  // The fused backward (evoformer_bwd_fused_wgmma_kernel.cuh): the dK/dV kernel's tiles and row
+  // statistics, then dS^T of the step (64 keys x 64 queries, 16-bit, rows of 128 bytes in the
+  // 128-byte swizzle) on the next 1024-byte boundary; the slice's dQ and the bias stages follow
+  // at kFusedBytes.
+  static constexpr uint32_t kFusedDs = (kBwdBytes + 1023) / 1024 * 1024;
+  static constexpr uint32_t kFusedBytes = kFusedDs + kWgmmaRows * kWgmmaRows * 2;
   // The dbias2 kernel (kDbias2Groups warpgroups of 64 query rows over one 64-key block): per
   // stage, each warpgroup's Q and dO tiles, then K and V (tile x of stage st at
   // (kDbias2Tiles st + x) kTileBytes: Q of group w at x = w, dO at kDbias2Groups + w, K and V

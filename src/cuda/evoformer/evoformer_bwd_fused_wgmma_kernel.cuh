@@ -1,0 +1,175 @@
+// The Evoformer attention backward's fused dK/dV/dQ kernel on Hopper's warpgroup MMA (wgmma,
+// sm_90a), head dim 32: each step forms the tile's dS once and feeds dV, dK and dQ from it, where
+// the separate kernels (evoformer_bwd_wgmma_kernels.cuh) recompute S, P, dP and dS in a dQ kernel
+// of their own. No atomics: one CTA owns a whole (b, n, h) slice and walks its key tiles in order,
+// each with the dK/dV kernel's loop over query tiles, so every sum runs in a fixed order:
+//   S^T = K Q^T, dP^T = V dO^T (shared x shared), dV += P^T dO, dK += dS^T Q (registers x shared)
+//   as in the dK/dV kernel; then dS^T goes to shared memory, and dQ_i += dS K_j (both operands
+//   MN-major in shared memory) adds key tile j's share of query tile i's dQ to the slice's fp32
+//   dQ in shared memory (each thread its own fragment, so the read-add-write needs no barrier),
+//   the first key tile writing it and the last writing dQ itself.
+// Shared memory grows with L (L x 32 x 4 bytes of dQ): the launcher takes this kernel only where
+// two CTAs per SM fit and the host plan (cuda_fused_backward_faster) models it faster. delta
+// comes from the delta kernel, run first; dbias2 from the dbias2 kernel, run after. CUDA layer.
+#pragma once
+
+#include "common/evoformer_cuda_plan.h"
+#include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
+
+namespace sciattn::cuda {
+
+static_assert(detail::kCudaDkdvCtasPerSm == kEvoformerWgmmaDkdvCtas<32> &&
+                  detail::kCudaDqCtasPerSm == kEvoformerWgmmaDqCtas<32>,
+              "the host plan's model of the separate kernels");
+
+// Shared memory of the fused kernel for `tiles` query tiles and `bias_smem` bytes of bias stages:
+// the tiles, statistics and dS^T (EvoformerWgmmaSmem<32>::kFusedBytes), the slice's dQ (8 KB per
+// query tile), the bias stages, and 1024 bytes for the base's rounding.
+__host__ __device__ constexpr size_t evoformer_fused_backward_smem(int64_t tiles,
+                                                                   size_t bias_smem) {
+  return EvoformerWgmmaSmem<32>::kFusedBytes + static_cast<size_t>(tiles) * 8192 + bias_smem + 1024;
+}
+
+// Stores this thread's dS^T fragments (pack_a_fragments of the 64 keys x 64 queries tile) into the
+// tile at `tile` (rows = keys, 128 bytes of queries each, 128-byte swizzle), which a warpgroup
+// MMA then reads MN-major as dS. A warp's 32 lanes hit 32 different banks per store.
+__device__ __forceinline__ void store_transposed_ds(unsigned char* tile, const uint32_t (&a)[4][4],
+                                                    int warp, int lane) {
+  const int row = warp * 16 + lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // chunk 2 kk + half: queries 16 kk + 8 half ..
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {  // rows g and g + 8
+        const uint32_t at = swizzled_chunk_offset<kWgmmaRows, 128>(row + 8 * r, 2 * kk + half);
+        *reinterpret_cast<uint32_t*>(tile + at + 4 * t) = a[kk][2 * half + r];
+      }
+    }
+  }
+}
+
+// dq (64 x 32, fp32) = dS K: A = dS^T's tile read MN-major, B = the K tile read MN-major (its rows
+// are the reduction's keys, as V's in O = P V), waited for.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_ds_k(float (&dq)[kHeadDim / 8][4], uint32_t ds_tile,
+                                           uint32_t k_tile) {
+  wgmma_pin(dq);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_m64nNk16_ss_tt<T, kHeadDim>(
+        dq, mn_major_step<kWgmmaRows, 128>(ds_tile, kk),
+        mn_major_step<kWgmmaRows, kSwizzleBytes<kHeadDim>>(k_tile, kk), kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(dq);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasPerSm)
+    evoformer_bwd_fused_wgmma_kernel(const EvoformerDeviceParams p) {
+  static_assert(kHeadDim == 32, "the fused backward runs head dim 32 (the host plan)");
+  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  constexpr int kOutTiles = kHeadDim / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const AlignedSmem smem = aligned_smem(smem_raw);
+  const uint32_t k_tile = smem.address + Smem::kA, v_tile = smem.address + Smem::kB;
+  unsigned char* const ds_stored = smem.pointer + Smem::kFusedDs;
+  const uint32_t ds_tile = smem.address + Smem::kFusedDs;
+  const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+  // The slice's dQ: query tile qt's fragment i of this thread at [(qt kOutTiles + i) 128 + thread].
+  float4* const dq_sum = reinterpret_cast<float4*>(smem.pointer + Smem::kFusedBytes) + threadIdx.x;
+  unsigned char* const bias2_stages = smem.pointer + Smem::kFusedBytes + tiles * 8192;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = lane % 4;
+  const float scale_log2 = p.scale * kLog2e;
+  // blockIdx.x = bn * heads + h, the order of the per-tile kernels' grids.
+  const QuotientRemainder by_head = fast_divmod(blockIdx.x, p.heads_div);
+  const QuotientRemainder by_n = fast_divmod(by_head.quotient, p.n_div);
+  const int64_t h = by_head.remainder, bn = by_head.quotient, b = by_n.quotient, n = by_n.remainder;
+  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
+  const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
+  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
+  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
+
+  for (int64_t kt = 0; kt < tiles; ++kt) {
+    const int64_t key0 = kt * kWgmmaRows;
+    const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
+    const bool first_keys = kt == 0, last_keys = kt + 1 == tiles;
+    const EvoformerQueryTileLoader<T, kHeadDim> queries(
+        p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kC, smem.address + Smem::kD,
+        reinterpret_cast<float*>(smem.pointer + Smem::kStats), bias2_stages);
+    auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
+    // Every thread is done with the previous key tile's K, V, query tiles and dS^T.
+    if (!first_keys) __syncthreads();
+    copy_slice_swizzled<T, kHeadDim>(k_tile, k_src, key0, p.len);
+    copy_slice_swizzled<T, kHeadDim>(v_tile, v_src, key0, p.len);
+    load_query_tile(0, 0);
+    cp_async_commit();
+
+    float key_bias1[2];
+    evoformer_key_bias1(key_bias1, p, b, n, my_keys);
+    float dk[kOutTiles][4], dv[kOutTiles][4];
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+    float key_dbias1[2] = {0.0f, 0.0f};
+    // A partial last key tile: its keys past L must add nothing to dQ (their K rows are zero, but
+    // their P, from zero-filled biases, is not).
+    const bool keys_past_len = key0 + kWgmmaRows > p.len;
+
+    for (int64_t qt = 0; qt < tiles; ++qt) {
+      const int buf = static_cast<int>(qt & 1);
+      next_stage(qt, tiles, buf, load_query_tile);
+      float pt[8][4];
+      evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
+                                           scale_log2, key_bias1, warp, lane);
+      if (keys_past_len) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (my_keys[r] >= p.len) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) pt[j][2 * r] = pt[j][2 * r + 1] = 0.0f;
+          }
+        }
+      }
+      uint32_t ds[4][4];
+      pack_a_fragments<T>(ds, pt);
+      store_transposed_ds(ds_stored, ds, warp, lane);
+      fence_proxy_async_shared();
+      wgmma_acc_packed<T, kHeadDim>(dk, ds, queries.q_tile(buf));  // dK += dS^T Q
+      __syncthreads();  // every warp's keys of dS^T are in the tile
+      float dq[kOutTiles][4];
+      wgmma_ds_k<T, kHeadDim>(dq, ds_tile, k_tile);  // this key tile's share of dQ
+      float4* const sum = dq_sum + qt * kOutTiles * kWgmmaThreads;
+      if (!first_keys) {
+#pragma unroll
+        for (int i = 0; i < kOutTiles; ++i) {
+          const float4 earlier = sum[i * kWgmmaThreads];
+          dq[i][0] += earlier.x;
+          dq[i][1] += earlier.y;
+          dq[i][2] += earlier.z;
+          dq[i][3] += earlier.w;
+        }
+      }
+      if (last_keys) {
+        const int64_t q0 = qt * kWgmmaRows;
+        const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+        store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
+                                 p.grads_paired);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kOutTiles; ++i)
+          sum[i * kWgmmaThreads] = make_float4(dq[i][0], dq[i][1], dq[i][2], dq[i][3]);
+      }
+    }
+
+    evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+  }
+}
+
+}  // namespace sciattn::cuda
