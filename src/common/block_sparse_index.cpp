@@ -66,11 +66,14 @@ void finish_index(BlockSparseIndex* index) {
   // row order.
   int64_t max_col = 0;
   std::vector<int64_t> next(static_cast<size_t>(C));
+  const int64_t* col = ix.col.data();
+  int64_t* col_rows = ix.col_rows.data();
+  int64_t* col_blocks = ix.col_blocks.data();
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = ix.row_offsets[static_cast<size_t>(g * R)];
-    const int64_t end = ix.row_offsets[static_cast<size_t>((g + 1) * R)];
+    const int64_t* row_offsets = ix.row_offsets.data() + g * R;  // [R + 1] of stored head g
+    const int64_t begin = row_offsets[0], end = row_offsets[R];
     int64_t* offsets = ix.col_offsets.data() + g * C;  // offsets[J + 1] of stored head g
-    for (int64_t s = begin; s < end; ++s) ++offsets[ix.col[static_cast<size_t>(s)] + 1];
+    for (int64_t s = begin; s < end; ++s) ++offsets[col[s] + 1];
     int64_t at = begin;
     for (int64_t j = 0; j < C; ++j) {
       const int64_t count = offsets[j + 1];
@@ -78,11 +81,13 @@ void finish_index(BlockSparseIndex* index) {
       next[static_cast<size_t>(j)] = at;
       at += count;
     }
-    for (int64_t s = begin; s < end; ++s) {
-      const auto slot =
-          static_cast<size_t>(next[static_cast<size_t>(ix.col[static_cast<size_t>(s)])]++);
-      ix.col_rows[slot] = ix.row[static_cast<size_t>(s)];
-      ix.col_blocks[slot] = s;
+    // Row by row, so that each block's row is the loop's (no read of ix.row).
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t s = row_offsets[r]; s < row_offsets[r + 1]; ++s) {
+        const int64_t slot = next[static_cast<size_t>(col[s])]++;
+        col_rows[slot] = r;
+        col_blocks[slot] = s;
+      }
     }
   }
   ix.max_col_nnz = max_col;
@@ -200,45 +205,51 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
 
 namespace {
 
-// The split of `lines` lines whose ranges are offsets[l] .. offsets[l + 1] - 1. Two passes (count
-// the pieces, then place them) so that the arrays are sized once.
+// The split of `lines` lines whose ranges are offsets[l] .. offsets[l + 1] - 1, in one pass: the
+// piece arrays are sized once for the most pieces there can be (a line of n blocks makes
+// ceil(n / max_blocks) <= 1 + n / max_blocks), written through pointers and cut to the pieces
+// made at the end.
 BlockSparseWorkSplit split_lines(const std::vector<int64_t>& offsets, int64_t max_blocks) {
   BlockSparseWorkSplit w;
   w.max_blocks = max_blocks;
+  if (offsets.empty()) return w;  // an index not built: no lines
   const int64_t lines = static_cast<int64_t>(offsets.size()) - 1;
-  w.line_items.assign(static_cast<size_t>(lines + 1), 0);
+  const int64_t* off = offsets.data();
+  const auto most = static_cast<size_t>(lines + (off[lines] - off[0]) / max_blocks);
+  w.line_items.resize(static_cast<size_t>(lines + 1));
+  w.item_line.resize(most);
+  w.item_begin.resize(most);
+  w.item_end.resize(most);
+  int64_t* line_items = w.line_items.data();
+  int64_t* item_line = w.item_line.data();
+  int64_t* item_begin = w.item_begin.data();
+  int64_t* item_end = w.item_end.data();
+  int64_t item = 0;
+  line_items[0] = 0;
   for (int64_t l = 0; l < lines; ++l) {
-    const int64_t n = offsets[static_cast<size_t>(l + 1)] - offsets[static_cast<size_t>(l)];
-    // Most lines are whole: skip the division for them (it is most of this loop's time).
-    const int64_t pieces = n <= max_blocks ? 1 : (n + max_blocks - 1) / max_blocks;
-    w.line_items[static_cast<size_t>(l + 1)] = w.line_items[static_cast<size_t>(l)] + pieces;
-    if (pieces > 1) ++w.split_lines;
-    w.max_pieces_per_line = std::max(w.max_pieces_per_line, pieces);
+    const int64_t begin = off[l], n = off[l + 1] - begin;
+    if (n <= max_blocks) {  // one piece (most lines): no divisions
+      item_line[item] = l;
+      item_begin[item] = begin;
+      item_end[item] = begin + n;
+      ++item;
+    } else {
+      // Equal pieces (sizes differ by at most one) rather than max_blocks-sized ones and a short
+      // remainder, so that the pieces of a line take about the same time.
+      const int64_t pieces = (n + max_blocks - 1) / max_blocks;
+      for (int64_t k = 0; k < pieces; ++k, ++item) {
+        item_line[item] = l;
+        item_begin[item] = begin + n * k / pieces;
+        item_end[item] = begin + n * (k + 1) / pieces;
+      }
+      ++w.split_lines;
+      w.max_pieces_per_line = std::max(w.max_pieces_per_line, pieces);
+    }
+    line_items[l + 1] = item;
   }
-  const auto total = static_cast<size_t>(w.line_items.back());
-  w.item_line.resize(total);
-  w.item_begin.resize(total);
-  w.item_end.resize(total);
-  for (int64_t l = 0; l < lines; ++l) {
-    const int64_t begin = offsets[static_cast<size_t>(l)];
-    const int64_t n = offsets[static_cast<size_t>(l + 1)] - begin;
-    const int64_t first = w.line_items[static_cast<size_t>(l)];
-    const int64_t pieces = w.line_items[static_cast<size_t>(l + 1)] - first;
-    if (pieces == 1) {
-      const auto i = static_cast<size_t>(first);
-      w.item_line[i] = l;
-      w.item_begin[i] = begin;
-      w.item_end[i] = begin + n;
-      continue;
-    }
-    // Equal pieces (sizes differ by at most one) rather than max_blocks-sized ones and a short
-    // remainder, so that the pieces of a line take about the same time.
-    for (int64_t k = 0; k < pieces; ++k) {
-      const auto i = static_cast<size_t>(first + k);
-      w.item_line[i] = l;
-      w.item_begin[i] = begin + n * k / pieces;
-      w.item_end[i] = begin + n * (k + 1) / pieces;
-    }
+  if (lines > 0) w.max_pieces_per_line = std::max<int64_t>(w.max_pieces_per_line, 1);
+  for (std::vector<int64_t>* v : {&w.item_line, &w.item_begin, &w.item_end}) {
+    v->resize(static_cast<size_t>(item));
   }
   return w;
 }
@@ -291,19 +302,16 @@ Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_se
   const int64_t G = rows.stored_heads, n = rows.num_blocks;
   // The painters' rows are already in (stored head, row, column) order: the CSR is their offsets.
   ix.row_offsets = std::move(rows.row_offsets);
+  ix.row = std::move(rows.rows);
+  ix.col = std::move(rows.cols);
   for (int64_t l = 0; l < G * n; ++l) {
     ix.max_row_nnz = std::max(ix.max_row_nnz, ix.row_offsets[static_cast<size_t>(l + 1)] -
                                                   ix.row_offsets[static_cast<size_t>(l)]);
   }
-  const auto stored = static_cast<size_t>(ix.row_offsets.back());
-  ix.head.resize(stored);
-  ix.row.resize(stored);
-  ix.col = std::move(rows.cols);
-  for (int64_t l = 0; l < G * n; ++l) {
-    const auto begin = static_cast<std::ptrdiff_t>(ix.row_offsets[static_cast<size_t>(l)]);
-    const auto count = static_cast<size_t>(ix.row_offsets[static_cast<size_t>(l + 1)] - begin);
-    std::fill_n(ix.head.begin() + begin, count, l / n);
-    std::fill_n(ix.row.begin() + begin, count, l % n);
+  ix.head.assign(ix.col.size(), 0);  // stored head 0's; the others' are written below
+  for (int64_t g = 1; g < G; ++g) {
+    std::fill(ix.head.begin() + ix.row_offsets[static_cast<size_t>(g * n)],
+              ix.head.begin() + ix.row_offsets[static_cast<size_t>((g + 1) * n)], g);
   }
   // Per-head layouts may still coincide (a config whose heads draw the same pattern).
   keep_one_head_if_shared(&ix);

@@ -18,13 +18,10 @@ constexpr uint32_t kLowerMask = 0x7fffffffu;
 // CPython always starts init_by_array from this fixed init_genrand seed.
 constexpr uint32_t kArraySeed = 19650218u;
 
+// Python's int.bit_length: 0 for 0. A count of leading zeros rather than a loop of up to 64
+// shifts: randbelow calls it for every draw (thousands per BigBird layout).
 int bit_length(uint64_t n) {
-  int k = 0;
-  while (n != 0) {
-    ++k;
-    n >>= 1;
-  }
-  return k;
+  return n == 0 ? 0 : 64 - __builtin_clzll(n);
 }
 
 }  // namespace
@@ -159,20 +156,27 @@ Status PythonRandom::sample_range(int64_t n, int64_t k, std::vector<int64_t>* ou
   } else {
     // Set method: draw from the whole population and redraw repeats. A few draws (BigBird's one
     // to three random blocks per row, thousands of rows) are checked against those taken so far
-    // directly: building a hash set per call was most of this function's time. Same draws either
-    // way.
+    // directly, and no hash set is made for them at all: building one per call was most of this
+    // function's time. Same draws either way.
     constexpr int64_t kLinearCheck = 16;
-    std::unordered_set<int64_t> selected;
-    if (k > kLinearCheck) selected.reserve(static_cast<size_t>(k));
-    auto taken = [&](int64_t j, int64_t count) {
-      if (k > kLinearCheck) return selected.count(j) != 0;
-      return std::find(out->begin(), out->begin() + count, j) != out->begin() + count;
-    };
-    for (int64_t i = 0; i < k; ++i) {
-      auto j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
-      while (taken(j, i)) j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
-      if (k > kLinearCheck) selected.insert(j);
-      (*out)[i] = j;
+    int64_t* taken = out->data();
+    if (k <= kLinearCheck) {
+      for (int64_t i = 0; i < k; ++i) {
+        int64_t j;
+        do {
+          j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
+        } while (std::find(taken, taken + i, j) != taken + i);
+        taken[i] = j;
+      }
+    } else {
+      std::unordered_set<int64_t> selected;
+      selected.reserve(static_cast<size_t>(k));
+      for (int64_t i = 0; i < k; ++i) {
+        auto j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
+        while (!selected.insert(j).second)
+          j = static_cast<int64_t>(randbelow(static_cast<uint64_t>(n)));
+        taken[i] = j;
+      }
     }
   }
   return Status::ok_status();

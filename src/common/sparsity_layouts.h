@@ -48,6 +48,7 @@ struct SparseLayoutRows {
   // cols[row_offsets[h * n + r] .. row_offsets[h * n + r + 1] - 1], ascending, each once.
   std::vector<int64_t> row_offsets;
   std::vector<int64_t> cols;
+  std::vector<int64_t> rows;  // [cols.size()] the row of each listed block (r above)
 };
 
 // make_layout_for_length(config, max_seq_length, seq_len) as row lists, without the dense layout:

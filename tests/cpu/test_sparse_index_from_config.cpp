@@ -346,6 +346,31 @@ TEST(SparseIndexFromConfig, ErrorsMatch) {
   EXPECT_FALSE(build_sparse_attention_index(huge, 1024, 1024, nullptr).ok());
 }
 
+// Rows painted with more one-row ranges than the sparse build sorts by insertion (16): many
+// random blocks per row (BigBird, Variable), so that a row's ranges arrive out of order and take
+// the other sort. A build that left them unsorted would list columns twice or skip them.
+TEST(SparseIndexFromConfig, RowsWithManyRandomBlocks) {
+  int built = 0;
+  auto expect_same = [&](auto config, int64_t block, uint64_t seed, bool per_head) {
+    config.num_heads = 2;
+    config.block = block;
+    config.seed = seed;
+    config.different_layout_per_head = per_head;
+    expect_same_over_lengths(config, 40, &built);
+  };
+  for (int64_t block : {16, 32})
+    for (uint64_t seed : {0u, 3u})
+      for (bool per_head : {false, true}) {
+        BigBirdSparsityConfig bigbird;
+        bigbird.num_random_blocks = 24;
+        expect_same(bigbird, block, seed, per_head);
+        VariableSparsityConfig variable;
+        variable.num_random_blocks = 20;
+        expect_same(variable, block, seed, per_head);
+      }
+  EXPECT_EQ(built, 64);
+}
+
 // The length: 65,536 tokens, 16 heads, each config's class defaults, block 64, and a
 // crop from it; block 16 at 16,384 tokens.
 TEST(SparseIndexFromConfig, LongSequencesWithClassDefaults) {
