@@ -44,12 +44,14 @@ __host__ __device__ constexpr uint32_t swizzled_chunk_offset(int row, int chunk)
 // A matrix descriptor for a tile in the layout above with kWidth-byte rows starting at
 // shared-window address `start` (bits 0-13: start >> 4; 16-29: leading byte offset >> 4; 32-45:
 // stride byte offset >> 4; 62-63: 1 = 128-byte swizzle, 2 = 64-byte; base offset 0, since the
-// parts are 1024-byte aligned).
+// parts are 1024-byte aligned). Shared-window addresses are below 2^18 (228 KB), so start >> 4
+// fits its 14 bits without a mask, and the descriptor of start + bytes is this one plus
+// bytes >> 4: a k-step's descriptor is an add to its tile's, which the compiler computes once.
 template <int kWidth>
 __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t start, uint32_t leading_bytes,
                                                      uint32_t stride_bytes) {
   constexpr uint64_t kLayout = kWidth == 128 ? 1 : 2;
-  return (static_cast<uint64_t>((start & 0x3FFFF) >> 4)) |
+  return (static_cast<uint64_t>(start >> 4)) |
          (static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (kLayout << 62);
 }
@@ -58,18 +60,17 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t start, uint32_t le
 template <int kRows, int kWidth>
 __device__ __forceinline__ uint64_t k_major_step(uint32_t tile, int s) {
   constexpr int kStepsPerPart = kWidth / 32;
-  return wgmma_descriptor<kWidth>(
-      tile +
-          static_cast<uint32_t>((s / kStepsPerPart) * (kRows * kWidth) + (s % kStepsPerPart) * 32),
-      16, 8 * kWidth);
+  const uint32_t offset =
+      static_cast<uint32_t>((s / kStepsPerPart) * (kRows * kWidth) + (s % kStepsPerPart) * 32);
+  return wgmma_descriptor<kWidth>(tile, 16, 8 * kWidth) + (offset >> 4);
 }
 
 // Descriptor of k-step s (rows 16s..16s+15) of an MN-major tile of kRows rows with kWidth-byte
 // rows at `tile`.
 template <int kRows, int kWidth>
 __device__ __forceinline__ uint64_t mn_major_step(uint32_t tile, int s) {
-  return wgmma_descriptor<kWidth>(tile + static_cast<uint32_t>(s * 16 * kWidth), kRows * kWidth,
-                                  8 * kWidth);
+  const uint32_t offset = static_cast<uint32_t>(s * 16 * kWidth);
+  return wgmma_descriptor<kWidth>(tile, kRows * kWidth, 8 * kWidth) + (offset >> 4);
 }
 
 // Orders this thread's earlier generic-proxy writes to shared memory (st.shared, cp.async once

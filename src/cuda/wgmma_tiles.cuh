@@ -51,22 +51,24 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
 }
 
 // copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
-// Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is a
-// 64-bit add and four cp.async (with the rows-past-L test folded into a bit mask).
+// Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is
+// kCopies cp.async from one pointer plus fixed offsets, with no branch (the rows-past-L test is a
+// bit mask, turned into the copies' zero-fill sizes), and the next slice is a 64-bit add
+// (`advance`) instead of a multiply from the loop's index.
 template <int kHeadDim>
 struct SwizzledTileCopier {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   static constexpr int kCopies = kWgmmaRows / kRowStep;
   static constexpr int kWidth = kSwizzleBytes<kHeadDim>;
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
-  const char* rows;  // the tile's first row at offset 0
+  const char* rows;  // the current slice's tile: its first row
   int32_t first;     // this thread's first chunk, in bytes from `rows`
   int32_t step;      // bytes between this thread's successive rows (kRowStep rows)
   uint32_t dst;      // this thread's first chunk in a tile
   uint32_t inside;   // bit i: this thread's i-th row is inside the tensor
 
-  // `rows`: the tile's first row at offset 0, rows `row_bytes` apart, `rows_inside` of them
-  // inside the tensor; `thread`: as copy_tile_swizzled's.
+  // `rows`: the tile's first row, rows `row_bytes` apart, `rows_inside` of them inside the tensor;
+  // `thread`: as copy_tile_swizzled's.
   __device__ __forceinline__ SwizzledTileCopier(const char* tile_rows, int32_t row_bytes,
                                                 int64_t rows_inside, int thread)
       : rows(tile_rows),
@@ -80,21 +82,20 @@ struct SwizzledTileCopier {
     }
   }
 
-  // Starts the copies of the tile `offset` bytes past the first one into the tile at `tile`.
-  __device__ __forceinline__ void copy(uint32_t tile, int64_t offset) const {
-    const char* const base = rows + offset;
-    const char* const src = base + first;
-    if (inside == (1u << kCopies) - 1) {
+  // Starts the copies of the current slice's tile into the tile at `tile`. A row past the tensor
+  // is zero-filled: its copy reads nothing (its address is the tile's first row's).
+  __device__ __forceinline__ void copy(uint32_t tile) const {
 #pragma unroll
-      for (int i = 0; i < kCopies; ++i)
-        cp_async_16_to(tile + dst + i * kRowStep * kWidth, src + i * step, 16);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        const bool in = (inside >> i) & 1u;
-        cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? src + i * step : base, in ? 16 : 0);
-      }
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? rows + (first + i * step) : rows,
+                     in ? 16 : 0);
     }
+  }
+
+  // Moves to the slice `bytes` further on.
+  __device__ __forceinline__ void advance(int64_t bytes) {
+    rows += bytes;
   }
 };
 
@@ -133,15 +134,24 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kTiles][4]) {
 // through it) and, through the barrier, to the whole CTA. Past the barrier every thread has also
 // finished iteration e - 1, so iteration e + 1's copies start into its buffer (buf ^ 1) right
 // away: one barrier per iteration, none at the end of the loop body.
-template <typename Index, typename Load>
-__device__ __forceinline__ void next_stage(Index e, Index end, int buf, const Load& load) {
+// `arrived(buf)` runs between the wait and the barrier, where this thread's own copies of the
+// iteration are complete and visible to it: it may rewrite them in place before the barrier shows
+// them to the CTA.
+template <typename Index, typename Load, typename Arrived>
+__device__ __forceinline__ void next_stage(Index e, Index end, int buf, const Load& load,
+                                           const Arrived& arrived) {
   cp_async_wait<0>();
+  arrived(buf);
   fence_proxy_async_shared();
   __syncthreads();
   if (e + 1 < end) {
     load(e + 1, buf ^ 1);
     cp_async_commit();
   }
+}
+template <typename Index, typename Load>
+__device__ __forceinline__ void next_stage(Index e, Index end, int buf, const Load& load) {
+  next_stage(e, end, buf, load, [](int) {});
 }
 
 // The CTA's 1024-byte aligned shared base (the swizzle pattern's period), as a shared-window

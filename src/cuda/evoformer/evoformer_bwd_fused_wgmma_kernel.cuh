@@ -49,8 +49,8 @@ __device__ __forceinline__ void store_transposed_ds(unsigned char* tile, const u
   }
 }
 
-// dq (64 x 32, fp32) = dS K: A = dS^T's tile read MN-major, B = the K tile read MN-major (its rows
-// are the reduction's keys, as V's in O = P V), waited for.
+// dq (64 x 32, fp32) += dS K: A = dS^T's tile read MN-major, B = the K tile read MN-major (its
+// rows are the reduction's keys, as V's in O = P V), waited for.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void wgmma_ds_k(float (&dq)[kHeadDim / 8][4], uint32_t ds_tile,
                                            uint32_t k_tile) {
@@ -60,7 +60,7 @@ __device__ __forceinline__ void wgmma_ds_k(float (&dq)[kHeadDim / 8][4], uint32_
   for (int kk = 0; kk < 4; ++kk) {
     wgmma_m64nNk16_ss_tt<T, kHeadDim>(
         dq, mn_major_step<kWgmmaRows, 128>(ds_tile, kk),
-        mn_major_step<kWgmmaRows, kSwizzleBytes<kHeadDim>>(k_tile, kk), kk > 0 ? 1 : 0);
+        mn_major_step<kWgmmaRows, kSwizzleBytes<kHeadDim>>(k_tile, kk), 1);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -103,6 +103,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
         p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kC, smem.address + Smem::kD,
         reinterpret_cast<float*>(smem.pointer + Smem::kStats), bias2_stages);
     auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
+    auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
+    uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
+    load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
     // Every thread is done with the previous key tile's K, V, query tiles and dS^T.
     if (!first_keys) __syncthreads();
     copy_slice_swizzled<T, kHeadDim>(k_tile, k_src, key0, p.len);
@@ -110,8 +113,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     load_query_tile(0, 0);
     cp_async_commit();
 
-    float key_bias1[2];
-    evoformer_key_bias1(key_bias1, p, b, n, my_keys);
+    float key_bias1[2] = {0.0f, 0.0f};
     float dk[kOutTiles][4], dv[kOutTiles][4];
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i)
@@ -124,7 +126,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
 
     for (int64_t qt = 0; qt < tiles; ++qt) {
       const int buf = static_cast<int>(qt & 1);
-      next_stage(qt, tiles, buf, load_query_tile);
+      next_stage(qt, tiles, buf, load_query_tile, convert_lse);
+      if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, p.bias1_type);
       float pt[8][4];
       evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
                                            scale_log2, key_bias1, warp, lane);
@@ -140,22 +143,23 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
       uint32_t ds[4][4];
       pack_a_fragments<T>(ds, pt);
       store_transposed_ds(ds_stored, ds, warp, lane);
+      // The query tile's dQ so far (read here, so that the reads pass while the products below
+      // run), into the accumulators of the product that adds this key tile's share to it.
+      float4* const sum = dq_sum + qt * kOutTiles * kWgmmaThreads;
+      float dq[kOutTiles][4];
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        const float4 earlier =
+            first_keys ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : sum[i * kWgmmaThreads];
+        dq[i][0] = earlier.x;
+        dq[i][1] = earlier.y;
+        dq[i][2] = earlier.z;
+        dq[i][3] = earlier.w;
+      }
       fence_proxy_async_shared();
       wgmma_acc_packed<T, kHeadDim>(dk, ds, queries.q_tile(buf));  // dK += dS^T Q
-      __syncthreads();  // every warp's keys of dS^T are in the tile
-      float dq[kOutTiles][4];
-      wgmma_ds_k<T, kHeadDim>(dq, ds_tile, k_tile);  // this key tile's share of dQ
-      float4* const sum = dq_sum + qt * kOutTiles * kWgmmaThreads;
-      if (!first_keys) {
-#pragma unroll
-        for (int i = 0; i < kOutTiles; ++i) {
-          const float4 earlier = sum[i * kWgmmaThreads];
-          dq[i][0] += earlier.x;
-          dq[i][1] += earlier.y;
-          dq[i][2] += earlier.z;
-          dq[i][3] += earlier.w;
-        }
-      }
+      __syncthreads();                               // every warp's keys of dS^T are in the tile
+      wgmma_ds_k<T, kHeadDim>(dq, ds_tile, k_tile);  // dQ += dS K_j: this key tile's share
       if (last_keys) {
         const int64_t q0 = qt * kWgmmaRows;
         const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};

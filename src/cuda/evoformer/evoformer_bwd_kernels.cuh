@@ -216,27 +216,40 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
 // tiles are 64 x 64 in fp32 accumulators; this thread holds two rows (r = e >> 1) of the m16n8
 // layout (lane = 4 g + t, columns 8 j + 2 t + (e & 1)).
 
-// dK/dV kernel: bias1 of this thread's two keys in log2 units (0 past L or without bias1).
-__device__ __forceinline__ void evoformer_key_bias1(float (&key_bias1)[2],
+// dK/dV kernel: bias1 of this thread's two keys in log2 units (0 past L or without bias1), in two
+// halves: the loads, issued before the CTA's first tiles so that their latency passes during the
+// tiles' wait, and the conversion, at the first step.
+__device__ __forceinline__ void load_key_bias1_bits(uint32_t (&bits)[2],
                                                     const EvoformerDeviceParams& p, int64_t b,
                                                     int64_t n, const int64_t (&my_keys)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    key_bias1[r] = 0.0f;
+    bits[r] = neutral_bias_bits(p.bias1_type);
     if (p.bias1_type != BiasType::kNone && my_keys[r] < p.len) {
-      key_bias1[r] = kLog2e * load_bias(p.bias1, p.bias1_type,
-                                        b * p.bias1_stride[0] + n * p.bias1_stride[1] +
-                                            my_keys[r] * p.bias1_stride[2]);
+      bits[r] = load_bias_bits(
+          p.bias1, p.bias1_type,
+          b * p.bias1_stride[0] + n * p.bias1_stride[1] + my_keys[r] * p.bias1_stride[2]);
     }
   }
+}
+__device__ __forceinline__ void key_bias1_from_bits(float (&key_bias1)[2],
+                                                    const uint32_t (&bits)[2], BiasType type) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) key_bias1[r] = kLog2e * bias_from_bits(bits[r], type);
+}
+__device__ __forceinline__ void evoformer_key_bias1(float (&key_bias1)[2],
+                                                    const EvoformerDeviceParams& p, int64_t b,
+                                                    int64_t n, const int64_t (&my_keys)[2]) {
+  uint32_t bits[2];
+  load_key_bias1_bits(bits, p, b, n, my_keys);
+  key_bias1_from_bits(key_bias1, bits, p.bias1_type);
 }
 
 // dK/dV kernel: P^T (keys x queries) in place from S^T = K Q^T: the scale, bias1 (per key, a
 // per-row constant here), bias2 read transposed from its stage (this thread's "rows" are key
-// columns of the stage, its columns the stage's query rows), and the query rows' lse. No bounds
-// checks: a padded query column has lse = +inf (P = 0), and a padded key row only feeds dK, dV
-// and dbias1 of that key, which are never stored. Each of the thread's 16 query columns' lse is
-// converted once, not once per element.
+// columns of the stage, its columns the stage's query rows), and the query rows' lse, in log2
+// units in its stage (stage_lse_to_log2). No bounds checks: a padded query column has lse = +inf
+// (P = 0), and a padded key row only feeds dK, dV and dbias1 of that key, which are never stored.
 __device__ __forceinline__ void evoformer_transposed_probabilities(
     float (&pt)[8][4], float scale_log2, const float (&key_bias1)[2],
     const unsigned char* bias2_stage, BiasType bias2_type, const float* lse, int warp, int lane) {
@@ -248,7 +261,7 @@ __device__ __forceinline__ void evoformer_transposed_probabilities(
   add_staged_bias_transposed(pt, bias2_stage, bias2_type, warp * 16, lane);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float2 lse2 = lse_pair_log2(lse, j, t);
+    const float2 lse2 = *reinterpret_cast<const float2*>(&lse[j * 8 + 2 * t]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) pt[j][e] = fast_exp2(pt[j][e] - ((e & 1) ? lse2.y : lse2.x));
   }
@@ -414,6 +427,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     } else {
       cp_async_wait<0>();
     }
+    stage_lse_to_log2<Tile::kBlock>(smem.lse[buf]);
     __syncthreads();
     if (qt == 0) {
       load_a_frags<T, kSteps, kPitch>(k_frag, smem.a + warp * 16 * kPitch, g, t);
@@ -553,13 +567,18 @@ __device__ __forceinline__ Dbias2Cta decode_dbias2_cta(const EvoformerDevicePara
 
 // bias1 of n at key k0 + threadIdx.x (threads below 64), in log2 units; 0 past L, where bias2's
 // -inf already removes the cell.
+__device__ __forceinline__ uint32_t dbias2_bias1_bits(const EvoformerDeviceParams& p, int64_t b,
+                                                      int64_t n, int64_t k0) {
+  const int64_t key = k0 + threadIdx.x;
+  if (p.bias1_type == BiasType::kNone || threadIdx.x >= 64 || key >= p.len) {
+    return neutral_bias_bits(p.bias1_type);
+  }
+  return load_bias_bits(p.bias1, p.bias1_type,
+                        b * p.bias1_stride[0] + n * p.bias1_stride[1] + key * p.bias1_stride[2]);
+}
 __device__ __forceinline__ float dbias2_bias1_log2(const EvoformerDeviceParams& p, int64_t b,
                                                    int64_t n, int64_t k0) {
-  const int64_t key = k0 + threadIdx.x;
-  if (p.bias1_type == BiasType::kNone || threadIdx.x >= 64 || key >= p.len) return 0.0f;
-  return load_bias(p.bias1, p.bias1_type,
-                   b * p.bias1_stride[0] + n * p.bias1_stride[1] + key * p.bias1_stride[2]) *
-         kLog2e;
+  return kLog2e * bias_from_bits(dbias2_bias1_bits(p, b, n, k0), p.bias1_type);
 }
 
 // bias2 does not depend on n: this thread's 32 cells of it (rows q0 + my_row[r], 64 keys from

@@ -133,6 +133,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
       smem.address + Smem::kC, smem.address + Smem::kD,
       reinterpret_cast<float*>(smem.pointer + Smem::kStats), smem.pointer + Smem::kBwdBytes);
   auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
+  auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
+  uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
+  load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
   copy_slice_swizzled<T, kHeadDim>(k_tile, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h),
                                    key0, p.len);
   copy_slice_swizzled<T, kHeadDim>(v_tile, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h),
@@ -140,8 +143,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   load_query_tile(0, 0);
   cp_async_commit();
 
-  float key_bias1[2];
-  evoformer_key_bias1(key_bias1, p, b, n, my_keys);
+  float key_bias1[2] = {0.0f, 0.0f};
   float dk[kOutTiles][4], dv[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i)
@@ -152,7 +154,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
 
   for (int64_t qt = 0; qt < q_tiles; ++qt) {
     const int buf = static_cast<int>(qt & 1);
-    next_stage(qt, q_tiles, buf, load_query_tile);
+    next_stage(qt, q_tiles, buf, load_query_tile, convert_lse);
+    if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, p.bias1_type);
     float pt[8][4];
     evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
                                          scale_log2, key_bias1, warp, lane);
@@ -292,33 +295,39 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   const int my_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};  // in the tile's rows
 
   // Each warpgroup copies its own Q and dO rows; K and V are split between the warpgroups (one
-  // copier per thread: Q or dO, then K or V). Addresses are those of n = 0 plus n times the
-  // tensor's N stride.
+  // copier per thread: Q or dO, then K or V; with one warpgroup, K and V). The copiers start at
+  // the chunk's first n and move one n on per copy.
   const auto copier = [&](const void* data, const int64_t stride[4], int64_t row0) {
     const SliceSource src = slice_of(data, stride, 1, sizeof(T), b, 0, h);
     const int32_t row_bytes =
         static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
-    return SwizzledTileCopier<kHeadDim>(static_cast<const char*>(src.base) + row0 * row_bytes,
-                                        row_bytes, p.len - row0, group_thread);
+    SwizzledTileCopier<kHeadDim> copy(static_cast<const char*>(src.base) + row0 * row_bytes,
+                                      row_bytes, p.len - row0, group_thread);
+    copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
+    return copy;
   };
-  const SwizzledTileCopier<kHeadDim> q_copy = copier(p.q, p.q_stride, group_q0);
-  const SwizzledTileCopier<kHeadDim> do_copy = copier(p.dout, p.dout_stride, group_q0);
-  const bool copies_k = group == 0;  // else V (with one warpgroup: both)
-  const SwizzledTileCopier<kHeadDim> k_copy = copier(p.k, p.k_stride, k0);
-  const SwizzledTileCopier<kHeadDim> v_copy = copier(p.v, p.v_stride, k0);
-  const int64_t q_n_bytes = p.q_stride[1] * static_cast<int64_t>(sizeof(T)),
-                do_n_bytes = p.dout_stride[1] * static_cast<int64_t>(sizeof(T)),
-                k_n_bytes = p.k_stride[1] * static_cast<int64_t>(sizeof(T)),
-                v_n_bytes = p.v_stride[1] * static_cast<int64_t>(sizeof(T));
+  const auto n_bytes = [](const int64_t stride[4]) {
+    return stride[1] * static_cast<int64_t>(sizeof(T));
+  };
+  SwizzledTileCopier<kHeadDim> q_copy = copier(p.q, p.q_stride, group_q0);
+  SwizzledTileCopier<kHeadDim> do_copy = copier(p.dout, p.dout_stride, group_q0);
+  const bool copies_k = kGroups == 1 || group == 0;
+  SwizzledTileCopier<kHeadDim> kv_copy =
+      copies_k ? copier(p.k, p.k_stride, k0) : copier(p.v, p.v_stride, k0);
+  SwizzledTileCopier<kHeadDim> v_copy = copier(p.v, p.v_stride, k0);  // one warpgroup only
+  const int64_t q_n_bytes = n_bytes(p.q_stride), do_n_bytes = n_bytes(p.dout_stride),
+                kv_n_bytes = copies_k ? n_bytes(p.k_stride) : n_bytes(p.v_stride),
+                v_n_bytes = n_bytes(p.v_stride);
+  const int kv_tile = 2 * kGroups + (copies_k ? 0 : 1);
   // The row statistics of n: thread r < kRows copies row q0 + r's lse and delta (rows past L get
   // lse +inf and delta 0, written once per stage below, so P = 0 there).
   static_assert(kThreads >= kRows, "one thread per row's statistics");
   const int stat_row = static_cast<int>(threadIdx.x);
   const bool stat_copied = stat_row < kRows && q0 + stat_row < p.len;
-  const float* const lse_row =
-      p.lse + b * p.n * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + stat_row) * p.lse_stride[2];
-  const float* const delta_row = p.delta + (b * p.n * p.heads + h) * p.len + q0 + stat_row;
-  const int64_t delta_n = p.heads * p.len;
+  const int64_t lse_n = p.lse_stride[0], delta_n = p.heads * p.len;
+  const float* lse_next = p.lse + (b * p.n + at.n_begin) * lse_n + h * p.lse_stride[1] +
+                          (q0 + stat_row) * p.lse_stride[2];
+  const float* delta_next = p.delta + (b * p.n + at.n_begin) * delta_n + h * p.len + q0 + stat_row;
   if (stat_row < kRows && !stat_copied) {
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
@@ -327,17 +336,24 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     }
   }
   // Starts the copies of n's tiles and row statistics into stage st, as one cp.async group (an
-  // empty one past the chunk, so that every iteration waits for the same group count).
+  // empty one past the chunk, so that every iteration waits for the same group count). Called
+  // for n = at.n_begin, at.n_begin + 1, ... in order: each call moves the sources one n on.
   auto load_n = [&](int64_t n, int st) {
     if (n < at.n_end) {
-      q_copy.copy(tile(group, st), n * q_n_bytes);
-      do_copy.copy(tile(kGroups + group, st), n * do_n_bytes);
-      if (kGroups == 1 || copies_k) k_copy.copy(tile(2 * kGroups, st), n * k_n_bytes);
-      if (kGroups == 1 || !copies_k) v_copy.copy(tile(2 * kGroups + 1, st), n * v_n_bytes);
+      q_copy.copy(tile(group, st));
+      do_copy.copy(tile(kGroups + group, st));
+      kv_copy.copy(tile(kv_tile, st));
+      if (kGroups == 1) v_copy.copy(tile(2 * kGroups + 1, st));
+      q_copy.advance(q_n_bytes);
+      do_copy.advance(do_n_bytes);
+      kv_copy.advance(kv_n_bytes);
+      if (kGroups == 1) v_copy.advance(v_n_bytes);
       if (stat_copied) {
-        cp_async_4(lse_of(st) + stat_row, lse_row + n * p.lse_stride[0], 4);
-        cp_async_4(delta_of(st) + stat_row, delta_row + n * delta_n, 4);
+        cp_async_4(lse_of(st) + stat_row, lse_next, 4);
+        cp_async_4(delta_of(st) + stat_row, delta_next, 4);
       }
+      lse_next += lse_n;
+      delta_next += delta_n;
     }
     cp_async_commit();
   };
@@ -364,7 +380,10 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   int st = 0;  // the stage of n
   for (int64_t n = at.n_begin; n < at.n_end; ++n) {
     const int parity = static_cast<int>((n - at.n_begin) & 1);
-    const float bias1_next = n + 1 < at.n_end ? dbias2_bias1_log2(p, b, n + 1, k0) : 0.0f;
+    // n + 1's bias1, loaded here and converted where it is stored, below (the conversion would
+    // wait for the load right away).
+    const uint32_t bias1_next =
+        n + 1 < at.n_end ? dbias2_bias1_bits(p, b, n + 1, k0) : neutral_bias_bits(p.bias1_type);
     cp_async_wait<kStages - 2>();  // n's group is complete (n + 1's may still run)
     fence_proxy_async_shared();
     // Past this barrier n's tiles are visible to the whole CTA and every thread has finished
@@ -397,7 +416,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
                        lse_log2, row_delta);
     }
     if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end)
-      bias1_of(parity ^ 1)[threadIdx.x] = bias1_next;
+      bias1_of(parity ^ 1)[threadIdx.x] = kLog2e * bias_from_bits(bias1_next, p.bias1_type);
     st = st + 1 == kStages ? 0 : st + 1;
   }
 

@@ -40,6 +40,15 @@ __device__ __forceinline__ float2 lse_pair_log2(const float* lse, int j, int t) 
   return make_float2(lse_log2_of(pair.x), lse_log2_of(pair.y));
 }
 
+// The Evoformer dK/dV steps read each query row's lse in log2 units from the query tile's stage: thread
+// r < kRows, which copied row r's lse there (or wrote +inf past L), converts it in place once per
+// tile, after its own copy is complete and before the barrier that shows the stage to the CTA,
+// instead of every thread converting its 16 query columns at every step.
+template <int kRows>
+__device__ __forceinline__ void stage_lse_to_log2(float* lse) {
+  if (threadIdx.x < kRows) lse[threadIdx.x] = lse_log2_of(lse[threadIdx.x]);
+}
+
 // Per storage type: conversions and the MMA instruction's type name.
 template <typename T>
 struct ElementTraits;
@@ -200,20 +209,49 @@ __device__ __forceinline__ void mma_acc_k_major(float out[kOutTiles][4], const u
   }
 }
 
-// A bias element as it enters the score: a boolean mask adds 0 (attend) or -inf (masked).
-__device__ __forceinline__ float load_bias(const void* base, BiasType type, int64_t offset) {
+// load_bias in two halves, for a value loaded well before its first use (so that the load's
+// latency passes while other work runs; the compiler places a conversion right after its load):
+// the element's bits (zero-extended), then the value they stand for.
+__device__ __forceinline__ uint32_t load_bias_bits(const void* base, BiasType type,
+                                                   int64_t offset) {
   switch (type) {
     case BiasType::kF32:
-      return static_cast<const float*>(base)[offset];
+      return __float_as_uint(static_cast<const float*>(base)[offset]);
     case BiasType::kF16:
-      return __half2float(static_cast<const __half*>(base)[offset]);
     case BiasType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
+      return static_cast<const uint16_t*>(base)[offset];
     case BiasType::kBool:
-      return static_cast<const uint8_t*>(base)[offset] ? 0.0f : kNegInf;
+      return static_cast<const uint8_t*>(base)[offset];
+    default:
+      return 0;
+  }
+}
+
+// A bias element's bits as it enters the score: a boolean mask adds 0 (attend) or -inf (masked).
+__device__ __forceinline__ float bias_from_bits(uint32_t bits, BiasType type) {
+  switch (type) {
+    case BiasType::kF32:
+      return __uint_as_float(bits);
+    case BiasType::kF16:
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    case BiasType::kBF16:
+      return __uint_as_float(bits << 16);
+    case BiasType::kBool:
+      return bits != 0 ? 0.0f : kNegInf;
     default:
       return 0.0f;
   }
+}
+
+// The bits of a bias element that adds nothing (0, or an attending mask entry), for positions
+// past L and absent biases.
+__device__ __forceinline__ uint32_t neutral_bias_bits(BiasType type) {
+  return type == BiasType::kBool ? 1u : 0u;
+}
+
+// A bias element as it enters the score.
+__device__ __forceinline__ float load_bias(const void* base, BiasType type, int64_t offset) {
+  return bias_from_bits(load_bias_bits(base, type, offset), type);
 }
 
 // Stores a float into a bias-gradient buffer of the bias's float type.

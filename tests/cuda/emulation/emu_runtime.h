@@ -213,11 +213,16 @@ inline float __log2f(float x) {
 inline float __logf(float x) {
   return std::log(x);
 }
-// The bit reinterpretation intrinsic (the bf16 bias pair conversion uses it).
+// The bit reinterpretation intrinsics (the bf16 bias pair conversion and the bias loads use them).
 inline float __uint_as_float(unsigned int bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+inline unsigned int __float_as_uint(float f) {
+  unsigned int bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
 }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
