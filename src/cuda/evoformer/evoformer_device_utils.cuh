@@ -40,10 +40,10 @@ __device__ __forceinline__ float2 lse_pair_log2(const float* lse, int j, int t) 
   return make_float2(lse_log2_of(pair.x), lse_log2_of(pair.y));
 }
 
-// The Evoformer dK/dV steps read each query row's lse in log2 units from the query tile's stage: thread
-// r < kRows, which copied row r's lse there (or wrote +inf past L), converts it in place once per
-// tile, after its own copy is complete and before the barrier that shows the stage to the CTA,
-// instead of every thread converting its 16 query columns at every step.
+// The Evoformer dK/dV steps read each query row's lse in log2 units from the query tile's stage:
+// thread r < kRows, which copied row r's lse there (or wrote +inf past L), converts it in place
+// once per tile, after its own copy is complete and before the barrier that shows the stage to the
+// CTA, instead of every thread converting its 16 query columns at every step.
 template <int kRows>
 __device__ __forceinline__ void stage_lse_to_log2(float* lse) {
   if (threadIdx.x < kRows) lse[threadIdx.x] = lse_log2_of(lse[threadIdx.x]);
