@@ -114,12 +114,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     cp_async_commit();
 
     float key_bias1[2] = {0.0f, 0.0f};
-    float dk[kOutTiles][4], dv[kOutTiles][4];
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
-    float key_dbias1[2] = {0.0f, 0.0f};
+    float dk[kOutTiles][4], dv[kOutTiles][4], key_dbias1[2];
+    zero_key_tile_sums(dk, dv, key_dbias1);
     // A partial last key tile: its keys past L must add nothing to dQ (their K rows are zero, but
     // their P, from zero-filled biases, is not).
     const bool keys_past_len = key0 + kWgmmaRows > p.len;

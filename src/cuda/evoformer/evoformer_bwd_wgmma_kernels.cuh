@@ -86,6 +86,19 @@ struct EvoformerQueryTileLoader {
   }
 };
 
+// A key tile's sums, zeroed: dK and dV (fp32 accumulators of its 64 keys x head dim) and this
+// thread's share of its two keys' dbias1 (the sum over queries of dS).
+template <int kOutTiles>
+__device__ __forceinline__ void zero_key_tile_sums(float (&dk)[kOutTiles][4],
+                                                   float (&dv)[kOutTiles][4],
+                                                   float (&key_dbias1)[2]) {
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
+  key_dbias1[0] = key_dbias1[1] = 0.0f;
+}
+
 // A step of the dK/dV loop (the keys' K and V tiles against query tile `buf` of `queries`) up to
 // dS: S^T = K Q^T and dP^T = V dO^T issued together, P^T from S^T while dP^T runs, dV += P^T dO
 // (which waits for both), then dS^T = P^T (dP^T - delta) in pt, each key's share of dbias1 added
@@ -144,12 +157,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   cp_async_commit();
 
   float key_bias1[2] = {0.0f, 0.0f};
-  float dk[kOutTiles][4], dv[kOutTiles][4];
-#pragma unroll
-  for (int i = 0; i < kOutTiles; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.0f;
-  float key_dbias1[2] = {0.0f, 0.0f};  // this thread's share of the sum over queries of dS
+  float dk[kOutTiles][4], dv[kOutTiles][4], key_dbias1[2];
+  zero_key_tile_sums(dk, dv, key_dbias1);
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t qt = 0; qt < q_tiles; ++qt) {
