@@ -74,33 +74,57 @@ inline int64_t cuda_dbias2_chunks(const EvoformerShape& s) {
   return best;
 }
 
-// The fused backward (head dim 32 on the warpgroup MMA, evoformer_bwd_fused_wgmma_kernel.cuh):
-// one CTA per (b, n, h) slice walks its key tiles in order, forming dS once for dK, dV and dQ,
-// with the slice's dQ summed in shared memory (L x 32 fp32), which allows this many CTAs per SM.
-// The separate dK/dV and dQ kernels it replaces run their own counts (kEvoformerWgmma*Ctas).
+// The fused backward (head dim 32 on the warpgroup MMA, evoformer_bwd_fused_wgmma_kernel.cuh): one
+// CTA per (b, n, h) slice walks its key tiles in order, summing the slice's dQ in shared memory
+// (L x 32 fp32); where that does not fit two CTAs in an SM, a cluster of two CTAs per slice, each
+// over half the query tiles with half the dQ, their partial dK / dV added at the end of each key
+// tile. Either way two CTAs per SM. The separate dK/dV and dQ kernels it replaces run their own
+// counts (kEvoformerWgmma*Ctas).
 constexpr int64_t kCudaFusedBackwardCtasPerSm = 2;
 constexpr int64_t kCudaDkdvCtasPerSm = 3, kCudaDqCtasPerSm = 4;
 // Modelled cost of a step (one query tile x one key tile) in quarters of a separate dK/dV step:
 // the fused kernel's, and the separate dK/dV and dQ kernels' each.
 constexpr int64_t kCudaFusedStepCost = 4, kCudaSeparateStepCost = 4;
+// A two-CTA cluster's added cost per key tile (two cluster barriers, the partial sums' exchange),
+// in the same quarters: from triangle 768 on the H200, fused kernel and delta 3.43 ms against the
+// separate kernels' 3.60 (docs/perf/evoformer_cuda.md v23).
+constexpr int64_t kCudaFusedClusterKeyTileCost = 2;
 
-// Whether the fused kernel is modelled faster than the separate ones: its CTAs each walk
-// tiles^2 steps in waves of the GPU's slots; the separate kernels' CTAs one row of tiles. The
-// fused kernel needs slices enough to fill the GPU: few long slices (large L, small N) keep the
-// separate kernels, whose CTAs are per tile. Shape only (the launcher also checks that the
-// slice's dQ fits in shared memory), so every run of a shape takes the same kernels.
-inline bool cuda_fused_backward_faster(const EvoformerShape& s) {
-  if (s.dim != 32) return false;
+// Modelled time of the fused kernel on clusters of `ranks` CTAs per slice: its CTAs each walk
+// tiles x ceil(tiles / ranks) steps in waves of the GPU's slots.
+inline int64_t cuda_fused_backward_cost(const EvoformerShape& s, int64_t ranks) {
   const int64_t slices = s.batch * s.n * s.heads;
   const int64_t tiles = (s.len + kCudaEvoformerBlock - 1) / kCudaEvoformerBlock;
-  if (slices == 0 || tiles == 0) return false;
   const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
-  const int64_t fused = ceil_div(slices, kCudaDbias2Sms * kCudaFusedBackwardCtasPerSm) * tiles *
-                        tiles * kCudaFusedStepCost;
-  const int64_t separate = (ceil_div(slices * tiles, kCudaDbias2Sms * kCudaDkdvCtasPerSm) +
-                            ceil_div(slices * tiles, kCudaDbias2Sms * kCudaDqCtasPerSm)) *
-                           tiles * kCudaSeparateStepCost;
-  return fused < separate;
+  const int64_t per_key_tile =
+      ceil_div(tiles, ranks) * kCudaFusedStepCost + (ranks > 1 ? kCudaFusedClusterKeyTileCost : 0);
+  return ceil_div(ranks * slices, kCudaDbias2Sms * kCudaFusedBackwardCtasPerSm) * tiles *
+         per_key_tile;
+}
+
+// Modelled time of the separate dK/dV and dQ kernels: their CTAs walk one row of tiles each.
+inline int64_t cuda_separate_backward_cost(const EvoformerShape& s) {
+  const int64_t slices = s.batch * s.n * s.heads;
+  const int64_t tiles = (s.len + kCudaEvoformerBlock - 1) / kCudaEvoformerBlock;
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  return (ceil_div(slices * tiles, kCudaDbias2Sms * kCudaDkdvCtasPerSm) +
+          ceil_div(slices * tiles, kCudaDbias2Sms * kCudaDqCtasPerSm)) *
+         tiles * kCudaSeparateStepCost;
+}
+
+// The fused kernel's CTAs per slice for a head dim 32 shape, given whether two CTAs per SM fit
+// with one CTA per slice and with two (fits[ranks - 1], from the shared memory): one where it
+// fits, else two where that fits, provided the fused kernel is modelled faster than the separate
+// ones; else 0 (the separate kernels). The fused kernel needs slices enough to fill the GPU: few
+// long slices (large L, small N) keep the separate kernels, whose CTAs are per tile. Depends on
+// the shape and the bias kinds only, so every run of a call takes the same kernels and gives the
+// same bits. (Two CTAs per slice where one fits is slower: on the H200 a third CTA per SM, which
+// half the dQ allows at L <= 384, did not make up for the exchange; v23.)
+inline int64_t cuda_fused_backward_ranks(const EvoformerShape& s, const bool (&fits)[2]) {
+  if (s.dim != 32 || s.batch * s.n * s.heads == 0 || s.len == 0) return 0;
+  const int64_t ranks = fits[0] ? 1 : fits[1] ? 2 : 0;
+  if (ranks == 0) return 0;
+  return cuda_fused_backward_cost(s, ranks) < cuda_separate_backward_cost(s) ? ranks : 0;
 }
 
 struct CudaBackwardWorkspace {

@@ -107,26 +107,37 @@ TEST(EvoformerCudaPlan, WorkspaceHoldsThePartialsOnlyWhenChunked) {
 }
 
 // The fused dK/dV/dQ kernel (head dim 32 on the warpgroup MMA) is modelled faster on the head dim
-// 32 shapes of PERFORMANCE.md, whose slices fill the GPU many times over (the launcher also needs
-// the slice's dQ in shared memory, which triangle 768 does not fit); a few long slices keep the
-// per-tile kernels, as does every other head dim.
+// 32 shapes of PERFORMANCE.md, whose slices fill the GPU many times over; a few long slices keep
+// the per-tile kernels, as does every other head dim. Clusters of two CTAs per slice only where
+// one CTA's dQ does not fit two CTAs in an SM.
 TEST(EvoformerCudaPlan, FusedBackwardWhereSlicesFillTheGpu) {
-  for (const EvoformerShape& s :
-       {shape(1, 256, 256, 4, 32), shape(1, 512, 256, 8, 32), shape(1, 256, 512, 8, 32),
-        shape(1, 384, 384, 4, 32), shape(1, 768, 768, 4, 32)}) {
+  for (const EvoformerShape& s : {shape(1, 256, 256, 4, 32), shape(1, 512, 256, 8, 32),
+                                  shape(1, 256, 512, 8, 32), shape(1, 384, 384, 4, 32)}) {
     SCOPED_TRACE("N " + std::to_string(s.n) + " L " + std::to_string(s.len));
-    EXPECT_TRUE(cuda_fused_backward_faster(s));
+    EXPECT_EQ(cuda_fused_backward_ranks(s, {true, true}), 1);
   }
+  // Triangle 768: one CTA's 96 KB of dQ does not fit twice, half of it does.
+  EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 768, 768, 4, 32), {false, true}), 2);
+  // Neither fits twice: the separate kernels.
+  EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 768, 768, 4, 32), {false, false}), 0);
   // Four slices of 64 tiles: four CTAs against the separate kernels' 256 each.
-  EXPECT_FALSE(cuda_fused_backward_faster(shape(1, 1, 4096, 4, 32)));
+  EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 1, 4096, 4, 32), {true, true}), 0);
   // One short slice: one CTA either way, and the fused one skips the dQ kernel.
-  EXPECT_TRUE(cuda_fused_backward_faster(shape(1, 1, 17, 1, 32)));
+  EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 1, 17, 1, 32), {true, true}), 1);
   for (int64_t dim : {8, 16, 24, 64, 128}) {
-    EXPECT_FALSE(cuda_fused_backward_faster(shape(1, 384, 384, 4, dim))) << dim;
+    EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 384, 384, 4, dim), {true, true}), 0) << dim;
   }
-  // Triangle 384 worked by hand: 1536 slices over 264 slots, 6 waves of 36 steps (864), against
-  // 9216 tiles over 396 and 528 slots, 24 + 18 waves of 6 steps (1008).
-  EXPECT_TRUE(cuda_fused_backward_faster(shape(1, 384, 384, 4, 32)));
+  // Triangle 384 worked by hand: 1536 slices over 264 slots, 6 waves of 6 x 6 steps (216),
+  // against 9216 tiles over 396 and 528 slots, 24 + 18 waves of 6 steps (252).
+  const EvoformerShape tri384 = shape(1, 384, 384, 4, 32);
+  EXPECT_EQ(cuda_fused_backward_cost(tri384, 1), 6 * 6 * 6 * kCudaFusedStepCost);
+  EXPECT_EQ(cuda_separate_backward_cost(tri384), 42 * 6 * kCudaSeparateStepCost);
+  // Triangle 768 on clusters of two: 6144 CTAs over 264 slots, 24 waves of 12 key tiles of 6
+  // steps and an exchange, against 36864 tiles over 396 and 528 slots, 94 + 70 waves of 12 steps.
+  const EvoformerShape tri768 = shape(1, 768, 768, 4, 32);
+  EXPECT_EQ(cuda_fused_backward_cost(tri768, 2),
+            24 * 12 * (6 * kCudaFusedStepCost + kCudaFusedClusterKeyTileCost));
+  EXPECT_EQ(cuda_separate_backward_cost(tri768), 164 * 12 * kCudaSeparateStepCost);
 }
 
 }  // namespace

@@ -209,8 +209,11 @@ TEST(EvoformerCudaEdges, Dbias2SplitOverNIntoChunks) {
 }
 
 // The fused dK/dV/dQ kernel (head dim 32, 16-bit, where the host plan takes it: many slices of a
-// few tiles): partial last key tiles (L = 150, 200), bias2 and none, bias1 as values and as a
-// mask, fp32 bias2 (the largest bias stages), a transposed layout.
+// few tiles), with one CTA per slice and, where the slice's dQ does not fit two CTAs in an SM (an
+// fp32 bias2 and L > 320), with clusters of two (CTA r the query tiles qt % 2 == r, partial dK, dV
+// and dbias1 exchanged): partial last key tiles (L = 150, 200, 330, 420), an odd tile count in a
+// cluster (7: the CTAs' shares differ), one tile, bias2 and none, bias1 as values (dbias1) and as
+// a mask, a transposed layout.
 TEST(EvoformerCudaEdges, FusedBackwardOverKeyTiles) {
   SKIP_WITHOUT_GPU();
   struct FusedCase {
@@ -219,21 +222,54 @@ TEST(EvoformerCudaEdges, FusedBackwardOverKeyTiles) {
     Bias1Kind bias1;
     Bias2Kind bias2;
     Layout layout;
+    // Whether two CTAs per SM fit with one and with two CTAs per slice
+    // (evoformer_fused_backward_ranks decides it from the shared memory), and the CTAs per slice
+    // the plan takes then.
+    bool fits[2];
+    int64_t ranks;
   };
   const FusedCase cases[] = {
-      {{1, 48, 150, 4, 32}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked},
-      {{1, 64, 200, 4, 32}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kNone, Layout::kPacked},
       {{1, 48, 150, 4, 32},
+       DType::kBF16,
+       Bias1Kind::kF32,
+       Bias2Kind::kSameAsQ,
+       Layout::kPacked,
+       {true, true},
+       1},
+      {{1, 64, 200, 4, 32},
+       DType::kF16,
+       Bias1Kind::kBool,
+       Bias2Kind::kNone,
+       Layout::kPacked,
+       {true, true},
+       1},
+      {{1, 33, 330, 4, 32},
        DType::kF16,
        Bias1Kind::kSameAsQ,
        Bias2Kind::kF32,
-       Layout::kTransposedNL},
+       Layout::kTransposedNL,
+       {false, true},
+       2},
+      {{1, 33, 420, 4, 32},
+       DType::kBF16,
+       Bias1Kind::kF32,
+       Bias2Kind::kF32,
+       Layout::kPacked,
+       {false, true},
+       2},
+      {{1, 24, 40, 4, 32},
+       DType::kBF16,
+       Bias1Kind::kBool,
+       Bias2Kind::kSameAsQ,
+       Layout::kPacked,
+       {true, true},
+       1},
   };
   uint64_t seed = kBaseSeed + 70400;
   for (const FusedCase& fc : cases) {
     const EvoShape& s = fc.shape;
-    ASSERT_TRUE(detail::cuda_fused_backward_faster({s.B, s.N, s.L, s.H, s.D}))
-        << "the plan no longer fuses this shape: pick one it does";
+    ASSERT_EQ(detail::cuda_fused_backward_ranks({s.B, s.N, s.L, s.H, s.D}, fc.fits), fc.ranks)
+        << "the plan no longer runs this shape on that cluster size: pick one it does";
     EvoConfig c;
     c.shape = s;
     c.dtype = fc.dtype;

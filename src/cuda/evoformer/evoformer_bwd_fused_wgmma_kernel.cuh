@@ -8,12 +8,16 @@
 //   MN-major in shared memory) adds key tile j's share of query tile i's dQ to the slice's fp32
 //   dQ in shared memory (each thread its own fragment, so the read-add-write needs no barrier),
 //   the first key tile writing it and the last writing dQ itself.
-// Shared memory grows with L (L x 32 x 4 bytes of dQ): the launcher takes this kernel only where
-// two CTAs per SM fit and the host plan (cuda_fused_backward_faster) models it faster. delta
-// comes from the delta kernel, run first; dbias2 from the dbias2 kernel, run after. CUDA layer.
+// Shared memory grows with L (L x 32 x 4 bytes of dQ). Where two such CTAs do not fit an SM
+// (triangle 768), a cluster of two CTAs owns the slice instead, CTA r the query tiles qt % 2 == r
+// with their half of the dQ; both walk every key tile and add their partial dK, dV and dbias1
+// through distributed shared memory at its end (evoformer_fused_exchange_key_tile). The launcher
+// takes this kernel where the host plan (cuda_fused_backward_ranks) models it faster. delta comes
+// from the delta kernel, run first; dbias2 from the dbias2 kernel, run after. CUDA layer.
 #pragma once
 
 #include "common/evoformer_cuda_plan.h"
+#include "cuda/cluster.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
 
 namespace sciattn::cuda {
@@ -22,12 +26,20 @@ static_assert(detail::kCudaDkdvCtasPerSm == kEvoformerWgmmaDkdvCtas<32> &&
                   detail::kCudaDqCtasPerSm == kEvoformerWgmmaDqCtas<32>,
               "the host plan's model of the separate kernels");
 
-// Shared memory of the fused kernel for `tiles` query tiles and `bias_smem` bytes of bias stages:
-// the tiles, statistics and dS^T (EvoformerWgmmaSmem<32>::kFusedBytes), the slice's dQ (8 KB per
-// query tile), the bias stages, and 1024 bytes for the base's rounding.
-__host__ __device__ constexpr size_t evoformer_fused_backward_smem(int64_t tiles,
+// The query tiles whose dQ a CTA of the fused kernel keeps, of a slice of `tiles` split over a
+// cluster of `ranks` (1 or 2) CTAs: rank 0's, the larger share.
+__host__ __device__ constexpr int64_t evoformer_fused_dq_tiles(int64_t tiles, int64_t ranks) {
+  return (tiles + ranks - 1) / ranks;
+}
+
+// Shared memory of a fused kernel CTA for a slice of `tiles` query tiles over a cluster of
+// `ranks` CTAs and `bias_smem` bytes of bias stages: the tiles, statistics and dS^T
+// (EvoformerWgmmaSmem<32>::kFusedBytes), its share of the slice's dQ (8 KB per query tile), the
+// bias stages, and 1024 bytes for the base's rounding.
+__host__ __device__ constexpr size_t evoformer_fused_backward_smem(int64_t tiles, int64_t ranks,
                                                                    size_t bias_smem) {
-  return EvoformerWgmmaSmem<32>::kFusedBytes + static_cast<size_t>(tiles) * 8192 + bias_smem + 1024;
+  return EvoformerWgmmaSmem<32>::kFusedBytes +
+         static_cast<size_t>(evoformer_fused_dq_tiles(tiles, ranks)) * 8192 + bias_smem + 1024;
 }
 
 // Stores this thread's dS^T fragments (pack_a_fragments of the 64 keys x 64 queries tile) into the
@@ -67,27 +79,116 @@ __device__ __forceinline__ void wgmma_ds_k(float (&dq)[kHeadDim / 8][4], uint32_
   wgmma_pin(dq);
 }
 
+// The end of a key tile in a cluster of two: the two CTAs' partial dK, dV and dbias1 (sums over
+// their own query tiles) become the tile's sums, rank 0 storing dK and dbias1 and rank 1 dV. Each
+// sends the other the partial it does not store, into the other's dS^T tile (8 KB: 16 floats a
+// thread, thread-major as the dQ sums) and, for dbias1, the other's lse stage 0 (a float per key):
+// both are free once every thread of both CTAs is past its last step (the first cluster barrier),
+// and the second barrier makes the stores visible. The next writes into either area come after
+// the next key tile's first barrier (this CTA's) or its first cluster barrier (the partner's),
+// both after the reads here. Two terms, so the sum's bits do not depend on which CTA adds them.
 template <typename T, int kHeadDim>
+__device__ __forceinline__ void evoformer_fused_exchange_key_tile(
+    const EvoformerDeviceParams& p, float (&dk)[kHeadDim / 8][4], float (&dv)[kHeadDim / 8][4],
+    const float (&key_dbias1)[2], uint32_t rank, float4* received, float* received_dbias1,
+    int64_t b, int64_t n, int64_t h, int64_t bn, const int64_t (&my_keys)[2], int warp, int lane) {
+  constexpr int kOutTiles = kHeadDim / 8;
+  const int t = lane % 4;
+  const bool dbias1 = p.dbias1_partial != nullptr;
+  float dbias1_sum[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dbias1_sum[r] = key_dbias1[r];
+    dbias1_sum[r] += __shfl_xor_sync(0xffffffffu, dbias1_sum[r], 1);
+    dbias1_sum[r] += __shfl_xor_sync(0xffffffffu, dbias1_sum[r], 2);
+  }
+  cluster_sync();  // both CTAs are past their last step of the key tile
+  const uint32_t partner = rank ^ 1u;
+  const uint32_t remote = cluster_shared_address(shared_address(received + threadIdx.x), partner);
+  if (rank == 0) {
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      store_cluster_shared(remote + i * kWgmmaThreads * sizeof(float4),
+                           make_float4(dv[i][0], dv[i][1], dv[i][2], dv[i][3]));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      store_cluster_shared(remote + i * kWgmmaThreads * sizeof(float4),
+                           make_float4(dk[i][0], dk[i][1], dk[i][2], dk[i][3]));
+    }
+    if (dbias1 && t == 0) {
+      const uint32_t remote_dbias1 = cluster_shared_address(shared_address(received_dbias1), 0);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        store_cluster_shared(remote_dbias1 + (warp * 16 + lane / 4 + 8 * r) * sizeof(float),
+                             dbias1_sum[r]);
+      }
+    }
+  }
+  cluster_sync();  // the partner's partial is here
+  auto add_received = [&](float(&kept)[kOutTiles][4]) {
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      const float4 other = received[i * kWgmmaThreads + threadIdx.x];
+      kept[i][0] += other.x;
+      kept[i][1] += other.y;
+      kept[i][2] += other.z;
+      kept[i][3] += other.w;
+    }
+  };
+  if (rank == 0) {
+    add_received(dk);
+    store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t,
+                             p.grads_paired);
+    if (dbias1 && t == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (my_keys[r] < p.len) {
+          p.dbias1_partial[(bn * p.heads + h) * p.len + my_keys[r]] =
+              dbias1_sum[r] + received_dbias1[warp * 16 + lane / 4 + 8 * r];
+        }
+      }
+    }
+  } else {
+    add_received(dv);
+    store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t,
+                             p.grads_paired);
+  }
+}
+
+// kRanks CTAs per slice: 1 (a plain launch), or 2 (launched as clusters of two, CTA r the query
+// tiles qt % 2 == r, the key tiles' sums meeting at the end of each).
+template <typename T, int kHeadDim, int kRanks>
 __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasPerSm)
     evoformer_bwd_fused_wgmma_kernel(const EvoformerDeviceParams p) {
   static_assert(kHeadDim == 32, "the fused backward runs head dim 32 (the host plan)");
+  static_assert(kRanks == 1 || kRanks == 2, "clusters of one or two CTAs per slice");
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
+  static_assert(kOutTiles * kWgmmaThreads * sizeof(float4) <= kWgmmaRows * kWgmmaRows * 2,
+                "a partial dK or dV fits the dS^T tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
   const uint32_t k_tile = smem.address + Smem::kA, v_tile = smem.address + Smem::kB;
   unsigned char* const ds_stored = smem.pointer + Smem::kFusedDs;
   const uint32_t ds_tile = smem.address + Smem::kFusedDs;
+  float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
-  // The slice's dQ: query tile qt's fragment i of this thread at [(qt kOutTiles + i) 128 + thread].
+  // This CTA's query tiles: qt = kRanks i + rank, i < my_tiles.
+  const uint32_t rank = kRanks > 1 ? cluster_cta_rank() : 0;
+  const int64_t my_tiles = (tiles - rank + kRanks - 1) / kRanks;
+  // This CTA's dQ: its query tile i's fragment j of this thread at [(i kOutTiles + j) 128 +
+  // thread].
   float4* const dq_sum = reinterpret_cast<float4*>(smem.pointer + Smem::kFusedBytes) + threadIdx.x;
-  unsigned char* const bias2_stages = smem.pointer + Smem::kFusedBytes + tiles * 8192;
+  unsigned char* const bias2_stages =
+      smem.pointer + Smem::kFusedBytes + evoformer_fused_dq_tiles(tiles, kRanks) * 8192;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = lane % 4;
   const float scale_log2 = p.scale * kLog2e;
-  // blockIdx.x = bn * heads + h, the order of the per-tile kernels' grids.
-  const QuotientRemainder by_head = fast_divmod(blockIdx.x, p.heads_div);
+  // blockIdx.x / kRanks = bn * heads + h, the order of the per-tile kernels' grids.
+  const QuotientRemainder by_head = fast_divmod(blockIdx.x / kRanks, p.heads_div);
   const QuotientRemainder by_n = fast_divmod(by_head.quotient, p.n_div);
   const int64_t h = by_head.remainder, bn = by_head.quotient, b = by_n.quotient, n = by_n.remainder;
   const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
@@ -100,18 +201,21 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
     const bool first_keys = kt == 0, last_keys = kt + 1 == tiles;
     const EvoformerQueryTileLoader<T, kHeadDim> queries(
-        p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kC, smem.address + Smem::kD,
-        reinterpret_cast<float*>(smem.pointer + Smem::kStats), bias2_stages);
-    auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
+        p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kC, smem.address + Smem::kD, stats,
+        bias2_stages);
+    auto load_query_tile = [&](int64_t i, int buf) { queries.load(p, kRanks * i + rank, buf); };
     auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
     uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
     load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
-    // Every thread is done with the previous key tile's K, V, query tiles and dS^T.
+    // Every thread is done with the previous key tile's K, V, query tiles and dS^T (and, in a
+    // cluster, the partial sums received there).
     if (!first_keys) __syncthreads();
-    copy_slice_swizzled<T, kHeadDim>(k_tile, k_src, key0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(v_tile, v_src, key0, p.len);
-    load_query_tile(0, 0);
-    cp_async_commit();
+    if (kRanks == 1 || my_tiles > 0) {
+      copy_slice_swizzled<T, kHeadDim>(k_tile, k_src, key0, p.len);
+      copy_slice_swizzled<T, kHeadDim>(v_tile, v_src, key0, p.len);
+      load_query_tile(0, 0);
+      cp_async_commit();
+    }
 
     float key_bias1[2] = {0.0f, 0.0f};
     float dk[kOutTiles][4], dv[kOutTiles][4], key_dbias1[2];
@@ -120,10 +224,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     // their P, from zero-filled biases, is not).
     const bool keys_past_len = key0 + kWgmmaRows > p.len;
 
-    for (int64_t qt = 0; qt < tiles; ++qt) {
-      const int buf = static_cast<int>(qt & 1);
-      next_stage(qt, tiles, buf, load_query_tile, convert_lse);
-      if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, p.bias1_type);
+    for (int64_t i = 0; i < my_tiles; ++i) {
+      const int64_t qt = kRanks * i + rank;
+      const int buf = static_cast<int>(i & 1);
+      next_stage(i, my_tiles, buf, load_query_tile, convert_lse);
+      if (i == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, p.bias1_type);
       float pt[8][4];
       evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
                                            scale_log2, key_bias1, warp, lane);
@@ -141,16 +246,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
       store_transposed_ds(ds_stored, ds, warp, lane);
       // The query tile's dQ so far (read here, so that the reads pass while the products below
       // run), into the accumulators of the product that adds this key tile's share to it.
-      float4* const sum = dq_sum + qt * kOutTiles * kWgmmaThreads;
+      float4* const sum = dq_sum + i * kOutTiles * kWgmmaThreads;
       float dq[kOutTiles][4];
 #pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
+      for (int j = 0; j < kOutTiles; ++j) {
         const float4 earlier =
-            first_keys ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : sum[i * kWgmmaThreads];
-        dq[i][0] = earlier.x;
-        dq[i][1] = earlier.y;
-        dq[i][2] = earlier.z;
-        dq[i][3] = earlier.w;
+            first_keys ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : sum[j * kWgmmaThreads];
+        dq[j][0] = earlier.x;
+        dq[j][1] = earlier.y;
+        dq[j][2] = earlier.z;
+        dq[j][3] = earlier.w;
       }
       fence_proxy_async_shared();
       wgmma_acc_packed<T, kHeadDim>(dk, ds, queries.q_tile(buf));  // dK += dS^T Q
@@ -163,12 +268,18 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
                                  p.grads_paired);
       } else {
 #pragma unroll
-        for (int i = 0; i < kOutTiles; ++i)
-          sum[i * kWgmmaThreads] = make_float4(dq[i][0], dq[i][1], dq[i][2], dq[i][3]);
+        for (int j = 0; j < kOutTiles; ++j)
+          sum[j * kWgmmaThreads] = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
       }
     }
 
-    evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+    if constexpr (kRanks > 1) {
+      evoformer_fused_exchange_key_tile<T, kHeadDim>(
+          p, dk, dv, key_dbias1, rank, reinterpret_cast<float4*>(ds_stored), queries.lse(0), b, n,
+          h, bn, my_keys, warp, lane);
+    } else {
+      evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+    }
   }
 }
 

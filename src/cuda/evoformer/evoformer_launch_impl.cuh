@@ -1,6 +1,8 @@
 // The bodies of the per-instantiation launchers (see evoformer_launch.h). CUDA layer.
 #pragma once
 
+#include <algorithm>
+
 #include "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
@@ -54,21 +56,56 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
                    stream);
 }
 
-// Whether the fused dK/dV/dQ kernel runs the backward (head dim 32 on the warpgroup path): the
-// host plan models it faster for the shape and two CTAs with the slice's dQ fit an SM's shared
-// memory (227 KB; with a 16-bit bias2 that is L up to 448, without bias2 up to 576).
-inline bool evoformer_fused_backward(const EvoformerDeviceParams& p, size_t bias_smem) {
+// The fused dK/dV/dQ kernel's CTAs per slice for this call (head dim 32 on the warpgroup path; 0:
+// the separate kernels): the host plan's choice from whether two CTAs fit an SM's shared memory
+// (227 KB) with one CTA per slice (the slice's whole dQ: L up to 448 with a 16-bit bias2, 576
+// without) and with two (half each: L up to 896, 1152).
+inline int64_t evoformer_fused_backward_ranks(const EvoformerDeviceParams& p, size_t bias_smem) {
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
   constexpr size_t kSmemPerSm = 227 * 1024, kReservedPerCta = 1024;
-  return detail::cuda_fused_backward_faster({p.batch, p.n, p.len, p.heads, p.dim}) &&
-         detail::kCudaFusedBackwardCtasPerSm *
-                 (evoformer_fused_backward_smem(tiles, bias_smem) + kReservedPerCta) <=
-             kSmemPerSm;
+  bool fits[2];
+  for (int64_t ranks = 1; ranks <= 2; ++ranks) {
+    fits[ranks - 1] =
+        detail::kCudaFusedBackwardCtasPerSm *
+            (evoformer_fused_backward_smem(tiles, ranks, bias_smem) + kReservedPerCta) <=
+        kSmemPerSm;
+  }
+  return detail::cuda_fused_backward_ranks({p.batch, p.n, p.len, p.heads, p.dim}, fits);
+}
+
+// Launches the fused kernel with `ranks` CTAs per slice: a plain launch for one, clusters of two
+// for two.
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p, int64_t ranks,
+                                            size_t bias_smem, cudaStream_t stream) {
+  const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+  const int64_t slices = p.batch * p.n * p.heads;
+  const size_t smem = evoformer_fused_backward_smem(tiles, ranks, bias_smem);
+  if (ranks == 1) {
+    return launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 1>, slices, kWgmmaThreads, smem,
+                     p, stream);
+  }
+  const auto kernel = evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 2>;
+  const cudaError_t e = configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem, true);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(2 * slices));
+  config.blockDim = dim3(kWgmmaThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster = {};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
 // The warpgroup backward: at head dim 32 where evoformer_fused_backward holds, delta and then the
-// fused dK/dV/dQ kernel (one CTA per (b, n, h) slice); else dQ first (it also computes delta,
-// which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked for.
+// fused dK/dV/dQ kernel (a cluster of one or two CTAs per (b, n, h) slice); else dQ first (it also
+// computes delta, which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked for.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
@@ -76,13 +113,12 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
   cudaError_t e = cudaSuccess;
   bool fused = false;
   if constexpr (kHeadDim == 32) {
-    if (evoformer_fused_backward(p, bias_smem)) {
+    const int64_t ranks = evoformer_fused_backward_ranks(p, bias_smem);
+    if (ranks > 0) {
       fused = true;
       e = launch_evoformer_backward_delta<T>(p, stream);
       if (e != cudaSuccess) return e;
-      const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
-      e = launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim>, p.batch * p.n * p.heads,
-                    kWgmmaThreads, evoformer_fused_backward_smem(tiles, bias_smem), p, stream);
+      e = launch_evoformer_backward_fused<T, kHeadDim>(p, ranks, bias_smem, stream);
     }
   }
   if (!fused) {
