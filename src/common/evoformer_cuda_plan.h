@@ -119,7 +119,8 @@ inline int64_t cuda_separate_backward_cost(const EvoformerShape& s) {
 // long slices (large L, small N) keep the separate kernels, whose CTAs are per tile. Depends on
 // the shape and the bias kinds only, so every run of a call takes the same kernels and gives the
 // same bits. (Two CTAs per slice where one fits is slower: on the H200 a third CTA per SM, which
-// half the dQ allows at L <= 384, did not make up for the exchange; v23.)
+// half the dQ allows up to L = 256 with a 16-bit bias2 and 640 without, did not make up for the
+// exchange; v23.)
 inline int64_t cuda_fused_backward_ranks(const EvoformerShape& s, const bool (&fits)[2]) {
   if (s.dim != 32 || s.batch * s.n * s.heads == 0 || s.len == 0) return 0;
   const int64_t ranks = fits[0] ? 1 : fits[1] ? 2 : 0;

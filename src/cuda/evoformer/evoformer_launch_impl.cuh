@@ -1,8 +1,6 @@
 // The bodies of the per-instantiation launchers (see evoformer_launch.h). CUDA layer.
 #pragma once
 
-#include <algorithm>
-
 #include "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
@@ -103,9 +101,10 @@ cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p, int6
   return cudaLaunchKernelEx(&config, kernel, p);
 }
 
-// The warpgroup backward: at head dim 32 where evoformer_fused_backward holds, delta and then the
-// fused dK/dV/dQ kernel (a cluster of one or two CTAs per (b, n, h) slice); else dQ first (it also
-// computes delta, which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked for.
+// The warpgroup backward: at head dim 32 where evoformer_fused_backward_ranks picks the fused
+// kernel, delta and then the fused dK/dV/dQ kernel (one or two CTAs per (b, n, h) slice); else dQ
+// first (it also computes delta, which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked
+// for.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
