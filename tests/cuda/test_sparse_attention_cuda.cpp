@@ -466,6 +466,43 @@ std::vector<GpuCase> small_cases() {
     c.D = b == 16 ? 64 : 128;
     add(c);
   }
+  // Packed entries (blocks of 16 and 32) on the warpgroup-MMA kernels: 16-bit aligned tensors of
+  // head dim 64 or 128 and L a multiple of 64. Random layouts with empty rows and columns (empty
+  // slots, warps that keep nothing in an entry), every score term, causal, split lines, and
+  // heads-interleaved storage.
+  c = GpuCase();
+  c.block = 16;
+  c.N = 8;
+  c.D = 64;
+  add(c);
+  c = GpuCase();
+  c.block = 32;
+  c.N = 6;
+  c.D = 128;
+  c.dtype = DType::kF16;
+  c.kpm = MaskKind::kBool;
+  c.masked_row = true;
+  c.causal = true;
+  c.rpe = RpeKind::kF32;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kBigBird;
+  c.block = 16;
+  c.N = 12;
+  c.D = 128;
+  c.attn = MaskKind::kAdd;
+  c.scale = 0.2f;
+  c.split_blocks = 1;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kFixed;
+  c.block = 32;
+  c.N = 4;
+  c.D = 64;
+  c.dtype = DType::kF16;
+  c.causal = true;
+  c.storage = Storage::kBLHD;
+  add(c);
   // fp32 on the CUDA cores, with every feature.
   for (int64_t b : {16, 64}) {
     c = GpuCase();

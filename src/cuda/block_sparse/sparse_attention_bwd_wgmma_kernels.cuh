@@ -1,9 +1,10 @@
-// The fused block-sparse attention backward on Hopper's warpgroup MMA (wgmma, sm_90a), for whole
-// 64-token tiles (the forward's condition, SparseAttentionDeviceParams::wgmma_tiles, with dO as
-// well). The same two kernels as sparse_attention_bwd_kernels.cuh, with their probability,
-// dS and output code, and the same determinism (every output element owned by one thread, split
-// lines through fp32 partials); the four products of a tile run as warpgroup MMAs on 128-byte
-// swizzled shared tiles (cuda/wgmma.cuh):
+// The fused block-sparse attention backward on Hopper's warpgroup MMA (wgmma, sm_90a), under the
+// forward's condition (SparseAttentionDeviceParams::wgmma_tiles, with dO as well) and over list
+// entries of either kind, whole tiles or packed blocks of 16 and 32 (the forward's file says
+// how; here the probabilities outside a warp's kept groups are zeroed). The same two kernels as
+// sparse_attention_bwd_kernels.cuh, with their probability, dS and output code, and the same
+// determinism (every output element owned by one thread, split lines through fp32 partials); the
+// four products of a tile run as warpgroup MMAs on 128-byte swizzled shared tiles (cuda/wgmma.cuh):
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
 //   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K
@@ -11,7 +12,7 @@
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
-#include "cuda/wgmma_tiles.cuh"
+#include "cuda/block_sparse/sparse_attention_wgmma_entries.cuh"
 
 namespace sciattn::cuda {
 
@@ -27,21 +28,7 @@ struct SparseBwdWgmmaSmem {
   static constexpr size_t kLaunchBytes = kStats + 4 * SparseTile::kSize * sizeof(float) + 1024;
 };
 
-// The (b, h) slice of a [B, H, L, D] tensor as a byte base and a 32-bit row step (whole tiles of
-// aligned rows, the host's wgmma_tiles).
-struct RowSlice {
-  const char* base;
-  int32_t row_bytes;
-  __device__ __forceinline__ const char* row(int64_t r) const { return base + r * row_bytes; }
-};
-template <typename T>
-__device__ __forceinline__ RowSlice row_slice(const void* data, const int64_t stride[4], int64_t b,
-                                              int64_t h) {
-  return {static_cast<const char*>(data) + (b * stride[0] + h * stride[1]) * sizeof(T),
-          static_cast<int32_t>(stride[2] * sizeof(T))};
-}
-
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     sparse_attention_dkdv_wgmma_kernel(const SparseAttentionDeviceParams p) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
@@ -63,14 +50,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
 
-  const EntrySlots<false> slots(p.tiles.col_slots, p.tiles);
+  const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
   const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
   const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);
   auto load_entry = [&](int e, int buf) {
     const int32_t* entry = slots.of(e);
-    const int64_t q0 = slots.token(entry, 0);
-    copy_tile_swizzled<kHeadDim>(q_tile(buf), q_src.row(q0), q_src.row_bytes);
-    copy_tile_swizzled<kHeadDim>(do_tile(buf), do_src.row(q0), do_src.row_bytes);
+    copy_entry_swizzled<kHeadDim>(q_tile(buf), q_src, slots, entry);
+    copy_entry_swizzled<kHeadDim>(do_tile(buf), do_src, slots, entry);
     load_sparse_row_stats(lse_of(buf), delta_of(buf), p, b, h, slots, entry);
   };
   if (at.begin < at.end) {
@@ -94,8 +80,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     // P^T from S^T = K Q^T; dV += P^T dO.
     float pt[8][4];
     wgmma_tile_nt<T, kHeadDim>(pt, smem.address + Smem::kA, q_tile(buf));
-    transposed_probabilities<false>(pt, p, lse_of(buf), slots, slots.of(e), p.tiles.col_masks[e],
-                                    key0, my_k, b, h, t);
+    const int mask = p.tiles.col_masks[e];
+    transposed_probabilities<kPacked>(pt, p, lse_of(buf), slots, slots.of(e), mask, key0, my_k, b,
+                                      h, t);
+    // P^T = 0 in the query groups this warp's key block row does not keep: dV and dK get nothing
+    // from them (dS^T = P^T (...) is 0 there too).
+    if constexpr (kPacked) zero_outside_keep(pt, warp_column_groups(p, mask, warp, true));
     wgmma_acc_tile<T, kHeadDim>(dv, pt, do_tile(buf));
     // dP^T = V dO^T, dS^T = P^T (dP^T - delta); dK += dS^T Q (times scale when written).
     {
@@ -109,7 +99,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   finish_dkdv_rows<T, kHeadDim>(p, at, dk, dv, my_keys, warp, g, t);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     sparse_attention_dq_wgmma_kernel(const SparseAttentionDeviceParams p) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
@@ -128,13 +118,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
 
-  const EntrySlots<false> slots(p.tiles.row_slots, p.tiles);
+  const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
   const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
   const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
   auto load_entry = [&](int e, int buf) {
-    const int64_t key0 = slots.token(slots.of(e), 0);
-    copy_tile_swizzled<kHeadDim>(k_tile(buf), k_src.row(key0), k_src.row_bytes);
-    copy_tile_swizzled<kHeadDim>(v_tile(buf), v_src.row(key0), v_src.row_bytes);
+    const int32_t* entry = slots.of(e);
+    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, slots, entry);
+    copy_entry_swizzled<kHeadDim>(v_tile(buf), v_src, slots, entry);
   };
   if (at.begin < at.end) {
     const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
@@ -166,8 +156,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     next_stage(e, at.end, buf, load_entry);
     float pr[8][4];
     wgmma_tile_nt<T, kHeadDim>(pr, smem.address + Smem::kA, k_tile(buf));
-    row_probabilities<false>(pr, p, lse_log2, slots, slots.of(e), p.tiles.row_masks[e], q0, my_r, b,
-                             h, t);
+    const int mask = p.tiles.row_masks[e];
+    row_probabilities<kPacked>(pr, p, lse_log2, slots, slots.of(e), mask, q0, my_r, b, h, t);
+    // P = 0 in the key groups this warp's query block row does not keep (dS = 0 there).
+    if constexpr (kPacked) zero_outside_keep(pr, warp_column_groups(p, mask, warp, false));
     float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
     wgmma_tile_nt<T, kHeadDim>(ds, smem.address + Smem::kB, v_tile(buf));
 #pragma unroll

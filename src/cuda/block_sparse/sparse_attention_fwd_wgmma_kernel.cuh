@@ -1,17 +1,19 @@
-// The fused block-sparse attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for whole
-// 64-token tiles (layout blocks of 64 and more, L a multiple of 64, aligned tensors of the
-// instantiated head dim 64 or 128: the host's `wgmma_tiles`). One CTA per (piece of a 64-query
-// tile row, batch) as sparse_attention_fwd_kernel, whose score, online-softmax and output code it
-// shares; what differs is how the two products run: the four warps issue them together as one
-// warpgroup, S = Q K^T as head dim / 16 m64n64k16 steps reading Q and K straight from shared
-// memory, and O += P V as four m64nDk16 steps with P from registers, instead of per-warp
-// mma.sync m16n8k16 with ldmatrix fragment loads (at head dim 128: 128 MMAs and 72 ldmatrix per
-// warp and tile become 12 instructions). Tiles are stored in the 128-byte swizzled layout
-// (cuda/wgmma.cuh). CUDA layer.
+// The fused block-sparse attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for
+// aligned tensors of the instantiated head dim 64 or 128 with L a multiple of 64 (the host's
+// `wgmma_tiles`), over list entries of either kind (EntrySlots): whole 64-token tiles (layout
+// blocks of 64 and more) or packed entries of blocks of 16 and 32, whose K / V rows are gathered
+// slot by slot (copy_entry_swizzled) and whose warps keep their own block row's column groups
+// (tile_scores sets the others to -inf). One CTA per (piece of a 64-query tile row, batch) as
+// sparse_attention_fwd_kernel, whose score, online-softmax and output code it shares; what differs
+// is how the two products run: the four warps issue them together as one warpgroup, S = Q K^T as
+// head dim / 16 m64n64k16 steps reading Q and K straight from shared memory, and O += P V as four
+// m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16 with ldmatrix
+// fragment loads (at head dim 128: 128 MMAs and 72 ldmatrix per warp and tile become 12
+// instructions). Tiles are stored in the 128-byte swizzled layout (cuda/wgmma.cuh). CUDA layer.
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
-#include "cuda/wgmma_tiles.cuh"
+#include "cuda/block_sparse/sparse_attention_wgmma_entries.cuh"
 
 namespace sciattn::cuda {
 
@@ -25,7 +27,7 @@ struct SparseFwdWgmmaSmem {
   static constexpr size_t kLaunchBytes = 5 * size_t{kTileBytes} + 1024;
 };
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     sparse_attention_fwd_wgmma_kernel(const SparseAttentionDeviceParams p) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
@@ -48,22 +50,15 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   const int64_t row0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
   const int64_t my_rows[2] = {row0 + my_r[0], row0 + my_r[1]};
-  const EntrySlots<false> slots(p.tiles.row_slots, p.tiles);
+  const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
 
-  // Whole tiles of aligned rows (the host's wgmma_tiles): per-tile bases, 32-bit row steps.
-  const char* q_base =
-      static_cast<const char*>(p.q) + (b * p.q_stride[0] + h * p.q_stride[1]) * sizeof(T);
-  const char* k_base =
-      static_cast<const char*>(p.k) + (b * p.k_stride[0] + h * p.k_stride[1]) * sizeof(T);
-  const char* v_base =
-      static_cast<const char*>(p.v) + (b * p.v_stride[0] + h * p.v_stride[1]) * sizeof(T);
-  const int32_t q_row = static_cast<int32_t>(p.q_stride[2] * sizeof(T)),
-                k_row = static_cast<int32_t>(p.k_stride[2] * sizeof(T)),
-                v_row = static_cast<int32_t>(p.v_stride[2] * sizeof(T));
+  const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
+  const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
+  const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
   auto load_kv = [&](int e, int buf) {
-    const int64_t key0 = slots.token(slots.of(e), 0);
-    copy_tile_swizzled<kHeadDim>(k_tile(buf), k_base + key0 * k_row, k_row);
-    copy_tile_swizzled<kHeadDim>(v_tile(buf), v_base + key0 * v_row, v_row);
+    const int32_t* entry = slots.of(e);
+    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, slots, entry);
+    copy_entry_swizzled<kHeadDim>(v_tile(buf), v_src, slots, entry);
   };
 
   float row_max[2] = {kNegInf, kNegInf};
@@ -73,7 +68,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   for (int i = 0; i < kOutTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
 
   if (at.begin < at.end) {
-    copy_tile_swizzled<kHeadDim>(q_tile, q_base + row0 * q_row, q_row);
+    copy_tile_swizzled<kHeadDim>(q_tile, q_src.row(row0), q_src.row_bytes);
     load_kv(at.begin, 0);
     cp_async_commit();
   }
@@ -85,7 +80,11 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     float s[kScoreTiles][4];
     wgmma_tile_nt<T, kHeadDim>(s, q_tile, k_tile(buf));
 
-    tile_scores<false>(s, p, 0xFFu, slots, slots.of(e), p.tiles.row_masks[e], row0, my_r, b, h, t);
+    // A packed entry: this warp's 16 rows lie in one block row, which keeps some of the
+    // entry's column groups (none: every score -inf, P = 0).
+    const int mask = p.tiles.row_masks[e];
+    const uint32_t keep = kPacked ? warp_column_groups(p, mask, warp, false) : 0xFFu;
+    tile_scores<kPacked>(s, p, keep, slots, slots.of(e), mask, row0, my_r, b, h, t);
     online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
 
     // O += P V, P (rounded to T) as the A operand straight from the score registers.

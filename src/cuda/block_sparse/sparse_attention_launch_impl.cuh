@@ -25,7 +25,9 @@ cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cud
 }
 
 // The fused kernels come in two instantiations: packed entries (layout blocks of 16 or 32, rows
-// gathered slot by slot) and whole-tile entries (blocks of 64 and more; EntrySlots).
+// gathered slot by slot) and whole-tile entries (blocks of 64 and more; EntrySlots). Where the
+// host's wgmma_tiles holds (16-bit aligned tensors of head dim 64 or 128, L a multiple of 64)
+// both run on the warpgroup-MMA kernels, elsewhere on the mma.sync ones.
 template <typename T, int kHeadDim>
 cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p,
                                             cudaStream_t stream) {
@@ -33,10 +35,10 @@ cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p
   cudaError_t e = cudaSuccess;
   bool launched = false;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    // Whole tiles everywhere: the warpgroup-MMA kernel.
-    if (p.tiles.sub == 1 && p.wgmma_tiles) {
-      e = launch_sparse_1d(sparse_attention_fwd_wgmma_kernel<T, kHeadDim>, ctas,
-                           SparseFwdWgmmaSmem<T, kHeadDim>::kLaunchBytes, stream, p);
+    if (p.wgmma_tiles) {
+      const auto kernel = p.tiles.sub > 1 ? sparse_attention_fwd_wgmma_kernel<T, kHeadDim, true>
+                                          : sparse_attention_fwd_wgmma_kernel<T, kHeadDim, false>;
+      e = launch_sparse_1d(kernel, ctas, SparseFwdWgmmaSmem<T, kHeadDim>::kLaunchBytes, stream, p);
       launched = true;
     }
   }
@@ -60,13 +62,16 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
   cudaError_t e = cudaSuccess;
   bool launched = false;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    // Whole tiles everywhere: the warpgroup-MMA kernels.
-    if (p.tiles.sub == 1 && p.wgmma_tiles) {
+    if (p.wgmma_tiles) {
       const size_t smem = SparseBwdWgmmaSmem<kHeadDim>::kLaunchBytes;
-      e = launch_sparse_1d(sparse_attention_dkdv_wgmma_kernel<T, kHeadDim>, dkdv_ctas, smem, stream,
-                           p);
+      const bool packed = p.tiles.sub > 1;
+      e = launch_sparse_1d(packed ? sparse_attention_dkdv_wgmma_kernel<T, kHeadDim, true>
+                                  : sparse_attention_dkdv_wgmma_kernel<T, kHeadDim, false>,
+                           dkdv_ctas, smem, stream, p);
       if (e != cudaSuccess) return e;
-      e = launch_sparse_1d(sparse_attention_dq_wgmma_kernel<T, kHeadDim>, dq_ctas, smem, stream, p);
+      e = launch_sparse_1d(packed ? sparse_attention_dq_wgmma_kernel<T, kHeadDim, true>
+                                  : sparse_attention_dq_wgmma_kernel<T, kHeadDim, false>,
+                           dq_ctas, smem, stream, p);
       if (e != cudaSuccess) return e;
       launched = true;
     }

@@ -34,9 +34,10 @@ struct SparseAttentionDeviceParams {
   // 1 when the rows of out (forward) or of dQ, dK and dV (backward) are vectorizable and D is the
   // instantiated head dim: they are written as aligned 32-bit pairs with no per-pair test.
   int out_paired, grads_paired;
-  // 1 when whole-tile entries (layout blocks of 64 and more) may run on the warpgroup MMA kernels
-  // (sparse_attention_{fwd,bwd}_wgmma_kernel*.cuh): lean_tiles (dO included in the backward),
-  // head dim 64 or 128, and L a multiple of 64, so that every tile of Q, K, V and dO is whole.
+  // 1 when the entries (whole tiles of layout blocks of 64 and more, or packed blocks of 16 and
+  // 32) may run on the warpgroup MMA kernels (sparse_attention_{fwd,bwd}_wgmma_kernel*.cuh):
+  // lean_tiles (dO included in the backward), head dim 64 or 128, and L a multiple of 64, so that
+  // every tile of Q, K, V and dO is whole and every token of a used slot inside L.
   int wgmma_tiles;
 
   // Score terms (BiasType::kNone when absent). A kMul mask (not bool) turns 0 into -inf and
