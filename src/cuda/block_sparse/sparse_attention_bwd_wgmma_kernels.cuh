@@ -55,8 +55,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);
   auto load_entry = [&](int e, int buf) {
     const int32_t* entry = slots.of(e);
-    copy_entry_swizzled<kHeadDim>(q_tile(buf), q_src, slots, entry);
-    copy_entry_swizzled<kHeadDim>(do_tile(buf), do_src, slots, entry);
+    copy_entry_swizzled<kHeadDim>(q_tile(buf), q_src, do_tile(buf), do_src, slots, entry);
     load_sparse_row_stats(lse_of(buf), delta_of(buf), p, b, h, slots, entry);
   };
   if (at.begin < at.end) {
@@ -122,9 +121,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
   const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
   auto load_entry = [&](int e, int buf) {
-    const int32_t* entry = slots.of(e);
-    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, slots, entry);
-    copy_entry_swizzled<kHeadDim>(v_tile(buf), v_src, slots, entry);
+    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, v_tile(buf), v_src, slots, slots.of(e));
   };
   if (at.begin < at.end) {
     const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);

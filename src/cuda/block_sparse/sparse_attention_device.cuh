@@ -91,16 +91,20 @@ struct EntrySlots {
       return (int64_t{entry[0]} << kTileShift) + c;
     }
   }
-  // The first and last token of the entry's slots (empty ones come last).
+  // The first and last token of the entry's slots. Used slots ascend and empty ones (-1) come
+  // last, so the last used unit is the largest; sub is 2 or 4 (blocks of 32 or 16), so the
+  // loop is unrolled with predicated loads instead of running a loop of `sub` trips.
   struct Span {
     int64_t first, last;
   };
   __device__ __forceinline__ Span span(const int32_t* entry) const {
     const int64_t first = int64_t{entry[0]} << shift;
     if constexpr (!kPacked) return {first, first + (1 << kTileShift) - 1};
+    constexpr int kMaxSub = SparseTile::kSize / 16;
     int32_t last = entry[0];
-    for (int k = 1; k < sub; ++k)
-      if (entry[k] >= 0) last = entry[k];
+#pragma unroll
+    for (int k = 1; k < kMaxSub; ++k)
+      if (k < sub && entry[k] > last) last = entry[k];
     return {first, ((int64_t{last} + 1) << shift) - 1};
   }
 };

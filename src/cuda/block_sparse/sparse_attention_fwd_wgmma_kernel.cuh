@@ -56,9 +56,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
   const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
   auto load_kv = [&](int e, int buf) {
-    const int32_t* entry = slots.of(e);
-    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, slots, entry);
-    copy_entry_swizzled<kHeadDim>(v_tile(buf), v_src, slots, entry);
+    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, v_tile(buf), v_src, slots, slots.of(e));
   };
 
   float row_max[2] = {kNegInf, kNegInf};

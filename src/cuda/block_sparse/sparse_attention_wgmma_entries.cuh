@@ -25,31 +25,37 @@ __device__ __forceinline__ RowSlice row_slice(const void* data, const int64_t st
           static_cast<int32_t>(stride[2] * sizeof(T))};
 }
 
-// Starts cp.async copies of a list entry's 64 rows (row r: slots.token(entry, r)) of `src` into
-// the swizzled tile at shared address `tile`. An unpacked entry is one contiguous 64-row slice
-// (copy_tile_swizzled); a packed one is gathered with copy_tile_swizzled's split of the chunks
-// (thread x: chunk column x % (kHeadDim / 8) of every (128 / (kHeadDim / 8))-th row), each row's
-// source found through its slot, and the rows of an empty slot zero-filled (nothing is read for
-// them). The host's wgmma_tiles (L a multiple of 64) puts every token of a used slot inside L.
+// Starts cp.async copies of a list entry's 64 rows (row r: slots.token(entry, r)) of two slices
+// (K and V, or Q and dO) into the swizzled tiles at shared addresses tile_a and tile_b. An
+// unpacked entry is one contiguous 64-row slice of each (copy_tile_swizzled); a packed one is
+// gathered with copy_tile_swizzled's split of the chunks (thread x: chunk column x % (kHeadDim /
+// 8) of every (128 / (kHeadDim / 8))-th row), each row's source found through its slot once for
+// both slices, and the rows of an empty slot zero-filled (nothing is read for them). The host's
+// wgmma_tiles (L a multiple of 64) puts every token of a used slot inside L.
 template <int kHeadDim, bool kPacked>
-__device__ __forceinline__ void copy_entry_swizzled(uint32_t tile, const RowSlice& src,
+__device__ __forceinline__ void copy_entry_swizzled(uint32_t tile_a, const RowSlice& a,
+                                                    uint32_t tile_b, const RowSlice& b,
                                                     const EntrySlots<kPacked>& slots,
                                                     const int32_t* entry) {
   if constexpr (!kPacked) {
-    copy_tile_swizzled<kHeadDim>(tile, src.row(slots.token(entry, 0)), src.row_bytes);
+    const int64_t row0 = slots.token(entry, 0);
+    copy_tile_swizzled<kHeadDim>(tile_a, a.row(row0), a.row_bytes);
+    copy_tile_swizzled<kHeadDim>(tile_b, b.row(row0), b.row_bytes);
   } else {
     constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
     constexpr int kWidth = kSwizzleBytes<kHeadDim>;
     static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
     const int c = static_cast<int>(threadIdx.x) % kChunks,
               r0 = static_cast<int>(threadIdx.x) / kChunks;
-    const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
+    const uint32_t dst = swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
 #pragma unroll
     for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
       const int64_t token = slots.token(entry, r0 + i * kRowStep);
       const bool used = token >= 0;
-      cp_async_16_to(dst + i * kRowStep * kWidth, used ? src.row(token) + c * 16 : src.base,
-                     used ? 16 : 0);
+      const int bytes = used ? 16 : 0;
+      const uint32_t to = dst + i * kRowStep * kWidth;
+      cp_async_16_to(tile_a + to, used ? a.row(token) + c * 16 : a.base, bytes);
+      cp_async_16_to(tile_b + to, used ? b.row(token) + c * 16 : b.base, bytes);
     }
   }
 }
