@@ -51,11 +51,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
 
   const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
-  const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
-  const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);
+  const EntryRowCopier<kHeadDim, kPacked> q_do(row_slice<T>(p.q, p.q_stride, b, h),
+                                               row_slice<T>(p.dout, p.dout_stride, b, h),
+                                               p.tiles.shift);
   auto load_entry = [&](int e, int buf) {
     const int32_t* entry = slots.of(e);
-    copy_entry_swizzled<kHeadDim>(q_tile(buf), q_src, do_tile(buf), do_src, slots, entry);
+    q_do.copy(q_tile(buf), do_tile(buf), slots, entry);
     load_sparse_row_stats(lse_of(buf), delta_of(buf), p, b, h, slots, entry);
   };
   if (at.begin < at.end) {
@@ -118,11 +119,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
 
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
-  const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
-  const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
-  auto load_entry = [&](int e, int buf) {
-    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, v_tile(buf), v_src, slots, slots.of(e));
-  };
+  const EntryRowCopier<kHeadDim, kPacked> kv(row_slice<T>(p.k, p.k_stride, b, h),
+                                             row_slice<T>(p.v, p.v_stride, b, h), p.tiles.shift);
+  auto load_entry = [&](int e, int buf) { kv.copy(k_tile(buf), v_tile(buf), slots, slots.of(e)); };
   if (at.begin < at.end) {
     const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
     const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);

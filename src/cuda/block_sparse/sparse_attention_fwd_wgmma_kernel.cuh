@@ -2,7 +2,7 @@
 // aligned tensors of the instantiated head dim 64 or 128 with L a multiple of 64 (the host's
 // `wgmma_tiles`), over list entries of either kind (EntrySlots): whole 64-token tiles (layout
 // blocks of 64 and more) or packed entries of blocks of 16 and 32, whose K / V rows are gathered
-// slot by slot (copy_entry_swizzled) and whose warps keep their own block row's column groups
+// slot by slot (EntryRowCopier) and whose warps keep their own block row's column groups
 // (tile_scores sets the others to -inf). One CTA per (piece of a 64-query tile row, batch) as
 // sparse_attention_fwd_kernel, whose score, online-softmax and output code it shares; what differs
 // is how the two products run: the four warps issue them together as one warpgroup, S = Q K^T as
@@ -53,11 +53,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
 
   const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
-  const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
-  const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
-  auto load_kv = [&](int e, int buf) {
-    copy_entry_swizzled<kHeadDim>(k_tile(buf), k_src, v_tile(buf), v_src, slots, slots.of(e));
-  };
+  const EntryRowCopier<kHeadDim, kPacked> kv(row_slice<T>(p.k, p.k_stride, b, h),
+                                             row_slice<T>(p.v, p.v_stride, b, h), p.tiles.shift);
+  auto load_kv = [&](int e, int buf) { kv.copy(k_tile(buf), v_tile(buf), slots, slots.of(e)); };
 
   float row_max[2] = {kNegInf, kNegInf};
   float row_sum[2] = {0.0f, 0.0f};

@@ -25,40 +25,72 @@ __device__ __forceinline__ RowSlice row_slice(const void* data, const int64_t st
           static_cast<int32_t>(stride[2] * sizeof(T))};
 }
 
-// Starts cp.async copies of a list entry's 64 rows (row r: slots.token(entry, r)) of two slices
-// (K and V, or Q and dO) into the swizzled tiles at shared addresses tile_a and tile_b. An
-// unpacked entry is one contiguous 64-row slice of each (copy_tile_swizzled); a packed one is
-// gathered with copy_tile_swizzled's split of the chunks (thread x: chunk column x % (kHeadDim /
-// 8) of every (128 / (kHeadDim / 8))-th row), each row's source found through its slot once for
-// both slices, and the rows of an empty slot zero-filled (nothing is read for them). The host's
-// wgmma_tiles (L a multiple of 64) puts every token of a used slot inside L.
+// One thread's share of copying list entries' 64 rows (row r: slots.token(entry, r)) of two
+// slices (K and V, or Q and dO) into swizzled tiles, worked out once per CTA. An unpacked entry
+// is one contiguous 64-row slice of each (copy_tile_swizzled). A packed one is gathered with
+// copy_tile_swizzled's split of the chunks (thread x: chunk column c = x % (kHeadDim / 8) of rows
+// r0 + i * kRowStep, r0 = x / (kHeadDim / 8) < kRowStep); since a unit (a layout block of 16 or
+// 32 rows) is a whole number of kRowStep-row steps, row i's slot (i * kRowStep) >> shift and its
+// step inside the unit do not depend on the thread, so a row's source is this thread's chunk of
+// unit 0 plus the slot's unit times the unit's bytes plus the step's bytes: one slot load and
+// one multiply-add per row, shared by both slices. Rows of an empty slot (-1) are zero-filled
+// (nothing is read; the address is unit 0's). The host's wgmma_tiles (lean tiles: 64 rows' bytes
+// fit 31 bits; L a multiple of 64) keeps the 32-bit unit and step sizes exact and puts every
+// token of a used slot inside L.
 template <int kHeadDim, bool kPacked>
-__device__ __forceinline__ void copy_entry_swizzled(uint32_t tile_a, const RowSlice& a,
-                                                    uint32_t tile_b, const RowSlice& b,
-                                                    const EntrySlots<kPacked>& slots,
-                                                    const int32_t* entry) {
-  if constexpr (!kPacked) {
-    const int64_t row0 = slots.token(entry, 0);
-    copy_tile_swizzled<kHeadDim>(tile_a, a.row(row0), a.row_bytes);
-    copy_tile_swizzled<kHeadDim>(tile_b, b.row(row0), b.row_bytes);
-  } else {
-    constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
-    constexpr int kWidth = kSwizzleBytes<kHeadDim>;
-    static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
-    const int c = static_cast<int>(threadIdx.x) % kChunks,
-              r0 = static_cast<int>(threadIdx.x) / kChunks;
-    const uint32_t dst = swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
-#pragma unroll
-    for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
-      const int64_t token = slots.token(entry, r0 + i * kRowStep);
-      const bool used = token >= 0;
-      const int bytes = used ? 16 : 0;
-      const uint32_t to = dst + i * kRowStep * kWidth;
-      cp_async_16_to(tile_a + to, used ? a.row(token) + c * 16 : a.base, bytes);
-      cp_async_16_to(tile_b + to, used ? b.row(token) + c * 16 : b.base, bytes);
+struct EntryRowCopier {
+  static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  static constexpr int kCopies = kWgmmaRows / kRowStep;
+  static constexpr int kWidth = kSwizzleBytes<kHeadDim>;
+  static constexpr int kStepShift = kRowStep == 16 ? 4 : 3;
+  static_assert(kRowStep == 1 << kStepShift && kRowStep <= 16,
+                "a unit of 16 or 32 rows is whole row steps");
+  RowSlice a, b;                  // unpacked: the slices
+  const char *a_chunk, *b_chunk;  // packed: this thread's chunk of row r0 of unit 0
+  int32_t a_unit, b_unit;         // bytes from one unit to the next (row bytes << shift)
+  int32_t a_step, b_step;         // bytes of kRowStep rows
+  uint32_t dst;                   // this thread's first chunk in a tile
+  int shift;                      // log2 of the unit's rows
+
+  __device__ __forceinline__ EntryRowCopier(const RowSlice& slice_a, const RowSlice& slice_b,
+                                            int unit_shift)
+      : a(slice_a), b(slice_b), shift(unit_shift) {
+    if constexpr (kPacked) {
+      const int c = static_cast<int>(threadIdx.x) % kChunks,
+                r0 = static_cast<int>(threadIdx.x) / kChunks;
+      a_chunk = slice_a.base + (r0 * slice_a.row_bytes + c * 16);
+      b_chunk = slice_b.base + (r0 * slice_b.row_bytes + c * 16);
+      a_unit = slice_a.row_bytes << unit_shift;
+      b_unit = slice_b.row_bytes << unit_shift;
+      a_step = slice_a.row_bytes * kRowStep;
+      b_step = slice_b.row_bytes * kRowStep;
+      dst = swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
     }
   }
-}
+
+  // Starts the copies of the entry's rows into the tiles at shared addresses tile_a, tile_b.
+  __device__ __forceinline__ void copy(uint32_t tile_a, uint32_t tile_b,
+                                       const EntrySlots<kPacked>& slots,
+                                       const int32_t* entry) const {
+    if constexpr (!kPacked) {
+      const int64_t row0 = slots.token(entry, 0);
+      copy_tile_swizzled<kHeadDim>(tile_a, a.row(row0), a.row_bytes);
+      copy_tile_swizzled<kHeadDim>(tile_b, b.row(row0), b.row_bytes);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        const int slot = (i * kRowStep) >> shift;
+        const int step = ((i * kRowStep) >> kStepShift) - (slot << (shift - kStepShift));
+        const int32_t unit = entry[slot];
+        const bool used = unit >= 0;
+        const int64_t u = used ? unit : 0;
+        const uint32_t to = dst + i * kRowStep * kWidth;
+        cp_async_16_to(tile_a + to, a_chunk + (u * a_unit + step * a_step), used ? 16 : 0);
+        cp_async_16_to(tile_b + to, b_chunk + (u * b_unit + step * b_step), used ? 16 : 0);
+      }
+    }
+  }
+};
 
 // Zeroes the n8 column tiles of a warp's 16 x 64 probabilities (or dS) that lie outside `keep`
 // (warp_column_groups): in a plain packed entry the score code leaves values there that the
