@@ -47,7 +47,7 @@ struct EntryRowCopier {
                 "a unit of 16 or 32 rows is whole row steps");
   RowSlice a, b;                  // unpacked: the slices
   const char *a_chunk, *b_chunk;  // packed: this thread's chunk of row r0 of unit 0
-  int32_t a_unit, b_unit;         // bytes from one unit to the next (row bytes << shift)
+  int32_t a_unit, b_unit;         // bytes from one unit to the next (row bytes * 2^shift)
   int32_t a_step, b_step;         // bytes of kRowStep rows
   uint32_t dst;                   // this thread's first chunk in a tile
   int shift;                      // log2 of the unit's rows
@@ -60,8 +60,8 @@ struct EntryRowCopier {
                 r0 = static_cast<int>(threadIdx.x) / kChunks;
       a_chunk = slice_a.base + (r0 * slice_a.row_bytes + c * 16);
       b_chunk = slice_b.base + (r0 * slice_b.row_bytes + c * 16);
-      a_unit = slice_a.row_bytes << unit_shift;
-      b_unit = slice_b.row_bytes << unit_shift;
+      a_unit = slice_a.row_bytes * (1 << unit_shift);
+      b_unit = slice_b.row_bytes * (1 << unit_shift);
       a_step = slice_a.row_bytes * kRowStep;
       b_step = slice_b.row_bytes * kRowStep;
       dst = swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
