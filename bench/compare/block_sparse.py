@@ -401,6 +401,12 @@ def main():
     unknown = set(impls) - set(IMPLS)
     if unknown:
         sys.exit(f"unknown --impls {sorted(unknown)}; choose from {IMPLS}")
+    meta = dict(gpu_meta() if DEVICE == "cuda" else {"device": "cpu (dry run)"},
+                heads=HEADS, sciattn_built_with_cuda=sciattn.built_with_cuda(),
+                flex_block_size=FLEX_BLOCK, performance_md_fwd_bwd_ms=PERFORMANCE_MD_MS,
+                matmul_ceiling_flops=MATMUL_CEILING)
+    os.makedirs(args.out, exist_ok=True)
+    json_path = os.path.join(args.out, "block_sparse.json")
     rows = []
     seed = 1234
     for dtype_name in csv_list(args.dtypes):
@@ -414,15 +420,12 @@ def main():
                         seed += 1
                         rows.append(run_row(sciattn, name, L, block, D, dtype, seed, args.reps,
                                             impls))
+                        # Written after every row, so that a run cut short (a time limit on
+                        # the GPU machine) keeps the rows it finished.
+                        write_json(json_path, meta, rows)
                         print(f"done {name} L={L} block={block} D={D} {dtype_name}",
                               file=sys.stderr, flush=True)
     print_table(rows)
-    meta = dict(gpu_meta() if DEVICE == "cuda" else {"device": "cpu (dry run)"},
-                heads=HEADS, sciattn_built_with_cuda=sciattn.built_with_cuda(),
-                flex_block_size=FLEX_BLOCK, performance_md_fwd_bwd_ms=PERFORMANCE_MD_MS,
-                matmul_ceiling_flops=MATMUL_CEILING)
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, "block_sparse.json"), meta, rows)
     try:
         plot(rows, os.path.join(args.out, "block_sparse.png"))
     except Exception as e:
