@@ -23,8 +23,8 @@ void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
     for (const int32_t** p : {&s->line_items, &s->item_line, &s->item_begin, &s->item_end}) fn(p);
   }
   BlockSparseDeviceArrays::Tiles& t = a.tiles;
-  for (const int32_t** p :
-       {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets, &t.col_slots, &t.col_masks}) {
+  for (const int32_t** p : {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets,
+                            &t.col_slots, &t.col_masks, &t.col_units, &t.col_unit_place}) {
     fn(p);
   }
   for (BlockSparseDeviceArrays::TileWork* w : {&t.rows, &t.cols}) {
@@ -32,6 +32,7 @@ void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
                               &w->item_slot, &w->split_lines}) {
       fn(p);
     }
+    if (w->line_units != nullptr) fn(&w->line_units);  // null: the line's tokens are contiguous
   }
 }
 
@@ -126,6 +127,8 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
   const size_t tile_col_offsets = packer.add(tiles.col_offsets);
   const size_t tile_col_slots = packer.add(tiles.col_slots);
   const size_t tile_col_masks = packer.add(tiles.col_masks);
+  const size_t tile_col_units = packer.add(tiles.col_units);
+  const size_t tile_col_unit_place = packer.add(tiles.col_unit_place);
   const TileWorkOffsets tile_rows = add_tile_work(packer, tiles.rows);
   const TileWorkOffsets tile_cols = add_tile_work(packer, tiles.cols);
 
@@ -176,8 +179,11 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
   t.col_offsets = base + tile_col_offsets;
   t.col_slots = base + tile_col_slots;
   t.col_masks = base + tile_col_masks;
+  t.col_units = base + tile_col_units;
+  t.col_unit_place = base + tile_col_unit_place;
   t.rows = tile_work_at(base, tile_rows, tiles.rows);
   t.cols = tile_work_at(base, tile_cols, tiles.cols);
+  if (!tiles.col_units.empty()) t.cols.line_units = t.col_units;
   *out = std::move(p);
   return Status::ok_status();
 }

@@ -3,7 +3,10 @@
 #include "common/sparse_attention_tiles.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 namespace sciattn::detail {
 namespace {
@@ -127,6 +130,80 @@ void append_merged_line_entries(const int64_t* list, const int64_t* begin, const
   }
 }
 
+// Block columns whose list holds at least this many block rows are grouped by equal lists; the
+// others are too short for the grouping to matter (their entries are few whichever tile they
+// share) and are not hashed, which keeps the build's cost for the usual layouts (BigBird at
+// 65,536 tokens and block 16: one long column, the global one).
+constexpr int64_t kLongColumn = 16;
+
+// The block columns of stored head h grouped into its nt tile columns of `sub` units, written to
+// units[T * sub + k] (ascending within a tile column, -1 in empty trailing slots). Long columns
+// with equal lists (equal hashes of their block rows: a collision only costs speed, never
+// correctness, since every entry's mask is built from the columns it holds) fill whole tile
+// columns, `sub` at a time in ascending order; the others, and what is left of each set of equal
+// lists, take consecutive tile columns in ascending order, as they would without grouping. The
+// tile columns are ordered by their first block column. When no `sub` long columns share a list
+// (BigBird, BSLongformer, Variable) this is the consecutive grouping itself.
+void group_tile_columns(const BlockSparseIndex& ix, int64_t h, int64_t sub, int64_t nt,
+                        int64_t* units) {
+  const int64_t C = ix.num_col_blocks;
+  const int64_t* offsets = ix.col_offsets.data() + h * C;  // [C + 1]
+  const int64_t* rows = ix.col_rows.data();
+  auto consecutive = [&] {
+    for (int64_t u = 0; u < nt * sub; ++u) units[u] = u < C ? u : -1;
+  };
+  std::vector<std::pair<uint64_t, int64_t>> keyed;  // (hash of the list, column)
+  for (int64_t c = 0; c < C; ++c) {
+    const int64_t begin = offsets[c], end = offsets[c + 1];
+    if (end - begin < kLongColumn) continue;
+    uint64_t hash = 1469598103934665603ull ^ static_cast<uint64_t>(end - begin);  // FNV-1a
+    for (int64_t q = begin; q < end; ++q) {
+      hash = (hash ^ static_cast<uint64_t>(rows[q])) * 1099511628211ull;
+    }
+    keyed.emplace_back(hash, c);
+  }
+  if (static_cast<int64_t>(keyed.size()) < sub) return consecutive();
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<char> grouped(static_cast<size_t>(C), 0);
+  std::vector<std::array<int64_t, 4>> tiles;  // each tile column's units (first sub used)
+  for (size_t first = 0; first < keyed.size();) {
+    size_t last = first;
+    while (last < keyed.size() && keyed[last].first == keyed[first].first) ++last;
+    for (size_t at = first; at + static_cast<size_t>(sub) <= last; at += static_cast<size_t>(sub)) {
+      std::array<int64_t, 4> tile{-1, -1, -1, -1};
+      for (int64_t k = 0; k < sub; ++k) {
+        tile[static_cast<size_t>(k)] = keyed[at + static_cast<size_t>(k)].second;
+        grouped[static_cast<size_t>(tile[static_cast<size_t>(k)])] = 1;
+      }
+      tiles.push_back(tile);
+    }
+    first = last;
+  }
+  if (tiles.empty()) return consecutive();
+  // The rest, consecutively in ascending order.
+  std::array<int64_t, 4> tile{-1, -1, -1, -1};
+  int64_t k = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    if (grouped[static_cast<size_t>(c)]) continue;
+    tile[static_cast<size_t>(k)] = c;
+    if (++k == sub) {
+      tiles.push_back(tile);
+      tile = {-1, -1, -1, -1};
+      k = 0;
+    }
+  }
+  if (k > 0) tiles.push_back(tile);
+  std::sort(tiles.begin(), tiles.end(), [](const auto& x, const auto& y) { return x[0] < y[0]; });
+  // As many tile columns as the consecutive grouping: the full groups take sub columns each.
+  for (int64_t T = 0; T < nt; ++T) {
+    for (int64_t k2 = 0; k2 < sub; ++k2) {
+      units[T * sub + k2] = T < static_cast<int64_t>(tiles.size())
+                                ? tiles[static_cast<size_t>(T)][static_cast<size_t>(k2)]
+                                : -1;
+    }
+  }
+}
+
 // The row and column lists of `t` (whose geometry is set) for a layout block other than the
 // tile. Below the tile size the units are layout blocks and each line packs the units its blocks
 // use (append_merged_line_entries); above it the units are tiles, each block spanning span x span
@@ -160,13 +237,30 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
     // head to its stored head with a division, here always the identity).
     const int64_t* line_offsets = rows ? ix.row_offsets.data() : ix.col_offsets.data();
     for (int64_t h = 0; h < G; ++h) {
+      if (packed && !rows) group_tile_columns(ix, h, sub, nt, t.col_units.data() + h * nt * sub);
       for (int64_t line = 0; line < nt; ++line) {
-        if (packed) {  // the line's block rows (or columns) line * sub .. , merged
+        if (packed && rows) {  // the line's block rows line * sub .., merged
           const int64_t first = h * R + line * sub, n = std::min(R - line * sub, sub);
           if (line_offsets[first] < line_offsets[first + n]) {  // some block to merge
             append_merged_line_entries(list.data(), line_offsets + first, line_offsets + first + 1,
                                        n, sub, slot_bits, slots, masks);
           }
+          (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
+          continue;
+        }
+        if (packed) {  // the block columns of the line's group, merged
+          const int64_t* units_of_line = t.col_units.data() + (h * nt + line) * sub;
+          int64_t begin[kMaxMergedLists], end[kMaxMergedLists], n = 0;
+          for (; n < sub && units_of_line[n] >= 0; ++n) {
+            begin[n] = line_offsets[h * R + units_of_line[n]];
+            end[n] = line_offsets[h * R + units_of_line[n] + 1];
+            t.col_unit_place[static_cast<size_t>(h * R + units_of_line[n])] =
+                (h * nt + line) * sub + n;
+          }
+          bool any = false;
+          for (int64_t i = 0; i < n; ++i) any = any || begin[i] < end[i];
+          if (any)
+            append_merged_line_entries(list.data(), begin, end, n, sub, slot_bits, slots, masks);
           (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
           continue;
         }
@@ -196,6 +290,10 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
   for (int64_t bits = 0; bits < (int64_t{1} << sub); ++bits)
     for (int64_t x = 0; x < sub; ++x)
       if ((bits >> x) & 1) spread[static_cast<size_t>(bits)] |= int64_t{1} << (x * sub);
+  if (packed) {
+    t.col_units.assign(static_cast<size_t>(G * nt * sub), -1);
+    t.col_unit_place.assign(static_cast<size_t>(G * R), -1);
+  }
   build(
       true, [&](int64_t k, int64_t bits) { return spread[static_cast<size_t>(bits)] << k; },
       &t.row_offsets, &t.row_slots, &t.row_masks);

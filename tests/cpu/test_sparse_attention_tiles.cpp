@@ -39,10 +39,12 @@ std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept_elements(const SparseA
            e < offsets[static_cast<size_t>((h % t.num_heads) * t.num_tiles + line + 1)]; ++e)
         for (int64_t a = 0; a < 64; ++a)      // the line's own token (query, or key)
           for (int64_t c = 0; c < 64; ++c) {  // the slot side's token
-            const int64_t own = line * 64 + a;
             const int64_t k = c >> t.shift, x = a >> t.shift;
             const int64_t bit = rows ? x * t.sub + k : k * t.sub + x;
             if (((masks[static_cast<size_t>(e)] >> bit) & 1) == 0) continue;
+            const int64_t own = t.line_token(rows, (h % t.num_heads) * t.num_tiles + line, a);
+            EXPECT_GE(own, 0) << "a mask bit of an empty unit of the line's own side";
+            if (own < 0) continue;
             const int64_t slot = slots[static_cast<size_t>(e * t.sub + k)];
             EXPECT_GE(slot, 0) << "a mask bit of an empty slot";
             if (slot < 0) continue;
@@ -123,6 +125,35 @@ void expect_work_covers(const SparseAttentionTileWork& w, const std::vector<int6
   EXPECT_EQ(w.split_lines, split_lines);
 }
 
+// A packed index's tile columns: each stored head's block columns each in exactly one slot of
+// one tile column, ascending inside it, -1 only in trailing slots, and col_unit_place the
+// inverse of col_units.
+void expect_column_groups(const SparseAttentionTiles& t, int64_t R) {
+  ASSERT_EQ(static_cast<int64_t>(t.col_units.size()), t.num_heads * t.num_tiles * t.sub);
+  ASSERT_EQ(static_cast<int64_t>(t.col_unit_place.size()), t.num_heads * R);
+  for (int64_t g = 0; g < t.num_heads; ++g) {
+    std::vector<int> seen(static_cast<size_t>(R), 0);
+    for (int64_t line = g * t.num_tiles; line < (g + 1) * t.num_tiles; ++line) {
+      int64_t previous = -1;
+      bool ended = false;
+      for (int64_t k = 0; k < t.sub; ++k) {
+        const int64_t at = line * t.sub + k, unit = t.col_units[static_cast<size_t>(at)];
+        if (unit < 0) {
+          ended = true;
+          continue;
+        }
+        EXPECT_FALSE(ended) << "a used slot after an empty one, tile column " << line;
+        EXPECT_GT(unit, previous) << "tile column " << line << " not ascending";
+        ASSERT_LT(unit, R);
+        previous = unit;
+        ++seen[static_cast<size_t>(unit)];
+        EXPECT_EQ(t.col_unit_place[static_cast<size_t>(g * R + unit)], at);
+      }
+    }
+    for (int64_t c = 0; c < R; ++c) EXPECT_EQ(seen[static_cast<size_t>(c)], 1) << "column " << c;
+  }
+}
+
 void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex& ix) {
   SparseAttentionTiles t;
   ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
@@ -142,17 +173,23 @@ void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex
   EXPECT_TRUE(kept_elements(t, true, layout.num_heads) == want) << "row lists";
   EXPECT_TRUE(kept_elements(t, false, layout.num_heads) == want) << "column lists";
   // Below the tile size a line's units are packed: ceil(units / sub) entries, the units being
-  // the blocks its own blocks use.
+  // the blocks its own blocks use (a tile row's own blocks are consecutive, a tile column's
+  // those of its group), and the tile columns hold every block column once.
   if (block < 64) {
+    expect_column_groups(t, layout.num_row_blocks);
     for (int64_t h = 0; h < layout.num_heads; ++h)
       for (int64_t line = 0; line < t.num_tiles; ++line) {
         std::set<int64_t> cols, rows;
-        for (int64_t x = line * t.sub; x < std::min(layout.num_row_blocks, (line + 1) * t.sub); ++x)
-          for (int64_t y = 0; y < layout.num_row_blocks; ++y) {
-            if (layout.at(h, x, y)) cols.insert(y);
-            if (layout.at(h, y, x)) rows.insert(y);
-          }
         const size_t l = static_cast<size_t>((h % t.num_heads) * t.num_tiles + line);
+        for (int64_t x = line * t.sub; x < std::min(layout.num_row_blocks, (line + 1) * t.sub); ++x)
+          for (int64_t y = 0; y < layout.num_row_blocks; ++y)
+            if (layout.at(h, x, y)) cols.insert(y);
+        for (int64_t k = 0; k < t.sub; ++k) {
+          const int64_t x = t.col_units[l * static_cast<size_t>(t.sub) + static_cast<size_t>(k)];
+          if (x < 0) continue;
+          for (int64_t y = 0; y < layout.num_row_blocks; ++y)
+            if (layout.at(h, y, x)) rows.insert(y);
+        }
         EXPECT_EQ(t.row_offsets[l + 1] - t.row_offsets[l],
                   (static_cast<int64_t>(cols.size()) + t.sub - 1) / t.sub);
         EXPECT_EQ(t.col_offsets[l + 1] - t.col_offsets[l],
@@ -242,11 +279,87 @@ std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept_blocks(const SparseAtt
           for (int64_t k = 0; k < t.sub; ++k) {  // the slot
             const int64_t bit = rows ? x * t.sub + k : k * t.sub + x;
             if (((masks[static_cast<size_t>(e)] >> bit) & 1) == 0) continue;
-            const int64_t own = line * t.sub + x;
+            const int64_t own = rows || t.col_units.empty()
+                                    ? line * t.sub + x
+                                    : t.col_units[static_cast<size_t>(
+                                          ((h % t.num_heads) * t.num_tiles + line) * t.sub + x)];
+            EXPECT_GE(own, 0) << "a mask bit of an empty unit of the line's own side";
             const int64_t other = slots[static_cast<size_t>(e * t.sub + k)];
             ++kept[rows ? std::make_tuple(h, own, other) : std::make_tuple(h, other, own)];
           }
   return kept;
+}
+
+// The consecutive grouping's column entries: tile column T holding block columns T * sub ..,
+// each packing the union of their block rows sub at a time.
+int64_t consecutive_column_entries(const Layout& layout, int64_t sub) {
+  const int64_t R = layout.num_row_blocks;
+  int64_t entries = 0;
+  for (int64_t first = 0; first < R; first += sub) {
+    std::set<int64_t> rows;
+    for (int64_t x = first; x < std::min(R, first + sub); ++x)
+      for (int64_t y = 0; y < R; ++y)
+        if (layout.at(0, y, x)) rows.insert(y);
+    entries += (static_cast<int64_t>(rows.size()) + sub - 1) / sub;
+  }
+  return entries;
+}
+
+// Fixed's global columns (the last block of each local window, attended by every row) have equal
+// lists: below the tile size they share tile columns instead of each joining three local columns,
+// whose entries then keep a quarter (blocks of 16) or half (32) of their elements. Every element
+// is still kept once (expect_tiles_of), with several times fewer column entries.
+TEST(SparseAttentionTiles, EqualLongColumnsShareTileColumns) {
+  for (int64_t block : {16, 32}) {
+    for (int64_t blocks : {64, 66}) {  // 66: a last tile column with empty slots
+      SCOPED_TRACE("block " + std::to_string(block) + ", " + std::to_string(blocks) + " blocks");
+      FixedSparsityConfig cfg;
+      cfg.num_heads = 2;
+      cfg.block = block;
+      Layout layout;
+      ASSERT_TRUE(make_layout(cfg, blocks * block, &layout).ok());
+      const BlockSparseIndex ix = make_index(layout, block);
+      SparseAttentionTiles t;
+      ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+      expect_tiles_of(layout, block, ix);
+      // Every tile column holding a global column holds global columns only.
+      const int64_t local = cfg.num_local_blocks;
+      for (int64_t line = 0; line < t.num_tiles; ++line) {
+        int global = 0, used = 0;
+        for (int64_t k = 0; k < t.sub; ++k) {
+          const int64_t c = t.col_units[static_cast<size_t>(line * t.sub + k)];
+          if (c < 0) continue;
+          ++used;
+          global += c % local == local - 1 && c / local * local + local <= blocks ? 1 : 0;
+        }
+        if (global > 0) {
+          EXPECT_EQ(global, used) << "tile column " << line;
+        }
+      }
+      const int64_t consecutive = consecutive_column_entries(layout, t.sub);
+      // 88 against 256 entries at block 16 and 64 blocks, 320 against 544 at block 32 (the local
+      // columns' share shrinks with the length: ~4x and ~2x fewer at 65,536 tokens).
+      EXPECT_LT(static_cast<double>(t.col_entries) * (block == 16 ? 2.5 : 1.5),
+                static_cast<double>(consecutive))
+          << t.col_entries << " column entries against " << consecutive << " without grouping";
+    }
+  }
+}
+
+// Without sub long columns of one list (BigBird, with its one global column) the tile columns
+// are the consecutive ones, and so are they for random layouts' short columns.
+TEST(SparseAttentionTiles, OtherColumnsKeepConsecutiveTileColumns) {
+  BigBirdSparsityConfig cfg;
+  cfg.num_heads = 2;
+  cfg.block = 16;
+  Layout layout;
+  ASSERT_TRUE(make_layout(cfg, 256 * 16, &layout).ok());
+  const BlockSparseIndex ix = make_index(layout, 16);
+  SparseAttentionTiles t;
+  ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+  for (int64_t u = 0; u < static_cast<int64_t>(t.col_units.size()); ++u)
+    EXPECT_EQ(t.col_units[static_cast<size_t>(u)], u % (t.num_tiles * t.sub)) << u;
+  EXPECT_EQ(t.col_entries, consecutive_column_entries(layout, t.sub) * t.num_heads);
 }
 
 // Large layouts (BigBird with 2,048 block rows, ~6 K stored blocks, shared and per head): both

@@ -27,7 +27,18 @@ using namespace sciattn::bstest;
 using test::DeviceBuffer;
 using test::DeviceCopy;
 
-enum class Config { kRandom, kDense, kFixed, kVariable, kBigBird, kBSLongformer, kLocal };
+// kGlobalColumns: a random layout with a few block columns that every block row holds (equal long
+// lists, which the tile index groups into shared tile columns below the tile size).
+enum class Config {
+  kRandom,
+  kDense,
+  kFixed,
+  kVariable,
+  kBigBird,
+  kBSLongformer,
+  kLocal,
+  kGlobalColumns
+};
 enum class MaskKind { kNone, kAdd, kMul, kBool };
 enum class RpeKind { kNone, kF32, kSameAsQ, kBroadcast };
 // kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer. kKeyT: K and V stored [B, H, D, L]
@@ -37,7 +48,7 @@ enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
 
 const char* config_name(Config c) {
   static const char* names[] = {"random",  "dense",        "fixed", "variable",
-                                "bigbird", "bslongformer", "local"};
+                                "bigbird", "bslongformer", "local", "globalcols"};
   return names[static_cast<int>(c)];
 }
 const char* mask_name(MaskKind k) {
@@ -105,6 +116,17 @@ sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
   switch (c.config) {
     case Config::kRandom:
       return random_layout(c.H, c.N, c.N, 0.4, rng, /*empty_row=*/true, /*empty_col=*/true);
+    case Config::kGlobalColumns: {
+      layout = random_layout(c.H, c.N, c.N, 0.15, rng, /*empty_row=*/false, /*empty_col=*/false);
+      // Six to eight columns held by every row of every head, at random places.
+      const int64_t count = 6 + static_cast<int64_t>(rng() % 3);
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t col = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.N));
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t r = 0; r < c.N; ++r) layout.at(h, r, col) = 1;
+      }
+      return layout;
+    }
     case Config::kDense:
       cfg = DenseSparsityConfig{};
       break;
@@ -502,6 +524,51 @@ std::vector<GpuCase> small_cases() {
   c.dtype = DType::kF16;
   c.causal = true;
   c.storage = Storage::kBLHD;
+  add(c);
+  // Block columns with equal long lists sharing tile columns (blocks of 16 and 32): their keys
+  // are gathered, not consecutive, so the key padding mask, causal rule, rpe and outputs (split
+  // columns' sums included) must find each key's true position; on the warpgroup kernels, the
+  // mma.sync ones (L not a multiple of 64, head dim 32; a last tile column with an empty slot)
+  // and the fp32 ones; Fixed's own global columns, shared by the heads.
+  c = GpuCase();
+  c.config = Config::kGlobalColumns;
+  c.N = 32;
+  c.D = 64;
+  c.causal = true;
+  c.kpm = MaskKind::kBool;
+  c.masked_row = true;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kGlobalColumns;
+  c.block = 32;
+  c.N = 20;
+  c.D = 128;
+  c.dtype = DType::kF16;
+  c.rpe = RpeKind::kF32;
+  c.attn = MaskKind::kAdd;
+  c.split_blocks = 1;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kGlobalColumns;
+  c.N = 37;
+  c.D = 32;
+  c.kpm = MaskKind::kAdd;
+  c.split_blocks = 2;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kFixed;
+  c.per_head = false;
+  c.N = 32;
+  c.D = 64;
+  c.split_blocks = 1;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kGlobalColumns;
+  c.dtype = DType::kF32;
+  c.N = 20;
+  c.D = 33;
+  c.causal = true;
+  c.kpm = MaskKind::kMul;
   add(c);
   // fp32 on the CUDA cores, with every feature.
   for (int64_t b : {16, 64}) {

@@ -48,11 +48,11 @@ constexpr int kSparseBwdMinCtas = kHeadDim <= 64 ? 3 : 1;
 template <bool kPacked>
 __device__ __forceinline__ void transposed_probabilities(
     float (&pt)[8][4], const SparseAttentionDeviceParams& p, const float* lse,
-    const EntrySlots<kPacked>& slots, const int32_t* entry, int mask, int64_t key0,
-    const int (&my_k)[2], int64_t b, int64_t h, int t) {
+    const EntrySlots<kPacked>& slots, const int32_t* entry, int mask,
+    const TileColumnKeys<kPacked>& keys, const int (&my_k)[2], int64_t b, int64_t h, int t) {
   const float scale_log2 = p.scale * kLog2e;
   const auto queries = slots.span(entry);
-  if (tile_is_plain(p, queries.first, queries.last, key0, key0 + SparseTile::kSize - 1)) {
+  if (tile_is_plain(p, queries.first, queries.last, keys.last)) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 lse2 = lse_pair_log2(lse, j, t);
@@ -68,7 +68,8 @@ __device__ __forceinline__ void transposed_probabilities(
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         const int kc = my_k[x >> 1], qc = j * 8 + 2 * t + (x & 1);
-        const int64_t i = slots.token(entry, qc), jj = key0 + kc;
+        // An empty key slot (-1) has its mask bits clear, so element_kept removes it.
+        const int64_t i = slots.token(entry, qc), jj = keys.token(slots, kc);
         const float s =
             element_kept(p, mask, qc, kc, i, jj) ? score_of(p, pt[j][x], b, h, i, jj) : kNegInf;
         pt[j][x] = fast_exp2(fmaf(s, kLog2e, (x & 1) ? -lse2.y : -lse2.x));
@@ -96,7 +97,7 @@ __device__ __forceinline__ void row_probabilities(
     const int (&my_r)[2], int64_t b, int64_t h, int t) {
   const float scale_log2 = p.scale * kLog2e;
   const auto keys = slots.span(entry);
-  if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.first, keys.last)) {
+  if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.last)) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -173,19 +174,28 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t key0 = at.tile * SparseTile::kSize;
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};  // keys inside the tile
-  const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
 
-  // The column list's entries: slots of query units (common/sparse_attention_tiles.h).
+  // The column list's entries: slots of query units (common/sparse_attention_tiles.h); the tile
+  // column's own keys, gathered like an entry's for a packed layout.
   const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
+  const TileColumnKeys<kPacked> keys(slots, p.tiles, at);
+  int64_t my_keys[2];
+  keys.outputs(my_keys, slots, my_k, p.len);
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
   const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h, p.lean_tiles);
   if (at.begin < at.end) {
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.a, slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles), key0, p.len, p.dim);
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.b, slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles), key0, p.len, p.dim);
+    const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles);
+    const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles);
+    if constexpr (kPacked) {
+      load_slot_rows<T, kHeadDim, kPitch>(smem.a, k_src, slots, keys.units, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.b, v_src, slots, keys.units, p.len, p.dim);
+    } else {
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.a, k_src, keys.first, p.len,
+                                                              p.dim);
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.b, v_src, keys.first, p.len,
+                                                              p.dim);
+    }
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], q_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], do_src, slots, first, p.len, p.dim);
@@ -237,7 +247,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       // (query, key) swapped.
       float pt[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pt, k_frag, kw, q_tile, g, t, keep);
-      transposed_probabilities<kPacked>(pt, p, lse, slots, entry, mask, key0, my_k, b, h, t);
+      transposed_probabilities<kPacked>(pt, p, lse, slots, entry, mask, keys, my_k, b, h, t);
       // dV += P^T dO.
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(dv, pt, do_tile, g, t, keep);
       // dP^T = V dO^T, then dS^T = P^T (dP^T - delta), in place.

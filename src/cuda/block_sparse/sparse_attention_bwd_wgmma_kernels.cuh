@@ -46,11 +46,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t key0 = at.tile * SparseTile::kSize;
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};
-  const int64_t my_keys[2] = {key0 + my_k[0], key0 + my_k[1]};
 
   const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
+  const TileColumnKeys<kPacked> keys(slots, p.tiles, at);  // gathered for a packed layout
+  int64_t my_keys[2];
+  keys.outputs(my_keys, slots, my_k, p.len);
   const EntryRowCopier<kHeadDim, kPacked> q_do(row_slice<T>(p.q, p.q_stride, b, h),
                                                row_slice<T>(p.dout, p.dout_stride, b, h),
                                                p.tiles.shift);
@@ -62,8 +63,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   if (at.begin < at.end) {
     const RowSlice k_src = row_slice<T>(p.k, p.k_stride, b, h);
     const RowSlice v_src = row_slice<T>(p.v, p.v_stride, b, h);
-    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kA, k_src.row(key0), k_src.row_bytes);
-    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kB, v_src.row(key0), v_src.row_bytes);
+    if constexpr (kPacked) {
+      const EntryRowCopier<kHeadDim, true> kv(k_src, v_src, p.tiles.shift);
+      kv.copy(smem.address + Smem::kA, smem.address + Smem::kB, slots, keys.units);
+    } else {
+      copy_tile_swizzled<kHeadDim>(smem.address + Smem::kA, k_src.row(keys.first), k_src.row_bytes);
+      copy_tile_swizzled<kHeadDim>(smem.address + Smem::kB, v_src.row(keys.first), v_src.row_bytes);
+    }
     load_entry(at.begin, 0);
     cp_async_commit();
   }
@@ -81,7 +87,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     float pt[8][4];
     wgmma_tile_nt<T, kHeadDim>(pt, smem.address + Smem::kA, q_tile(buf));
     const int mask = p.tiles.col_masks[e];
-    transposed_probabilities<kPacked>(pt, p, lse_of(buf), slots, slots.of(e), mask, key0, my_k, b,
+    transposed_probabilities<kPacked>(pt, p, lse_of(buf), slots, slots.of(e), mask, keys, my_k, b,
                                       h, t);
     // P^T = 0 in the query groups this warp's key block row does not keep: dV and dK get nothing
     // from them (dS^T = P^T (...) is 0 there too).

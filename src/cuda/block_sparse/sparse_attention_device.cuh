@@ -197,8 +197,8 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
   return true;
 }
 
-// Whether an entry (queries first_row..last_row, keys first_col..last_col: the contiguous side
-// and the EntrySlots span of the slot side) needs no per-element work: it lies inside L x L, off
+// Whether an entry (queries first_row..last_row, keys up to last_col: the ends of its two sides,
+// a contiguous tile or an EntrySlots span) needs no per-element work: it lies inside L x L, off
 // the causal diagonal (or the call is not causal) and no score term applies. Then the only removed
 // elements are the layout's: a warp's 16 rows lie in one block row of the entry (blocks are 16
 // or larger), so its element (r, c) is kept exactly when c's 16-column group is in the warp's
@@ -206,7 +206,7 @@ __device__ __forceinline__ bool element_kept(const SparseAttentionDeviceParams& 
 // calls (no masks, L a multiple of 64, off the diagonal), blocks of 16 and 32 included.
 __device__ __forceinline__ bool tile_is_plain(const SparseAttentionDeviceParams& p,
                                               int64_t first_row, int64_t last_row,
-                                              int64_t first_col, int64_t last_col) {
+                                              int64_t last_col) {
   return !p.has_terms && last_row < p.len && last_col < p.len &&
          (!p.causal || last_col <= first_row);
 }
@@ -312,6 +312,7 @@ __device__ __forceinline__ void store_partial_rows(const float acc[kHeadDim / 8]
 // g + k * G, k < head_repeat, as if the batch were head_repeat times larger.
 struct PieceOf {
   int64_t b, h, tile;    // batch, head and tile line (row or column) of the piece
+  int64_t line;          // the stored line: stored head * num_tiles + tile
   int64_t bk;            // (batch, head repeat) pair: b * head_repeat + k, which counts slots
   int begin, end, slot;  // its range in the tile list, and its partial slot (-1: whole line)
   // The piece's fp32 partial, counted over (bk, slot) for a list with `slots` slots.
@@ -333,11 +334,54 @@ __device__ __forceinline__ PieceOf decode_piece(const BlockSparseDeviceIndex::Ti
   const uint32_t line = static_cast<uint32_t>(w.item_line[piece]);
   o.h = line / num_tiles + (bk % repeat) * static_cast<uint32_t>(tiles.layout_heads);
   o.tile = line % num_tiles;
+  o.line = line;
   o.begin = w.item_begin[piece];
   o.end = w.item_end[piece];
   o.slot = w.item_slot[piece];
   return o;
 }
+
+// The keys of a dK/dV CTA's tile column: 64 consecutive keys from `first` (blocks of 64 and
+// more), or, for a packed layout, the block columns its group holds (Tiles::col_units, read like
+// an entry's slots: position c is key c & (b - 1) of unit c >> shift, -1 in an empty slot, whose
+// mask bits are clear in every entry). Columns with equal long lists share a tile column, so its
+// keys need not be consecutive (common/sparse_attention_tiles.h).
+template <bool kPacked>
+struct TileColumnKeys {
+  const int32_t* units;  // packed: the tile column's `sub` units
+  int64_t first;         // otherwise: its first key
+  int64_t last;          // the last key, read once (every entry's tile_is_plain needs it)
+
+  __device__ __forceinline__ TileColumnKeys(const EntrySlots<kPacked>& slots,
+                                            const BlockSparseDeviceIndex::Tiles& tiles,
+                                            const PieceOf& at)
+      : units(kPacked ? tiles.col_units + at.line * tiles.sub : nullptr),
+        first(at.tile * SparseTile::kSize) {
+    if constexpr (kPacked) {
+      last = slots.span(units).last;  // a packed tile column's first unit is always used
+    } else {
+      last = first + SparseTile::kSize - 1;
+    }
+  }
+
+  // The key at position c (0 .. 63), -1 in an empty slot.
+  __device__ __forceinline__ int64_t token(const EntrySlots<kPacked>& slots, int c) const {
+    if constexpr (kPacked) {
+      return slots.token(units, c);
+    } else {
+      return first + c;
+    }
+  }
+  // The keys of positions my_k for the outputs; `len` (nothing written) in an empty slot.
+  __device__ __forceinline__ void outputs(int64_t (&out)[2], const EntrySlots<kPacked>& slots,
+                                          const int (&my_k)[2], int64_t len) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t key = token(slots, my_k[r]);
+      out[r] = kPacked && key < 0 ? len : key;
+    }
+  }
+};
 
 // The part of a split line's 64 x kHeadDim output one CTA of the combine and sum kernels
 // writes: each thread owns four consecutive columns of one row, so a CTA covers 128 * 4 /
@@ -352,7 +396,8 @@ struct SplitLineChunk {
   static_assert(kHeadDim % 4 == 0 && SparseTile::kThreads % kThreadsPerRow == 0 &&
                     SparseTile::kSize % kRowsPerCta == 0,
                 "a split line's rows divide evenly among CTAs");
-  int64_t b, h;        // batch and head of the line
+  int64_t b, h;                                        // batch and head of the line
+  static constexpr int64_t kNoRow = int64_t{1} << 62;  // above every L
   int64_t row;         // this thread's row in the whole [L] (>= len: nothing to write)
   int tile_row;        // the same inside the line's 64-row tile
   int d;               // its first column
@@ -367,7 +412,13 @@ struct SplitLineChunk {
     b = bk / tiles.head_repeat;
     h = line / tiles.num_tiles + (bk % tiles.head_repeat) * tiles.layout_heads;
     tile_row = static_cast<int>(group) * kRowsPerCta + threadIdx.x / kThreadsPerRow;
-    row = int64_t{line % tiles.num_tiles} * SparseTile::kSize + tile_row;
+    if (work.line_units == nullptr) {
+      row = int64_t{line % tiles.num_tiles} * SparseTile::kSize + tile_row;
+    } else {  // a packed layout's tile column: its units' keys (none in an empty slot)
+      const int32_t unit = work.line_units[int64_t{line} * tiles.sub + (tile_row >> tiles.shift)];
+      row = unit < 0 ? kNoRow
+                     : (int64_t{unit} << tiles.shift) + (tile_row & ((1 << tiles.shift) - 1));
+    }
     d = (threadIdx.x % kThreadsPerRow) * 4;
     pieces = work.line_items[line + 1] - work.line_items[line];
     first_slot = bk * work.slots + work.item_slot[work.line_items[line]];

@@ -156,8 +156,16 @@ __global__ void __launch_bounds__(kF32Threads)
     load_row_f32(v, p.v, p.v_stride, b, h, j, p.dim);
     for (int64_t d = 0; d < p.dim; ++d) dk[d] = dv[d] = 0.0f;
     const auto& tl = p.tiles;
-    const int64_t line = (h % tl.layout_heads) * tl.num_tiles + j / SparseTile::kSize;
-    const int c = static_cast<int>(j % SparseTile::kSize);
+    // Key j's tile column and position in it: for a packed layout through its block column's
+    // place (columns with equal long lists are grouped, common/sparse_attention_tiles.h).
+    int64_t line = (h % tl.layout_heads) * tl.num_tiles + j / SparseTile::kSize;
+    int c = static_cast<int>(j % SparseTile::kSize);
+    if (tl.sub > 1) {
+      const int64_t unit = j >> tl.shift, blocks = p.len >> tl.shift;
+      const int32_t place = tl.col_unit_place[(h % tl.layout_heads) * blocks + unit];
+      line = place / tl.sub;
+      c = ((place % tl.sub) << tl.shift) + static_cast<int>(j & ((int64_t{1} << tl.shift) - 1));
+    }
     const EntrySlots<true> slots(tl.col_slots, tl);  // the general form, for any block
     for (int e = tl.col_offsets[line]; e < tl.col_offsets[line + 1]; ++e) {
       const int32_t* entry = slots.of(e);

@@ -33,7 +33,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[SparseTile::kSize / 8][4]
                                             int64_t h, int t) {
   constexpr int kScoreTiles = SparseTile::kSize / 8;
   const auto keys = slots.span(entry);
-  if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.first, keys.last)) {
+  if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.last)) {
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll

@@ -47,20 +47,28 @@ struct EmuTiles {
 struct Case {
   DType dtype = DType::kBF16;
   int64_t block = 16, B = 1, H = 2, N = 8, D = 64;
-  int kind = 0;  // 0 random, 1 bigbird, 2 random with every head sharing head 0's layout
+  // 0 random, 1 bigbird, 2 random with every head sharing head 0's layout, 3 random with six
+  // block columns that every row holds (equal long lists: grouped tile columns below block 64)
+  int kind = 0;
   int64_t split = 0;
   bool causal = false, kpm = false, attn = false, rpe = false, keyt = false;
   uint64_t seed = 1;
 };
 
-template <typename T, int kHD>
-bool run_case(const Case& c) {
-  std::mt19937_64 rng(c.seed);
+// The layout of a case (Case::kind).
+sciattn::Layout case_layout(const Case& c, std::mt19937_64& rng) {
   const int64_t L = c.N * c.block;
   sciattn::Layout layout;
   if (c.kind == 0 || c.kind == 2) {
     layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
     if (c.kind == 2) layout = maybe_shared_heads(layout, 1);  // one stored head
+  } else if (c.kind == 3) {
+    layout = random_layout(c.H, c.N, c.N, 0.15, rng, false, false);
+    for (int k = 0; k < 6; ++k) {
+      const int64_t col = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.N));
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t r = 0; r < c.N; ++r) layout.at(h, r, col) = 1;
+    }
   } else {
     BigBirdSparsityConfig cfg;
     cfg.num_heads = c.H;
@@ -69,6 +77,14 @@ bool run_case(const Case& c) {
     cfg.seed = c.seed;
     make_layout(cfg, L, &layout);
   }
+  return layout;
+}
+
+template <typename T, int kHD>
+bool run_case(const Case& c) {
+  std::mt19937_64 rng(c.seed);
+  const int64_t L = c.N * c.block;
+  const sciattn::Layout layout = case_layout(c, rng);
   BlockSparseIndex ix = make_index(layout, c.block);
   if (c.split) split_block_sparse_work(c.split, &ix);
   const EmuTiles emu_tiles(ix);
@@ -254,8 +270,7 @@ bool run_case(const Case& c) {
 bool run_f32(const Case& c) {
   std::mt19937_64 rng(c.seed);
   const int64_t L = c.N * c.block;
-  sciattn::Layout layout = random_layout(c.H, c.N, c.N, 0.35, rng, true, true);
-  if (c.kind == 2) layout = maybe_shared_heads(layout, 1);  // one stored head
+  const sciattn::Layout layout = case_layout(c, rng);
   BlockSparseIndex ix = make_index(layout, c.block);
   const EmuTiles emu_tiles(ix);
   if (!emu_tiles.ok) return false;
@@ -456,6 +471,22 @@ int main(int argc, char** argv) {
   c.D = 32;
   c.dtype = DType::kF16;
   cases.push_back(c);  // 10: the same with whole-tile entries
+  c = Case();
+  c.kind = 3;
+  c.N = 18;
+  c.split = 1;
+  c.causal = true;
+  c.kpm = true;
+  cases.push_back(c);  // 11: grouped tile columns, a last one with empty slots, split columns
+  c = Case();
+  c.kind = 3;
+  c.block = 32;
+  c.N = 20;
+  c.D = 32;
+  c.attn = true;
+  c.rpe = true;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 12: grouped pairs of block columns of 32
   int fails = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && (int)i != which) continue;
@@ -525,6 +556,12 @@ int main(int argc, char** argv) {
     x.N = 5;
     x.D = 40;
     fails += !run_f32(x);  // heads sharing one stored layout
+    x = Case();
+    x.kind = 3;
+    x.N = 18;
+    x.D = 24;
+    x.causal = true;
+    fails += !run_f32(x);  // grouped tile columns: a key's column found through its place
   }
   std::printf("%d failures\n", fails);
   return fails;
