@@ -1,7 +1,8 @@
 // Google Benchmark of block-sparse self-attention on the GPU (CUDA events, after a warm-up): the
 // fused and the composite (sdd -> softmax -> dsd) algorithms, forward and forward + backward,
 // B = 1, H = 16, D = 64 and 128, bf16, on DeepSpeed's BigBird, BSLongformer, Fixed and Variable
-// layouts (their class defaults) at 4,096, 16,384 and 65,536 tokens with blocks of 64 and 16.
+// layouts (their class defaults) at 4,096, 16,384 and 65,536 tokens with blocks of 64 and 16,
+// and Fixed unidirectional with the causal rule (layout 4, the fused algorithm, 16,384 and 65,536).
 // Reports ms, TFLOP/s on the layout's blocks (forward 4 * nnz * b^2 * D per batch, backward 10x;
 // sparse_attention_*_flops), the fraction of the H200's measured 790 TFLOP/s, the density and the
 // call's extra memory. The peers (dense flash, FlexAttention) are timed by
@@ -18,6 +19,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "common/block_sparse_device_pack.h"  // the upload's steps, timed one by one
@@ -36,9 +38,22 @@ constexpr double kMatmulCeiling = 790e12;  // ../shared/PERFORMANCE.md, dense bf
 constexpr int64_t kBatch = 1, kHeads = 16;
 constexpr DType kDtype = DType::kBF16;
 
-// The layouts of PERFORMANCE.md, in argument order.
+// The layouts of PERFORMANCE.md, in argument order, then (4) Fixed unidirectional with the
+// token-level causal rule, as a causal language model uses it.
 constexpr SparsityMode kModes[] = {SparsityMode::kBigBird, SparsityMode::kBSLongformer,
-                                   SparsityMode::kFixed, SparsityMode::kVariable};
+                                   SparsityMode::kFixed, SparsityMode::kVariable,
+                                   SparsityMode::kFixed};
+constexpr int64_t kCausalFixed = 4;
+
+// Layout `layout`'s config with the class defaults for kHeads heads and `block`.
+SparsityConfig layout_config(int64_t layout, int64_t block) {
+  SparsityConfig config = default_sparsity_config(kModes[layout], kHeads);
+  sparsity_common(config).block = block;
+  if (layout == kCausalFixed) {
+    std::get<FixedSparsityConfig>(config).attention = AttentionDirection::kUnidirectional;
+  }
+  return config;
+}
 
 // A row's inputs (the uploaded index and the filled Q, K, V, dO), kept until a row with other
 // arguments asks: Google Benchmark calls a row's function more than once (a one-iteration probe,
@@ -62,9 +77,7 @@ const RowInputs& row_inputs(int64_t layout, int64_t L, int64_t block, int64_t D)
   in->L = L;
   in->block = block;
   in->D = D;
-  SparsityConfig config = default_sparsity_config(kModes[layout], kHeads);
-  sparsity_common(config).block = block;
-  in->status = build_sparse_attention_index(config, L, L, &in->index);
+  in->status = build_sparse_attention_index(layout_config(layout, block), L, L, &in->index);
   if (in->status.ok()) in->status = upload_block_sparse_index(&in->index, 0);
   const size_t n = static_cast<size_t>(kBatch * kHeads * L * D);
   in->q = std::make_unique<DeviceBuffer>(n, kDtype, 1);
@@ -86,7 +99,9 @@ void BM_SparseAttentionCuda(benchmark::State& state) {
   const auto algorithm =
       state.range(4) == 0 ? SparseAttentionAlgorithm::kFused : SparseAttentionAlgorithm::kComposite;
   const bool backward = state.range(5) != 0;
-  state.SetLabel(std::string(sparsity_mode_name(mode)) + " " +
+  const bool causal = state.range(0) == kCausalFixed;
+  state.SetLabel(std::string(sparsity_mode_name(mode)) +
+                 (causal ? " unidirectional causal " : " ") +
                  sparse_attention_algorithm_name(algorithm) + (backward ? " fwd+bwd" : " fwd"));
 
   const RowInputs& in = row_inputs(state.range(0), L, block, D);
@@ -120,6 +135,7 @@ void BM_SparseAttentionCuda(benchmark::State& state) {
   f.out = view(out);
   f.lse = TensorView::contiguous(lse.ptr, DType::kF32, {kBatch, kHeads, L}, Device::kCuda);
   f.options.algorithm = algorithm;
+  f.options.causal = causal;
   SparseAttentionBackwardParams bw;
   bw.index = &index;
   bw.q = f.q;
@@ -200,6 +216,10 @@ void shapes(benchmark::internal::Benchmark* b) {
         for (int64_t D : {64, 128})
           for (int64_t alg : {0, 1})
             for (int64_t bwd : {0, 1}) b->Args({layout, L, block, D, alg, bwd});
+  for (int64_t L : {16384, 65536})
+    for (int64_t block : {64, 16})
+      for (int64_t D : {64, 128})
+        for (int64_t bwd : {0, 1}) b->Args({kCausalFixed, L, block, D, 0, bwd});
 }
 
 // The metadata of one layout, paid once per layout (issue 5 asks that it take well under one

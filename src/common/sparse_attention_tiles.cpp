@@ -140,10 +140,11 @@ constexpr int64_t kLongColumn = 16;
 // units[T * sub + k] (ascending within a tile column, -1 in empty trailing slots). Long columns
 // with equal lists (equal hashes of their block rows: a collision only costs speed, never
 // correctness, since every entry's mask is built from the columns it holds) fill whole tile
-// columns, `sub` at a time in ascending order; the others, and what is left of each set of equal
-// lists, take consecutive tile columns in ascending order, as they would without grouping. The
-// tile columns are ordered by their first block column. When no `sub` long columns share a list
-// (BigBird, BSLongformer, Variable) this is the consecutive grouping itself.
+// columns, `sub` at a time in ascending order; then the long columns left, `sub` at a time in
+// ascending order; the others, and the last few long ones, take consecutive tile columns in
+// ascending order, as they would without grouping. The tile columns are ordered by their first
+// block column. With fewer than `sub` long columns (BigBird, BSLongformer, Variable: one global
+// column each) this is the consecutive grouping itself.
 void group_tile_columns(const BlockSparseIndex& ix, int64_t h, int64_t sub, int64_t nt,
                         int64_t* units) {
   const int64_t C = ix.num_col_blocks;
@@ -179,10 +180,32 @@ void group_tile_columns(const BlockSparseIndex& ix, int64_t h, int64_t sub, int6
     }
     first = last;
   }
+  // Then the long columns left, in ascending order, `sub` at a time (whole tile columns only):
+  // lists that differ but are all long, such as a unidirectional Fixed layout's global columns
+  // (column c held by every row from c on), still share most of their rows, where each would
+  // otherwise join short columns whose rows they do not share.
+  std::sort(keyed.begin(), keyed.end(),
+            [](const auto& x, const auto& y) { return x.second < y.second; });
+  std::array<int64_t, 4> tile{-1, -1, -1, -1};
+  int64_t k = 0, long_left = 0;
+  for (const auto& entry : keyed) long_left += grouped[static_cast<size_t>(entry.second)] ? 0 : 1;
+  for (const auto& entry : keyed) {
+    const int64_t c = entry.second;
+    if (grouped[static_cast<size_t>(c)] || long_left < sub) continue;
+    tile[static_cast<size_t>(k)] = c;
+    if (++k == sub) {
+      for (int64_t x = 0; x < sub; ++x)
+        grouped[static_cast<size_t>(tile[static_cast<size_t>(x)])] = 1;
+      tiles.push_back(tile);
+      tile = {-1, -1, -1, -1};
+      k = 0;
+      long_left -= sub;
+    }
+  }
   if (tiles.empty()) return consecutive();
   // The rest, consecutively in ascending order.
-  std::array<int64_t, 4> tile{-1, -1, -1, -1};
-  int64_t k = 0;
+  tile = {-1, -1, -1, -1};
+  k = 0;
   for (int64_t c = 0; c < C; ++c) {
     if (grouped[static_cast<size_t>(c)]) continue;
     tile[static_cast<size_t>(k)] = c;

@@ -346,6 +346,28 @@ TEST(SparseAttentionTiles, EqualLongColumnsShareTileColumns) {
   }
 }
 
+// A unidirectional Fixed layout's global columns have different lists (column c is held by the
+// rows from c on) but all long ones: they still share tile columns, `sub` at a time in order.
+TEST(SparseAttentionTiles, LongColumnsWithDifferentListsShareTileColumns) {
+  for (int64_t block : {16, 32}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    FixedSparsityConfig cfg;
+    cfg.num_heads = 1;
+    cfg.block = block;
+    cfg.attention = AttentionDirection::kUnidirectional;
+    Layout layout;
+    ASSERT_TRUE(make_layout(cfg, 128 * block, &layout).ok());
+    const BlockSparseIndex ix = make_index(layout, block);
+    SparseAttentionTiles t;
+    ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+    expect_tiles_of(layout, block, ix);
+    const int64_t consecutive = consecutive_column_entries(layout, t.sub);
+    EXPECT_LT(static_cast<double>(t.col_entries) * (block == 16 ? 2.0 : 1.4),
+              static_cast<double>(consecutive))
+        << t.col_entries << " column entries against " << consecutive << " without grouping";
+  }
+}
+
 // Without sub long columns of one list (BigBird, with its one global column) the tile columns
 // are the consecutive ones, and so are they for random layouts' short columns.
 TEST(SparseAttentionTiles, OtherColumnsKeepConsecutiveTileColumns) {

@@ -562,6 +562,15 @@ std::vector<GpuCase> small_cases() {
   c.D = 64;
   c.split_blocks = 1;
   add(c);
+  // Unidirectional Fixed (causal): its global columns' lists differ (column c is held by the rows
+  // from c on) but are long, and share tile columns in order.
+  c = GpuCase();
+  c.config = Config::kFixed;
+  c.causal = true;
+  c.N = 48;
+  c.D = 128;
+  c.dtype = DType::kF16;
+  add(c);
   c = GpuCase();
   c.config = Config::kGlobalColumns;
   c.dtype = DType::kF32;
