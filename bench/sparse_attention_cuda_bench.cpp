@@ -2,7 +2,8 @@
 // fused and the composite (sdd -> softmax -> dsd) algorithms, forward and forward + backward,
 // B = 1, H = 16, D = 64 and 128, bf16, on DeepSpeed's BigBird, BSLongformer, Fixed and Variable
 // layouts (their class defaults) at 4,096, 16,384 and 65,536 tokens with blocks of 64 and 16,
-// and Fixed unidirectional with the causal rule (layout 4, the fused algorithm, 16,384 and 65,536).
+// and two more Fixed forms with the fused algorithm at 16,384 and 65,536: unidirectional with the
+// causal rule (layout 4) and with horizontal global attention (layout 5).
 // Reports ms, TFLOP/s on the layout's blocks (forward 4 * nnz * b^2 * D per batch, backward 10x;
 // sparse_attention_*_flops), the fraction of the H200's measured 790 TFLOP/s, the density and the
 // call's extra memory. The peers (dense flash, FlexAttention) are timed by
@@ -39,11 +40,12 @@ constexpr int64_t kBatch = 1, kHeads = 16;
 constexpr DType kDtype = DType::kBF16;
 
 // The layouts of PERFORMANCE.md, in argument order, then (4) Fixed unidirectional with the
-// token-level causal rule, as a causal language model uses it.
+// token-level causal rule, as a causal language model uses it, and (5) Fixed with horizontal
+// global attention (its global block rows attend every column).
 constexpr SparsityMode kModes[] = {SparsityMode::kBigBird, SparsityMode::kBSLongformer,
-                                   SparsityMode::kFixed, SparsityMode::kVariable,
-                                   SparsityMode::kFixed};
-constexpr int64_t kCausalFixed = 4;
+                                   SparsityMode::kFixed,   SparsityMode::kVariable,
+                                   SparsityMode::kFixed,   SparsityMode::kFixed};
+constexpr int64_t kCausalFixed = 4, kHorizontalFixed = 5;
 
 // Layout `layout`'s config with the class defaults for kHeads heads and `block`.
 SparsityConfig layout_config(int64_t layout, int64_t block) {
@@ -51,6 +53,9 @@ SparsityConfig layout_config(int64_t layout, int64_t block) {
   sparsity_common(config).block = block;
   if (layout == kCausalFixed) {
     std::get<FixedSparsityConfig>(config).attention = AttentionDirection::kUnidirectional;
+  }
+  if (layout == kHorizontalFixed) {
+    std::get<FixedSparsityConfig>(config).horizontal_global_attention = true;
   }
   return config;
 }
@@ -101,7 +106,9 @@ void BM_SparseAttentionCuda(benchmark::State& state) {
   const bool backward = state.range(5) != 0;
   const bool causal = state.range(0) == kCausalFixed;
   state.SetLabel(std::string(sparsity_mode_name(mode)) +
-                 (causal ? " unidirectional causal " : " ") +
+                 (causal                               ? " unidirectional causal "
+                  : state.range(0) == kHorizontalFixed ? " horizontal global "
+                                                       : " ") +
                  sparse_attention_algorithm_name(algorithm) + (backward ? " fwd+bwd" : " fwd"));
 
   const RowInputs& in = row_inputs(state.range(0), L, block, D);
@@ -216,10 +223,11 @@ void shapes(benchmark::internal::Benchmark* b) {
         for (int64_t D : {64, 128})
           for (int64_t alg : {0, 1})
             for (int64_t bwd : {0, 1}) b->Args({layout, L, block, D, alg, bwd});
-  for (int64_t L : {16384, 65536})
-    for (int64_t block : {64, 16})
-      for (int64_t D : {64, 128})
-        for (int64_t bwd : {0, 1}) b->Args({kCausalFixed, L, block, D, 0, bwd});
+  for (int64_t layout : {kCausalFixed, kHorizontalFixed})
+    for (int64_t L : {16384, 65536})
+      for (int64_t block : {64, 16})
+        for (int64_t D : {64, 128})
+          for (int64_t bwd : {0, 1}) b->Args({layout, L, block, D, 0, bwd});
 }
 
 // The metadata of one layout, paid once per layout (issue 5 asks that it take well under one

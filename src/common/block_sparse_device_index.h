@@ -56,8 +56,8 @@ struct BlockSparseDeviceArrays {
     const int32_t* item_end = nullptr;     // [pieces]
     const int32_t* item_slot = nullptr;    // [pieces] partial slot, -1 when the line is whole
     const int32_t* split_lines = nullptr;  // [num_split_lines]
-    // The tokens of each line's own side, for the tile columns of a packed layout: its units
-    // (Tiles::col_units); null where line T holds tokens T * 64 .. (rows, blocks of 64 and 128).
+    // The tokens of each line's own side, for a packed layout: its units (Tiles::row_units or
+    // col_units); null where line T holds tokens T * 64 .. (blocks of 64 and 128).
     const int32_t* line_units = nullptr;
   };
   struct Tiles {
@@ -74,9 +74,12 @@ struct BlockSparseDeviceArrays {
     const int32_t* col_offsets = nullptr;  // [G * num_tiles + 1]
     const int32_t* col_slots = nullptr;    // [col_entries * sub] row units, -1 empty
     const int32_t* col_masks = nullptr;    // [col_entries]
-    // Packed layouts (sub > 1): the block columns of each tile column and the place of each block
-    // column (common/sparse_attention_tiles.h); empty arrays otherwise.
+    // Packed layouts (sub > 1): the block rows of each tile row, the block columns of each tile
+    // column, and the place of each block row and column (common/sparse_attention_tiles.h);
+    // empty arrays otherwise.
+    const int32_t* row_units = nullptr;       // [G * num_tiles * sub], -1 empty
     const int32_t* col_units = nullptr;       // [G * num_tiles * sub], -1 empty
+    const int32_t* row_unit_place = nullptr;  // [G * num_row_blocks]: line * sub + k
     const int32_t* col_unit_place = nullptr;  // [G * num_col_blocks]: line * sub + k
     TileWork rows, cols;
   };

@@ -23,8 +23,9 @@ void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
     for (const int32_t** p : {&s->line_items, &s->item_line, &s->item_begin, &s->item_end}) fn(p);
   }
   BlockSparseDeviceArrays::Tiles& t = a.tiles;
-  for (const int32_t** p : {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets,
-                            &t.col_slots, &t.col_masks, &t.col_units, &t.col_unit_place}) {
+  for (const int32_t** p :
+       {&t.row_offsets, &t.row_slots, &t.row_masks, &t.col_offsets, &t.col_slots, &t.col_masks,
+        &t.row_units, &t.col_units, &t.row_unit_place, &t.col_unit_place}) {
     fn(p);
   }
   for (BlockSparseDeviceArrays::TileWork* w : {&t.rows, &t.cols}) {
@@ -127,7 +128,9 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
   const size_t tile_col_offsets = packer.add(tiles.col_offsets);
   const size_t tile_col_slots = packer.add(tiles.col_slots);
   const size_t tile_col_masks = packer.add(tiles.col_masks);
+  const size_t tile_row_units = packer.add(tiles.row_units);
   const size_t tile_col_units = packer.add(tiles.col_units);
+  const size_t tile_row_unit_place = packer.add(tiles.row_unit_place);
   const size_t tile_col_unit_place = packer.add(tiles.col_unit_place);
   const TileWorkOffsets tile_rows = add_tile_work(packer, tiles.rows);
   const TileWorkOffsets tile_cols = add_tile_work(packer, tiles.cols);
@@ -179,11 +182,16 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
   t.col_offsets = base + tile_col_offsets;
   t.col_slots = base + tile_col_slots;
   t.col_masks = base + tile_col_masks;
+  t.row_units = base + tile_row_units;
   t.col_units = base + tile_col_units;
+  t.row_unit_place = base + tile_row_unit_place;
   t.col_unit_place = base + tile_col_unit_place;
   t.rows = tile_work_at(base, tile_rows, tiles.rows);
   t.cols = tile_work_at(base, tile_cols, tiles.cols);
-  if (!tiles.col_units.empty()) t.cols.line_units = t.col_units;
+  if (!tiles.col_units.empty()) {  // a packed layout: its tile lines' units
+    t.rows.line_units = t.row_units;
+    t.cols.line_units = t.col_units;
+  }
   *out = std::move(p);
   return Status::ok_status();
 }

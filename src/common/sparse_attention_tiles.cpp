@@ -136,20 +136,19 @@ void append_merged_line_entries(const int64_t* list, const int64_t* begin, const
 // 65,536 tokens and block 16: one long column, the global one).
 constexpr int64_t kLongColumn = 16;
 
-// The block columns of stored head h grouped into its nt tile columns of `sub` units, written to
-// units[T * sub + k] (ascending within a tile column, -1 in empty trailing slots). Long columns
-// with equal lists (equal hashes of their block rows: a collision only costs speed, never
-// correctness, since every entry's mask is built from the columns it holds) fill whole tile
-// columns, `sub` at a time in ascending order; then the long columns left, `sub` at a time in
-// ascending order; the others, and the last few long ones, take consecutive tile columns in
-// ascending order, as they would without grouping. The tile columns are ordered by their first
-// block column. With fewer than `sub` long columns (BigBird, BSLongformer, Variable: one global
-// column each) this is the consecutive grouping itself.
-void group_tile_columns(const BlockSparseIndex& ix, int64_t h, int64_t sub, int64_t nt,
-                        int64_t* units) {
-  const int64_t C = ix.num_col_blocks;
-  const int64_t* offsets = ix.col_offsets.data() + h * C;  // [C + 1]
-  const int64_t* rows = ix.col_rows.data();
+// The C block lines (columns, or rows) of one stored head, whose lists are list[offsets[c] ..
+// offsets[c + 1]), grouped into its nt tile lines of `sub` units, written to units[T * sub + k]
+// (ascending within a tile line, -1 in empty trailing slots). Said for columns; rows are grouped
+// alike. Long columns with equal lists (equal hashes of their block rows: a collision only costs
+// speed, never correctness, since every entry's mask is built from the columns it holds) fill
+// whole tile columns, `sub` at a time in ascending order; long columns that fill a consecutive
+// tile column keep it; then the long columns left, `sub` at a time in ascending order; the others,
+// and the last few long ones, take consecutive tile columns in ascending order, as they would
+// without grouping. The tile columns are ordered by their first block column. With fewer than
+// `sub` long columns (BigBird, BSLongformer, Variable: one global column each) this is the
+// consecutive grouping itself.
+void group_tile_lines(const int64_t* offsets, const int64_t* rows, int64_t C, int64_t sub,
+                      int64_t nt, int64_t* units) {
   auto consecutive = [&] {
     for (int64_t u = 0; u < nt * sub; ++u) units[u] = u < C ? u : -1;
   };
@@ -180,12 +179,30 @@ void group_tile_columns(const BlockSparseIndex& ix, int64_t h, int64_t sub, int6
     }
     first = last;
   }
+  // Long columns that already fill a consecutive tile column (T * sub ..) keep it: neighbours
+  // tend to share rows (a window), and so the rows of a unidirectional Fixed layout, every one long
+  // past the first few windows, keep their consecutive tiles.
+  std::sort(keyed.begin(), keyed.end(),
+            [](const auto& x, const auto& y) { return x.second < y.second; });
+  std::vector<char> is_long(static_cast<size_t>(C), 0);
+  for (const auto& entry : keyed) is_long[static_cast<size_t>(entry.second)] = 1;
+  for (int64_t first = 0; first + sub <= C; first += sub) {
+    bool whole = true;
+    for (int64_t c = first; c < first + sub; ++c) {
+      whole = whole && is_long[static_cast<size_t>(c)] && !grouped[static_cast<size_t>(c)];
+    }
+    if (!whole) continue;
+    std::array<int64_t, 4> tile{-1, -1, -1, -1};
+    for (int64_t c = first; c < first + sub; ++c) {
+      tile[static_cast<size_t>(c - first)] = c;
+      grouped[static_cast<size_t>(c)] = 1;
+    }
+    tiles.push_back(tile);
+  }
   // Then the long columns left, in ascending order, `sub` at a time (whole tile columns only):
   // lists that differ but are all long, such as a unidirectional Fixed layout's global columns
   // (column c held by every row from c on), still share most of their rows, where each would
   // otherwise join short columns whose rows they do not share.
-  std::sort(keyed.begin(), keyed.end(),
-            [](const auto& x, const auto& y) { return x.second < y.second; });
   std::array<int64_t, 4> tile{-1, -1, -1, -1};
   int64_t k = 0, long_left = 0;
   for (const auto& entry : keyed) long_left += grouped[static_cast<size_t>(entry.second)] ? 0 : 1;
@@ -260,25 +277,20 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
     // head to its stored head with a division, here always the identity).
     const int64_t* line_offsets = rows ? ix.row_offsets.data() : ix.col_offsets.data();
     for (int64_t h = 0; h < G; ++h) {
-      if (packed && !rows) group_tile_columns(ix, h, sub, nt, t.col_units.data() + h * nt * sub);
+      std::vector<int64_t>& line_units = rows ? t.row_units : t.col_units;
+      std::vector<int64_t>& unit_place = rows ? t.row_unit_place : t.col_unit_place;
+      if (packed) {
+        group_tile_lines(line_offsets + h * R, list.data(), R, sub, nt,
+                         line_units.data() + h * nt * sub);
+      }
       for (int64_t line = 0; line < nt; ++line) {
-        if (packed && rows) {  // the line's block rows line * sub .., merged
-          const int64_t first = h * R + line * sub, n = std::min(R - line * sub, sub);
-          if (line_offsets[first] < line_offsets[first + n]) {  // some block to merge
-            append_merged_line_entries(list.data(), line_offsets + first, line_offsets + first + 1,
-                                       n, sub, slot_bits, slots, masks);
-          }
-          (*offsets)[static_cast<size_t>(h * nt + line + 1)] = static_cast<int64_t>(masks->size());
-          continue;
-        }
-        if (packed) {  // the block columns of the line's group, merged
-          const int64_t* units_of_line = t.col_units.data() + (h * nt + line) * sub;
+        if (packed) {  // the block rows (or columns) of the line's group, merged
+          const int64_t* units_of_line = line_units.data() + (h * nt + line) * sub;
           int64_t begin[kMaxMergedLists], end[kMaxMergedLists], n = 0;
           for (; n < sub && units_of_line[n] >= 0; ++n) {
             begin[n] = line_offsets[h * R + units_of_line[n]];
             end[n] = line_offsets[h * R + units_of_line[n] + 1];
-            t.col_unit_place[static_cast<size_t>(h * R + units_of_line[n])] =
-                (h * nt + line) * sub + n;
+            unit_place[static_cast<size_t>(h * R + units_of_line[n])] = (h * nt + line) * sub + n;
           }
           bool any = false;
           for (int64_t i = 0; i < n; ++i) any = any || begin[i] < end[i];
@@ -314,8 +326,12 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
     for (int64_t x = 0; x < sub; ++x)
       if ((bits >> x) & 1) spread[static_cast<size_t>(bits)] |= int64_t{1} << (x * sub);
   if (packed) {
-    t.col_units.assign(static_cast<size_t>(G * nt * sub), -1);
-    t.col_unit_place.assign(static_cast<size_t>(G * R), -1);
+    for (std::vector<int64_t>* line_units : {&t.row_units, &t.col_units}) {
+      line_units->assign(static_cast<size_t>(G * nt * sub), -1);
+    }
+    for (std::vector<int64_t>* place : {&t.row_unit_place, &t.col_unit_place}) {
+      place->assign(static_cast<size_t>(G * R), -1);
+    }
   }
   build(
       true, [&](int64_t k, int64_t bits) { return spread[static_cast<size_t>(bits)] << k; },

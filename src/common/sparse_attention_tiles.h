@@ -67,27 +67,28 @@ struct SparseAttentionTiles {
   std::vector<int64_t> col_slots;    // [col_entries * sub]
   std::vector<int64_t> col_masks;    // [col_entries]
 
-  // Packed layouts (b < kTile) only, empty otherwise: which block columns each tile column
-  // holds. They are grouped (group_tile_columns): block columns whose lists are equal and long
-  // share tile columns (so their entries keep every element: Fixed's global columns at block 16
-  // would otherwise each bring all block rows into a tile column with three local columns, 25%
-  // of whose elements are kept), and the rest take consecutive tile columns in ascending order.
-  // Tile column l (stored head g's lines are g * num_tiles ..) holds keys
-  // col_units[l * sub + k] * b + (0 .. b - 1) at its positions k * b .., ascending, -1 in empty
-  // trailing slots; col_unit_place[g * R + c] = l * sub + k for block column c of stored head g.
-  // Tile rows stay consecutive (tile row T holds queries T * kTile ..), as do tile columns at
-  // b >= kTile.
-  std::vector<int64_t> col_units;       // [G * num_tiles * sub]
-  std::vector<int64_t> col_unit_place;  // [G * R]
+  // Packed layouts (b < kTile) only, empty otherwise: which block rows each tile row holds and
+  // which block columns each tile column holds. They are grouped (group_tile_lines): block lines
+  // whose lists are equal and long share tile lines (so their entries keep every element: Fixed's
+  // global columns at block 16 would otherwise each bring all block rows into a tile column with
+  // three local columns, 25% of whose elements are kept), then the other long lines, and the rest
+  // take consecutive tile lines in ascending order. Tile column l (stored head g's lines are
+  // g * num_tiles ..) holds keys col_units[l * sub + k] * b + (0 .. b - 1) at its positions
+  // k * b .., ascending, -1 in empty trailing slots; col_unit_place[g * R + c] = l * sub + k for
+  // block column c of stored head g; rows alike. At b >= kTile tile line T holds tokens
+  // T * kTile ...
+  std::vector<int64_t> row_units, col_units;            // [G * num_tiles * sub]
+  std::vector<int64_t> row_unit_place, col_unit_place;  // [G * R]
 
   SparseAttentionTileWork rows, cols;
 
   // The token at position a (0 .. kTile - 1) of stored line `line` (g * num_tiles + T) along its
-  // own side: query T * kTile + a of a tile row; key of a tile column through col_units when
-  // packed. -1 for an empty slot.
+  // own side (a tile row's query, a tile column's key): through the line's units when packed,
+  // T * kTile + a otherwise. -1 for an empty slot.
   int64_t line_token(bool row_line, int64_t line, int64_t a) const {
-    if (row_line || col_units.empty()) return (line % num_tiles) * kTile + a;
-    const int64_t unit = col_units[static_cast<size_t>(line * sub + (a >> shift))];
+    const std::vector<int64_t>& units = row_line ? row_units : col_units;
+    if (units.empty()) return (line % num_tiles) * kTile + a;
+    const int64_t unit = units[static_cast<size_t>(line * sub + (a >> shift))];
     return unit < 0 ? -1 : (unit << shift) + (a & ((int64_t{1} << shift) - 1));
   }
 };

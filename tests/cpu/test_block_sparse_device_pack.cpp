@@ -95,13 +95,14 @@ void expect_packed(const BlockSparseDeviceArrays& a, const BlockSparseIndex& ix,
   expect_array(d.col_offsets, t.col_offsets, base, size, "tile col_offsets");
   expect_array(d.col_slots, t.col_slots, base, size, "tile col_slots");
   expect_array(d.col_masks, t.col_masks, base, size, "tile col_masks");
+  expect_array(d.row_units, t.row_units, base, size, "tile row_units");
   expect_array(d.col_units, t.col_units, base, size, "tile col_units");
+  expect_array(d.row_unit_place, t.row_unit_place, base, size, "tile row_unit_place");
   expect_array(d.col_unit_place, t.col_unit_place, base, size, "tile col_unit_place");
   expect_work(d.rows, t.rows, base, size, "tile rows");
   expect_work(d.cols, t.cols, base, size, "tile cols");
-  // The tile columns' own tokens: through col_units when packed, contiguous otherwise; the
-  // tile rows' are always contiguous.
-  EXPECT_EQ(d.rows.line_units, nullptr);
+  // The tile lines' own tokens: through their units when packed, contiguous otherwise.
+  EXPECT_EQ(d.rows.line_units, t.row_units.empty() ? nullptr : d.row_units);
   EXPECT_EQ(d.cols.line_units, t.col_units.empty() ? nullptr : d.col_units);
 }
 

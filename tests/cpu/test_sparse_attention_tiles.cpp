@@ -125,32 +125,35 @@ void expect_work_covers(const SparseAttentionTileWork& w, const std::vector<int6
   EXPECT_EQ(w.split_lines, split_lines);
 }
 
-// A packed index's tile columns: each stored head's block columns each in exactly one slot of
-// one tile column, ascending inside it, -1 only in trailing slots, and col_unit_place the
-// inverse of col_units.
-void expect_column_groups(const SparseAttentionTiles& t, int64_t R) {
-  ASSERT_EQ(static_cast<int64_t>(t.col_units.size()), t.num_heads * t.num_tiles * t.sub);
-  ASSERT_EQ(static_cast<int64_t>(t.col_unit_place.size()), t.num_heads * R);
+// A packed index's tile lines (rows, or columns): each stored head's block lines each in exactly
+// one slot of one tile line, ascending inside it, -1 only in trailing slots, and the place array
+// the inverse of the units.
+void expect_line_groups(const SparseAttentionTiles& t, int64_t R, bool rows) {
+  SCOPED_TRACE(rows ? "tile rows" : "tile columns");
+  const std::vector<int64_t>& units = rows ? t.row_units : t.col_units;
+  const std::vector<int64_t>& place = rows ? t.row_unit_place : t.col_unit_place;
+  ASSERT_EQ(static_cast<int64_t>(units.size()), t.num_heads * t.num_tiles * t.sub);
+  ASSERT_EQ(static_cast<int64_t>(place.size()), t.num_heads * R);
   for (int64_t g = 0; g < t.num_heads; ++g) {
     std::vector<int> seen(static_cast<size_t>(R), 0);
     for (int64_t line = g * t.num_tiles; line < (g + 1) * t.num_tiles; ++line) {
       int64_t previous = -1;
       bool ended = false;
       for (int64_t k = 0; k < t.sub; ++k) {
-        const int64_t at = line * t.sub + k, unit = t.col_units[static_cast<size_t>(at)];
+        const int64_t at = line * t.sub + k, unit = units[static_cast<size_t>(at)];
         if (unit < 0) {
           ended = true;
           continue;
         }
-        EXPECT_FALSE(ended) << "a used slot after an empty one, tile column " << line;
-        EXPECT_GT(unit, previous) << "tile column " << line << " not ascending";
+        EXPECT_FALSE(ended) << "a used slot after an empty one, tile line " << line;
+        EXPECT_GT(unit, previous) << "tile line " << line << " not ascending";
         ASSERT_LT(unit, R);
         previous = unit;
         ++seen[static_cast<size_t>(unit)];
-        EXPECT_EQ(t.col_unit_place[static_cast<size_t>(g * R + unit)], at);
+        EXPECT_EQ(place[static_cast<size_t>(g * R + unit)], at);
       }
     }
-    for (int64_t c = 0; c < R; ++c) EXPECT_EQ(seen[static_cast<size_t>(c)], 1) << "column " << c;
+    for (int64_t c = 0; c < R; ++c) EXPECT_EQ(seen[static_cast<size_t>(c)], 1) << "line " << c;
   }
 }
 
@@ -176,14 +179,18 @@ void expect_tiles_of(const Layout& layout, int64_t block, const BlockSparseIndex
   // the blocks its own blocks use (a tile row's own blocks are consecutive, a tile column's
   // those of its group), and the tile columns hold every block column once.
   if (block < 64) {
-    expect_column_groups(t, layout.num_row_blocks);
+    expect_line_groups(t, layout.num_row_blocks, true);
+    expect_line_groups(t, layout.num_row_blocks, false);
     for (int64_t h = 0; h < layout.num_heads; ++h)
       for (int64_t line = 0; line < t.num_tiles; ++line) {
         std::set<int64_t> cols, rows;
         const size_t l = static_cast<size_t>((h % t.num_heads) * t.num_tiles + line);
-        for (int64_t x = line * t.sub; x < std::min(layout.num_row_blocks, (line + 1) * t.sub); ++x)
+        for (int64_t k = 0; k < t.sub; ++k) {
+          const int64_t x = t.row_units[l * static_cast<size_t>(t.sub) + static_cast<size_t>(k)];
+          if (x < 0) continue;
           for (int64_t y = 0; y < layout.num_row_blocks; ++y)
             if (layout.at(h, x, y)) cols.insert(y);
+        }
         for (int64_t k = 0; k < t.sub; ++k) {
           const int64_t x = t.col_units[l * static_cast<size_t>(t.sub) + static_cast<size_t>(k)];
           if (x < 0) continue;
@@ -279,9 +286,10 @@ std::map<std::tuple<int64_t, int64_t, int64_t>, int> kept_blocks(const SparseAtt
           for (int64_t k = 0; k < t.sub; ++k) {  // the slot
             const int64_t bit = rows ? x * t.sub + k : k * t.sub + x;
             if (((masks[static_cast<size_t>(e)] >> bit) & 1) == 0) continue;
-            const int64_t own = rows || t.col_units.empty()
+            const std::vector<int64_t>& units = rows ? t.row_units : t.col_units;
+            const int64_t own = units.empty()
                                     ? line * t.sub + x
-                                    : t.col_units[static_cast<size_t>(
+                                    : units[static_cast<size_t>(
                                           ((h % t.num_heads) * t.num_tiles + line) * t.sub + x)];
             EXPECT_GE(own, 0) << "a mask bit of an empty unit of the line's own side";
             const int64_t other = slots[static_cast<size_t>(e * t.sub + k)];
@@ -346,6 +354,38 @@ TEST(SparseAttentionTiles, EqualLongColumnsShareTileColumns) {
   }
 }
 
+// Rows alike: Fixed with horizontal global attention (each window's global block row attends
+// every column) groups its global rows into tile rows of their own.
+TEST(SparseAttentionTiles, EqualLongRowsShareTileRows) {
+  for (int64_t block : {16, 32}) {
+    SCOPED_TRACE("block " + std::to_string(block));
+    FixedSparsityConfig cfg;
+    cfg.num_heads = 2;
+    cfg.block = block;
+    cfg.horizontal_global_attention = true;
+    Layout layout;
+    ASSERT_TRUE(make_layout(cfg, 64 * block, &layout).ok());
+    const BlockSparseIndex ix = make_index(layout, block);
+    SparseAttentionTiles t;
+    ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
+    expect_tiles_of(layout, block, ix);
+    // The consecutive tile rows' entries: each tile row holds a global row, so all its columns.
+    int64_t consecutive = 0;
+    for (int64_t first = 0; first < layout.num_row_blocks; first += t.sub) {
+      std::set<int64_t> cols;
+      for (int64_t x = first; x < std::min(layout.num_row_blocks, first + t.sub); ++x)
+        for (int64_t y = 0; y < layout.num_col_blocks; ++y)
+          if (layout.at(0, x, y)) cols.insert(y);
+      consecutive += (static_cast<int64_t>(cols.size()) + t.sub - 1) / t.sub;
+    }
+    // 136 against 256 entries at block 16, 504 against 672 at 32 (the local rows, which see the
+    // global columns too, are long as well and pair across windows).
+    EXPECT_LT(static_cast<double>(t.row_entries) * (block == 16 ? 1.7 : 1.2),
+              static_cast<double>(consecutive))
+        << t.row_entries << " row entries against " << consecutive << " without grouping";
+  }
+}
+
 // A unidirectional Fixed layout's global columns have different lists (column c is held by the
 // rows from c on) but all long ones: they still share tile columns, `sub` at a time in order.
 TEST(SparseAttentionTiles, LongColumnsWithDifferentListsShareTileColumns) {
@@ -379,8 +419,10 @@ TEST(SparseAttentionTiles, OtherColumnsKeepConsecutiveTileColumns) {
   const BlockSparseIndex ix = make_index(layout, 16);
   SparseAttentionTiles t;
   ASSERT_TRUE(detail::build_sparse_attention_tiles(ix, &t).ok());
-  for (int64_t u = 0; u < static_cast<int64_t>(t.col_units.size()); ++u)
+  for (int64_t u = 0; u < static_cast<int64_t>(t.col_units.size()); ++u) {
     EXPECT_EQ(t.col_units[static_cast<size_t>(u)], u % (t.num_tiles * t.sub)) << u;
+    EXPECT_EQ(t.row_units[static_cast<size_t>(u)], u % (t.num_tiles * t.sub)) << u;
+  }
   EXPECT_EQ(t.col_entries, consecutive_column_entries(layout, t.sub) * t.num_heads);
 }
 

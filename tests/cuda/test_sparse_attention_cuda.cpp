@@ -27,8 +27,9 @@ using namespace sciattn::bstest;
 using test::DeviceBuffer;
 using test::DeviceCopy;
 
-// kGlobalColumns: a random layout with a few block columns that every block row holds (equal long
-// lists, which the tile index groups into shared tile columns below the tile size).
+// kGlobalLines: a random layout with a few block columns that every block row holds and a few
+// block rows that hold every column (equal long lists, which the tile index groups into shared
+// tile lines below the tile size).
 enum class Config {
   kRandom,
   kDense,
@@ -37,7 +38,8 @@ enum class Config {
   kBigBird,
   kBSLongformer,
   kLocal,
-  kGlobalColumns
+  kGlobalLines,
+  kFixedHorizontal  // Fixed, bidirectional, its global rows attending every column
 };
 enum class MaskKind { kNone, kAdd, kMul, kBool };
 enum class RpeKind { kNone, kF32, kSameAsQ, kBroadcast };
@@ -47,8 +49,8 @@ enum class RpeKind { kNone, kF32, kSameAsQ, kBroadcast };
 enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
 
 const char* config_name(Config c) {
-  static const char* names[] = {"random",  "dense",        "fixed", "variable",
-                                "bigbird", "bslongformer", "local", "globalcols"};
+  static const char* names[] = {"random",       "dense", "fixed",       "variable", "bigbird",
+                                "bslongformer", "local", "globallines", "fixedhz"};
   return names[static_cast<int>(c)];
 }
 const char* mask_name(MaskKind k) {
@@ -116,22 +118,31 @@ sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
   switch (c.config) {
     case Config::kRandom:
       return random_layout(c.H, c.N, c.N, 0.4, rng, /*empty_row=*/true, /*empty_col=*/true);
-    case Config::kGlobalColumns: {
+    case Config::kGlobalLines: {
       layout = random_layout(c.H, c.N, c.N, 0.15, rng, /*empty_row=*/false, /*empty_col=*/false);
-      // Six to eight columns held by every row of every head, at random places.
-      const int64_t count = 6 + static_cast<int64_t>(rng() % 3);
-      for (int64_t k = 0; k < count; ++k) {
+      // Six to eight columns held by every row of every head, and four to six rows holding every
+      // column, at random places.
+      const int64_t columns = 6 + static_cast<int64_t>(rng() % 3);
+      for (int64_t k = 0; k < columns; ++k) {
         const int64_t col = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.N));
         for (int64_t h = 0; h < c.H; ++h)
           for (int64_t r = 0; r < c.N; ++r) layout.at(h, r, col) = 1;
+      }
+      const int64_t rows = 4 + static_cast<int64_t>(rng() % 3);
+      for (int64_t k = 0; k < rows; ++k) {
+        const int64_t row = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.N));
+        for (int64_t h = 0; h < c.H; ++h)
+          for (int64_t col = 0; col < c.N; ++col) layout.at(h, row, col) = 1;
       }
       return layout;
     }
     case Config::kDense:
       cfg = DenseSparsityConfig{};
       break;
-    case Config::kFixed: {
+    case Config::kFixed:
+    case Config::kFixedHorizontal: {
       FixedSparsityConfig f;
+      f.horizontal_global_attention = c.config == Config::kFixedHorizontal;
       f.different_layout_per_head = c.per_head;
       f.num_local_blocks = 4;
       f.num_different_global_patterns = c.per_head ? 2 : 1;
@@ -525,13 +536,14 @@ std::vector<GpuCase> small_cases() {
   c.causal = true;
   c.storage = Storage::kBLHD;
   add(c);
-  // Block columns with equal long lists sharing tile columns (blocks of 16 and 32): their keys
-  // are gathered, not consecutive, so the key padding mask, causal rule, rpe and outputs (split
-  // columns' sums included) must find each key's true position; on the warpgroup kernels, the
-  // mma.sync ones (L not a multiple of 64, head dim 32; a last tile column with an empty slot)
-  // and the fp32 ones; Fixed's own global columns, shared by the heads.
+  // Block lines with equal long lists sharing tile lines (blocks of 16 and 32): their keys and
+  // queries are gathered, not consecutive, so the key padding mask, causal rule, rpe and outputs
+  // (split lines' sums and combines included) must find each token's true position; on the
+  // warpgroup kernels, the mma.sync ones (L not a multiple of 64, head dim 32; a last tile line
+  // with an empty slot) and the fp32 ones; Fixed's own global columns, shared by the heads, and
+  // its global rows (horizontal global attention).
   c = GpuCase();
-  c.config = Config::kGlobalColumns;
+  c.config = Config::kGlobalLines;
   c.N = 32;
   c.D = 64;
   c.causal = true;
@@ -539,7 +551,7 @@ std::vector<GpuCase> small_cases() {
   c.masked_row = true;
   add(c);
   c = GpuCase();
-  c.config = Config::kGlobalColumns;
+  c.config = Config::kGlobalLines;
   c.block = 32;
   c.N = 20;
   c.D = 128;
@@ -549,7 +561,7 @@ std::vector<GpuCase> small_cases() {
   c.split_blocks = 1;
   add(c);
   c = GpuCase();
-  c.config = Config::kGlobalColumns;
+  c.config = Config::kGlobalLines;
   c.N = 37;
   c.D = 32;
   c.kpm = MaskKind::kAdd;
@@ -562,6 +574,13 @@ std::vector<GpuCase> small_cases() {
   c.D = 64;
   c.split_blocks = 1;
   add(c);
+  c = GpuCase();
+  c.config = Config::kFixedHorizontal;
+  c.N = 32;
+  c.D = 64;
+  c.split_blocks = 2;
+  c.kpm = MaskKind::kAdd;
+  add(c);
   // Unidirectional Fixed (causal): its global columns' lists differ (column c is held by the rows
   // from c on) but are long, and share tile columns in order.
   c = GpuCase();
@@ -572,7 +591,7 @@ std::vector<GpuCase> small_cases() {
   c.dtype = DType::kF16;
   add(c);
   c = GpuCase();
-  c.config = Config::kGlobalColumns;
+  c.config = Config::kGlobalLines;
   c.dtype = DType::kF32;
   c.N = 20;
   c.D = 33;

@@ -49,7 +49,7 @@ template <bool kPacked>
 __device__ __forceinline__ void transposed_probabilities(
     float (&pt)[8][4], const SparseAttentionDeviceParams& p, const float* lse,
     const EntrySlots<kPacked>& slots, const int32_t* entry, int mask,
-    const TileColumnKeys<kPacked>& keys, const int (&my_k)[2], int64_t b, int64_t h, int t) {
+    const TileLineTokens<kPacked>& keys, const int (&my_k)[2], int64_t b, int64_t h, int t) {
   const float scale_log2 = p.scale * kLog2e;
   const auto queries = slots.span(entry);
   if (tile_is_plain(p, queries.first, queries.last, keys.last)) {
@@ -93,11 +93,11 @@ __device__ __forceinline__ void transposed_ds(float (&pt)[8][4], const float (&d
 template <bool kPacked>
 __device__ __forceinline__ void row_probabilities(
     float (&pr)[8][4], const SparseAttentionDeviceParams& p, const float (&lse_log2)[2],
-    const EntrySlots<kPacked>& slots, const int32_t* entry, int mask, int64_t q0,
-    const int (&my_r)[2], int64_t b, int64_t h, int t) {
+    const EntrySlots<kPacked>& slots, const int32_t* entry, int mask,
+    const TileLineTokens<kPacked>& queries, const int (&my_r)[2], int64_t b, int64_t h, int t) {
   const float scale_log2 = p.scale * kLog2e;
   const auto keys = slots.span(entry);
-  if (tile_is_plain(p, q0, q0 + SparseTile::kSize - 1, keys.last)) {
+  if (tile_is_plain(p, queries.first, queries.last, keys.last)) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -110,7 +110,8 @@ __device__ __forceinline__ void row_probabilities(
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-        const int64_t i = q0 + r, jj = slots.token(entry, c);
+        // An empty query slot (-1) has its mask bits clear, so element_kept removes it.
+        const int64_t i = queries.token(slots, r), jj = slots.token(entry, c);
         const float s =
             element_kept(p, mask, r, c, i, jj) ? score_of(p, pr[j][x], b, h, i, jj) : kNegInf;
         pr[j][x] = fast_exp2(fmaf(s, kLog2e, -lse_log2[x >> 1]));
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   // The column list's entries: slots of query units (common/sparse_attention_tiles.h); the tile
   // column's own keys, gathered like an entry's for a packed layout.
   const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
-  const TileColumnKeys<kPacked> keys(slots, p.tiles, at);
+  const TileLineTokens<kPacked> keys(slots, p.tiles.col_units, p.tiles, at);
   int64_t my_keys[2];
   keys.outputs(my_keys, slots, my_k, p.len);
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
@@ -280,20 +281,28 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t q0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
-  const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
 
-  // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
+  // The row list's entries: slots of key units (common/sparse_attention_tiles.h); the tile row's
+  // own queries, gathered like an entry's for a packed layout.
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
+  const TileLineTokens<kPacked> queries(slots, p.tiles.row_units, p.tiles, at);
+  int64_t my_rows[2];
+  queries.outputs(my_rows, slots, my_r, p.len);
   const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles);
   const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles);
   if (at.begin < at.end) {
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.a, slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles), q0, p.len, p.dim);
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(
-        smem.b, slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h, p.lean_tiles), q0, p.len,
-        p.dim);
+    const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
+    const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h, p.lean_tiles);
+    if constexpr (kPacked) {
+      load_slot_rows<T, kHeadDim, kPitch>(smem.a, q_src, slots, queries.units, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.b, do_src, slots, queries.units, p.len, p.dim);
+    } else {
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.a, q_src, queries.first, p.len,
+                                                              p.dim);
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.b, do_src, queries.first, p.len,
+                                                              p.dim);
+    }
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], k_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], v_src, slots, first, p.len, p.dim);
@@ -345,7 +354,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
       float pr[8][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(pr, q_frag, qw, smem.c[buf], g, t,
                                                             keep);
-      row_probabilities<kPacked>(pr, p, lse_log2, slots, entry, mask, q0, my_r, b, h, t);
+      row_probabilities<kPacked>(pr, p, lse_log2, slots, entry, mask, queries, my_r, b, h, t);
       {
         float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)
         sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kRegs>(ds, do_frag, dow, smem.d[buf], g, t,

@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int my_k[2] = {warp * 16 + g, warp * 16 + g + 8};
 
   const EntrySlots<kPacked> slots(p.tiles.col_slots, p.tiles);
-  const TileColumnKeys<kPacked> keys(slots, p.tiles, at);  // gathered for a packed layout
+  // The tile column's keys, gathered for a packed layout.
+  const TileLineTokens<kPacked> keys(slots, p.tiles.col_units, p.tiles, at);
   int64_t my_keys[2];
   keys.outputs(my_keys, slots, my_k, p.len);
   const EntryRowCopier<kHeadDim, kPacked> q_do(row_slice<T>(p.q, p.q_stride, b, h),
@@ -120,29 +121,38 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t q0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
-  const int64_t my_rows[2] = {q0 + my_r[0], q0 + my_r[1]};
 
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
+  // The tile row's queries, gathered for a packed layout.
+  const TileLineTokens<kPacked> queries(slots, p.tiles.row_units, p.tiles, at);
+  int64_t my_rows[2];
+  queries.outputs(my_rows, slots, my_r, p.len);
   const EntryRowCopier<kHeadDim, kPacked> kv(row_slice<T>(p.k, p.k_stride, b, h),
                                              row_slice<T>(p.v, p.v_stride, b, h), p.tiles.shift);
   auto load_entry = [&](int e, int buf) { kv.copy(k_tile(buf), v_tile(buf), slots, slots.of(e)); };
   if (at.begin < at.end) {
     const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
     const RowSlice do_src = row_slice<T>(p.dout, p.dout_stride, b, h);
-    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kA, q_src.row(q0), q_src.row_bytes);
-    copy_tile_swizzled<kHeadDim>(smem.address + Smem::kB, do_src.row(q0), do_src.row_bytes);
+    if constexpr (kPacked) {
+      const EntryRowCopier<kHeadDim, true> q_do(q_src, do_src, p.tiles.shift);
+      q_do.copy(smem.address + Smem::kA, smem.address + Smem::kB, slots, queries.units);
+    } else {
+      copy_tile_swizzled<kHeadDim>(smem.address + Smem::kA, q_src.row(queries.first),
+                                   q_src.row_bytes);
+      copy_tile_swizzled<kHeadDim>(smem.address + Smem::kB, do_src.row(queries.first),
+                                   do_src.row_bytes);
+    }
     load_entry(at.begin, 0);
     cp_async_commit();
   }
 
   // The rows' lse in log2 units (+inf for a row without any kept key: P = 0) and delta; L is a
-  // multiple of 64, so every row is inside.
+  // multiple of 64, so every row is inside but an empty slot's (my_rows = L).
   float lse_log2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const bool valid = at.begin < at.end;
+    const bool valid = at.begin < at.end && my_rows[r] < p.len;
     lse_log2[r] = lse_log2_of(
         valid ? p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
               : kNegInf);
@@ -159,7 +169,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     float pr[8][4];
     wgmma_tile_nt<T, kHeadDim>(pr, smem.address + Smem::kA, k_tile(buf));
     const int mask = p.tiles.row_masks[e];
-    row_probabilities<kPacked>(pr, p, lse_log2, slots, slots.of(e), mask, q0, my_r, b, h, t);
+    row_probabilities<kPacked>(pr, p, lse_log2, slots, slots.of(e), mask, queries, my_r, b, h, t);
     // P = 0 in the key groups this warp's query block row does not keep (dS = 0 there).
     if constexpr (kPacked) zero_outside_keep(pr, warp_column_groups(p, mask, warp, false));
     float ds[8][4];  // dP = dO V^T, then dS = P (dP - delta)

@@ -341,30 +341,33 @@ __device__ __forceinline__ PieceOf decode_piece(const BlockSparseDeviceIndex::Ti
   return o;
 }
 
-// The keys of a dK/dV CTA's tile column: 64 consecutive keys from `first` (blocks of 64 and
-// more), or, for a packed layout, the block columns its group holds (Tiles::col_units, read like
-// an entry's slots: position c is key c & (b - 1) of unit c >> shift, -1 in an empty slot, whose
-// mask bits are clear in every entry). Columns with equal long lists share a tile column, so its
-// keys need not be consecutive (common/sparse_attention_tiles.h).
+// The tokens of a CTA's own tile line (a tile row's queries, a tile column's keys): 64
+// consecutive tokens from `first` (blocks of 64 and more), or, for a packed layout, the block
+// lines its group holds (Tiles::row_units / col_units, read like an entry's slots: position c is
+// token c & (b - 1) of unit c >> shift, -1 in an empty slot, whose mask bits are clear in every
+// entry). Lines with long lists are grouped (common/sparse_attention_tiles.h), so a tile line's
+// tokens need not be consecutive.
 template <bool kPacked>
-struct TileColumnKeys {
-  const int32_t* units;  // packed: the tile column's `sub` units
-  int64_t first;         // otherwise: its first key
-  int64_t last;          // the last key, read once (every entry's tile_is_plain needs it)
+struct TileLineTokens {
+  const int32_t* units;  // packed: the tile line's `sub` units
+  int64_t first, last;   // its first and last token, read once (each entry's tile_is_plain)
 
-  __device__ __forceinline__ TileColumnKeys(const EntrySlots<kPacked>& slots,
+  __device__ __forceinline__ TileLineTokens(const EntrySlots<kPacked>& slots,
+                                            const int32_t* all_units,
                                             const BlockSparseDeviceIndex::Tiles& tiles,
                                             const PieceOf& at)
-      : units(kPacked ? tiles.col_units + at.line * tiles.sub : nullptr),
-        first(at.tile * SparseTile::kSize) {
+      : units(kPacked ? all_units + at.line * tiles.sub : nullptr) {
     if constexpr (kPacked) {
-      last = slots.span(units).last;  // a packed tile column's first unit is always used
+      const auto span = slots.span(units);  // a packed tile line's first unit is always used
+      first = span.first;
+      last = span.last;
     } else {
+      first = at.tile * SparseTile::kSize;
       last = first + SparseTile::kSize - 1;
     }
   }
 
-  // The key at position c (0 .. 63), -1 in an empty slot.
+  // The token at position c (0 .. 63), -1 in an empty slot.
   __device__ __forceinline__ int64_t token(const EntrySlots<kPacked>& slots, int c) const {
     if constexpr (kPacked) {
       return slots.token(units, c);
@@ -372,13 +375,13 @@ struct TileColumnKeys {
       return first + c;
     }
   }
-  // The keys of positions my_k for the outputs; `len` (nothing written) in an empty slot.
+  // The tokens of positions mine for the outputs; `len` (nothing written) in an empty slot.
   __device__ __forceinline__ void outputs(int64_t (&out)[2], const EntrySlots<kPacked>& slots,
-                                          const int (&my_k)[2], int64_t len) const {
+                                          const int (&mine)[2], int64_t len) const {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int64_t key = token(slots, my_k[r]);
-      out[r] = kPacked && key < 0 ? len : key;
+      const int64_t at = token(slots, mine[r]);
+      out[r] = kPacked && at < 0 ? len : at;
     }
   }
 };

@@ -77,8 +77,16 @@ template <typename Fn>
 __device__ __forceinline__ void for_each_key(const SparseAttentionDeviceParams& p, int64_t b,
                                              int64_t h, int64_t i, const float* q, const Fn& fn) {
   const auto& tl = p.tiles;
-  const int64_t line = (h % tl.layout_heads) * tl.num_tiles + i / SparseTile::kSize;
-  const int r = static_cast<int>(i % SparseTile::kSize);
+  // Query i's tile row and position in it: for a packed layout through its block row's place
+  // (rows with long lists are grouped, common/sparse_attention_tiles.h).
+  int64_t line = (h % tl.layout_heads) * tl.num_tiles + i / SparseTile::kSize;
+  int r = static_cast<int>(i % SparseTile::kSize);
+  if (tl.sub > 1) {
+    const int64_t unit = i >> tl.shift, blocks = p.len >> tl.shift;
+    const int32_t place = tl.row_unit_place[(h % tl.layout_heads) * blocks + unit];
+    line = place / tl.sub;
+    r = ((place % tl.sub) << tl.shift) + static_cast<int>(i & ((int64_t{1} << tl.shift) - 1));
+  }
   const EntrySlots<true> slots(tl.row_slots, tl);  // the general form, for any block
   for (int e = tl.row_offsets[line]; e < tl.row_offsets[line + 1]; ++e) {
     const int32_t* entry = slots.of(e);

@@ -29,11 +29,11 @@ template <bool kPacked>
 __device__ __forceinline__ void tile_scores(float (&s)[SparseTile::kSize / 8][4],
                                             const SparseAttentionDeviceParams& p, uint32_t keep,
                                             const EntrySlots<kPacked>& slots, const int32_t* entry,
-                                            int mask, int64_t row0, const int (&my_r)[2], int64_t b,
-                                            int64_t h, int t) {
+                                            int mask, const TileLineTokens<kPacked>& queries,
+                                            const int (&my_r)[2], int64_t b, int64_t h, int t) {
   constexpr int kScoreTiles = SparseTile::kSize / 8;
   const auto keys = slots.span(entry);
-  if (tile_is_plain(p, row0, row0 + SparseTile::kSize - 1, keys.last)) {
+  if (tile_is_plain(p, queries.first, queries.last, keys.last)) {
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j)
 #pragma unroll
@@ -55,7 +55,8 @@ __device__ __forceinline__ void tile_scores(float (&s)[SparseTile::kSize / 8][4]
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
         const int r = my_r[x >> 1], c = j * 8 + 2 * t + (x & 1);
-        const int64_t i = row0 + r, jj = slots.token(entry, c);
+        // An empty query slot (-1) has its mask bits clear, so element_kept removes it.
+        const int64_t i = queries.token(slots, r), jj = slots.token(entry, c);
         s[j][x] = element_kept(p, mask, r, c, i, jj) ? score_of(p, s[j][x], b, h, i, jj) : kNegInf;
       }
   }
@@ -172,12 +173,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t row0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};  // rows inside the tile
-  const int64_t my_rows[2] = {row0 + my_r[0], row0 + my_r[1]};
 
-  // The row list's entries: slots of key units (common/sparse_attention_tiles.h).
+  // The row list's entries: slots of key units (common/sparse_attention_tiles.h); the tile row's
+  // own queries, gathered like an entry's for a packed layout.
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
+  const TileLineTokens<kPacked> queries(slots, p.tiles.row_units, p.tiles, at);
+  int64_t my_rows[2];
+  queries.outputs(my_rows, slots, my_r, p.len);
 
   const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
   const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles);
@@ -191,7 +194,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
   uint32_t q_frag[kQInRegisters ? kSteps : 1][4];
 
   if (at.begin < at.end) {
-    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.q, q_src, row0, p.len, p.dim);
+    if constexpr (kPacked) {
+      load_slot_rows<T, kHeadDim, kPitch>(smem.q, q_src, slots, queries.units, p.len, p.dim);
+    } else {
+      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.q, q_src, queries.first, p.len,
+                                                              p.dim);
+    }
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.k[0], k_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.v[0], v_src, slots, first, p.len, p.dim);
@@ -228,7 +236,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       float s[kScoreTiles][4];
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kQInRegisters>(s, q_frag, qw, smem.k[buf], g,
                                                                     t, keep);
-      tile_scores<kPacked>(s, p, keep, slots, entry, mask, row0, my_r, b, h, t);
+      tile_scores<kPacked>(s, p, keep, slots, entry, mask, queries, my_r, b, h, t);
       online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
       // O += P V (pairs of n8 tiles outside `keep` hold P = 0 and are skipped).
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(o_acc, s, smem.v[buf], g, t,

@@ -47,10 +47,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   const int64_t b = at.b, h = at.h;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t row0 = at.tile * SparseTile::kSize;
   const int my_r[2] = {warp * 16 + g, warp * 16 + g + 8};
-  const int64_t my_rows[2] = {row0 + my_r[0], row0 + my_r[1]};
   const EntrySlots<kPacked> slots(p.tiles.row_slots, p.tiles);
+  // The tile row's queries, gathered for a packed layout.
+  const TileLineTokens<kPacked> queries(slots, p.tiles.row_units, p.tiles, at);
+  int64_t my_rows[2];
+  queries.outputs(my_rows, slots, my_r, p.len);
 
   const RowSlice q_src = row_slice<T>(p.q, p.q_stride, b, h);
   const EntryRowCopier<kHeadDim, kPacked> kv(row_slice<T>(p.k, p.k_stride, b, h),
@@ -64,7 +66,12 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   for (int i = 0; i < kOutTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
 
   if (at.begin < at.end) {
-    copy_tile_swizzled<kHeadDim>(q_tile, q_src.row(row0), q_src.row_bytes);
+    if constexpr (kPacked) {
+      const EntryRowCopier<kHeadDim, true> q_copy(q_src, q_src, p.tiles.shift);
+      q_copy.template copy</*kBoth=*/false>(q_tile, q_tile, slots, queries.units);
+    } else {
+      copy_tile_swizzled<kHeadDim>(q_tile, q_src.row(queries.first), q_src.row_bytes);
+    }
     load_kv(at.begin, 0);
     cp_async_commit();
   }
@@ -80,7 +87,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     // entry's column groups (none: every score -inf, P = 0).
     const int mask = p.tiles.row_masks[e];
     const uint32_t keep = kPacked ? warp_column_groups(p, mask, warp, false) : 0xFFu;
-    tile_scores<kPacked>(s, p, keep, slots, slots.of(e), mask, row0, my_r, b, h, t);
+    tile_scores<kPacked>(s, p, keep, slots, slots.of(e), mask, queries, my_r, b, h, t);
     online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
 
     // O += P V, P (rounded to T) as the A operand straight from the score registers.

@@ -68,14 +68,16 @@ struct EntryRowCopier {
     }
   }
 
-  // Starts the copies of the entry's rows into the tiles at shared addresses tile_a, tile_b.
+  // Starts the copies of the entry's rows into the tiles at shared addresses tile_a, tile_b (with
+  // kBoth false, of the first slice into tile_a alone: the forward's Q of a packed tile row).
+  template <bool kBoth = true>
   __device__ __forceinline__ void copy(uint32_t tile_a, uint32_t tile_b,
                                        const EntrySlots<kPacked>& slots,
                                        const int32_t* entry) const {
     if constexpr (!kPacked) {
       const int64_t row0 = slots.token(entry, 0);
       copy_tile_swizzled<kHeadDim>(tile_a, a.row(row0), a.row_bytes);
-      copy_tile_swizzled<kHeadDim>(tile_b, b.row(row0), b.row_bytes);
+      if constexpr (kBoth) copy_tile_swizzled<kHeadDim>(tile_b, b.row(row0), b.row_bytes);
     } else {
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
@@ -86,7 +88,9 @@ struct EntryRowCopier {
         const int64_t u = used ? unit : 0;
         const uint32_t to = dst + i * kRowStep * kWidth;
         cp_async_16_to(tile_a + to, a_chunk + (u * a_unit + step * a_step), used ? 16 : 0);
-        cp_async_16_to(tile_b + to, b_chunk + (u * b_unit + step * b_step), used ? 16 : 0);
+        if constexpr (kBoth) {
+          cp_async_16_to(tile_b + to, b_chunk + (u * b_unit + step * b_step), used ? 16 : 0);
+        }
       }
     }
   }

@@ -48,7 +48,8 @@ struct Case {
   DType dtype = DType::kBF16;
   int64_t block = 16, B = 1, H = 2, N = 8, D = 64;
   // 0 random, 1 bigbird, 2 random with every head sharing head 0's layout, 3 random with six
-  // block columns that every row holds (equal long lists: grouped tile columns below block 64)
+  // block columns that every row holds and four rows that hold every column (equal long lists:
+  // grouped tile lines below block 64)
   int kind = 0;
   int64_t split = 0;
   bool causal = false, kpm = false, attn = false, rpe = false, keyt = false;
@@ -68,6 +69,11 @@ sciattn::Layout case_layout(const Case& c, std::mt19937_64& rng) {
       const int64_t col = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.N));
       for (int64_t h = 0; h < c.H; ++h)
         for (int64_t r = 0; r < c.N; ++r) layout.at(h, r, col) = 1;
+    }
+    for (int k = 0; k < 4; ++k) {
+      const int64_t row = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.N));
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t col = 0; col < c.N; ++col) layout.at(h, row, col) = 1;
     }
   } else {
     BigBirdSparsityConfig cfg;
