@@ -147,7 +147,7 @@ constexpr int64_t kLongColumn = 16;
 // without grouping. The tile columns are ordered by their first block column. With fewer than
 // `sub` long columns (BigBird, BSLongformer, Variable: one global column each) this is the
 // consecutive grouping itself.
-void group_tile_lines(const int64_t* offsets, const int64_t* rows, int64_t C, int64_t sub,
+void group_tile_lines(const int64_t* offsets, const int64_t* list, int64_t C, int64_t sub,
                       int64_t nt, int64_t* units) {
   auto consecutive = [&] {
     for (int64_t u = 0; u < nt * sub; ++u) units[u] = u < C ? u : -1;
@@ -158,7 +158,7 @@ void group_tile_lines(const int64_t* offsets, const int64_t* rows, int64_t C, in
     if (end - begin < kLongColumn) continue;
     uint64_t hash = 1469598103934665603ull ^ static_cast<uint64_t>(end - begin);  // FNV-1a
     for (int64_t q = begin; q < end; ++q) {
-      hash = (hash ^ static_cast<uint64_t>(rows[q])) * 1099511628211ull;
+      hash = (hash ^ static_cast<uint64_t>(list[q])) * 1099511628211ull;
     }
     keyed.emplace_back(hash, c);
   }
