@@ -71,22 +71,39 @@ __device__ __forceinline__ void store_row_f32(void* data, const int64_t stride[4
   for (int64_t d = 0; d < dim; ++d) dst[d] = src[d] * factor;
 }
 
+// A token's tile line (stored head g's lines are g * num_tiles ..) and its position in it, along
+// one side: query rows in tile rows (`unit_place` = row_unit_place), keys in tile columns
+// (col_unit_place). For a packed layout through its block line's place (lines with long lists
+// are grouped, common/sparse_attention_tiles.h); else the token's own tile.
+struct TilePlace {
+  int64_t line;
+  int position;
+};
+__device__ __forceinline__ TilePlace tile_place_of(const SparseAttentionDeviceParams& p,
+                                                   const int32_t* unit_place, int64_t h,
+                                                   int64_t token) {
+  const auto& tl = p.tiles;
+  const int64_t head = h % tl.layout_heads;
+  if (tl.sub == 1) {
+    return {head * tl.num_tiles + token / SparseTile::kSize,
+            static_cast<int>(token % SparseTile::kSize)};
+  }
+  const int64_t blocks = p.len >> tl.shift;
+  const int32_t place = unit_place[head * blocks + (token >> tl.shift)];
+  return {
+      place / tl.sub,  // the place's line counts the stored heads' lines before it
+      ((place % tl.sub) << tl.shift) + static_cast<int>(token & ((int64_t{1} << tl.shift) - 1))};
+}
+
 // Calls fn(j, s) for every key j of query row i of (b, h) that is kept, in ascending order of j,
 // with s its score.
 template <typename Fn>
 __device__ __forceinline__ void for_each_key(const SparseAttentionDeviceParams& p, int64_t b,
                                              int64_t h, int64_t i, const float* q, const Fn& fn) {
   const auto& tl = p.tiles;
-  // Query i's tile row and position in it: for a packed layout through its block row's place
-  // (rows with long lists are grouped, common/sparse_attention_tiles.h).
-  int64_t line = (h % tl.layout_heads) * tl.num_tiles + i / SparseTile::kSize;
-  int r = static_cast<int>(i % SparseTile::kSize);
-  if (tl.sub > 1) {
-    const int64_t unit = i >> tl.shift, blocks = p.len >> tl.shift;
-    const int32_t place = tl.row_unit_place[(h % tl.layout_heads) * blocks + unit];
-    line = place / tl.sub;
-    r = ((place % tl.sub) << tl.shift) + static_cast<int>(i & ((int64_t{1} << tl.shift) - 1));
-  }
+  const TilePlace at = tile_place_of(p, tl.row_unit_place, h, i);
+  const int64_t line = at.line;
+  const int r = at.position;
   const EntrySlots<true> slots(tl.row_slots, tl);  // the general form, for any block
   for (int e = tl.row_offsets[line]; e < tl.row_offsets[line + 1]; ++e) {
     const int32_t* entry = slots.of(e);
@@ -164,16 +181,9 @@ __global__ void __launch_bounds__(kF32Threads)
     load_row_f32(v, p.v, p.v_stride, b, h, j, p.dim);
     for (int64_t d = 0; d < p.dim; ++d) dk[d] = dv[d] = 0.0f;
     const auto& tl = p.tiles;
-    // Key j's tile column and position in it: for a packed layout through its block column's
-    // place (columns with equal long lists are grouped, common/sparse_attention_tiles.h).
-    int64_t line = (h % tl.layout_heads) * tl.num_tiles + j / SparseTile::kSize;
-    int c = static_cast<int>(j % SparseTile::kSize);
-    if (tl.sub > 1) {
-      const int64_t unit = j >> tl.shift, blocks = p.len >> tl.shift;
-      const int32_t place = tl.col_unit_place[(h % tl.layout_heads) * blocks + unit];
-      line = place / tl.sub;
-      c = ((place % tl.sub) << tl.shift) + static_cast<int>(j & ((int64_t{1} << tl.shift) - 1));
-    }
+    const TilePlace at = tile_place_of(p, tl.col_unit_place, h, j);
+    const int64_t line = at.line;
+    const int c = at.position;
     const EntrySlots<true> slots(tl.col_slots, tl);  // the general form, for any block
     for (int e = tl.col_offsets[line]; e < tl.col_offsets[line + 1]; ++e) {
       const int32_t* entry = slots.of(e);
