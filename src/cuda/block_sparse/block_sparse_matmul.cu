@@ -16,10 +16,12 @@
 //
 // Operands are read element by element through their strides into shared memory (any stride,
 // including a transposed view or a last stride != 1, takes the same path); the threads walk the
-// operand's smaller stride so that the reads stay as contiguous as the view allows. Two engines
+// operand's smaller stride so that the reads stay as contiguous as the view allows. Three engines
 // multiply the staged slices: f16 / bf16 operands of one type go through the tensor cores
-// (mma.sync m16n8k16, fp32 accumulators), everything else (f32, and the composite attention's
-// fp32 probabilities times a 16-bit V) through fp32 FMA on a 16 x 16 thread grid.
+// (mma.sync m16n8k16, fp32 accumulators); an fp32 left operand times a 16-bit right one (the
+// composite attention's fp32 probabilities times V, and its backward's) through the tensor cores
+// as split TF32 (two m16n8k8 products per step, about fp32 accuracy); fp32 operands through fp32
+// FMA on a 16 x 16 thread grid.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,6 +34,7 @@
 
 #include "cuda/block_sparse/block_sparse_launch.h"
 #include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/mma_tf32.cuh"
 
 namespace sciattn::cuda::bs {
 namespace {
@@ -236,6 +239,28 @@ struct FmaEngine {
   }
 };
 
+// Stores the fp32 accumulators of the MMA engines (16 x 8 tiles of a TM x TN tile, kTilesN per
+// row of tiles, dealt to the 8 warps round-robin; c[i] the m16n8 accumulator fragment of this
+// warp's i-th tile) into the rows x cols corner of an output tile with strides rs, cs.
+template <int kTilesN, int kTiles, int kPerWarp, typename TC>
+__device__ __forceinline__ void store_mma_tiles(const float (&c)[kPerWarp][4], TC* out, int rows,
+                                                int cols, int64_t rs, int64_t cs) {
+  constexpr int kWarps = kThreads / 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t2 = (lane % 4) * 2;
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int tile = warp + kWarps * i;
+    if (tile >= kTiles) continue;
+    const int r0 = (tile / kTilesN) * 16 + g, c0 = (tile % kTilesN) * 8 + t2;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = r0 + (j / 2) * 8, col = c0 + j % 2;
+      if (r < rows && col < cols) out[r * rs + col * cs] = ElementTraits<TC>::from_float(c[i][j]);
+    }
+  }
+}
+
 // Stages a TM x kInnerStep (or TN x kInnerStep) slice into shared memory in its own 16-bit type,
 // row-major with k contiguous (row pitch kPitch): the layout the MMA fragments read in pairs.
 // Rows >= lines and k >= depth are zero. When the view allows it (16-byte aligned, unit stride
@@ -360,19 +385,81 @@ struct MmaEngine {
 
   template <typename TC>
   __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
+    store_mma_tiles<TN / 8, kTiles>(c, out, rows, cols, rs, cs);
+  }
+};
+
+// The split-TF32 engine (an fp32 left operand times a 16-bit right one: the composite attention's
+// fp32 probabilities and score gradients times V, dO, K or Q): tensor cores at about fp32
+// accuracy, where the FMA engine ran ~5 TFLOP/s. A 16-bit value is exact in TF32 (f16 has its 10
+// mantissa bits, bf16 7), and an fp32 value a is a_hi + a_lo up to 2^-22 |a| with a_hi = tf32(a)
+// and a_lo = tf32(a - a_hi); each product of TF32 values is exact in fp32, so two m16n8k8 MMAs per
+// k-step (a_lo b, then a_hi b) sum what the FMA engine sums, rounded as fp32 accumulation
+// rounds. Operands are staged as the FMA engine stages them (fp32, k-major); the tile is cut into
+// 16 x 8 MMA tiles dealt to the 8 warps round-robin, each output element owned by one thread and
+// summed over the segments and k in order.
+template <typename TB, int TM, int TN>
+struct Tf32Engine {
+  // k-major rows of TM (TN) + 8 floats: a fragment load's 8 row groups x 4 k lanes hit 32 banks.
+  static constexpr int kPitchA = TM + 8, kPitchB = TN + 8;
+  static constexpr int kTilesN = TN / 8;
+  static constexpr int kTiles = (TM / 16) * kTilesN;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
+  struct Shared {
+    float a[kInnerStep * kPitchA];
+    float b[kInnerStep * kPitchB];
+  };
+  float c[kPerWarp][4];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[i][j] = 0.0f;
+  }
+
+  __device__ __forceinline__ void segment(Shared& sm, const Slice<float>& a, int a_rows,
+                                          const Slice<TB>& b, int b_cols, int64_t len) {
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    const int g = lane / 4, t2 = (lane % 4) * 2;
+    const int g = lane / 4, t = lane % 4;
+    const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
+    const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
+    for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
+      const int depth = static_cast<int>(min64(kInnerStep, len - k0));
+      stage<float, TM, kPitchA>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
+      stage<TB, TN, kPitchB>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+      __syncthreads();
 #pragma unroll
-    for (int i = 0; i < kPerWarp; ++i) {
-      const int tile = warp + kWarps * i;
-      if (tile >= kTiles) continue;
-      const int r0 = (tile / kTilesN) * 16 + g, c0 = (tile % kTilesN) * 8 + t2;
+      for (int i = 0; i < kPerWarp; ++i) {
+        const int tile = warp + kWarps * i;
+        if (kTiles % kWarps == 0 || tile < kTiles) {
+          const float* at_a = sm.a + (tile / kTilesN) * 16 + g;
+          const float* at_b = sm.b + (tile % kTilesN) * 8 + g;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = r0 + (j / 2) * 8, col = c0 + j % 2;
-        if (r < rows && col < cols) out[r * rs + col * cs] = ElementTraits<TC>::from_float(c[i][j]);
+          for (int kk = 0; kk < kInnerStep; kk += 8) {
+            const float av[4] = {at_a[(kk + t) * kPitchA], at_a[(kk + t) * kPitchA + 8],
+                                 at_a[(kk + t + 4) * kPitchA], at_a[(kk + t + 4) * kPitchA + 8]};
+            uint32_t hi[4], lo[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              hi[e] = tf32_bits(av[e]);
+              lo[e] = tf32_bits(av[e] - __uint_as_float(hi[e]));
+            }
+            const uint32_t bf[2] = {__float_as_uint(at_b[(kk + t) * kPitchB]),
+                                    __float_as_uint(at_b[(kk + t + 4) * kPitchB])};
+            mma_1688_tf32(c[i], lo, bf);
+            mma_1688_tf32(c[i], hi, bf);
+          }
+        }
       }
+      __syncthreads();  // the next step overwrites the staged slices
     }
+  }
+
+  template <typename TC>
+  __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
+    store_mma_tiles<TN / 8, kTiles>(c, out, rows, cols, rs, cs);
   }
 };
 
@@ -499,9 +586,13 @@ constexpr int kDenseTile = 64;
 template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN>
 cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(std::min(args.tiles, kMaxGrid));
-  // Tensor cores when both operands are f16 or bf16 of one type; fp32 FMA otherwise.
+  // Tensor cores when both operands are f16 or bf16 of one type, split TF32 for an fp32 left
+  // operand times a 16-bit right one; fp32 FMA for fp32 operands (exact fp32, as the CPU path).
   constexpr bool kMma = std::is_same_v<TA, TB> && !std::is_same_v<TA, float>;
-  using Engine = std::conditional_t<kMma, MmaEngine<TA, TM, TN>, FmaEngine<TA, TB, TM, TN>>;
+  constexpr bool kTf32 = std::is_same_v<TA, float> && !std::is_same_v<TB, float>;
+  using Engine = std::conditional_t<
+      kMma, MmaEngine<TA, TM, TN>,
+      std::conditional_t<kTf32, Tf32Engine<TB, TM, TN>, FmaEngine<TA, TB, TM, TN>>>;
   matmul_kernel<kMode, Engine, TA, TB, TC, TM, TN><<<grid, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

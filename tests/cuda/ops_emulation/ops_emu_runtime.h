@@ -1,8 +1,8 @@
 // Host emulation of the CUDA features the block-sparse MatMul / Softmax kernels use (threads and
-// barriers of one CTA, warp shuffles, mma.sync m16n8k16 with the PTX fragment layout, 16-bit
-// float types, the runtime calls of the GPU test suite on host memory). Developer tool of the
-// GPU ops (tests/cuda/ops_emulation), not part of CTest: run_ops_emulation.sh includes it in
-// place of the CUDA headers.
+// barriers of one CTA, warp shuffles, mma.sync m16n8k16 and m16n8k8 TF32 with the PTX fragment
+// layouts, 16-bit float types, the runtime calls of the GPU test suite on host memory). Developer
+// tool of the GPU ops (tests/cuda/ops_emulation), not part of CTest: run_ops_emulation.sh includes
+// it in place of the CUDA headers.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -205,6 +205,53 @@ inline void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   emu::warp_bar[w]->arrive_and_wait();
   const int g = l / 4, t = l % 4;
   for (int k = 0; k < 16; ++k) {
+    c[0] += A[g][k] * B[k][2 * t];
+    c[1] += A[g][k] * B[k][2 * t + 1];
+    c[2] += A[g + 8][k] * B[k][2 * t];
+    c[3] += A[g + 8][k] * B[k][2 * t + 1];
+  }
+}
+inline uint32_t __float_as_uint(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+// cvt.rna.tf32.f32: to nearest with ties away from zero on the magnitude's bits (infinities and
+// NaNs keep their exponent; the dropped 13 bits are zero).
+inline uint32_t tf32_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u & 0xffffe000u;
+  return (u + 0x1000u) & 0xffffe000u;
+}
+// m16n8k8 TF32 emulation with the documented fragment layout (lane = 4 g + t): a[0]: A[g][t],
+// a[1]: A[g+8][t], a[2]: A[g][t+4], a[3]: A[g+8][t+4]; b[0]: B[t][g], b[1]: B[t+4][g]; c as
+// m16n8k16's. The operands' values as given (the hardware reads their TF32 bits).
+inline void mma_1688_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  const int w = emu::tidx.x / 32, l = emu::tidx.x % 32;
+  for (int i = 0; i < 4; ++i) emu::mma_a[w][l][i] = a[i];
+  for (int i = 0; i < 2; ++i) emu::mma_b[w][l][i] = b[i];
+  emu::warp_bar[w]->arrive_and_wait();
+  float A[16][8], B[8][8];
+  const auto value = [](uint32_t r) { return __uint_as_float(r & 0xffffe000u); };
+  for (int ln = 0; ln < 32; ++ln) {
+    const int g = ln / 4, t = ln % 4;
+    const uint32_t* ar = emu::mma_a[w][ln];
+    const uint32_t* br = emu::mma_b[w][ln];
+    A[g][t] = value(ar[0]);
+    A[g + 8][t] = value(ar[1]);
+    A[g][t + 4] = value(ar[2]);
+    A[g + 8][t + 4] = value(ar[3]);
+    B[t][g] = value(br[0]);
+    B[t + 4][g] = value(br[1]);
+  }
+  emu::warp_bar[w]->arrive_and_wait();
+  const int g = l / 4, t = l % 4;
+  for (int k = 0; k < 8; ++k) {
     c[0] += A[g][k] * B[k][2 * t];
     c[1] += A[g][k] * B[k][2 * t + 1];
     c[2] += A[g + 8][k] * B[k][2 * t];
