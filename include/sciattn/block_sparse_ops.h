@@ -50,6 +50,13 @@ struct BlockSparseWorkSplit {
   int64_t max_pieces_per_line = 0;  // 1 when nothing is split
 
   int64_t pieces() const { return static_cast<int64_t>(item_line.size()); }
+  // The pieces of split lines: each needs an fp32 partial result (in the GPU kernels'
+  // workspace) until the pieces of its line are combined.
+  int64_t split_pieces() const {
+    return line_items.empty()
+               ? 0
+               : pieces() - (static_cast<int64_t>(line_items.size()) - 1 - split_lines);
+  }
 };
 
 // A copy of an index's arrays in CUDA device memory, which the GPU kernels read (32-bit, plus

@@ -17,13 +17,20 @@ namespace sciattn {
 // emulator of the kernels points them at the host buffer itself.
 struct BlockSparseDeviceArrays {
   // A BlockSparseWorkSplit on the device (see its comment in sciattn/block_sparse_ops.h).
+  // With the partial slots the GPU MatMul combines split lines through: the pieces of split
+  // lines are numbered 0 .. slots - 1 in piece order (a line's pieces consecutively), the piece of
+  // a whole line has slot -1.
   struct Split {
     int32_t pieces = 0;
     int32_t max_blocks = 0;
-    const int32_t* line_items = nullptr;  // [lines + 1]
-    const int32_t* item_line = nullptr;   // [pieces]
-    const int32_t* item_begin = nullptr;  // [pieces]
-    const int32_t* item_end = nullptr;    // [pieces]
+    int32_t slots = 0;                     // pieces of split lines
+    int32_t num_split_lines = 0;           // lines cut into more than one piece
+    const int32_t* line_items = nullptr;   // [lines + 1]
+    const int32_t* item_line = nullptr;    // [pieces]
+    const int32_t* item_begin = nullptr;   // [pieces]
+    const int32_t* item_end = nullptr;     // [pieces]
+    const int32_t* item_slot = nullptr;    // [pieces] partial slot, -1 when the line is whole
+    const int32_t* split_lines = nullptr;  // [num_split_lines] ascending
   };
 
   int32_t block = 0, num_heads = 0, num_row_blocks = 0, num_col_blocks = 0, nnz = 0;

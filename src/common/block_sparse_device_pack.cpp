@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "common/int32_packer.h"
 #include "common/sparse_attention_tiles.h"
@@ -20,7 +21,10 @@ void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
     fn(p);
   }
   for (BlockSparseDeviceArrays::Split* s : {&a.row_split, &a.col_split}) {
-    for (const int32_t** p : {&s->line_items, &s->item_line, &s->item_begin, &s->item_end}) fn(p);
+    for (const int32_t** p : {&s->line_items, &s->item_line, &s->item_begin, &s->item_end,
+                              &s->item_slot, &s->split_lines}) {
+      fn(p);
+    }
   }
   BlockSparseDeviceArrays::Tiles& t = a.tiles;
   for (const int32_t** p :
@@ -37,23 +41,47 @@ void for_each_array(BlockSparseDeviceArrays& a, const Fn& fn) {
   }
 }
 
+// The partial slots of a split's pieces (see BlockSparseDeviceArrays::Split): derived here, for
+// the device only.
+struct SplitSlots {
+  std::vector<int64_t> item_slot;    // [pieces]
+  std::vector<int64_t> split_lines;  // [split lines]
+};
+SplitSlots slots_of(const BlockSparseWorkSplit& s) {
+  SplitSlots r;
+  r.item_slot.assign(static_cast<size_t>(s.pieces()), -1);
+  r.split_lines.reserve(static_cast<size_t>(s.split_lines));
+  int64_t slot = 0;
+  for (size_t l = 0; l + 1 < s.line_items.size(); ++l) {
+    const int64_t first = s.line_items[l], end = s.line_items[l + 1];
+    if (end - first < 2) continue;
+    r.split_lines.push_back(static_cast<int64_t>(l));
+    for (int64_t i = first; i < end; ++i) r.item_slot[static_cast<size_t>(i)] = slot++;
+  }
+  return r;
+}
+
 // The element offsets of a split's arrays in the packer, as the pointers they will become.
 struct SplitOffsets {
-  size_t line_items, item_line, item_begin, item_end;
+  size_t line_items, item_line, item_begin, item_end, item_slot, split_lines;
 };
-SplitOffsets add_split(Int32Packer& packer, const BlockSparseWorkSplit& s) {
+SplitOffsets add_split(Int32Packer& packer, const BlockSparseWorkSplit& s, const SplitSlots& t) {
   return {packer.add(s.line_items), packer.add(s.item_line), packer.add(s.item_begin),
-          packer.add(s.item_end)};
+          packer.add(s.item_end),   packer.add(t.item_slot), packer.add(t.split_lines)};
 }
 BlockSparseDeviceArrays::Split split_at(const int32_t* base, const SplitOffsets& o,
                                         const BlockSparseWorkSplit& s) {
   BlockSparseDeviceArrays::Split d;
   d.pieces = static_cast<int32_t>(s.pieces());
   d.max_blocks = static_cast<int32_t>(s.max_blocks);
+  d.slots = static_cast<int32_t>(s.split_pieces());
+  d.num_split_lines = static_cast<int32_t>(s.split_lines);
   d.line_items = base + o.line_items;
   d.item_line = base + o.item_line;
   d.item_begin = base + o.item_begin;
   d.item_end = base + o.item_end;
+  d.item_slot = base + o.item_slot;
+  d.split_lines = base + o.split_lines;
   return d;
 }
 
@@ -112,8 +140,9 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
   const size_t row_offsets = packer.add(ix.row_offsets);
   const size_t col_offsets = packer.add(ix.col_offsets);
   const size_t col_rows = packer.add(ix.col_rows), col_blocks = packer.add(ix.col_blocks);
-  const SplitOffsets row_split = add_split(packer, ix.row_split);
-  const SplitOffsets col_split = add_split(packer, ix.col_split);
+  const SplitSlots row_slots = slots_of(ix.row_split), col_slots = slots_of(ix.col_split);
+  const SplitOffsets row_split = add_split(packer, ix.row_split, row_slots);
+  const SplitOffsets col_split = add_split(packer, ix.col_split, col_slots);
   // The fused attention's tiles, for square layouts (sparse self-attention); the MatMul and
   // Softmax ops also take rectangular ones, which get none.
   SparseAttentionTiles tiles;

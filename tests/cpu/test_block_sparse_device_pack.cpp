@@ -36,6 +36,20 @@ void expect_split(const BlockSparseDeviceArrays::Split& d, const BlockSparseWork
   expect_array(d.item_line, s.item_line, base, size, what + " item_line");
   expect_array(d.item_begin, s.item_begin, base, size, what + " item_begin");
   expect_array(d.item_end, s.item_end, base, size, what + " item_end");
+  // The partial slots, as the MatMul kernels read them: the pieces of each line with more than
+  // one piece numbered 0.. in piece order, -1 for the piece of a whole line.
+  std::vector<int64_t> slot(static_cast<size_t>(s.pieces()), -1), lines;
+  int64_t next = 0;
+  for (size_t l = 0; l + 1 < s.line_items.size(); ++l) {
+    if (s.line_items[l + 1] - s.line_items[l] == 1) continue;
+    lines.push_back(static_cast<int64_t>(l));
+    for (int64_t i = s.line_items[l]; i < s.line_items[l + 1]; ++i) slot[i] = next++;
+  }
+  EXPECT_EQ(d.slots, next) << what;
+  EXPECT_EQ(d.slots, s.split_pieces()) << what;
+  EXPECT_EQ(d.num_split_lines, static_cast<int64_t>(lines.size())) << what;
+  expect_array(d.item_slot, slot, base, size, what + " item_slot");
+  expect_array(d.split_lines, lines, base, size, what + " split_lines");
 }
 
 void expect_work(const BlockSparseDeviceArrays::TileWork& d,

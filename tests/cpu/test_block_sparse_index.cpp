@@ -171,7 +171,7 @@ void expect_split_of(const BlockSparseWorkSplit& w, const std::vector<int64_t>& 
   EXPECT_EQ(w.line_items.back(), w.pieces());
   ASSERT_EQ(w.item_begin.size(), w.item_line.size());
   ASSERT_EQ(w.item_end.size(), w.item_line.size());
-  int64_t split = 0, most = 0;
+  int64_t split = 0, most = 0, split_pieces = 0;
   for (int64_t l = 0; l < lines; ++l) {
     const int64_t first = w.line_items[static_cast<size_t>(l)];
     const int64_t last = w.line_items[static_cast<size_t>(l + 1)];
@@ -190,10 +190,14 @@ void expect_split_of(const BlockSparseWorkSplit& w, const std::vector<int64_t>& 
     }
     EXPECT_EQ(at, offsets[static_cast<size_t>(l + 1)]) << "line " << l << " not fully covered";
     EXPECT_LE(largest - smallest, 1) << "line " << l << " is cut unevenly";
-    if (last - first > 1) ++split;
+    if (last - first > 1) {
+      ++split;
+      split_pieces += last - first;
+    }
     most = std::max(most, last - first);
   }
   EXPECT_EQ(w.split_lines, split);
+  EXPECT_EQ(w.split_pieces(), split_pieces);
   EXPECT_EQ(w.max_pieces_per_line, most);
 }
 

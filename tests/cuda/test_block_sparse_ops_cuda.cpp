@@ -69,6 +69,9 @@ struct MMCase {
   int64_t extra = 24;  // K for sdd, N for dsd, M for dds
   Storage storage = Storage::kPacked;
   bool small = false;  // part of the sanitizer subset
+  // > 0: the index's work split re-made with pieces of at most this many blocks
+  // (split_block_sparse_work), so that dsd / dds combine split lines from partial sums.
+  int64_t split = 0;
   uint64_t seed = kBaseSeed;
 
   std::string name() const {
@@ -77,7 +80,8 @@ struct MMCase {
            (tb ? "_tb" : "") + "_" + dtype_name(dtype) + "_b" + std::to_string(block) + "_Z" +
            std::to_string(Z) + "H" + std::to_string(H) + "R" + std::to_string(R) + "C" +
            std::to_string(C) + "x" + std::to_string(extra) + storages[static_cast<int>(storage)] +
-           "_s" + std::to_string(seed - kBaseSeed);
+           (split > 0 ? "_split" + std::to_string(split) : "") + "_s" +
+           std::to_string(seed - kBaseSeed);
   }
 };
 
@@ -115,6 +119,9 @@ MMProblem make_mm_problem(const MMCase& c) {
   p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
   p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
+  if (c.split > 0) {
+    EXPECT_TRUE(split_block_sparse_work(c.split, &p.ix).ok());
+  }
   upload(p.ix);
   const int64_t rb = c.R * c.block, cb = c.C * c.block, b = c.block;
   const std::vector<int64_t> sparse = {c.Z, p.ix.nnz, b, b};
@@ -276,6 +283,29 @@ std::vector<MMCase> mm_cases() {
       }
     }
   }
+  // Split lines (pieces of one or two blocks): dsd and dds in every transpose walk the row split
+  // or the column split, sum pieces into fp32 partials and combine them; with per-head and shared
+  // layouts (head repeats), batches, a dense size past one 64-wide tile, and each dtype engine.
+  int split_rot = 0;
+  for (BlockSparseMatMulMode mode : {BlockSparseMatMulMode::kDsd, BlockSparseMatMulMode::kDds})
+    for (int t = 0; t < 4; ++t) {
+      MMCase c;
+      c.mode = mode;
+      c.ta = (t & 1) != 0;
+      c.tb = (t & 2) != 0;
+      c.dtype = split_rot % 3 == 0 ? DType::kF32 : split_rot % 3 == 1 ? DType::kBF16 : DType::kF16;
+      c.block = int64_t{16} << (split_rot % 3);
+      c.R = 5;
+      c.C = 4;
+      c.H = 3;
+      c.extra = t == 1 ? 70 : 24;
+      c.split = 1 + split_rot % 2;
+      c.small = t == 0;
+      c.storage = t == 2 ? Storage::kPadded : Storage::kPacked;
+      c.seed = seed++;
+      ++split_rot;
+      cases.push_back(c);
+    }
   return cases;
 }
 
@@ -703,6 +733,7 @@ struct ATCase {
   bool causal = false, small = false;
   std::optional<float> scale;
   QkvStorage storage = QkvStorage::kPacked;
+  int64_t split = 0;  // > 0: the index's work split re-made with pieces of this many blocks
   uint64_t seed = kBaseSeed;
 
   int64_t L() const { return N * block; }
@@ -718,6 +749,7 @@ struct ATCase {
                     storages[static_cast<int>(storage)];
     if (causal) s += "_causal";
     if (scale) s += "_scaled";
+    if (split > 0) s += "_split" + std::to_string(split);
     return s + "_s" + std::to_string(seed - kBaseSeed);
   }
 };
@@ -778,6 +810,9 @@ ATProblem make_at_problem(const ATCase& c) {
   p.layout = attn_layout(c, rng);
   p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
+  if (c.split > 0) {
+    EXPECT_TRUE(split_block_sparse_work(c.split, &p.ix).ok());
+  }
   upload(p.ix);
   p.q = qkv_tensor(c);
   p.k = qkv_tensor(c, true);
@@ -915,6 +950,24 @@ std::vector<ATCase> at_cases() {
   c.causal = true;
   c.N = 4;
   c.D = 8;
+  add(c);
+  // Split lines in all four dsd products (P V, P^T dO, dW K, dW^T Q): BigBird's global lines cut
+  // into pieces of two blocks, per-head layouts, fp32 (FMA) and bf16 (split TF32).
+  c = ATCase();
+  c.small = true;
+  c.layout = AttnLayout::kBigBird;
+  c.N = 6;
+  c.H = 3;
+  c.split = 2;
+  c.kpm = MaskKind::kAdd;
+  add(c);
+  c.dtype = DType::kBF16;
+  c.block = 32;
+  c.D = 64;
+  c.B = 1;
+  c.split = 1;
+  c.small = false;
+  c.causal = true;
   add(c);
   // 65,536 tokens (the issue's longest length): BigBird at block 64, one head, through sdd ->
   // softmax -> dsd (a sparse tensor of 25 M elements).
@@ -1090,6 +1143,17 @@ TEST(BlockSparseCudaLimits, SparseTensorPast2To31IsRefusedByTheOpsNotByTheFusedA
 
 // A layout with a single block: every other block row is empty, and the dsd must write zeros
 // there (head 0 has no block at all, so all of its output is exactly 0).
+BlockSparseMatMulParams dsd_params(const BlockSparseIndex& ix, const TensorView& s,
+                                   const TensorView& y, const TensorView& out) {
+  BlockSparseMatMulParams f;
+  f.index = &ix;
+  f.mode = BlockSparseMatMulMode::kDsd;
+  f.a = s;
+  f.b = y;
+  f.c = out;
+  return f;
+}
+
 TEST(BlockSparseCudaSmall, DsdOfAnEmptyLineWritesZeros) {
   SKIP_WITHOUT_GPU();
   Layout layout = Layout::zeros(2, 3, 2);
@@ -1103,12 +1167,7 @@ TEST(BlockSparseCudaSmall, DsdOfAnEmptyLineWritesZeros) {
   test::fill_normal(y, rng);
   HostTensor out = HostTensor::packed(DType::kBF16, {2, 2, 96, 5});
   DeviceCopy ds(s), dy(y), dout(out);
-  BlockSparseMatMulParams f;
-  f.index = &ix;
-  f.mode = BlockSparseMatMulMode::kDsd;
-  f.a = ds.view();
-  f.b = dy.view();
-  f.c = dout.view();
+  const BlockSparseMatMulParams f = dsd_params(ix, ds.view(), dy.view(), dout.view());
   ASSERT_TRUE(run_gpu(f).ok());
   dout.copy_to(out);
   const Vec got = out.values();
@@ -1119,6 +1178,38 @@ TEST(BlockSparseCudaSmall, DsdOfAnEmptyLineWritesZeros) {
     for (int64_t i = 0; i < 96 * 5; ++i) {
       EXPECT_EQ(got[static_cast<size_t>(z * 2 * 96 * 5 + i)], 0.0) << "z " << z << " element " << i;
     }
+}
+
+// A dsd whose index splits a line asks for the partial sums' workspace (none without a split)
+// and refuses a smaller one, naming the workspace, before launching anything.
+TEST(BlockSparseCudaSmall, DsdWithSplitLinesNeedsItsWorkspace) {
+  SKIP_WITHOUT_GPU();
+  Layout layout = Layout::zeros(1, 2, 4);
+  for (int64_t c = 0; c < 4; ++c) layout.at(0, 0, c) = 1;  // block row 0: four blocks
+  layout.at(0, 1, 2) = 1;
+  BlockSparseIndex ix = make_index(layout, 16);
+  upload(ix);
+  HostTensor s = HostTensor::packed(DType::kF32, {1, ix.nnz, 16, 16});
+  HostTensor y = HostTensor::packed(DType::kF32, {1, 1, 64, 8});
+  HostTensor out = HostTensor::packed(DType::kF32, {1, 1, 32, 8});
+  DeviceCopy ds(s), dy(y), dout(out);
+  const BlockSparseMatMulParams f = dsd_params(ix, ds.view(), dy.view(), dout.view());
+  EXPECT_EQ(workspace_size(f), 0u) << "no line is split by default";
+
+  ASSERT_TRUE(split_block_sparse_work(1, &ix).ok());
+  upload(ix);
+  // Row 0 in four pieces, each a 16 x 8 fp32 partial (plus the alignment slack).
+  const size_t needed = workspace_size(f);
+  EXPECT_GE(needed, size_t{4 * 16 * 8 * sizeof(float)});
+  EXPECT_LE(needed, size_t{4 * 16 * 8 * sizeof(float) + 128});
+  DeviceBuffer ws(needed);
+  const Status small = run(f, ws.ptr, needed - 1, Stream{});
+  EXPECT_EQ(small.code(), StatusCode::kWorkspaceTooSmall) << small.to_string();
+  EXPECT_TRUE(mentions(small.message(), "workspace")) << small.to_string();
+  const Status none = run(f, nullptr, needed, Stream{});
+  EXPECT_FALSE(none.ok());
+  EXPECT_TRUE(mentions(none.message(), "workspace")) << none.to_string();
+  EXPECT_TRUE(run_gpu(f).ok());
 }
 
 }  // namespace

@@ -40,14 +40,34 @@ Status launch_sdd(const BlockSparseDeviceIndex& ix, const TensorView& x, const T
 // out = op(S) * y with S sparse [Z, nnz, b, b] (op = transpose when trans_s); y [Z, H, Kin, N]
 // and out [Z, H, Mout, N] dense with any strides. Every element of out is written (rows of
 // empty block lines get zeros). Dtypes (s, y, out): all one type, or s f32 with y = out in f16 /
-// bf16.
+// bf16. The output's block lines (block rows of op(S)) are worked in the pieces of the index's
+// work split (row_split, or col_split when trans_s): a line cut into several pieces has each
+// piece's sum written to `partial` (dsd_partial_elems floats; null when that is 0) and a second
+// kernel adds them in piece order, so the result is deterministic.
 Status launch_dsd(const BlockSparseDeviceIndex& ix, const TensorView& s, bool trans_s,
-                  const TensorView& y, const TensorView& out, cudaStream_t stream);
+                  const TensorView& y, const TensorView& out, float* partial, cudaStream_t stream);
 
 // out = x * op(S): x [Z, H, M, Kin] and out [Z, H, M, Nout] dense with any strides, S sparse.
-// All three in one dtype.
+// All three in one dtype. Block columns of op(S) in the pieces of col_split (row_split when
+// trans_s), with `partial` (dds_partial_elems floats) as for launch_dsd.
 Status launch_dds(const BlockSparseDeviceIndex& ix, const TensorView& x, const TensorView& s,
-                  bool trans_s, const TensorView& out, cudaStream_t stream);
+                  bool trans_s, const TensorView& out, float* partial, cudaStream_t stream);
+
+// The fp32 partial sums a launch_dsd with `batch` batches and n output columns, or a launch_dds
+// with m output rows, needs for the split lines of its direction: [batch * H / G, split pieces,
+// rows, columns of one output block line].
+inline int64_t dsd_partial_elems(const BlockSparseIndex& ix, bool trans_s, int64_t batch,
+                                 int64_t n) {
+  const BlockSparseWorkSplit& w = trans_s ? ix.col_split : ix.row_split;
+  const int64_t repeats = ix.layout_heads > 0 ? ix.num_heads / ix.layout_heads : 0;
+  return batch * repeats * w.split_pieces() * ix.block * n;
+}
+inline int64_t dds_partial_elems(const BlockSparseIndex& ix, bool trans_s, int64_t batch,
+                                 int64_t m) {
+  const BlockSparseWorkSplit& w = trans_s ? ix.row_split : ix.col_split;
+  const int64_t repeats = ix.layout_heads > 0 ? ix.num_heads / ix.layout_heads : 0;
+  return batch * repeats * w.split_pieces() * m * ix.block;
+}
 
 // The terms added to a score before the softmax (see cpu::ScoreTerms): absent tensors have a
 // null data pointer.

@@ -7,12 +7,15 @@
 //   sdd: one segment per tile (len = K): rows of x for the block's row, columns of y for its
 //        column; the tile lies inside block p of c.
 //   dsd: a tile of rows of one output block line times TN dense columns; one segment (len = b)
-//        per block of that line, walked in CSR order (row-wise) or CSC order (when S is
-//        transposed).
+//        per block of one piece of that line (the index's work split: row_split, walked in CSR
+//        order, or col_split in CSC order when S is transposed).
 //   dds: the mirror image: TM dense rows times a tile of one output block column.
 // Each output element is owned by one thread and summed over the segments in index order and
-// over k in increasing order, so results are bitwise reproducible (no atomics, no split-K). An
-// output line without blocks has no segments and stores zeros, so every element is written.
+// over k in increasing order. A line the split cuts into pieces (a global block's line, which
+// would otherwise serialise the kernel on one CTA) has each piece's sum stored as an fp32 partial
+// in the workspace, and combine_kernel adds a line's partials in piece order; so results are
+// bitwise reproducible (no atomics). An output line without blocks is one piece without
+// segments and stores zeros, so every element is written.
 //
 // Operands are read element by element through their strides into shared memory (any stride,
 // including a transposed view or a last stride != 1, takes the same path); the threads walk the
@@ -75,10 +78,17 @@ struct MatMulArgs {
   const int32_t* head = nullptr;
   const int32_t* row = nullptr;
   const int32_t* col = nullptr;
-  const int32_t* row_offsets = nullptr;
-  const int32_t* col_offsets = nullptr;
   const int32_t* col_rows = nullptr;
   const int32_t* col_block_ids = nullptr;  // the CSC positions p
+  // dsd / dds: the work split of the output's block lines (the index's row split when the lines
+  // are block rows of S, its column split when they are block columns), lines per stored head,
+  // and the fp32 partials of the split lines' pieces: [batch * repeats, slots, part_rows,
+  // part_cols], part_rows x part_cols the output of one block line (b x N for dsd, M x b for dds).
+  BlockSparseDeviceArrays::Split split;
+  int32_t lines = 0;
+  int64_t repeats = 1;  // heads / layout_heads
+  int64_t part_rows = 0, part_cols = 0;
+  float* partial = nullptr;
 };
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
@@ -499,22 +509,23 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
       out = const_cast<TC*>(
           at<TC>(a.out.data, z * a.out.s0 + p * a.out.s1 + r0 * a.out.s2 + c0 * a.out.s3));
     } else if constexpr (kMode == Mode::kDsd) {
-      // Tiles: (z, h, output block line o, tile row inside the line, tile of N columns).
+      // Tiles: (z, head repeat k, piece i of the split, tile row inside the line, tile of N
+      // columns); the piece's line o of stored head g is output block line o of head g + k * G.
       const int64_t n = a.y.cols;
-      const int64_t lines = a.trans_s ? a.col_blocks : a.row_blocks;
       const int64_t n_tiles = (n + TN - 1) / TN, m_tiles = b / TM;
-      const int64_t per_line = m_tiles * n_tiles, per_h = lines * per_line;
-      const int64_t z = t / (a.heads * per_h), rest = t % (a.heads * per_h);
-      const int64_t h = rest / per_h, o = (rest % per_h) / per_line, sub = rest % per_line;
+      const int64_t per_piece = m_tiles * n_tiles;
+      const int64_t zk = t / (a.split.pieces * per_piece), rest = t % (a.split.pieces * per_piece);
+      const int64_t i = rest / per_piece, sub = rest % per_piece;
       const int64_t r0 = (sub / n_tiles) * TM, n0 = (sub % n_tiles) * TN;
+      const int64_t z = zk / a.repeats, k = zk % a.repeats;
+      const int64_t line = a.split.item_line[i], g = line / a.lines, o = line % a.lines;
+      const int64_t h = g + k * a.layout_heads;
       out_cols = static_cast<int>(min64(TN, n - n0));
-      const int64_t g = h % a.layout_heads, shift = (h / a.layout_heads) * a.stored_nnz;
-      const int64_t s_base = z * a.x.s0 + shift * a.x.s1;  // stored position s -> block s + shift
+      const int64_t s_base = z * a.x.s0 + k * a.stored_nnz * a.x.s1;  // stored s -> block s + shift
       const int64_t y_base = z * a.y.s0 + h * a.y.s1 + n0 * a.y.s3;
+      const int64_t begin = a.split.item_begin[i], end = a.split.item_end[i];
       if (!a.trans_s) {
-        // out[I*b + r, :] += S_p[r, c] * y[J_p*b + c, :] over the blocks p of block row I.
-        const int64_t begin = a.row_offsets[g * a.row_blocks + o];
-        const int64_t end = a.row_offsets[g * a.row_blocks + o + 1];
+        // out[I*b + r, :] += S_p[r, c] * y[J_p*b + c, :] over the piece's blocks p of block row I.
         for (int64_t p = begin; p < end; ++p) {
           const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s2), a.x.s2, a.x.s3};
           const Slice<TB> ys{at<TB>(a.y.data, y_base + int64_t{a.col[p]} * b * a.y.s2), a.y.s2,
@@ -522,10 +533,8 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           engine.segment(smem, ss, TM, ys, out_cols, b);
         }
       } else {
-        // out[J*b + c, :] += S_p[r, c] * y[I_p*b + r, :] over the blocks p of block column J:
-        // the left slice is S_p transposed, element (c, r) at r * s2 + c.
-        const int64_t begin = a.col_offsets[g * a.col_blocks + o];
-        const int64_t end = a.col_offsets[g * a.col_blocks + o + 1];
+        // out[J*b + c, :] += S_p[r, c] * y[I_p*b + r, :] over the piece's blocks p of block
+        // column J: the left slice is S_p transposed, element (c, r) at r * s2 + c.
         for (int64_t e = begin; e < end; ++e) {
           const int64_t p = a.col_block_ids[e];
           const Slice<TA> ss{at<TA>(a.x.data, s_base + p * a.x.s1 + r0 * a.x.s3), a.x.s3, a.x.s2};
@@ -534,25 +543,34 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           engine.segment(smem, ss, TM, ys, out_cols, b);
         }
       }
+      const int32_t slot = a.split.item_slot[i];
+      if (slot >= 0) {  // a piece of a split line: its fp32 partial, combined later in piece order
+        engine.store(
+            a.partial + ((zk * a.split.slots + slot) * a.part_rows + r0) * a.part_cols + n0, TM,
+            out_cols, a.part_cols, int64_t{1});
+        continue;
+      }
       out = const_cast<TC*>(at<TC>(
           a.out.data, z * a.out.s0 + h * a.out.s1 + (o * b + r0) * a.out.s2 + n0 * a.out.s3));
     } else {
-      // dds. Tiles: (z, h, output block line o, tile of M rows, tile column inside the line).
+      // dds. Tiles: (z, head repeat k, piece i of the split, tile of M rows, tile column inside
+      // the line).
       const int64_t m = a.x.rows;
-      const int64_t lines = a.trans_s ? a.row_blocks : a.col_blocks;
       const int64_t m_tiles = (m + TM - 1) / TM, n_tiles = b / TN;
-      const int64_t per_line = m_tiles * n_tiles, per_h = lines * per_line;
-      const int64_t z = t / (a.heads * per_h), rest = t % (a.heads * per_h);
-      const int64_t h = rest / per_h, o = (rest % per_h) / per_line, sub = rest % per_line;
+      const int64_t per_piece = m_tiles * n_tiles;
+      const int64_t zk = t / (a.split.pieces * per_piece), rest = t % (a.split.pieces * per_piece);
+      const int64_t i = rest / per_piece, sub = rest % per_piece;
       const int64_t m0 = (sub / n_tiles) * TM, c0 = (sub % n_tiles) * TN;
+      const int64_t z = zk / a.repeats, k = zk % a.repeats;
+      const int64_t line = a.split.item_line[i], g = line / a.lines, o = line % a.lines;
+      const int64_t h = g + k * a.layout_heads;
       out_rows = static_cast<int>(min64(TM, m - m0));
-      const int64_t g = h % a.layout_heads, shift = (h / a.layout_heads) * a.stored_nnz;
       const int64_t x_base = z * a.x.s0 + h * a.x.s1 + m0 * a.x.s2;
-      const int64_t s_base = z * a.y.s0 + shift * a.y.s1;  // stored position s -> block s + shift
+      const int64_t s_base = z * a.y.s0 + k * a.stored_nnz * a.y.s1;  // stored s -> block s + shift
+      const int64_t begin = a.split.item_begin[i], end = a.split.item_end[i];
       if (!a.trans_s) {
-        // out[:, J*b + c] += x[:, I_p*b + r] * S_p[r, c] over the blocks p of block column J.
-        const int64_t begin = a.col_offsets[g * a.col_blocks + o];
-        const int64_t end = a.col_offsets[g * a.col_blocks + o + 1];
+        // out[:, J*b + c] += x[:, I_p*b + r] * S_p[r, c] over the piece's blocks p of block
+        // column J.
         for (int64_t e = begin; e < end; ++e) {
           const int64_t p = a.col_block_ids[e];
           const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col_rows[e]} * b * a.x.s3), a.x.s2,
@@ -561,10 +579,8 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           engine.segment(smem, xs, out_rows, ss, TN, b);
         }
       } else {
-        // out[:, I*b + r] += x[:, J_p*b + c] * S_p[r, c] over the blocks p of block row I: the
-        // right slice is S_p transposed, element (c, r) at r * s2 + c.
-        const int64_t begin = a.row_offsets[g * a.row_blocks + o];
-        const int64_t end = a.row_offsets[g * a.row_blocks + o + 1];
+        // out[:, I*b + r] += x[:, J_p*b + c] * S_p[r, c] over the piece's blocks p of block row
+        // I: the right slice is S_p transposed, element (c, r) at r * s2 + c.
         for (int64_t p = begin; p < end; ++p) {
           const Slice<TA> xs{at<TA>(a.x.data, x_base + int64_t{a.col[p]} * b * a.x.s3), a.x.s2,
                              a.x.s3};
@@ -572,11 +588,47 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
           engine.segment(smem, xs, out_rows, ss, TN, b);
         }
       }
+      const int32_t slot = a.split.item_slot[i];
+      if (slot >= 0) {
+        engine.store(
+            a.partial + ((zk * a.split.slots + slot) * a.part_rows + m0) * a.part_cols + c0,
+            out_rows, TN, a.part_cols, int64_t{1});
+        continue;
+      }
       out = const_cast<TC*>(at<TC>(
           a.out.data, z * a.out.s0 + h * a.out.s1 + m0 * a.out.s2 + (o * b + c0) * a.out.s3));
     }
 
     engine.store(out, out_rows, out_cols, out_rs, out_cs);
+  }
+}
+
+// The second step of a dsd / dds with split lines: sums each split line's fp32 partials in piece
+// order and writes the line's output (dsd: rows o*b .. +b of out, N columns; dds: M rows, columns
+// o*b .. +b), one thread per element, consecutive threads along the partial's columns.
+template <Mode kMode, typename TC>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const MatMulArgs a) {
+  const int64_t per_line = a.part_rows * a.part_cols;
+  const int64_t total = a.batch * a.repeats * a.split.num_split_lines * per_line;
+  for (int64_t e = blockIdx.x * int64_t{kThreads} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * kThreads) {
+    const int64_t c = e % a.part_cols, r = (e / a.part_cols) % a.part_rows;
+    const int64_t rest = e / per_line;
+    const int64_t j = rest % a.split.num_split_lines, zk = rest / a.split.num_split_lines;
+    const int64_t line = a.split.split_lines[j];
+    const int64_t first = a.split.line_items[line];
+    const int64_t count = a.split.line_items[line + 1] - first;
+    const float* part = a.partial + (zk * a.split.slots + a.split.item_slot[first]) * per_line +
+                        r * a.part_cols + c;
+    float sum = 0.0f;
+    for (int64_t q = 0; q < count; ++q) sum += part[q * per_line];
+    const int64_t z = zk / a.repeats, k = zk % a.repeats;
+    const int64_t g = line / a.lines, o = line % a.lines, h = g + k * a.layout_heads;
+    const int64_t row = kMode == Mode::kDsd ? o * a.block + r : r;
+    const int64_t col = kMode == Mode::kDsd ? c : o * a.block + c;
+    TC* out = const_cast<TC*>(
+        at<TC>(a.out.data, z * a.out.s0 + h * a.out.s1 + row * a.out.s2 + col * a.out.s3));
+    *out = ElementTraits<TC>::from_float(sum);
   }
 }
 
@@ -594,7 +646,18 @@ cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
       kMma, MmaEngine<TA, TM, TN>,
       std::conditional_t<kTf32, Tf32Engine<TB, TM, TN>, FmaEngine<TA, TB, TM, TN>>>;
   matmul_kernel<kMode, Engine, TA, TB, TC, TM, TN><<<grid, kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  cudaError_t e = cudaGetLastError();
+  if constexpr (kMode != Mode::kSdd) {
+    if (e == cudaSuccess && args.split.num_split_lines > 0) {
+      const int64_t total =
+          args.batch * args.repeats * args.split.num_split_lines * args.part_rows * args.part_cols;
+      const auto blocks =
+          static_cast<unsigned>(std::min((total + kThreads - 1) / kThreads, kMaxGrid));
+      combine_kernel<kMode, TC><<<blocks, kThreads, 0, stream>>>(args);
+      e = cudaGetLastError();
+    }
+  }
+  return e;
 }
 
 template <Mode kMode, typename TA, typename TB, typename TC>
@@ -640,11 +703,28 @@ MatMulArgs make_args(const BlockSparseDeviceIndex& ix, const TensorView& x, cons
   a.head = ix.head;
   a.row = ix.row;
   a.col = ix.col;
-  a.row_offsets = ix.row_offsets;
-  a.col_offsets = ix.col_offsets;
   a.col_rows = ix.col_rows;
   a.col_block_ids = ix.col_blocks;
+  a.repeats = ix.layout_heads > 0 ? ix.num_heads / ix.layout_heads : 1;
   return a;
+}
+
+// A dsd / dds over the block lines of `split` (lines per stored head each), with the partials of
+// its split lines (part_rows x part_cols each) at `partial`.
+Status set_split(MatMulArgs* a, const BlockSparseDeviceArrays::Split& split, int32_t lines,
+                 int64_t part_rows, int64_t part_cols, float* partial, const char* what) {
+  if (split.slots > 0 && partial == nullptr) {
+    return Status::invalid_argument(std::string(what) +
+                                    ": the index splits long lines, which needs the workspace "
+                                    "for their partial sums; none was given");
+  }
+  a->split = split;
+  a->lines = lines;
+  a->part_rows = part_rows;
+  a->part_cols = part_cols;
+  a->partial = partial;
+  a->tiles = a->batch * a->repeats * split.pieces;
+  return Status::ok_status();
 }
 
 bool is(DType a, DType want) {
@@ -712,25 +792,31 @@ Status launch_sdd(const BlockSparseDeviceIndex& ix, const TensorView& x, const T
 }
 
 Status launch_dsd(const BlockSparseDeviceIndex& ix, const TensorView& s, bool trans_s,
-                  const TensorView& y, const TensorView& out, cudaStream_t stream) {
-  const int64_t batch = s.sizes[0], side = std::min(ix.block, 64);
-  const int64_t lines = trans_s ? ix.num_col_blocks : ix.num_row_blocks;
+                  const TensorView& y, const TensorView& out, float* partial, cudaStream_t stream) {
+  const int64_t batch = s.sizes[0], side = std::min(ix.block, 64), n = y.sizes[3];
+  const char* what = "the block-sparse dsd kernel";
   MatMulArgs args = make_args(ix, s, y, out, trans_s, batch);
-  args.tiles = batch * ix.num_heads * lines * (ix.block / side) * ceil_div(y.sizes[3], kDenseTile);
+  const Status set =
+      trans_s ? set_split(&args, ix.col_split, ix.num_col_blocks, ix.block, n, partial, what)
+              : set_split(&args, ix.row_split, ix.num_row_blocks, ix.block, n, partial, what);
+  if (!set.ok()) return set;
+  args.tiles *= (ix.block / side) * ceil_div(n, kDenseTile);
   if (args.tiles == 0) return Status::ok_status();
-  return dispatch_types<Mode::kDsd>(args, s.dtype, y.dtype, out.dtype, stream,
-                                    "the block-sparse dsd kernel");
+  return dispatch_types<Mode::kDsd>(args, s.dtype, y.dtype, out.dtype, stream, what);
 }
 
 Status launch_dds(const BlockSparseDeviceIndex& ix, const TensorView& x, const TensorView& s,
-                  bool trans_s, const TensorView& out, cudaStream_t stream) {
-  const int64_t batch = x.sizes[0], side = std::min(ix.block, 64);
-  const int64_t lines = trans_s ? ix.num_row_blocks : ix.num_col_blocks;
+                  bool trans_s, const TensorView& out, float* partial, cudaStream_t stream) {
+  const int64_t batch = x.sizes[0], side = std::min(ix.block, 64), m = x.sizes[2];
+  const char* what = "the block-sparse dds kernel";
   MatMulArgs args = make_args(ix, x, s, out, trans_s, batch);
-  args.tiles = batch * ix.num_heads * lines * ceil_div(x.sizes[2], kDenseTile) * (ix.block / side);
+  const Status set =
+      trans_s ? set_split(&args, ix.row_split, ix.num_row_blocks, m, ix.block, partial, what)
+              : set_split(&args, ix.col_split, ix.num_col_blocks, m, ix.block, partial, what);
+  if (!set.ok()) return set;
+  args.tiles *= ceil_div(m, kDenseTile) * (ix.block / side);
   if (args.tiles == 0) return Status::ok_status();
-  return dispatch_types<Mode::kDds>(args, x.dtype, s.dtype, out.dtype, stream,
-                                    "the block-sparse dds kernel");
+  return dispatch_types<Mode::kDds>(args, x.dtype, s.dtype, out.dtype, stream, what);
 }
 
 }  // namespace sciattn::cuda::bs

@@ -8,6 +8,8 @@
 // a saved one, as on the CPU, so its Params are the fused path's.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "common/workspace_layout.h"
 #include "cuda/block_sparse/block_sparse_launch.h"
 #include "cuda/block_sparse_ops_cuda.h"
@@ -18,10 +20,13 @@ namespace {
 using detail::AttentionShape;
 using detail::WorkspaceLayout;
 
-// [B, nnz, b, b] fp32 scores, and for the backward a second region for their gradient.
+// [B, nnz, b, b] fp32 scores, for the backward a second region for their gradient, and the
+// dsd products' partial sums of split lines (the largest of them; the products run one after
+// another on the stream).
 struct CompositePlan {
   WorkspaceLayout layout;
-  size_t scores = 0, grads = 0;
+  size_t scores = 0, grads = 0, partial = 0;
+  bool with_partial = false;
 };
 
 CompositePlan plan(const BlockSparseIndex& ix, const AttentionShape& s, bool backward) {
@@ -29,7 +34,17 @@ CompositePlan plan(const BlockSparseIndex& ix, const AttentionShape& s, bool bac
   const int64_t elems = s.batch * ix.nnz * ix.block * ix.block;
   r.scores = r.layout.add<float>(elems);
   if (backward) r.grads = r.layout.add<float>(elems);
+  // O = P V and dQ = dW K walk block rows; dV = P^T dO and dK = dW^T Q block columns (D wide).
+  const int64_t rows = bs::dsd_partial_elems(ix, false, s.batch, s.dim);
+  const int64_t partial =
+      backward ? std::max(rows, bs::dsd_partial_elems(ix, true, s.batch, s.dim)) : rows;
+  r.with_partial = partial > 0;
+  if (r.with_partial) r.partial = r.layout.add<float>(partial);
   return r;
+}
+
+float* partial_of(const CompositePlan& r, void* workspace) {
+  return r.with_partial ? r.layout.at<float>(workspace, r.partial) : nullptr;
 }
 
 TensorView sparse_view(float* data, const BlockSparseIndex& ix, const AttentionShape& s) {
@@ -70,7 +85,7 @@ Status forward_here(const SparseAttentionForwardParams& p, const AttentionShape&
   SCIATTN_BS_TRY(bs::launch_sdd(dix, p.q, bs::transposed(p.k), w, stream));  // W = Q K^T
   // P = softmax(W), in place, with the log-sum-exp when asked for.
   SCIATTN_BS_TRY(bs::launch_softmax_forward(dix, s.batch, w, w, terms, p.lse, stream));
-  return bs::launch_dsd(dix, w, false, p.v, p.out, stream);  // O = P V
+  return bs::launch_dsd(dix, w, false, p.v, p.out, partial_of(r, workspace), stream);  // O = P V
 }
 
 Status backward_here(const SparseAttentionBackwardParams& p, const AttentionShape& s,
@@ -84,11 +99,12 @@ Status backward_here(const SparseAttentionBackwardParams& p, const AttentionShap
   const bs::SoftmaxTerms terms = terms_of(p, scale);
   SCIATTN_BS_TRY(bs::launch_sdd(dix, p.q, bs::transposed(p.k), prob, stream));
   SCIATTN_BS_TRY(bs::launch_softmax_forward(dix, s.batch, prob, prob, terms, TensorView{}, stream));
-  SCIATTN_BS_TRY(bs::launch_dsd(dix, prob, true, p.dout, p.dv, stream));           // dV = P^T dO
+  float* partial = partial_of(r, workspace);
+  SCIATTN_BS_TRY(bs::launch_dsd(dix, prob, true, p.dout, p.dv, partial, stream));  // dV = P^T dO
   SCIATTN_BS_TRY(bs::launch_sdd(dix, p.dout, bs::transposed(p.v), grad, stream));  // dP = dO V^T
   SCIATTN_BS_TRY(bs::launch_softmax_backward(dix, s.batch, prob, grad, grad, scale, stream));
-  SCIATTN_BS_TRY(bs::launch_dsd(dix, grad, false, p.k, p.dq, stream));  // dQ = dW K
-  return bs::launch_dsd(dix, grad, true, p.q, p.dk, stream);            // dK = dW^T Q
+  SCIATTN_BS_TRY(bs::launch_dsd(dix, grad, false, p.k, p.dq, partial, stream));  // dQ = dW K
+  return bs::launch_dsd(dix, grad, true, p.q, p.dk, partial, stream);            // dK = dW^T Q
 }
 
 #undef SCIATTN_BS_TRY

@@ -2,10 +2,12 @@
 // for the host emulation (tests/cuda/ops_emulation): the device index "uploaded" to host memory,
 // one device, and the fused attention entry points (never called by the suite). Developer tool.
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 #include "common/block_sparse_checks.h"
 #include "common/block_sparse_device_index.h"
+#include "common/block_sparse_device_pack.h"
 #include "sciattn/device.h"
 namespace sciattn {
 BlockSparseDeviceIndex::~BlockSparseDeviceIndex() {
@@ -23,33 +25,16 @@ Status check_device_index(const BlockSparseIndex& ix, const void*) {
   return Status::ok_status();
 }
 }  // namespace detail
+// The upload's packing (detail::pack_block_sparse_index), kept in host memory.
 Status upload_block_sparse_index(BlockSparseIndex* ix, int) {
+  detail::PackedBlockSparseIndex packed;
+  const Status s = detail::pack_block_sparse_index(*ix, &packed);
+  if (!s.ok()) return s;
   auto d = std::make_shared<BlockSparseDeviceIndex>();
-  const size_t n = ix->stored_nnz(), rows = ix->row_offsets.size(), cols = ix->col_offsets.size();
-  const size_t total = 5 * n + rows + cols + 8;
-  int32_t* m = static_cast<int32_t*>(std::calloc(total, 4));
-  d->memory = m;
-  size_t at = 0;
-  auto put = [&](const std::vector<int64_t>& v) {
-    int32_t* p = m + at;
-    for (size_t i = 0; i < v.size(); ++i) p[i] = (int32_t)v[i];
-    at += v.size() + 1;
-    return p;
-  };
-  d->block = ix->block;
-  d->num_heads = ix->num_heads;
-  d->num_row_blocks = ix->num_row_blocks;
-  d->num_col_blocks = ix->num_col_blocks;
-  d->nnz = ix->nnz;
-  d->layout_heads = ix->layout_heads;
-  d->stored_nnz = ix->stored_nnz();
-  d->head = put(ix->head);
-  d->row = put(ix->row);
-  d->col = put(ix->col);
-  d->row_offsets = put(ix->row_offsets);
-  d->col_offsets = put(ix->col_offsets);
-  d->col_rows = put(ix->col_rows);
-  d->col_blocks = put(ix->col_blocks);
+  d->bytes = packed.size() * sizeof(int32_t);
+  d->memory = std::malloc(d->bytes > 0 ? d->bytes : 4);
+  if (d->bytes > 0) std::memcpy(d->memory, packed.data(), d->bytes);
+  static_cast<BlockSparseDeviceArrays&>(*d) = packed.at(static_cast<const int32_t*>(d->memory));
   ix->device = d;
   return Status::ok_status();
 }
