@@ -45,8 +45,10 @@ namespace {
 enum class Mode : int { kSdd = 0, kDsd = 1, kDds = 2 };
 
 constexpr int kThreads = 256;
-constexpr int kGridSide = 16;   // threads form a kGridSide x kGridSide grid over the tile
-constexpr int kInnerStep = 16;  // k elements staged in shared memory per step
+constexpr int kGridSide = 16;  // threads form a kGridSide x kGridSide grid over the tile
+// k elements staged in shared memory per round (an engine's kDepth): 64 when a segment is that
+// deep (sdd over K, dsd / dds over blocks of 64 and 128), the block otherwise.
+constexpr int kMaxDepth = 64;
 // A CTA walks tiles with a grid-stride loop; beyond this many CTAs it takes several tiles.
 constexpr int64_t kMaxGrid = int64_t{1} << 24;
 static_assert(kGridSide * kGridSide == kThreads, "the thread grid covers the CTA");
@@ -106,20 +108,20 @@ struct Slice {
   int64_t rs, cs;
 };
 
-// Stages a kInnerStep x TN (right) or TM x kInnerStep (left, stored transposed) slice into shared
+// Stages a kDepth x TN (right) or TM x kDepth (left, stored transposed) slice into shared
 // memory as fp32, k-major (smem[k * kPitch + outer]). `lines` of the outer dimension are valid
 // (the rest read as 0), and so are `depth` of the k dimension. When the view allows it (16-byte
 // aligned, unit stride along k or along the outer dimension, the other stride a multiple of the
 // vector) a thread reads 16 bytes at once (4 floats or 8 16-bit values); otherwise element by
 // element, consecutive threads walking k when `k_fast` (the view's smaller stride is along k),
 // the outer dimension otherwise.
-template <typename T, int kOuter, int kPitch>
+template <typename T, int kOuter, int kPitch, int kDepth>
 __device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_stride,
                                       int64_t k_stride, int lines, int depth, bool k_fast) {
   constexpr int kVec = static_cast<int>(sizeof(uint4) / sizeof(T));
   const bool aligned = reinterpret_cast<uintptr_t>(base) % sizeof(uint4) == 0;
   if (aligned && k_stride == 1 && outer_stride % kVec == 0) {
-    constexpr int kPerRow = kInnerStep / kVec;
+    constexpr int kPerRow = kDepth / kVec;
     constexpr int kChunks = kOuter * kPerRow;
 #pragma unroll
     for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
@@ -147,7 +149,7 @@ __device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_
   }
   if (aligned && outer_stride == 1 && k_stride % kVec == 0) {
     constexpr int kPerK = kOuter / kVec;
-    constexpr int kChunks = kPerK * kInnerStep;
+    constexpr int kChunks = kPerK * kDepth;
 #pragma unroll
     for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
       const int e = e0 + static_cast<int>(threadIdx.x);
@@ -172,13 +174,13 @@ __device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_
     }
     return;
   }
-  constexpr int kElems = kOuter * kInnerStep;
+  constexpr int kElems = kOuter * kDepth;
 #pragma unroll
   for (int e0 = 0; e0 < kElems; e0 += kThreads) {
     const int e = e0 + static_cast<int>(threadIdx.x);
     if (kElems % kThreads != 0 && e >= kElems) break;
-    const int o = k_fast ? e / kInnerStep : e % kOuter;
-    const int k = k_fast ? e % kInnerStep : e / kOuter;
+    const int o = k_fast ? e / kDepth : e % kOuter;
+    const int k = k_fast ? e % kDepth : e / kOuter;
     float v = 0.0f;
     if (o < lines && k < depth) {
       v = ElementTraits<T>::to_float(base[o * outer_stride + k * k_stride]);
@@ -189,12 +191,12 @@ __device__ __forceinline__ void stage(float* smem, const T* base, int64_t outer_
 
 // The fp32 engine (any operand dtypes): operands staged as fp32, FMA from shared memory on a
 // kGridSide x kGridSide thread grid, each thread owning (TM / 16) x (TN / 16) outputs.
-template <typename TA, typename TB, int TM, int TN>
+template <typename TA, typename TB, int TM, int TN, int kDepth>
 struct FmaEngine {
   static constexpr int kPitchA = TM + 1, kPitchB = TN + 1;  // +1: conflict-free transposed stores
   struct Shared {
-    float a[kInnerStep * kPitchA];
-    float b[kInnerStep * kPitchB];
+    float a[kDepth * kPitchA];
+    float b[kDepth * kPitchB];
   };
   float acc[TM / kGridSide][TN / kGridSide];
 
@@ -212,13 +214,13 @@ struct FmaEngine {
     const int tx = static_cast<int>(threadIdx.x) % kGridSide;
     const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
     const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
-    for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
-      const int depth = static_cast<int>(min64(kInnerStep, len - k0));
-      stage<TA, TM, kPitchA>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
-      stage<TB, TN, kPitchB>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+    for (int64_t k0 = 0; k0 < len; k0 += kDepth) {
+      const int depth = static_cast<int>(min64(kDepth, len - k0));
+      stage<TA, TM, kPitchA, kDepth>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
+      stage<TB, TN, kPitchB, kDepth>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
       __syncthreads();
 #pragma unroll
-      for (int k = 0; k < kInnerStep; ++k) {
+      for (int k = 0; k < kDepth; ++k) {
         float av[TM / kGridSide], bv[TN / kGridSide];
 #pragma unroll
         for (int i = 0; i < TM / kGridSide; ++i) av[i] = sm.a[k * kPitchA + ty + kGridSide * i];
@@ -271,14 +273,14 @@ __device__ __forceinline__ void store_mma_tiles(const float (&c)[kPerWarp][4], T
   }
 }
 
-// Stages a TM x kInnerStep (or TN x kInnerStep) slice into shared memory in its own 16-bit type,
+// Stages a TM x kDepth (or TN x kDepth) slice into shared memory in its own 16-bit type,
 // row-major with k contiguous (row pitch kPitch): the layout the MMA fragments read in pairs.
 // Rows >= lines and k >= depth are zero. When the view allows it (16-byte aligned, unit stride
 // along k or along the rows, the other stride a multiple of 8) a thread moves 8 elements with one
 // 16-byte load: along k they land as one 16-byte store, along the rows they are transposed into 8
 // stores. Anything else (transposed-in-memory views with odd strides, unaligned starts) takes
 // the element-wise path.
-template <typename T, int kOuter, int kPitch>
+template <typename T, int kOuter, int kPitch, int kDepth>
 __device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer_stride,
                                            int64_t k_stride, int lines, int depth, bool k_fast) {
   constexpr int kVec = 8;  // 16-bit elements per 16-byte load
@@ -286,7 +288,7 @@ __device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer
   const T zero = ElementTraits<T>::from_float(0.0f);
   const bool aligned = reinterpret_cast<uintptr_t>(base) % sizeof(uint4) == 0;
   if (aligned && k_stride == 1 && outer_stride % kVec == 0) {
-    constexpr int kPerRow = kInnerStep / kVec;
+    constexpr int kPerRow = kDepth / kVec;
     constexpr int kChunks = kOuter * kPerRow;
 #pragma unroll
     for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
@@ -306,7 +308,7 @@ __device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer
   }
   if (aligned && outer_stride == 1 && k_stride % kVec == 0) {
     constexpr int kPerK = kOuter / kVec;
-    constexpr int kChunks = kPerK * kInnerStep;
+    constexpr int kChunks = kPerK * kDepth;
 #pragma unroll
     for (int e0 = 0; e0 < kChunks; e0 += kThreads) {
       const int e = e0 + static_cast<int>(threadIdx.x);
@@ -326,25 +328,25 @@ __device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer
     }
     return;
   }
-  constexpr int kElems = kOuter * kInnerStep;
+  constexpr int kElems = kOuter * kDepth;
 #pragma unroll
   for (int e0 = 0; e0 < kElems; e0 += kThreads) {
     const int e = e0 + static_cast<int>(threadIdx.x);
     if (kElems % kThreads != 0 && e >= kElems) break;
-    const int o = k_fast ? e / kInnerStep : e % kOuter;
-    const int k = k_fast ? e % kInnerStep : e / kOuter;
+    const int o = k_fast ? e / kDepth : e % kOuter;
+    const int k = k_fast ? e % kDepth : e / kOuter;
     smem[o * kPitch + k] = o < lines && k < depth ? base[o * outer_stride + k * k_stride] : zero;
   }
 }
 
 // The tensor-core engine (f16 / bf16 operands of one type): the tile is cut into 16 x 8 MMA
-// tiles (m16n8k16, fp32 accumulators), dealt to the 8 warps round-robin; one kInnerStep slice
-// is one MMA k-step. Each output element is still owned by one thread and summed over the
+// tiles (m16n8k16, fp32 accumulators), dealt to the 8 warps round-robin; a kDepth slice is kDepth /
+// 16 is one MMA k-step. Each output element is still owned by one thread and summed over the
 // segments and k-steps in order.
-template <typename T, int TM, int TN>
+template <typename T, int TM, int TN, int kDepth>
 struct MmaEngine {
   // 24 elements (48 bytes) per row: the fragment loads of the 8 row groups hit distinct banks.
-  static constexpr int kPitch = kInnerStep + 8;
+  static constexpr int kPitch = kDepth + 8;
   static constexpr int kTilesN = TN / 8;
   static constexpr int kTiles = (TM / 16) * kTilesN;
   static constexpr int kWarps = kThreads / 32;
@@ -368,10 +370,12 @@ struct MmaEngine {
     const int g = lane / 4, t2 = (lane % 4) * 2;
     const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
     const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
-    for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
-      const int depth = static_cast<int>(min64(kInnerStep, len - k0));
-      stage_rows<T, TM, kPitch>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
-      stage_rows<T, TN, kPitch>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+    for (int64_t k0 = 0; k0 < len; k0 += kDepth) {
+      const int depth = static_cast<int>(min64(kDepth, len - k0));
+      stage_rows<T, TM, kPitch, kDepth>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth,
+                                        a_k_fast);
+      stage_rows<T, TN, kPitch, kDepth>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth,
+                                        b_k_fast);
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < kPerWarp; ++i) {
@@ -379,14 +383,17 @@ struct MmaEngine {
         if (tile < kTiles) {
           const T* at_a = sm.a + (tile / kTilesN) * 16 * kPitch;
           const T* at_b = sm.b + ((tile % kTilesN) * 8 + g) * kPitch;
-          uint32_t af[4], bf[2];
-          af[0] = load_pair(at_a + g * kPitch + t2);
-          af[1] = load_pair(at_a + (g + 8) * kPitch + t2);
-          af[2] = load_pair(at_a + g * kPitch + t2 + 8);
-          af[3] = load_pair(at_a + (g + 8) * kPitch + t2 + 8);
-          bf[0] = load_pair(at_b + t2);
-          bf[1] = load_pair(at_b + t2 + 8);
-          mma_16816<T>(c[i], af, bf);
+#pragma unroll
+          for (int kk = 0; kk < kDepth; kk += 16) {
+            uint32_t af[4], bf[2];
+            af[0] = load_pair(at_a + g * kPitch + kk + t2);
+            af[1] = load_pair(at_a + (g + 8) * kPitch + kk + t2);
+            af[2] = load_pair(at_a + g * kPitch + kk + t2 + 8);
+            af[3] = load_pair(at_a + (g + 8) * kPitch + kk + t2 + 8);
+            bf[0] = load_pair(at_b + kk + t2);
+            bf[1] = load_pair(at_b + kk + t2 + 8);
+            mma_16816<T>(c[i], af, bf);
+          }
         }
       }
       __syncthreads();  // the next step overwrites the staged slices
@@ -408,7 +415,7 @@ struct MmaEngine {
 // rounds. Operands are staged as the FMA engine stages them (fp32, k-major); the tile is cut into
 // 16 x 8 MMA tiles dealt to the 8 warps round-robin, each output element owned by one thread and
 // summed over the segments and k in order.
-template <typename TB, int TM, int TN>
+template <typename TB, int TM, int TN, int kDepth>
 struct Tf32Engine {
   // k-major rows of TM (TN) + 8 floats: a fragment load's 8 row groups x 4 k lanes hit 32 banks.
   static constexpr int kPitchA = TM + 8, kPitchB = TN + 8;
@@ -417,8 +424,8 @@ struct Tf32Engine {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
   struct Shared {
-    float a[kInnerStep * kPitchA];
-    float b[kInnerStep * kPitchB];
+    float a[kDepth * kPitchA];
+    float b[kDepth * kPitchB];
   };
   float c[kPerWarp][4];
 
@@ -435,10 +442,11 @@ struct Tf32Engine {
     const int g = lane / 4, t = lane % 4;
     const bool a_k_fast = abs64(a.cs) < abs64(a.rs);
     const bool b_k_fast = abs64(b.rs) < abs64(b.cs);
-    for (int64_t k0 = 0; k0 < len; k0 += kInnerStep) {
-      const int depth = static_cast<int>(min64(kInnerStep, len - k0));
-      stage<float, TM, kPitchA>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth, a_k_fast);
-      stage<TB, TN, kPitchB>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
+    for (int64_t k0 = 0; k0 < len; k0 += kDepth) {
+      const int depth = static_cast<int>(min64(kDepth, len - k0));
+      stage<float, TM, kPitchA, kDepth>(sm.a, a.base + k0 * a.cs, a.rs, a.cs, a_rows, depth,
+                                        a_k_fast);
+      stage<TB, TN, kPitchB, kDepth>(sm.b, b.base + k0 * b.rs, b.cs, b.rs, b_cols, depth, b_k_fast);
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < kPerWarp; ++i) {
@@ -447,7 +455,7 @@ struct Tf32Engine {
           const float* at_a = sm.a + (tile / kTilesN) * 16 + g;
           const float* at_b = sm.b + (tile % kTilesN) * 8 + g;
 #pragma unroll
-          for (int kk = 0; kk < kInnerStep; kk += 8) {
+          for (int kk = 0; kk < kDepth; kk += 8) {
             const float av[4] = {at_a[(kk + t) * kPitchA], at_a[(kk + t) * kPitchA + 8],
                                  at_a[(kk + t + 4) * kPitchA], at_a[(kk + t + 4) * kPitchA + 8]};
             uint32_t hi[4], lo[4];
@@ -478,8 +486,14 @@ __device__ __forceinline__ const T* at(const void* data, int64_t offset) {
   return static_cast<const T*>(data) + offset;
 }
 
+// Two CTAs per SM at least (128 registers), four for the 16 x 16 tiles of an sdd at block 16:
+// every kernel here waits on its loads between rounds, so resident CTAs are what hides them.
+template <int TM, int TN>
+constexpr int kMinCtasPerSm = TM* TN <= 16 * 16 ? 4 : 2;
+
 template <Mode kMode, typename Engine, typename TA, typename TB, typename TC, int TM, int TN>
-__global__ void __launch_bounds__(kThreads) matmul_kernel(const MatMulArgs a) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<TM, TN>)
+    matmul_kernel(const MatMulArgs a) {
   __shared__ typename Engine::Shared smem;
   Engine engine;
   const int64_t b = a.block;
@@ -635,7 +649,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const MatMulArgs a) {
 // The tile shape of a mode for block b: dimensions inside a block are min(b, 64); dense ones 64.
 constexpr int kDenseTile = 64;
 
-template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN>
+template <Mode kMode, typename TA, typename TB, typename TC, int TM, int TN, int kDepth>
 cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(std::min(args.tiles, kMaxGrid));
   // Tensor cores when both operands are f16 or bf16 of one type, split TF32 for an fp32 left
@@ -643,8 +657,8 @@ cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
   constexpr bool kMma = std::is_same_v<TA, TB> && !std::is_same_v<TA, float>;
   constexpr bool kTf32 = std::is_same_v<TA, float> && !std::is_same_v<TB, float>;
   using Engine = std::conditional_t<
-      kMma, MmaEngine<TA, TM, TN>,
-      std::conditional_t<kTf32, Tf32Engine<TB, TM, TN>, FmaEngine<TA, TB, TM, TN>>>;
+      kMma, MmaEngine<TA, TM, TN, kDepth>,
+      std::conditional_t<kTf32, Tf32Engine<TB, TM, TN, kDepth>, FmaEngine<TA, TB, TM, TN, kDepth>>>;
   matmul_kernel<kMode, Engine, TA, TB, TC, TM, TN><<<grid, kThreads, 0, stream>>>(args);
   cudaError_t e = cudaGetLastError();
   if constexpr (kMode != Mode::kSdd) {
@@ -662,17 +676,18 @@ cudaError_t launch_tiles(const MatMulArgs& args, cudaStream_t stream) {
 
 template <Mode kMode, typename TA, typename TB, typename TC>
 cudaError_t launch_typed(const MatMulArgs& args, cudaStream_t stream) {
-  // The block-local tile side: the block itself up to 64, so a 128 block is 2 x 2 tiles.
+  // The block-local tile side: the block itself up to 64, so a 128 block is 2 x 2 tiles. A round
+  // stages 64 deep of the sdd's K and one block's side (up to 64) of a dsd / dds segment.
   const int side = std::min(args.block, 64);
-#define SCIATTN_BS_TILE(S)                                                 \
-  if (side == S) {                                                         \
-    if constexpr (kMode == Mode::kSdd) {                                   \
-      return launch_tiles<kMode, TA, TB, TC, S, S>(args, stream);          \
-    } else if constexpr (kMode == Mode::kDsd) {                            \
-      return launch_tiles<kMode, TA, TB, TC, S, kDenseTile>(args, stream); \
-    } else {                                                               \
-      return launch_tiles<kMode, TA, TB, TC, kDenseTile, S>(args, stream); \
-    }                                                                      \
+#define SCIATTN_BS_TILE(S)                                                    \
+  if (side == S) {                                                            \
+    if constexpr (kMode == Mode::kSdd) {                                      \
+      return launch_tiles<kMode, TA, TB, TC, S, S, kMaxDepth>(args, stream);  \
+    } else if constexpr (kMode == Mode::kDsd) {                               \
+      return launch_tiles<kMode, TA, TB, TC, S, kDenseTile, S>(args, stream); \
+    } else {                                                                  \
+      return launch_tiles<kMode, TA, TB, TC, kDenseTile, S, S>(args, stream); \
+    }                                                                         \
   }
   SCIATTN_BS_TILE(16)
   SCIATTN_BS_TILE(32)

@@ -29,7 +29,7 @@ inline float shfl_buf[32][32];
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 inline void __syncthreads() {
   emu::cta_bar->arrive_and_wait();
