@@ -38,6 +38,27 @@ constexpr bool kSparseFragsInRegisters = kHeadDim <= 64;
 template <int kHeadDim>
 constexpr int kSparseBwdMinCtas = kHeadDim <= 64 ? 3 : 1;
 
+// Starts the cp.async loads of a CTA's own tile line into smem.a and smem.b (dK/dV kernel: K and
+// V of its keys; dQ kernel: Q and dO of its queries): 64 consecutive rows from the line's first
+// token, or a packed line's units slot by slot.
+template <typename T, int kHeadDim, bool kPacked>
+__device__ __forceinline__ void load_own_tile(SparseBwdSmem<T, kHeadDim>& smem,
+                                              const StridedSlice& a_src, const StridedSlice& b_src,
+                                              const EntrySlots<kPacked>& slots,
+                                              const TileLineTokens<kPacked>& line,
+                                              const SparseAttentionDeviceParams& p) {
+  constexpr int kPitch = SparseBwdSmem<T, kHeadDim>::kPitch;
+  if constexpr (kPacked) {
+    load_slot_rows<T, kHeadDim, kPitch>(smem.a, a_src, slots, line.units, p.len, p.dim);
+    load_slot_rows<T, kHeadDim, kPitch>(smem.b, b_src, slots, line.units, p.len, p.dim);
+  } else {
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.a, a_src, line.first, p.len,
+                                                            p.dim);
+    load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.b, b_src, line.first, p.len,
+                                                            p.dim);
+  }
+}
+
 // P^T (16 keys x 64 queries of a warp) from the raw S^T = K Q^T in pt, in place, with the score
 // terms: P^T = exp2(S^T log2(e) - lse log2(e)); a query column's lse comes in log2 units from
 // lse_pair_log2 (+inf for a row without any kept key: P = 0 with no per-element test). The
@@ -188,15 +209,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   if (at.begin < at.end) {
     const StridedSlice k_src = slice_bh<T>(p.k, p.k_stride, p.vec_k, b, h, p.lean_tiles);
     const StridedSlice v_src = slice_bh<T>(p.v, p.v_stride, p.vec_v, b, h, p.lean_tiles);
-    if constexpr (kPacked) {
-      load_slot_rows<T, kHeadDim, kPitch>(smem.a, k_src, slots, keys.units, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.b, v_src, slots, keys.units, p.len, p.dim);
-    } else {
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.a, k_src, keys.first, p.len,
-                                                              p.dim);
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.b, v_src, keys.first, p.len,
-                                                              p.dim);
-    }
+    load_own_tile<T, kHeadDim, kPacked>(smem, k_src, v_src, slots, keys, p);
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], q_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], do_src, slots, first, p.len, p.dim);
@@ -294,15 +307,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   if (at.begin < at.end) {
     const StridedSlice q_src = slice_bh<T>(p.q, p.q_stride, p.vec_q, b, h, p.lean_tiles);
     const StridedSlice do_src = slice_bh<T>(p.dout, p.dout_stride, p.vec_dout, b, h, p.lean_tiles);
-    if constexpr (kPacked) {
-      load_slot_rows<T, kHeadDim, kPitch>(smem.a, q_src, slots, queries.units, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.b, do_src, slots, queries.units, p.len, p.dim);
-    } else {
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.a, q_src, queries.first, p.len,
-                                                              p.dim);
-      load_slice_rows<T, SparseTile::kSize, kHeadDim, kPitch>(smem.b, do_src, queries.first, p.len,
-                                                              p.dim);
-    }
+    load_own_tile<T, kHeadDim, kPacked>(smem, q_src, do_src, slots, queries, p);
     const int32_t* first = slots.of(at.begin);
     load_slot_rows<T, kHeadDim, kPitch>(smem.c[0], k_src, slots, first, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.d[0], v_src, slots, first, p.len, p.dim);
