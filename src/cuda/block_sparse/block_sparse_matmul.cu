@@ -251,27 +251,42 @@ struct FmaEngine {
   }
 };
 
-// Stores the fp32 accumulators of the MMA engines (16 x 8 tiles of a TM x TN tile, kTilesN per
-// row of tiles, dealt to the 8 warps round-robin; c[i] the m16n8 accumulator fragment of this
-// warp's i-th tile) into the rows x cols corner of an output tile with strides rs, cs.
-template <int kTilesN, int kTiles, int kPerWarp, typename TC>
-__device__ __forceinline__ void store_mma_tiles(const float (&c)[kPerWarp][4], TC* out, int rows,
-                                                int cols, int64_t rs, int64_t cs) {
-  constexpr int kWarps = kThreads / 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t2 = (lane % 4) * 2;
+// The fp32 accumulators of the MMA engines: a TM x TN tile cut into 16 x 8 MMA tiles (kTilesN
+// per row of tiles), dealt to the 8 warps round-robin; c[i] is the m16n8 accumulator fragment of
+// this warp's i-th tile. Each output element is owned by one thread.
+template <int TM, int TN>
+struct MmaTiles {
+  static constexpr int kTilesN = TN / 8;
+  static constexpr int kTiles = (TM / 16) * kTilesN;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
+  float c[kPerWarp][4];
+
+  __device__ __forceinline__ void reset() {
 #pragma unroll
-  for (int i = 0; i < kPerWarp; ++i) {
-    const int tile = warp + kWarps * i;
-    if (tile >= kTiles) continue;
-    const int r0 = (tile / kTilesN) * 16 + g, c0 = (tile % kTilesN) * 8 + t2;
+    for (int i = 0; i < kPerWarp; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int r = r0 + (j / 2) * 8, col = c0 + j % 2;
-      if (r < rows && col < cols) out[r * rs + col * cs] = ElementTraits<TC>::from_float(c[i][j]);
+      for (int j = 0; j < 4; ++j) c[i][j] = 0.0f;
+  }
+
+  // Stores the accumulators into the rows x cols corner of an output tile with strides rs, cs.
+  template <typename TC>
+  __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    const int g = lane / 4, t2 = (lane % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int tile = warp + kWarps * i;
+      if (tile >= kTiles) continue;
+      const int r0 = (tile / kTilesN) * 16 + g, c0 = (tile % kTilesN) * 8 + t2;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = r0 + (j / 2) * 8, col = c0 + j % 2;
+        if (r < rows && col < cols) out[r * rs + col * cs] = ElementTraits<TC>::from_float(c[i][j]);
+      }
     }
   }
-}
+};
 
 // Stages a TM x kDepth (or TN x kDepth) slice into shared memory in its own 16-bit type,
 // row-major with k contiguous (row pitch kPitch): the layout the MMA fragments read in pairs.
@@ -339,30 +354,24 @@ __device__ __forceinline__ void stage_rows(T* smem, const T* base, int64_t outer
   }
 }
 
-// The tensor-core engine (f16 / bf16 operands of one type): the tile is cut into 16 x 8 MMA
-// tiles (m16n8k16, fp32 accumulators), dealt to the 8 warps round-robin; a kDepth slice is kDepth /
-// 16 is one MMA k-step. Each output element is still owned by one thread and summed over the
+// The tensor-core engine (f16 / bf16 operands of one type): m16n8k16 MMAs on the 16 x 8 tiles
+// of MmaTiles, kDepth / 16 k-steps per staged round. Each output element is summed over the
 // segments and k-steps in order.
 template <typename T, int TM, int TN, int kDepth>
-struct MmaEngine {
-  // 24 elements (48 bytes) per row: the fragment loads of the 8 row groups hit distinct banks.
+struct MmaEngine : MmaTiles<TM, TN> {
+  using Tiles = MmaTiles<TM, TN>;
+  using Tiles::c;
+  using Tiles::kPerWarp;
+  using Tiles::kTiles;
+  using Tiles::kTilesN;
+  using Tiles::kWarps;
+  // kDepth + 8 elements per row (an odd multiple of 16 bytes): the fragment loads of the 8 row
+  // groups hit distinct banks.
   static constexpr int kPitch = kDepth + 8;
-  static constexpr int kTilesN = TN / 8;
-  static constexpr int kTiles = (TM / 16) * kTilesN;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
   struct Shared {
     alignas(16) T a[TM * kPitch];
     alignas(16) T b[TN * kPitch];
   };
-  float c[kPerWarp][4];
-
-  __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int i = 0; i < kPerWarp; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[i][j] = 0.0f;
-  }
 
   __device__ __forceinline__ void segment(Shared& sm, const Slice<T>& a, int a_rows,
                                           const Slice<T>& b, int b_cols, int64_t len) {
@@ -399,11 +408,6 @@ struct MmaEngine {
       __syncthreads();  // the next step overwrites the staged slices
     }
   }
-
-  template <typename TC>
-  __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
-    store_mma_tiles<TN / 8, kTiles>(c, out, rows, cols, rs, cs);
-  }
 };
 
 // The split-TF32 engine (an fp32 left operand times a 16-bit right one: the composite attention's
@@ -412,29 +416,22 @@ struct MmaEngine {
 // mantissa bits, bf16 7), and an fp32 value a is a_hi + a_lo up to 2^-22 |a| with a_hi = tf32(a)
 // and a_lo = tf32(a - a_hi); each product of TF32 values is exact in fp32, so two m16n8k8 MMAs per
 // k-step (a_lo b, then a_hi b) sum what the FMA engine sums, rounded as fp32 accumulation
-// rounds. Operands are staged as the FMA engine stages them (fp32, k-major); the tile is cut into
-// 16 x 8 MMA tiles dealt to the 8 warps round-robin, each output element owned by one thread and
-// summed over the segments and k in order.
+// rounds. Operands are staged as the FMA engine stages them (fp32, k-major); the MMAs run on the
+// 16 x 8 tiles of MmaTiles, each output element summed over the segments and k in order.
 template <typename TB, int TM, int TN, int kDepth>
-struct Tf32Engine {
+struct Tf32Engine : MmaTiles<TM, TN> {
+  using Tiles = MmaTiles<TM, TN>;
+  using Tiles::c;
+  using Tiles::kPerWarp;
+  using Tiles::kTiles;
+  using Tiles::kTilesN;
+  using Tiles::kWarps;
   // k-major rows of TM (TN) + 8 floats: a fragment load's 8 row groups x 4 k lanes hit 32 banks.
   static constexpr int kPitchA = TM + 8, kPitchB = TN + 8;
-  static constexpr int kTilesN = TN / 8;
-  static constexpr int kTiles = (TM / 16) * kTilesN;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
   struct Shared {
     float a[kDepth * kPitchA];
     float b[kDepth * kPitchB];
   };
-  float c[kPerWarp][4];
-
-  __device__ __forceinline__ void reset() {
-#pragma unroll
-    for (int i = 0; i < kPerWarp; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[i][j] = 0.0f;
-  }
 
   __device__ __forceinline__ void segment(Shared& sm, const Slice<float>& a, int a_rows,
                                           const Slice<TB>& b, int b_cols, int64_t len) {
@@ -473,11 +470,6 @@ struct Tf32Engine {
       }
       __syncthreads();  // the next step overwrites the staged slices
     }
-  }
-
-  template <typename TC>
-  __device__ __forceinline__ void store(TC* out, int rows, int cols, int64_t rs, int64_t cs) const {
-    store_mma_tiles<TN / 8, kTiles>(c, out, rows, cols, rs, cs);
   }
 };
 
