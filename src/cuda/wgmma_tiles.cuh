@@ -116,6 +116,14 @@ struct ChunkStream {
     for (int i = 0; i < kCopies; ++i)
       cp_async_16_to(tile + dst + i * kDstStep, from + i * step, 16);
   }
+
+  // The same for a loop that copies tiles 0, 1, 2, ... in order: copies the next tile and moves
+  // on to the one after it (a pointer carried in registers, no per-tile address arithmetic).
+  __device__ __forceinline__ void copy_next(uint32_t tile) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) cp_async_16_to(tile + dst + i * kDstStep, src + i * step, 16);
+    src += advance;
+  }
 };
 
 // The compiler sees a wgmma's accumulators written when the instruction is issued; this empty

@@ -193,6 +193,32 @@ TEST(EvoformerCudaEdges, Float32AtEveryHeadDimLimit) {
   }
 }
 
+// Each bias-type instantiation of the warpgroup kernels (evoformer_bias_types.cuh: the fixed
+// pairs, bias1 / bias2 in the inputs' dtype or absent, and the run-time one for the others) at
+// head dims 32, 64 and 128, over whole key tiles (the streamed copies, bias1 through registers)
+// and a partial last one (the generic copies), in f16 and bf16.
+TEST(EvoformerCudaEdges, EveryBiasTypeInstantiation) {
+  SKIP_WITHOUT_GPU();
+  const std::pair<Bias1Kind, Bias2Kind> pairs[] = {
+      {Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ}, {Bias1Kind::kSameAsQ, Bias2Kind::kNone},
+      {Bias1Kind::kNone, Bias2Kind::kSameAsQ},    {Bias1Kind::kNone, Bias2Kind::kNone},
+      {Bias1Kind::kBool, Bias2Kind::kSameAsQ},    {Bias1Kind::kF32, Bias2Kind::kF32}};
+  uint64_t seed = kBaseSeed + 70300;
+  for (int64_t D : {32, 64, 128}) {
+    for (const auto& [b1, b2] : pairs) {
+      EvoConfig c;
+      c.shape = {1, 2, 200, 2, D};
+      c.dtype = seed % 2 == 0 ? DType::kBF16 : DType::kF16;
+      c.bias1 = b1;
+      c.bias2 = b2;
+      c.mask_false_fraction = 0.2;
+      c.seed = seed++;
+      SCOPED_TRACE(c.str());
+      check_case(c);
+    }
+  }
+}
+
 TEST(EvoformerCudaEdges, Dbias2SplitOverNIntoChunks) {
   SKIP_WITHOUT_GPU();
   // One 64 x 64 tile of dbias2 and N = 40: the dbias2 kernel splits N into chunks whose partials

@@ -191,9 +191,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
   const int64_t k_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const EvoformerKeyTileLoader<T, kHeadDim> keys(p, b, n, h, q0, smem.address + Smem::kC,
-                                                 smem.address + Smem::kD,
-                                                 smem.pointer + Smem::kBwdBytes);
+  const EvoformerKeyTileLoader<T, kHeadDim> keys(
+      p, b, n, h, q0, smem.address + Smem::kC, smem.address + Smem::kD,
+      smem.pointer + Smem::kBwdBytes, p.bias1_type, p.bias2_type);
   auto load_key_tile = [&](int64_t kt, int buf) { keys.load(p, kt, buf); };
   copy_slice_swizzled<T, kHeadDim>(q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
                                    q0, p.len);

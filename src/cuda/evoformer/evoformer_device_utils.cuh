@@ -632,25 +632,13 @@ __device__ __forceinline__ void add_bias_stage_16bit(float acc[8][4], const unsi
   }
 }
 
-// acc += log2(e) * the staged biases of one m16 x n64 tile (row-major stages: bias1 one row of
-// keys, bias2 a row per query; the warp's rows are row0 .. row0 + 15, this thread's row0 + g and
-// row0 + g + 8). Stages are zero-filled past the matrix, so every read is in bounds and needs no
-// check: one pair load per column pair, or ldmatrix for a 16-bit bias2.
-__device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigned char* bias1,
-                                                  BiasType bias1_type, const unsigned char* bias2,
-                                                  BiasType bias2_type, int row0, int lane) {
+// acc += log2(e) * a staged bias2 over one m16 x n64 tile (a row per query; the warp's rows are
+// row0 .. row0 + 15, this thread's row0 + g and row0 + g + 8). The stage is zero-filled past the
+// matrix, so every read is in bounds and needs no check: ldmatrix for a 16-bit bias2, one pair
+// load per column pair else.
+__device__ __forceinline__ void add_staged_bias2(float acc[8][4], const unsigned char* bias2,
+                                                 BiasType bias2_type, int row0, int lane) {
   const int t = lane % 4;
-  with_bias_type(bias1_type, [&](auto tag) {
-    constexpr BiasType kType = decltype(tag)::value;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 b = bias_pair_at<kType>(bias1, j * 8 + 2 * t);
-      acc[j][0] = fmaf(b.x, kLog2e, acc[j][0]);
-      acc[j][1] = fmaf(b.y, kLog2e, acc[j][1]);
-      acc[j][2] = fmaf(b.x, kLog2e, acc[j][2]);
-      acc[j][3] = fmaf(b.y, kLog2e, acc[j][3]);
-    }
-  });
   with_bias_type(bias2_type, [&](auto tag) {
     constexpr BiasType kType = decltype(tag)::value;
     if constexpr (kType == BiasType::kF16 || kType == BiasType::kBF16) {
@@ -670,6 +658,43 @@ __device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigne
       }
     }
   });
+}
+
+// acc += log2(e) * the staged biases of one m16 x n64 tile (row-major stages: bias1 one row of
+// keys, bias2 as add_staged_bias2's): one pair load per column pair of bias1.
+__device__ __forceinline__ void add_staged_biases(float acc[8][4], const unsigned char* bias1,
+                                                  BiasType bias1_type, const unsigned char* bias2,
+                                                  BiasType bias2_type, int row0, int lane) {
+  const int t = lane % 4;
+  with_bias_type(bias1_type, [&](auto tag) {
+    constexpr BiasType kType = decltype(tag)::value;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 b = bias_pair_at<kType>(bias1, j * 8 + 2 * t);
+      acc[j][0] = fmaf(b.x, kLog2e, acc[j][0]);
+      acc[j][1] = fmaf(b.y, kLog2e, acc[j][1]);
+      acc[j][2] = fmaf(b.x, kLog2e, acc[j][2]);
+      acc[j][3] = fmaf(b.y, kLog2e, acc[j][3]);
+    }
+  });
+  add_staged_bias2(acc, bias2, bias2_type, row0, lane);
+}
+
+// acc = the biases of one m16 x n64 tile in log2 units, bias1 read from its 64 keys' fp32 values
+// already in log2 units (`bias1_log2`; unread where has_bias1 is false) and bias2 from its stage
+// as add_staged_bias2's: one 8-byte load per column pair for bias1, no conversion.
+__device__ __forceinline__ void set_biases_log2(float acc[8][4], bool has_bias1,
+                                                const float* bias1_log2, const unsigned char* bias2,
+                                                BiasType bias2_type, int row0, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 b =
+        has_bias1 ? *reinterpret_cast<const float2*>(bias1_log2 + j * 8 + 2 * t) : float2{0, 0};
+    acc[j][0] = acc[j][2] = b.x;
+    acc[j][1] = acc[j][3] = b.y;
+  }
+  add_staged_bias2(acc, bias2, bias2_type, row0, lane);
 }
 
 // The same as add_staged_biases' bias2 for a transposed tile (the dK/dV kernel): the stage holds

@@ -5,15 +5,28 @@
 // head dim / 16 m64n64k16 steps reading Q and K straight from swizzled shared tiles,
 // and O += P V as four m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16
 // with ldmatrix fragment loads. Any L: the tiles' rows past L are zero-filled, and the last key
-// tile's keys past L are masked as in the mma.sync kernel. CUDA layer.
+// tile's keys past L are masked as in the mma.sync kernel. Biases: bias2 through its stages;
+// bias1, one value per key, into registers with the tile's copies and, converted to log2 units,
+// into a 64-float row per buffer, so that a step reads its keys' bias1 with no conversion. Each
+// BiasTypes (evoformer_bias_types.cuh) is an instantiation. CUDA layer.
 #pragma once
 
+#include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_wgmma_tiles.cuh"
 
 namespace sciattn::cuda {
 
-template <typename T, int kHeadDim>
+// Shared memory of the forward for the call's biases: the tiles, bias2's two stages, bias1's two
+// rows of 64 floats, and 1024 bytes for the base's rounding.
+template <int kHeadDim>
+inline size_t evoformer_fwd_wgmma_smem(const EvoformerDeviceParams& p) {
+  return EvoformerWgmmaSmem<kHeadDim>::kFwdBytes + 1024 +
+         2 * static_cast<size_t>(bias_stage_bytes(p.bias2_type, kWgmmaRows)) +
+         (p.bias1_type != BiasType::kNone ? 2 * kWgmmaRows * sizeof(float) : 0);
+}
+
+template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim>)
     evoformer_fwd_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
@@ -34,10 +47,34 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   const int64_t my_rows[2] = {row0 + warp * 16 + lane / 4, row0 + warp * 16 + lane / 4 + 8};
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const EvoformerKeyTileLoader<T, kHeadDim> keys(p, b, n, h, row0, smem.address + Smem::kK,
-                                                 smem.address + Smem::kV,
-                                                 smem.pointer + Smem::kFwdBytes);
-  auto load_key_tile = [&](int64_t tile, int buf) { keys.load(p, tile, buf); };
+  const BiasTypes types(p);
+  EvoformerKeyTileLoader<T, kHeadDim, false> keys(
+      p, b, n, h, row0, smem.address + Smem::kK, smem.address + Smem::kV,
+      smem.pointer + Smem::kFwdBytes, types.bias1, types.bias2);
+  // bias1 of the key tile's 64 keys in log2 units (buffer buf at bias1_log2 + 64 buf, after
+  // bias2's stages): thread x < 64 loads key x's bits with the tile's copies, a step ahead, and
+  // stores the converted value between that step's wait and its barrier (next_stage's `arrived`).
+  const bool has_bias1 = types.bias1 != BiasType::kNone;
+  const bool loads_bias1 = has_bias1 && threadIdx.x < kWgmmaRows;
+  float* const bias1_log2 = reinterpret_cast<float*>(keys.bias1_stages);
+  int64_t bias1_at = b * p.bias1_stride[0] + n * p.bias1_stride[1] +
+                     static_cast<int64_t>(threadIdx.x) * p.bias1_stride[2];
+  const int64_t bias1_advance = kWgmmaRows * p.bias1_stride[2];
+  uint32_t bias1_bits = 0;
+  auto load_key_tile = [&](int64_t tile, int buf) {  // tiles 0, 1, 2, ... in order
+    keys.load_next(p, tile, buf);
+    if (loads_bias1) {
+      bias1_bits = tile * kWgmmaRows + threadIdx.x < p.len
+                       ? load_bias_bits(p.bias1, types.bias1, bias1_at)
+                       : neutral_bias_bits(types.bias1);
+      bias1_at += bias1_advance;
+    }
+  };
+  auto store_bias1 = [&](int buf) {
+    if (loads_bias1) {
+      bias1_log2[buf * kWgmmaRows + threadIdx.x] = kLog2e * bias_from_bits(bias1_bits, types.bias1);
+    }
+  };
 
   copy_slice_swizzled<T, kHeadDim>(q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
                                    row0, p.len);
@@ -53,15 +90,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
 
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buf = static_cast<int>(tile & 1);
-    next_stage(tile, tiles, buf, load_key_tile);
-    // S = Q K^T runs while the tile's biases are read from their stages.
+    next_stage(tile, tiles, buf, load_key_tile, store_bias1);
+    // S = Q K^T runs while the tile's biases are read.
     float dot[8][4];
     wgmma_tile_nt_issue<T, kHeadDim>(dot, q_tile, keys.k_tile(buf));
     float s[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    add_staged_biases(s, keys.bias1_stage(buf), p.bias1_type, keys.bias2_stage(buf), p.bias2_type,
-                      warp * 16, lane);
+    set_biases_log2(s, has_bias1, bias1_log2 + buf * kWgmmaRows, keys.bias2_stage(buf), types.bias2,
+                    warp * 16, lane);
     wgmma_tile_done<0>(dot);
     evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, tile * kWgmmaRows, p.len, t, row_max,
                                       row_sum, o_acc);

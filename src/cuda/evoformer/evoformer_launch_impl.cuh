@@ -44,9 +44,11 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
   const size_t bias_smem = bias_stage_smem(p, EvoformerFwdTile::kBlockM);
   if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
     if (p.wgmma_tiles) {
-      return launch_1d(evoformer_fwd_wgmma_kernel<T, kHeadDim>, evoformer_forward_ctas(p),
-                       kWgmmaThreads, EvoformerWgmmaSmem<kHeadDim>::kFwdBytes + 1024 + bias_smem, p,
-                       stream);
+      return with_bias_types<T>(p, [&](auto types) {
+        return launch_1d(evoformer_fwd_wgmma_kernel<T, kHeadDim, decltype(types)>,
+                         evoformer_forward_ctas(p), kWgmmaThreads,
+                         evoformer_fwd_wgmma_smem<kHeadDim>(p), p, stream);
+      });
     }
   }
   return launch_1d(evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p),

@@ -218,9 +218,10 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
 
 // The bias copies of one key tile for the kernels whose CTA holds a block of kRows query rows from
 // row0 and loops over 64-key tiles (the forward and dQ): its bias2 tile [query rows][keys] and its
-// bias1 entries, each into the stage the caller names, in the caller's cp.async group. `whole`:
-// the key tile lies inside L (lean copies where the bias allows them; the generic ones else).
-template <int kRows, int kThreads, BiasCopyWidths kWidths>
+// bias1 entries (kBias1: the forward on the warpgroup MMA reads bias1 itself), each into the
+// stage the caller names, in the caller's cp.async group. `whole`: the key tile lies inside L
+// (lean copies where the bias allows them; the generic ones else).
+template <int kRows, int kThreads, BiasCopyWidths kWidths, bool kBias1 = true>
 __device__ __forceinline__ void copy_key_tile_biases(const EvoformerDeviceParams& p, int64_t b,
                                                      int64_t n, int64_t h, int64_t row0,
                                                      int64_t col0, bool whole,
@@ -241,7 +242,7 @@ __device__ __forceinline__ void copy_key_tile_biases(const EvoformerDeviceParams
                                        p.bias2_staged);
     }
   }
-  if (p.bias1_type != BiasType::kNone) {
+  if (kBias1 && p.bias1_type != BiasType::kNone) {
     const int64_t offset = b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0;
     if (whole && p.bias1_staged && bias_width_copied<kWidths>(p.bias1_type)) {
       copy_bias_tile<1, kThreads, kWidths>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1, kKeys,

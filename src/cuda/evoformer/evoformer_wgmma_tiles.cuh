@@ -115,8 +115,10 @@ __device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, in
 // 64), and the 16-bit staged biases' columns of them), this thread's addresses worked out once per
 // CTA. `usable`: whole key tiles may take them (the CTA's 64 query rows, bias2's rows, inside L;
 // each bias absent, or 16-bit, staged and, bias2, lean); a partial last key tile and other biases
-// take the generic copies (copy_slice_swizzled, copy_key_tile_biases).
-template <int kHeadDim>
+// take the generic copies (copy_slice_swizzled, copy_key_tile_biases). kStageBias1 = false: bias1
+// is not copied (the forward reads it into registers itself). The bias types are the kernel's
+// (evoformer_bias_types.cuh), so that fixed ones leave no test in the copies.
+template <int kHeadDim, bool kStageBias1 = true>
 struct EvoformerKeyTileStreams {
   typename SliceTileStream<kHeadDim>::Stream k, v;
   BiasTileStream bias2;
@@ -126,15 +128,16 @@ struct EvoformerKeyTileStreams {
   __device__ __forceinline__ EvoformerKeyTileStreams(const EvoformerDeviceParams& p,
                                                      const SliceSource& k_src,
                                                      const SliceSource& v_src, int64_t b, int64_t n,
-                                                     int64_t h, int64_t row0)
+                                                     int64_t h, int64_t row0, BiasType bias1_type,
+                                                     BiasType bias2_type)
       : k(SliceTileStream<kHeadDim>::of(k_src)),
         v(SliceTileStream<kHeadDim>::of(v_src)),
         bias2{},
         bias1{},
-        has_bias2(p.bias2_type != BiasType::kNone),
-        has_bias1(p.bias1_type != BiasType::kNone) {
-    usable = row0 + kWgmmaRows <= p.len && bias_streamed(p.bias2_type, p.bias2_lean) &&
-             bias_streamed(p.bias1_type, p.bias1_staged);
+        has_bias2(bias2_type != BiasType::kNone),
+        has_bias1(kStageBias1 && bias1_type != BiasType::kNone) {
+    usable = row0 + kWgmmaRows <= p.len && bias_streamed(bias2_type, p.bias2_lean) &&
+             (!kStageBias1 || bias_streamed(bias1_type, p.bias1_staged));
     if (has_bias2) {
       bias2 = bias_tile_stream(
           static_cast<const char*>(p.bias2) +
@@ -156,6 +159,14 @@ struct EvoformerKeyTileStreams {
     if (has_bias2) bias2.copy(bias2_stage, t);
     if (has_bias1 && threadIdx.x < 8) bias1.copy(bias1_stage, t);
   }
+  // The same for tiles copied in order from tile 0 (copy_next's).
+  __device__ __forceinline__ void copy_next(uint32_t k_tile, uint32_t v_tile, uint32_t bias2_stage,
+                                            uint32_t bias1_stage) {
+    k.copy_next(k_tile);
+    v.copy_next(v_tile);
+    if (has_bias2) bias2.copy_next(bias2_stage);
+    if (has_bias1 && threadIdx.x < 8) bias1.copy_next(bias1_stage);
+  }
 };
 
 // The forward's and dQ's key-tile copies: K and V rows [64 t, 64 t + 64) of the (b, n, h) slice
@@ -163,7 +174,7 @@ struct EvoformerKeyTileStreams {
 // and the tile's columns of the biases into their stages (bias2's rows row0 .. row0 + 63), whole
 // tiles through EvoformerKeyTileStreams, a partial last tile and other biases through the
 // generic copies. In the caller's cp.async group.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kStageBias1 = true>
 struct EvoformerKeyTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   SliceSource k_src, v_src;
@@ -172,26 +183,27 @@ struct EvoformerKeyTileLoader {
   unsigned char* bias1_stages;
   int bias2_stage_bytes, bias1_stage_bytes;
   int64_t b, n, h, row0;
-  EvoformerKeyTileStreams<kHeadDim> streams;
+  EvoformerKeyTileStreams<kHeadDim, kStageBias1> streams;
 
-  // The bias stages start at `bias_stages` (bias2's two, then bias1's two).
+  // The bias stages start at `bias_stages` (bias2's two, then bias1's two where kStageBias1).
   __device__ __forceinline__ EvoformerKeyTileLoader(const EvoformerDeviceParams& p, int64_t b_,
                                                     int64_t n_, int64_t h_, int64_t row0_,
                                                     uint32_t k_tiles_, uint32_t v_tiles_,
-                                                    unsigned char* bias_stages)
+                                                    unsigned char* bias_stages, BiasType bias1_type,
+                                                    BiasType bias2_type)
       : k_src(slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b_, n_, h_)),
         v_src(slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b_, n_, h_)),
         k_tiles(k_tiles_),
         v_tiles(v_tiles_),
         bias2_stages(bias_stages),
-        bias1_stages(bias_stages + 2 * bias_stage_bytes(p.bias2_type, kWgmmaRows)),
-        bias2_stage_bytes(bias_stage_bytes(p.bias2_type, kWgmmaRows)),
-        bias1_stage_bytes(bias_stage_bytes(p.bias1_type, 1)),
+        bias1_stages(bias_stages + 2 * bias_stage_bytes(bias2_type, kWgmmaRows)),
+        bias2_stage_bytes(bias_stage_bytes(bias2_type, kWgmmaRows)),
+        bias1_stage_bytes(kStageBias1 ? bias_stage_bytes(bias1_type, 1) : 0),
         b(b_),
         n(n_),
         h(h_),
         row0(row0_),
-        streams(p, k_src, v_src, b_, n_, h_, row0_) {}
+        streams(p, k_src, v_src, b_, n_, h_, row0_, bias1_type, bias2_type) {}
 
   __device__ __forceinline__ uint32_t k_tile(int buf) const {
     return k_tiles + buf * Smem::kTileBytes;
@@ -215,9 +227,25 @@ struct EvoformerKeyTileLoader {
                    shared_address(bias1_stage(buf)));
       return;
     }
+    load_generic(p, col0, buf);
+  }
+  // The same for a loop that loads tiles 0, 1, 2, ... in order (each exactly once).
+  __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
+    const int64_t col0 = tile * kWgmmaRows;
+    if (streams.usable && col0 + kWgmmaRows <= p.len) {
+      streams.copy_next(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
+                        shared_address(bias1_stage(buf)));
+      return;
+    }
+    load_generic(p, col0, buf);
+  }
+
+ private:
+  __device__ __forceinline__ void load_generic(const EvoformerDeviceParams& p, int64_t col0,
+                                               int buf) const {
     copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, col0, p.len);
     copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, col0, p.len);
-    copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll>(
+    copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll, kStageBias1>(
         p, b, n, h, row0, col0, col0 + kWgmmaRows <= p.len, bias2_stage(buf), bias1_stage(buf));
   }
 };
