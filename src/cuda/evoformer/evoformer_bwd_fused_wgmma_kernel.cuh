@@ -158,14 +158,16 @@ __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
 }
 
 // kRanks CTAs per slice: 1 (a plain launch), or 2 (launched as clusters of two, CTA r the query
-// tiles qt % 2 == r, the key tiles' sums meeting at the end of each).
-template <typename T, int kHeadDim, int kRanks>
+// tiles qt % 2 == r, the key tiles' sums meeting at the end of each). BiasTypes: the bias types
+// it is compiled for (evoformer_bias_types.cuh).
+template <typename T, int kHeadDim, int kRanks, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasPerSm)
     evoformer_bwd_fused_wgmma_kernel(const EvoformerDeviceParams p) {
   static_assert(kHeadDim == 32, "the fused backward runs head dim 32 (the host plan)");
   static_assert(kRanks == 1 || kRanks == 2, "clusters of one or two CTAs per slice");
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
+  const BiasTypes types(p);
   static_assert(kOutTiles * kWgmmaThreads * sizeof(float4) <= kWgmmaRows * kWgmmaRows * 2,
                 "a partial dK or dV fits the dS^T tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     const bool first_keys = kt == 0, last_keys = kt + 1 == tiles;
     const EvoformerQueryTileLoader<T, kHeadDim> queries(
         p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kC, smem.address + Smem::kD, stats,
-        bias2_stages);
+        bias2_stages, types.bias2);
     auto load_query_tile = [&](int64_t i, int buf) { queries.load(p, kRanks * i + rank, buf); };
     auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
     uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
@@ -228,10 +230,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
       const int64_t qt = kRanks * i + rank;
       const int buf = static_cast<int>(i & 1);
       next_stage(i, my_tiles, buf, load_query_tile, convert_lse);
-      if (i == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, p.bias1_type);
+      if (i == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, types.bias1);
       float pt[8][4];
-      evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
-                                           scale_log2, key_bias1, warp, lane);
+      evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf,
+                                           types.bias2, scale_log2, key_bias1, warp, lane);
       if (keys_past_len) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

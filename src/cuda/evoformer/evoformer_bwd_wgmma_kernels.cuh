@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cuda/attention_delta.cuh"
+#include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_wgmma_tiles.cuh"
 
@@ -40,24 +41,22 @@ struct EvoformerQueryTileLoader {
   int64_t b, bn, h, key0;
   EvoformerQueryTileStreams<kHeadDim> streams;
 
-  __device__ __forceinline__ EvoformerQueryTileLoader(const EvoformerDeviceParams& p,
-                                                      const SliceSource& q_src_,
-                                                      const SliceSource& do_src_, int64_t b_,
-                                                      int64_t bn_, int64_t h_, int64_t key0_,
-                                                      uint32_t q_tiles_, uint32_t do_tiles_,
-                                                      float* stats_, unsigned char* bias2_stages_)
+  __device__ __forceinline__ EvoformerQueryTileLoader(
+      const EvoformerDeviceParams& p, const SliceSource& q_src_, const SliceSource& do_src_,
+      int64_t b_, int64_t bn_, int64_t h_, int64_t key0_, uint32_t q_tiles_, uint32_t do_tiles_,
+      float* stats_, unsigned char* bias2_stages_, BiasType bias2_type)
       : q_src(q_src_),
         do_src(do_src_),
         q_tiles(q_tiles_),
         do_tiles(do_tiles_),
         stats(stats_),
         bias2_stages(bias2_stages_),
-        bias2_stage_bytes(bias_stage_bytes(p.bias2_type, kWgmmaRows)),
+        bias2_stage_bytes(bias_stage_bytes(bias2_type, kWgmmaRows)),
         b(b_),
         bn(bn_),
         h(h_),
         key0(key0_),
-        streams(p, q_src_, do_src_, b_, bn_, h_, key0_) {}
+        streams(p, q_src_, do_src_, b_, bn_, h_, key0_, bias2_type) {}
 
   __device__ __forceinline__ uint32_t q_tile(int buf) const {
     return q_tiles + buf * Smem::kTileBytes;
@@ -102,28 +101,28 @@ __device__ __forceinline__ void zero_key_tile_sums(float (&dk)[kOutTiles][4],
 // A step of the dK/dV loop (the keys' K and V tiles against query tile `buf` of `queries`) up to
 // dS: S^T = K Q^T and dP^T = V dO^T issued together, P^T from S^T while dP^T runs, dV += P^T dO
 // (which waits for both), then dS^T = P^T (dP^T - delta) in pt, each key's share of dbias1 added
-// to key_dbias1.
+// to key_dbias1. bias2_type: the kernel's (evoformer_bias_types.cuh).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_dkdv_wgmma_ds(
     float (&pt)[8][4], float (&dv)[kHeadDim / 8][4], float (&key_dbias1)[2], uint32_t k_tile,
     uint32_t v_tile, const EvoformerQueryTileLoader<T, kHeadDim>& queries, int buf,
-    const EvoformerDeviceParams& p, float scale_log2, const float (&key_bias1)[2], int warp,
-    int lane) {
+    BiasType bias2_type, float scale_log2, const float (&key_bias1)[2], int warp, int lane) {
   float dpt[8][4];
   wgmma_tile_nt_issue<T, kHeadDim>(pt, k_tile, queries.q_tile(buf));
   wgmma_tile_nt_issue<T, kHeadDim>(dpt, v_tile, queries.do_tile(buf));
   wgmma_tile_done<1>(pt);
   evoformer_transposed_probabilities(pt, scale_log2, key_bias1, queries.bias2_stage(buf),
-                                     p.bias2_type, queries.lse(buf), warp, lane);
+                                     bias2_type, queries.lse(buf), warp, lane);
   wgmma_acc_tile<T, kHeadDim>(dv, pt, queries.do_tile(buf));
   wgmma_tile_done<0>(dpt);
   evoformer_transposed_ds(pt, dpt, queries.delta(buf), key_dbias1, lane % 4);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDim>)
     evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  const BiasTypes types(p);
   constexpr int kOutTiles = kHeadDim / 8;
   static_assert(
       EvoformerBwdTile::kBlock == kWgmmaRows && EvoformerBwdTile::kThreads == kWgmmaThreads,
@@ -144,7 +143,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
       p, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
       slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), b, bn, h, key0,
       smem.address + Smem::kC, smem.address + Smem::kD,
-      reinterpret_cast<float*>(smem.pointer + Smem::kStats), smem.pointer + Smem::kBwdBytes);
+      reinterpret_cast<float*>(smem.pointer + Smem::kStats), smem.pointer + Smem::kBwdBytes,
+      types.bias2);
   auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
   auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
   uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
@@ -164,20 +164,21 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   for (int64_t qt = 0; qt < q_tiles; ++qt) {
     const int buf = static_cast<int>(qt & 1);
     next_stage(qt, q_tiles, buf, load_query_tile, convert_lse);
-    if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, p.bias1_type);
+    if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, types.bias1);
     float pt[8][4];
-    evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, p,
-                                         scale_log2, key_bias1, warp, lane);
+    evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf,
+                                         types.bias2, scale_log2, key_bias1, warp, lane);
     wgmma_acc_tile<T, kHeadDim>(dk, pt, queries.q_tile(buf));  // dK += dS^T Q (scaled when written)
   }
 
   evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>)
     evoformer_bwd_dq_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  const BiasTypes types(p);
   constexpr int kOutTiles = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
 
   const EvoformerKeyTileLoader<T, kHeadDim> keys(
       p, b, n, h, q0, smem.address + Smem::kC, smem.address + Smem::kD,
-      smem.pointer + Smem::kBwdBytes, p.bias1_type, p.bias2_type);
+      smem.pointer + Smem::kBwdBytes, types.bias1, types.bias2);
   auto load_key_tile = [&](int64_t kt, int buf) { keys.load(p, kt, buf); };
   copy_slice_swizzled<T, kHeadDim>(q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
                                    q0, p.len);
@@ -256,7 +257,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
     float pr[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) pr[j][0] = pr[j][1] = pr[j][2] = pr[j][3] = 0.0f;
-    add_staged_biases(pr, keys.bias1_stage(buf), p.bias1_type, keys.bias2_stage(buf), p.bias2_type,
+    add_staged_biases(pr, keys.bias1_stage(buf), types.bias1, keys.bias2_stage(buf), types.bias2,
                       warp * 16, lane);
     wgmma_tile_done<1>(dots);
     evoformer_row_probabilities(pr, dots, scale_log2, lse_log2, kt * kWgmmaRows, p.len, t);
@@ -275,11 +276,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
 // Per n the CTA does little arithmetic on many bytes of tiles (6 per cell at head dim 64), so the
 // tiles run three stages deep there, and bias2, which does not depend on n, stays in registers
 // (in shared memory at head dim 32, whose two CTAs per SM leave 128 registers a thread).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::kDbias2Groups,
                                   detail::cuda_dbias2_ctas_per_sm(kHeadDim))
     evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  const BiasTypes types(p);
   constexpr int kStages = Smem::kDbias2Stages, kGroups = Smem::kDbias2Groups;
   constexpr int kRows = Smem::kDbias2Rows, kThreads = kGroups * kWgmmaThreads;
   static_assert(detail::cuda_dbias2_rows(kHeadDim) == kRows, "the host plan's dbias2 tile");
@@ -369,7 +371,10 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
 #pragma unroll
   for (int st = 0; st + 1 < kStages; ++st) load_n(at.n_begin + st, st);
   // bias1 of n is read into a register one n ahead and stored at the end of the iteration.
-  if (threadIdx.x < kWgmmaRows) bias1_of(0)[threadIdx.x] = dbias2_bias1_log2(p, b, at.n_begin, k0);
+  if (threadIdx.x < kWgmmaRows) {
+    bias1_of(0)[threadIdx.x] =
+        kLog2e * bias_from_bits(dbias2_bias1_bits(p, b, at.n_begin, k0), types.bias1);
+  }
   float bias2_cells[8][4];  // this thread's cells of bias2 (it does not depend on n)
   dbias2_bias2_cells(bias2_cells, p, b, h, q0, k0, my_row, lane);
   float* const bias2_cells_smem = reinterpret_cast<float*>(smem.pointer + Smem::kDbias2Cells);
@@ -392,7 +397,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     // n + 1's bias1, loaded here and converted where it is stored, below (the conversion would
     // wait for the load right away).
     const uint32_t bias1_next =
-        n + 1 < at.n_end ? dbias2_bias1_bits(p, b, n + 1, k0) : neutral_bias_bits(p.bias1_type);
+        n + 1 < at.n_end ? dbias2_bias1_bits(p, b, n + 1, k0) : neutral_bias_bits(types.bias1);
     cp_async_wait<kStages - 2>();  // n's group is complete (n + 1's may still run)
     fence_proxy_async_shared();
     // Past this barrier n's tiles are visible to the whole CTA and every thread has finished
@@ -425,7 +430,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
                        lse_log2, row_delta);
     }
     if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end)
-      bias1_of(parity ^ 1)[threadIdx.x] = kLog2e * bias_from_bits(bias1_next, p.bias1_type);
+      bias1_of(parity ^ 1)[threadIdx.x] = kLog2e * bias_from_bits(bias1_next, types.bias1);
     st = st + 1 == kStages ? 0 : st + 1;
   }
 

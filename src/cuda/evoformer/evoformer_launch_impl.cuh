@@ -73,23 +73,15 @@ inline int64_t evoformer_fused_backward_ranks(const EvoformerDeviceParams& p, si
   return detail::cuda_fused_backward_ranks({p.batch, p.n, p.len, p.heads, p.dim}, fits);
 }
 
-// Launches the fused kernel with `ranks` CTAs per slice: a plain launch for one, clusters of two
-// for two.
-template <typename T, int kHeadDim>
-cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p, int64_t ranks,
-                                            size_t bias_smem, cudaStream_t stream) {
-  const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
-  const int64_t slices = p.batch * p.n * p.heads;
-  const size_t smem = evoformer_fused_backward_smem(tiles, ranks, bias_smem);
-  if (ranks == 1) {
-    return launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 1>, slices, kWgmmaThreads, smem,
-                     p, stream);
-  }
-  const auto kernel = evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 2>;
+// Launches `kernel` as `pairs` clusters of two CTAs (1-D), with `smem_bytes` of dynamic shared
+// memory each.
+template <typename Kernel>
+cudaError_t launch_cluster_pairs(Kernel kernel, int64_t pairs, size_t smem,
+                                 const EvoformerDeviceParams& p, cudaStream_t stream) {
   const cudaError_t e = configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem, true);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(2 * slices));
+  config.gridDim = dim3(static_cast<unsigned>(2 * pairs));
   config.blockDim = dim3(kWgmmaThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -101,6 +93,25 @@ cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p, int6
   config.attrs = &cluster;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+// Launches the fused kernel with `ranks` CTAs per slice: a plain launch for one, clusters of two
+// for two.
+template <typename T, int kHeadDim>
+cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p, int64_t ranks,
+                                            size_t bias_smem, cudaStream_t stream) {
+  const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+  const int64_t slices = p.batch * p.n * p.heads;
+  const size_t smem = evoformer_fused_backward_smem(tiles, ranks, bias_smem);
+  return with_bias_types<T>(p, [&](auto types) {
+    using BiasTypes = decltype(types);
+    if (ranks == 1) {
+      return launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 1, BiasTypes>, slices,
+                       kWgmmaThreads, smem, p, stream);
+    }
+    return launch_cluster_pairs(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 2, BiasTypes>, slices,
+                                smem, p, stream);
+  });
 }
 
 // The warpgroup backward: at head dim 32 where evoformer_fused_backward_ranks picks the fused
@@ -124,15 +135,22 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
   }
   if (!fused) {
     const size_t smem = Smem::kBwdBytes + 1024 + bias_smem;
-    e = launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim>, evoformer_dq_ctas(p), kWgmmaThreads,
-                  smem, p, stream);
+    e = with_bias_types<T>(p, [&](auto types) {
+      return launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim, decltype(types)>,
+                       evoformer_dq_ctas(p), kWgmmaThreads, smem, p, stream);
+    });
     if (e != cudaSuccess) return e;
-    e = launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                  kWgmmaThreads, smem, p, stream);
+    e = with_bias_types<T>(p, [&](auto types) {
+      return launch_1d(evoformer_bwd_dkdv_wgmma_kernel<T, kHeadDim, decltype(types)>,
+                       evoformer_dkdv_ctas(p), kWgmmaThreads, smem, p, stream);
+    });
   }
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
-  return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
-                   kWgmmaThreads * Smem::kDbias2Groups, Smem::kDbias2Bytes + 1024, p, stream);
+  return with_bias_types<T>(p, [&](auto types) {
+    return launch_1d(evoformer_bwd_dbias2_wgmma_kernel<T, kHeadDim, decltype(types)>,
+                     evoformer_dbias2_ctas(p), kWgmmaThreads * Smem::kDbias2Groups,
+                     Smem::kDbias2Bytes + 1024, p, stream);
+  });
 }
 
 // The backward: the warpgroup kernels where the host chose them (wgmma_tiles), else delta, then

@@ -265,15 +265,16 @@ struct EvoformerQueryTileStreams {
   __device__ __forceinline__ EvoformerQueryTileStreams(const EvoformerDeviceParams& p,
                                                        const SliceSource& q_src,
                                                        const SliceSource& do_src, int64_t b,
-                                                       int64_t bn, int64_t h, int64_t key0)
+                                                       int64_t bn, int64_t h, int64_t key0,
+                                                       BiasType bias2_type)
       : q(SliceTileStream<kHeadDim>::of(q_src)),
         dout(SliceTileStream<kHeadDim>::of(do_src)),
         bias2{},
         lse(p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + threadIdx.x * p.lse_stride[2]),
         delta(p.delta + (bn * p.heads + h) * p.len + threadIdx.x),
         lse_advance(kWgmmaRows * p.lse_stride[2]),
-        has_bias2(p.bias2_type != BiasType::kNone) {
-    usable = key0 + kWgmmaRows <= p.len && bias_streamed(p.bias2_type, p.bias2_lean);
+        has_bias2(bias2_type != BiasType::kNone) {
+    usable = key0 + kWgmmaRows <= p.len && bias_streamed(bias2_type, p.bias2_lean);
     if (has_bias2) {
       bias2 = bias_tile_stream(static_cast<const char*>(p.bias2) +
                                    (b * p.bias2_stride[0] + h * p.bias2_stride[1] + key0) * 2,
