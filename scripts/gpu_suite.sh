@@ -58,8 +58,10 @@ if want tests; then
 fi
 if want sanitize; then
   # Small shapes of every instantiation family (both dtypes, head dims 16..128, both directions),
-  # and the L = 300 cases (N = 1), whose whole tiles take the lean copies.
+  # the L = 300 cases (N = 1), whose whole tiles take the lean copies, every bias-type
+  # instantiation, and the fused backward's small cases (three query-tile buffers).
   filter='Cases/EvoformerCuda.*L17*:Cases/EvoformerCuda.*L1H*:EvoformerCudaEdges.FullyMasked*:Cases/EvoformerCuda.*L300*'
+  filter+=':EvoformerCudaEdges.EveryBiasTypeInstantiation:Fused/*L150*:Fused/*L200*:Fused/*L40H*'
   for tool in memcheck racecheck; do
     sanitize "$tool" test_evoformer_cuda "$filter"
   done

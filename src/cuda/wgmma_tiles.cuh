@@ -162,6 +162,24 @@ __device__ __forceinline__ void next_stage(Index e, Index end, int buf, const Lo
   next_stage(e, end, buf, load, [](int) {});
 }
 
+// The same over kStages buffers (iteration e in buffer e % kStages = buf): the caller starts
+// iterations 0 .. kStages - 2 before the loop, one cp.async group each, and every step commits one
+// group (empty past the end), so iteration e's group is complete once at most kStages - 2 are
+// pending. Past the barrier every thread has finished iteration e - 1, whose buffer takes
+// iteration e + kStages - 1. Copies run kStages - 1 iterations ahead instead of one.
+template <int kStages, typename Index, typename Load, typename Arrived>
+__device__ __forceinline__ void next_stage_of(Index e, Index end, int buf, const Load& load,
+                                              const Arrived& arrived) {
+  static_assert(kStages >= 2, "at least two buffers");
+  cp_async_wait<kStages - 2>();
+  arrived(buf);
+  fence_proxy_async_shared();
+  __syncthreads();
+  const Index next = e + kStages - 1;
+  if (next < end) load(next, buf == 0 ? kStages - 1 : buf - 1);
+  cp_async_commit();
+}
+
 // The CTA's 1024-byte aligned shared base (the swizzle pattern's period), as a shared-window
 // address and as a pointer; launches ask for 1024 bytes more than their tiles for the rounding.
 struct AlignedSmem {

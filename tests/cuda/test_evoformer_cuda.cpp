@@ -240,72 +240,122 @@ TEST(EvoformerCudaEdges, Dbias2SplitOverNIntoChunks) {
 // and dbias1 exchanged): partial last key tiles (L = 150, 200, 330, 420), an odd tile count in a
 // cluster (7: the CTAs' shares differ), one tile, bias2 and none, bias1 as values (dbias1) and as
 // a mask, a transposed layout.
-TEST(EvoformerCudaEdges, FusedBackwardOverKeyTiles) {
-  SKIP_WITHOUT_GPU();
-  struct FusedCase {
-    EvoShape shape;
-    DType dtype;
-    Bias1Kind bias1;
-    Bias2Kind bias2;
-    Layout layout;
-    // Whether two CTAs per SM fit with one and with two CTAs per slice
-    // (evoformer_fused_backward_ranks decides it from the shared memory), and the CTAs per slice
-    // the plan takes then.
-    bool fits[2];
-    int64_t ranks;
-  };
-  const FusedCase cases[] = {
-      {{1, 48, 150, 4, 32},
-       DType::kBF16,
-       Bias1Kind::kF32,
-       Bias2Kind::kSameAsQ,
-       Layout::kPacked,
-       {true, true},
-       1},
-      {{1, 64, 200, 4, 32},
-       DType::kF16,
-       Bias1Kind::kBool,
-       Bias2Kind::kNone,
-       Layout::kPacked,
-       {true, true},
-       1},
-      {{1, 33, 330, 4, 32},
-       DType::kF16,
-       Bias1Kind::kSameAsQ,
-       Bias2Kind::kF32,
-       Layout::kTransposedNL,
-       {false, true},
-       2},
-      {{1, 33, 420, 4, 32},
-       DType::kBF16,
-       Bias1Kind::kF32,
-       Bias2Kind::kF32,
-       Layout::kPacked,
-       {false, true},
-       2},
-      {{1, 24, 40, 4, 32},
-       DType::kBF16,
-       Bias1Kind::kBool,
-       Bias2Kind::kSameAsQ,
-       Layout::kPacked,
-       {true, true},
-       1},
-  };
-  uint64_t seed = kBaseSeed + 70400;
-  for (const FusedCase& fc : cases) {
-    const EvoShape& s = fc.shape;
-    ASSERT_EQ(detail::cuda_fused_backward_ranks({s.B, s.N, s.L, s.H, s.D}, fc.fits), fc.ranks)
-        << "the plan no longer runs this shape on that cluster size: pick one it does";
-    EvoConfig c;
-    c.shape = s;
-    c.dtype = fc.dtype;
-    c.bias1 = fc.bias1;
-    c.bias2 = fc.bias2;
-    c.in_layout = fc.layout;
-    c.seed = seed++;
-    check_case(c);
-  }
+struct FusedCase {
+  EvoShape shape;
+  DType dtype;
+  Bias1Kind bias1;
+  Bias2Kind bias2;
+  Layout layout;
+  // Whether two CTAs per SM fit with one and with two CTAs per slice
+  // (evoformer_fused_backward_plan decides it from the shared memory), and the CTAs per slice
+  // the plan takes then.
+  bool fits[2];
+  int64_t ranks;
+};
+const FusedCase kFusedCases[] = {
+    {{1, 48, 150, 4, 32},
+     DType::kBF16,
+     Bias1Kind::kF32,
+     Bias2Kind::kSameAsQ,
+     Layout::kPacked,
+     {true, true},
+     1},
+    {{1, 64, 200, 4, 32},
+     DType::kF16,
+     Bias1Kind::kBool,
+     Bias2Kind::kNone,
+     Layout::kPacked,
+     {true, true},
+     1},
+    {{1, 33, 330, 4, 32},
+     DType::kF16,
+     Bias1Kind::kSameAsQ,
+     Bias2Kind::kF32,
+     Layout::kTransposedNL,
+     {false, true},
+     2},
+    {{1, 33, 420, 4, 32},
+     DType::kBF16,
+     Bias1Kind::kF32,
+     Bias2Kind::kF32,
+     Layout::kPacked,
+     {false, true},
+     2},
+    {{1, 24, 40, 4, 32},
+     DType::kBF16,
+     Bias1Kind::kBool,
+     Bias2Kind::kSameAsQ,
+     Layout::kPacked,
+     {true, true},
+     1},
+    // The fixed bias types (evoformer_bias_types.cuh) with three query-tile buffers (L 150,
+    // and 200 without bias2), two (L 360) and clusters of two (L 460).
+    {{1, 48, 150, 4, 32},
+     DType::kBF16,
+     Bias1Kind::kSameAsQ,
+     Bias2Kind::kSameAsQ,
+     Layout::kPacked,
+     {true, true},
+     1},
+    {{1, 50, 200, 4, 32},
+     DType::kF16,
+     Bias1Kind::kSameAsQ,
+     Bias2Kind::kNone,
+     Layout::kPacked,
+     {true, true},
+     1},
+    {{1, 50, 360, 4, 32},
+     DType::kBF16,
+     Bias1Kind::kSameAsQ,
+     Bias2Kind::kSameAsQ,
+     Layout::kTransposedNL,
+     {true, true},
+     1},
+    {{1, 33, 460, 4, 32},
+     DType::kF16,
+     Bias1Kind::kSameAsQ,
+     Bias2Kind::kSameAsQ,
+     Layout::kPacked,
+     {false, true},
+     2},
+};
+
+// Each case's name: its shape, dtype and bias kinds, so that a filter can pick the small ones
+// (the sanitizers' runs).
+std::string fused_case_name(const ::testing::TestParamInfo<FusedCase>& info) {
+  EvoConfig c;
+  c.shape = info.param.shape;
+  c.dtype = info.param.dtype;
+  c.bias1 = info.param.bias1;
+  c.bias2 = info.param.bias2;
+  c.in_layout = info.param.layout;
+  c.seed = kBaseSeed;
+  return c.test_name() + "_" + std::to_string(info.index);
 }
+void PrintTo(const FusedCase& fc, std::ostream* os) {
+  *os << "fused case L " << fc.shape.L << ", N " << fc.shape.N << ", CTAs per slice " << fc.ranks;
+}
+
+class EvoformerCudaFused : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(EvoformerCudaFused, BackwardOverKeyTiles) {
+  SKIP_WITHOUT_GPU();
+  const FusedCase& fc = GetParam();
+  const EvoShape& s = fc.shape;
+  ASSERT_EQ(detail::cuda_fused_backward_ranks({s.B, s.N, s.L, s.H, s.D}, fc.fits), fc.ranks)
+      << "the plan no longer runs this shape on that cluster size: pick one it does";
+  EvoConfig c;
+  c.shape = s;
+  c.dtype = fc.dtype;
+  c.bias1 = fc.bias1;
+  c.bias2 = fc.bias2;
+  c.in_layout = fc.layout;
+  c.seed = kBaseSeed + 70400 + static_cast<uint64_t>(s.N * 1000 + s.L);
+  check_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, EvoformerCudaFused, ::testing::ValuesIn(kFusedCases),
+                         fused_case_name);
 
 TEST(EvoformerCudaEdges, HeadDimAbove128IsRejectedClearly) {
   SKIP_WITHOUT_GPU();

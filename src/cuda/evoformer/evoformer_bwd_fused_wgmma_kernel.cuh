@@ -32,14 +32,34 @@ __host__ __device__ constexpr int64_t evoformer_fused_dq_tiles(int64_t tiles, in
   return (tiles + ranks - 1) / ranks;
 }
 
-// Shared memory of a fused kernel CTA for a slice of `tiles` query tiles over a cluster of
-// `ranks` CTAs and `bias_smem` bytes of bias stages: the tiles, statistics and dS^T
-// (EvoformerWgmmaSmem<32>::kFusedBytes), its share of the slice's dQ (8 KB per query tile), the
-// bias stages, and 1024 bytes for the base's rounding.
+// The fused kernel's shared memory with kStages buffers of query tiles, each part on a 1024-byte
+// boundary from the aligned base: the key tile's K and V, Q[kStages], dO[kStages], the rows'
+// lse[kStages][64] and delta[kStages][64], dS^T of the step (64 keys x 64 queries, 16-bit, rows
+// of 128 bytes in the 128-byte swizzle); the CTA's dQ sums follow at kBytes, then bias2's
+// kStages stages. With two stages this is EvoformerWgmmaSmem<32>'s dK/dV layout (kA .. kFusedDs).
+template <int kStages>
+struct EvoformerFusedSmem {
+  static constexpr uint32_t kTile = EvoformerWgmmaSmem<32>::kTileBytes;
+  static constexpr uint32_t kK = 0, kV = kTile, kQ = 2 * kTile, kDo = (2 + kStages) * kTile;
+  static constexpr uint32_t kStats = (2 + 2 * kStages) * kTile;
+  static constexpr uint32_t kDs =
+      (kStats + 2 * kStages * kWgmmaRows * sizeof(float) + 1023) / 1024 * 1024;
+  static constexpr uint32_t kBytes = kDs + kWgmmaRows * kWgmmaRows * 2;
+};
+static_assert(EvoformerFusedSmem<2>::kBytes == EvoformerWgmmaSmem<32>::kFusedBytes &&
+                  EvoformerFusedSmem<2>::kStats == EvoformerWgmmaSmem<32>::kStats,
+              "two stages: the dK/dV kernel's layout");
+
+// Shared memory of a fused kernel CTA with `stages` query-tile buffers (2 or 3) for a slice of
+// `tiles` query tiles over a cluster of `ranks` CTAs, bias2's stage `bias2_stage_bytes` (0
+// without bias2): the tiles, statistics and dS^T, its share of the slice's dQ (8 KB per query
+// tile), bias2's stages, and 1024 bytes for the base's rounding.
 __host__ __device__ constexpr size_t evoformer_fused_backward_smem(int64_t tiles, int64_t ranks,
-                                                                   size_t bias_smem) {
-  return EvoformerWgmmaSmem<32>::kFusedBytes +
-         static_cast<size_t>(evoformer_fused_dq_tiles(tiles, ranks)) * 8192 + bias_smem + 1024;
+                                                                   int64_t stages,
+                                                                   size_t bias2_stage_bytes) {
+  return (stages == 3 ? EvoformerFusedSmem<3>::kBytes : EvoformerFusedSmem<2>::kBytes) +
+         static_cast<size_t>(evoformer_fused_dq_tiles(tiles, ranks)) * 8192 +
+         static_cast<size_t>(stages) * bias2_stage_bytes + 1024;
 }
 
 // Stores this thread's dS^T fragments (pack_a_fragments of the 64 keys x 64 queries tile) into the
@@ -159,22 +179,24 @@ __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
 
 // kRanks CTAs per slice: 1 (a plain launch), or 2 (launched as clusters of two, CTA r the query
 // tiles qt % 2 == r, the key tiles' sums meeting at the end of each). BiasTypes: the bias types
-// it is compiled for (evoformer_bias_types.cuh).
-template <typename T, int kHeadDim, int kRanks, typename BiasTypes>
+// it is compiled for (evoformer_bias_types.cuh). kStages: query-tile buffers, 3 where two such
+// CTAs still fit an SM (copies two steps ahead), else 2.
+template <typename T, int kHeadDim, int kRanks, typename BiasTypes, int kStages>
 __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasPerSm)
     evoformer_bwd_fused_wgmma_kernel(const EvoformerDeviceParams p) {
   static_assert(kHeadDim == 32, "the fused backward runs head dim 32 (the host plan)");
   static_assert(kRanks == 1 || kRanks == 2, "clusters of one or two CTAs per slice");
-  using Smem = EvoformerWgmmaSmem<kHeadDim>;
+  static_assert(kStages == 2 || (kStages == 3 && kRanks == 1), "the host plan's stages");
+  using Smem = EvoformerFusedSmem<kStages>;
   constexpr int kOutTiles = kHeadDim / 8;
   const BiasTypes types(p);
   static_assert(kOutTiles * kWgmmaThreads * sizeof(float4) <= kWgmmaRows * kWgmmaRows * 2,
                 "a partial dK or dV fits the dS^T tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
-  const uint32_t k_tile = smem.address + Smem::kA, v_tile = smem.address + Smem::kB;
-  unsigned char* const ds_stored = smem.pointer + Smem::kFusedDs;
-  const uint32_t ds_tile = smem.address + Smem::kFusedDs;
+  const uint32_t k_tile = smem.address + Smem::kK, v_tile = smem.address + Smem::kV;
+  unsigned char* const ds_stored = smem.pointer + Smem::kDs;
+  const uint32_t ds_tile = smem.address + Smem::kDs;
   float* const stats = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
   // This CTA's query tiles: qt = kRanks i + rank, i < my_tiles.
@@ -182,9 +204,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
   const int64_t my_tiles = (tiles - rank + kRanks - 1) / kRanks;
   // This CTA's dQ: its query tile i's fragment j of this thread at [(i kOutTiles + j) 128 +
   // thread].
-  float4* const dq_sum = reinterpret_cast<float4*>(smem.pointer + Smem::kFusedBytes) + threadIdx.x;
+  float4* const dq_sum = reinterpret_cast<float4*>(smem.pointer + Smem::kBytes) + threadIdx.x;
   unsigned char* const bias2_stages =
-      smem.pointer + Smem::kFusedBytes + evoformer_fused_dq_tiles(tiles, kRanks) * 8192;
+      smem.pointer + Smem::kBytes + evoformer_fused_dq_tiles(tiles, kRanks) * 8192;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = lane % 4;
@@ -202,8 +224,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     const int64_t key0 = kt * kWgmmaRows;
     const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
     const bool first_keys = kt == 0, last_keys = kt + 1 == tiles;
-    const EvoformerQueryTileLoader<T, kHeadDim> queries(
-        p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kC, smem.address + Smem::kD, stats,
+    const EvoformerQueryTileLoader<T, kHeadDim, kStages> queries(
+        p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kQ, smem.address + Smem::kDo, stats,
         bias2_stages, types.bias2);
     auto load_query_tile = [&](int64_t i, int buf) { queries.load(p, kRanks * i + rank, buf); };
     auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
@@ -218,6 +240,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
       load_query_tile(0, 0);
       cp_async_commit();
     }
+    if constexpr (kStages == 3) {  // next_stage_of's second iteration in flight (maybe empty)
+      if (my_tiles > 1) load_query_tile(1, 1);
+      cp_async_commit();
+    }
 
     float key_bias1[2] = {0.0f, 0.0f};
     float dk[kOutTiles][4], dv[kOutTiles][4], key_dbias1[2];
@@ -226,14 +252,18 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     // their P, from zero-filled biases, is not).
     const bool keys_past_len = key0 + kWgmmaRows > p.len;
 
-    for (int64_t i = 0; i < my_tiles; ++i) {
+    int buf = 0;  // i % kStages
+    for (int64_t i = 0; i < my_tiles; ++i, buf = buf + 1 == kStages ? 0 : buf + 1) {
       const int64_t qt = kRanks * i + rank;
-      const int buf = static_cast<int>(i & 1);
-      next_stage(i, my_tiles, buf, load_query_tile, convert_lse);
+      if constexpr (kStages == 2) {
+        next_stage(i, my_tiles, buf, load_query_tile, convert_lse);
+      } else {
+        next_stage_of<kStages>(i, my_tiles, buf, load_query_tile, convert_lse);
+      }
       if (i == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, types.bias1);
       float pt[8][4];
-      evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf,
-                                           types.bias2, scale_log2, key_bias1, warp, lane);
+      evoformer_dkdv_wgmma_ds(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, types.bias2,
+                              scale_log2, key_bias1, warp, lane);
       if (keys_past_len) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

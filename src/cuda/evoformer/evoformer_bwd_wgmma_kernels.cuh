@@ -22,14 +22,14 @@
 namespace sciattn::cuda {
 
 // The dK/dV and fused kernels' query tiles (64 queries of the CTA's (b, n, h) slice against its
-// 64 keys from key0): Q and dO into double-buffered swizzled tiles (Q at q_tiles + buf *
+// 64 keys from key0): Q and dO into kStages buffers of swizzled tiles (Q at q_tiles + buf *
 // kTileBytes, dO at do_tiles + ...), the rows' lse and delta into stats (lse of buffer buf at
-// stats + 64 buf, delta at stats + 64 (2 + buf)), and bias2's tile [those queries][the keys] into
-// its stage (bias2_stages + buf * the stage's bytes). Whole tiles through per-thread streams at
-// head dim 32 (282 against 307 us at triangle 384 in the dK/dV kernel; at 64 their registers
+// stats + 64 buf, delta at stats + 64 (kStages + buf)), and bias2's tile [those queries][the keys]
+// into its stage (bias2_stages + buf * the stage's bytes). Whole tiles through per-thread streams
+// at head dim 32 (282 against 307 us at triangle 384 in the dK/dV kernel; at 64 their registers
 // spill at three CTAs per SM: 151 against 141 us at [1,256,256,4,64]); a partial last tile and
 // other biases through the generic copies. In the caller's cp.async group.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages = 2>
 struct EvoformerQueryTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   static constexpr bool kStreamed = kHeadDim <= 32;
@@ -65,7 +65,9 @@ struct EvoformerQueryTileLoader {
     return do_tiles + buf * Smem::kTileBytes;
   }
   __device__ __forceinline__ float* lse(int buf) const { return stats + buf * kWgmmaRows; }
-  __device__ __forceinline__ float* delta(int buf) const { return stats + (2 + buf) * kWgmmaRows; }
+  __device__ __forceinline__ float* delta(int buf) const {
+    return stats + (kStages + buf) * kWgmmaRows;
+  }
   __device__ __forceinline__ unsigned char* bias2_stage(int buf) const {
     return bias2_stages + buf * bias2_stage_bytes;
   }
@@ -102,10 +104,10 @@ __device__ __forceinline__ void zero_key_tile_sums(float (&dk)[kOutTiles][4],
 // dS: S^T = K Q^T and dP^T = V dO^T issued together, P^T from S^T while dP^T runs, dV += P^T dO
 // (which waits for both), then dS^T = P^T (dP^T - delta) in pt, each key's share of dbias1 added
 // to key_dbias1. bias2_type: the kernel's (evoformer_bias_types.cuh).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages>
 __device__ __forceinline__ void evoformer_dkdv_wgmma_ds(
     float (&pt)[8][4], float (&dv)[kHeadDim / 8][4], float (&key_dbias1)[2], uint32_t k_tile,
-    uint32_t v_tile, const EvoformerQueryTileLoader<T, kHeadDim>& queries, int buf,
+    uint32_t v_tile, const EvoformerQueryTileLoader<T, kHeadDim, kStages>& queries, int buf,
     BiasType bias2_type, float scale_log2, const float (&key_bias1)[2], int warp, int lane) {
   float dpt[8][4];
   wgmma_tile_nt_issue<T, kHeadDim>(pt, k_tile, queries.q_tile(buf));
@@ -166,8 +168,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
     next_stage(qt, q_tiles, buf, load_query_tile, convert_lse);
     if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, types.bias1);
     float pt[8][4];
-    evoformer_dkdv_wgmma_ds<T, kHeadDim>(pt, dv, key_dbias1, k_tile, v_tile, queries, buf,
-                                         types.bias2, scale_log2, key_bias1, warp, lane);
+    evoformer_dkdv_wgmma_ds(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, types.bias2,
+                            scale_log2, key_bias1, warp, lane);
     wgmma_acc_tile<T, kHeadDim>(dk, pt, queries.q_tile(buf));  // dK += dS^T Q (scaled when written)
   }
 

@@ -56,21 +56,29 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
                    stream);
 }
 
-// The fused dK/dV/dQ kernel's CTAs per slice for this call (head dim 32 on the warpgroup path; 0:
-// the separate kernels): the host plan's choice from whether two CTAs fit an SM's shared memory
-// (227 KB) with one CTA per slice (the slice's whole dQ: L up to 448 with a 16-bit bias2, 576
-// without) and with two (half each: L up to 896, 1152).
-inline int64_t evoformer_fused_backward_ranks(const EvoformerDeviceParams& p, size_t bias_smem) {
+// The fused dK/dV/dQ kernel's plan for this call (head dim 32 on the warpgroup path): CTAs per
+// slice (0: the separate kernels), the host plan's choice from whether two CTAs fit an SM's
+// shared memory (227 KB) with one CTA per slice (the slice's whole dQ: L up to 448 with a 16-bit
+// bias2, 576 without) and with two (half each: L up to 896, 1152); and query-tile buffers, three
+// where one CTA per slice still fits twice with them (L up to 320 with a 16-bit bias2, 512
+// without), else two.
+struct EvoformerFusedBackwardPlan {
+  int64_t ranks, stages;
+};
+inline EvoformerFusedBackwardPlan evoformer_fused_backward_plan(const EvoformerDeviceParams& p) {
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
+  const size_t bias2_stage = static_cast<size_t>(bias_stage_bytes(p.bias2_type, kWgmmaRows));
   constexpr size_t kSmemPerSm = 227 * 1024, kReservedPerCta = 1024;
-  bool fits[2];
-  for (int64_t ranks = 1; ranks <= 2; ++ranks) {
-    fits[ranks - 1] =
-        detail::kCudaFusedBackwardCtasPerSm *
-            (evoformer_fused_backward_smem(tiles, ranks, bias_smem) + kReservedPerCta) <=
-        kSmemPerSm;
-  }
-  return detail::cuda_fused_backward_ranks({p.batch, p.n, p.len, p.heads, p.dim}, fits);
+  const auto fits = [&](int64_t ranks, int64_t stages) {
+    return detail::kCudaFusedBackwardCtasPerSm *
+               (evoformer_fused_backward_smem(tiles, ranks, stages, bias2_stage) +
+                kReservedPerCta) <=
+           kSmemPerSm;
+  };
+  const bool fit[2] = {fits(1, 2), fits(2, 2)};
+  const int64_t ranks =
+      detail::cuda_fused_backward_ranks({p.batch, p.n, p.len, p.heads, p.dim}, fit);
+  return {ranks, ranks == 1 && fits(1, 3) ? 3 : 2};
 }
 
 // Launches `kernel` as `pairs` clusters of two CTAs (1-D), with `smem_bytes` of dynamic shared
@@ -95,26 +103,32 @@ cudaError_t launch_cluster_pairs(Kernel kernel, int64_t pairs, size_t smem,
   return cudaLaunchKernelEx(&config, kernel, p);
 }
 
-// Launches the fused kernel with `ranks` CTAs per slice: a plain launch for one, clusters of two
-// for two.
+// Launches the fused kernel as planned: a plain launch for one CTA per slice (two or three
+// query-tile buffers), clusters of two for two.
 template <typename T, int kHeadDim>
-cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p, int64_t ranks,
-                                            size_t bias_smem, cudaStream_t stream) {
+cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p,
+                                            const EvoformerFusedBackwardPlan& plan,
+                                            cudaStream_t stream) {
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
   const int64_t slices = p.batch * p.n * p.heads;
-  const size_t smem = evoformer_fused_backward_smem(tiles, ranks, bias_smem);
+  const size_t smem = evoformer_fused_backward_smem(tiles, plan.ranks, plan.stages,
+                                                    bias_stage_bytes(p.bias2_type, kWgmmaRows));
   return with_bias_types<T>(p, [&](auto types) {
     using BiasTypes = decltype(types);
-    if (ranks == 1) {
-      return launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 1, BiasTypes>, slices,
+    if (plan.ranks == 2) {
+      return launch_cluster_pairs(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 2, BiasTypes, 2>,
+                                  slices, smem, p, stream);
+    }
+    if (plan.stages == 3) {
+      return launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 1, BiasTypes, 3>, slices,
                        kWgmmaThreads, smem, p, stream);
     }
-    return launch_cluster_pairs(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 2, BiasTypes>, slices,
-                                smem, p, stream);
+    return launch_1d(evoformer_bwd_fused_wgmma_kernel<T, kHeadDim, 1, BiasTypes, 2>, slices,
+                     kWgmmaThreads, smem, p, stream);
   });
 }
 
-// The warpgroup backward: at head dim 32 where evoformer_fused_backward_ranks picks the fused
+// The warpgroup backward: at head dim 32 where evoformer_fused_backward_plan picks the fused
 // kernel, delta and then the fused dK/dV/dQ kernel (one or two CTAs per (b, n, h) slice); else dQ
 // first (it also computes delta, which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked
 // for.
@@ -125,12 +139,12 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
   cudaError_t e = cudaSuccess;
   bool fused = false;
   if constexpr (kHeadDim == 32) {
-    const int64_t ranks = evoformer_fused_backward_ranks(p, bias_smem);
-    if (ranks > 0) {
+    const EvoformerFusedBackwardPlan plan = evoformer_fused_backward_plan(p);
+    if (plan.ranks > 0) {
       fused = true;
       e = launch_evoformer_backward_delta<T>(p, stream);
       if (e != cudaSuccess) return e;
-      e = launch_evoformer_backward_fused<T, kHeadDim>(p, ranks, bias_smem, stream);
+      e = launch_evoformer_backward_fused<T, kHeadDim>(p, plan, stream);
     }
   }
   if (!fused) {
