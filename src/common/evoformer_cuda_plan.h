@@ -128,6 +128,40 @@ inline int64_t cuda_fused_backward_ranks(const EvoformerShape& s, const bool (&f
   return cuda_fused_backward_cost(s, ranks) < cuda_separate_backward_cost(s) ? ranks : 0;
 }
 
+// Shared memory of a fused kernel CTA in bytes, as the kernel lays it out
+// (evoformer_bwd_fused_wgmma_kernel.cuh checks its layout against these at compile time): the key
+// tile's K and V, `stages` buffers of the query tile's Q, dO, lse and delta, and dS^T
+// (kCudaFusedTileSmem[stages - 2]); its share of the slice's dQ (8 KB for each of the
+// ceil(tiles / ranks) query tiles it keeps); `stages` stages of bias2 (`bias2_stage_bytes` each,
+// 0 without bias2); 1024 bytes for the base's rounding.
+constexpr int64_t kCudaFusedTileSmem[2] = {33792, 43008};
+constexpr int64_t kCudaSmemPerSm = 227 * 1024, kCudaSmemReservedPerCta = 1024;
+inline int64_t cuda_fused_backward_smem(int64_t tiles, int64_t ranks, int64_t stages,
+                                        int64_t bias2_stage_bytes) {
+  return kCudaFusedTileSmem[stages - 2] + (tiles + ranks - 1) / ranks * 8192 +
+         stages * bias2_stage_bytes + 1024;
+}
+
+// The fused kernel's plan for a call: CTAs per slice (cuda_fused_backward_ranks; 0: the separate
+// kernels) and query-tile buffers: three (copies two steps ahead) where one CTA per slice still
+// fits twice in an SM with them (L up to 320 with a 16-bit bias2, 512 without), else two.
+struct CudaFusedBackwardPlan {
+  int64_t ranks = 0, stages = 2;
+};
+inline CudaFusedBackwardPlan cuda_fused_backward_plan(const EvoformerShape& s,
+                                                      int64_t bias2_stage_bytes) {
+  const int64_t tiles = (s.len + kCudaEvoformerBlock - 1) / kCudaEvoformerBlock;
+  const auto fits = [&](int64_t ranks, int64_t stages) {
+    return kCudaFusedBackwardCtasPerSm *
+               (cuda_fused_backward_smem(tiles, ranks, stages, bias2_stage_bytes) +
+                kCudaSmemReservedPerCta) <=
+           kCudaSmemPerSm;
+  };
+  const bool fit[2] = {fits(1, 2), fits(2, 2)};
+  const int64_t ranks = cuda_fused_backward_ranks(s, fit);
+  return {ranks, ranks == 1 && fits(1, 3) ? 3 : 2};
+}
+
 struct CudaBackwardWorkspace {
   WorkspaceLayout layout;
   size_t delta = 0, dbias1_partial = 0, dbias2_partial = 0;

@@ -140,5 +140,37 @@ TEST(EvoformerCudaPlan, FusedBackwardWhereSlicesFillTheGpu) {
   EXPECT_EQ(cuda_separate_backward_cost(tri768), 164 * 12 * kCudaSeparateStepCost);
 }
 
+// The fused kernel's plan from its shared memory (cuda_fused_backward_smem, the kernel's layout):
+// one CTA per slice up to L 448 with a 16-bit bias2 and 576 without, clusters of two beyond,
+// three query-tile buffers up to L 320 with a 16-bit bias2 and 512 without (an fp32 bias2's
+// stages are twice as large: two buffers even at L 256).
+TEST(EvoformerCudaPlan, FusedBackwardSharedMemoryDecidesRanksAndStages) {
+  constexpr int64_t k16BitStage = 64 * (64 * 2 + 16), kF32Stage = 64 * (64 * 4 + 16);
+  // Many slices, so that the wave model takes the fused kernel wherever it fits.
+  const auto plan = [](int64_t len, int64_t stage) {
+    return cuda_fused_backward_plan(shape(1, 1024, len, 4, 32), stage);
+  };
+  struct Expected {
+    int64_t len, stage, ranks, stages;
+  };
+  for (const Expected& e : {Expected{256, k16BitStage, 1, 3}, Expected{320, k16BitStage, 1, 3},
+                            Expected{384, k16BitStage, 1, 2}, Expected{448, k16BitStage, 1, 2},
+                            Expected{512, k16BitStage, 2, 2}, Expected{768, k16BitStage, 2, 2},
+                            Expected{512, 0, 1, 3}, Expected{576, 0, 1, 2}, Expected{640, 0, 2, 2},
+                            Expected{256, kF32Stage, 1, 2}, Expected{320, kF32Stage, 1, 2}}) {
+    SCOPED_TRACE("L " + std::to_string(e.len) + ", bias2 stage " + std::to_string(e.stage));
+    const CudaFusedBackwardPlan p = plan(e.len, e.stage);
+    EXPECT_EQ(p.ranks, e.ranks);
+    EXPECT_EQ(p.stages, e.stages);
+  }
+  // The separate kernels: no fused plan, and its stages stay the default.
+  EXPECT_EQ(cuda_fused_backward_plan(shape(1, 384, 384, 4, 64), k16BitStage).ranks, 0);
+  // Worked by hand: triangle 256 with three buffers, 43,008 + 4 x 8,192 + 3 x 9,216 + 1,024.
+  EXPECT_EQ(cuda_fused_backward_smem(4, 1, 3, k16BitStage), 104448);
+  // Two such CTAs and their reserved 1 KB each must fit 227 KB.
+  EXPECT_LE(2 * (cuda_fused_backward_smem(5, 1, 3, k16BitStage) + 1024), 227 * 1024);
+  EXPECT_GT(2 * (cuda_fused_backward_smem(6, 1, 3, k16BitStage) + 1024), 227 * 1024);
+}
+
 }  // namespace
 }  // namespace sciattn::detail

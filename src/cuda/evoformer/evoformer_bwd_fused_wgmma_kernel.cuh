@@ -49,18 +49,9 @@ struct EvoformerFusedSmem {
 static_assert(EvoformerFusedSmem<2>::kBytes == EvoformerWgmmaSmem<32>::kFusedBytes &&
                   EvoformerFusedSmem<2>::kStats == EvoformerWgmmaSmem<32>::kStats,
               "two stages: the dK/dV kernel's layout");
-
-// Shared memory of a fused kernel CTA with `stages` query-tile buffers (2 or 3) for a slice of
-// `tiles` query tiles over a cluster of `ranks` CTAs, bias2's stage `bias2_stage_bytes` (0
-// without bias2): the tiles, statistics and dS^T, its share of the slice's dQ (8 KB per query
-// tile), bias2's stages, and 1024 bytes for the base's rounding.
-__host__ __device__ constexpr size_t evoformer_fused_backward_smem(int64_t tiles, int64_t ranks,
-                                                                   int64_t stages,
-                                                                   size_t bias2_stage_bytes) {
-  return (stages == 3 ? EvoformerFusedSmem<3>::kBytes : EvoformerFusedSmem<2>::kBytes) +
-         static_cast<size_t>(evoformer_fused_dq_tiles(tiles, ranks)) * 8192 +
-         static_cast<size_t>(stages) * bias2_stage_bytes + 1024;
-}
+static_assert(EvoformerFusedSmem<2>::kBytes == detail::kCudaFusedTileSmem[0] &&
+                  EvoformerFusedSmem<3>::kBytes == detail::kCudaFusedTileSmem[1],
+              "the host plan's shared memory (cuda_fused_backward_smem)");
 
 // Stores this thread's dS^T fragments (pack_a_fragments of the 64 keys x 64 queries tile) into the
 // tile at `tile` (rows = keys, 128 bytes of queries each, 128-byte swizzle), which a warpgroup

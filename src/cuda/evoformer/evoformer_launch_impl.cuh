@@ -56,29 +56,12 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
                    stream);
 }
 
-// The fused dK/dV/dQ kernel's plan for this call (head dim 32 on the warpgroup path): CTAs per
-// slice (0: the separate kernels), the host plan's choice from whether two CTAs fit an SM's
-// shared memory (227 KB) with one CTA per slice (the slice's whole dQ: L up to 448 with a 16-bit
-// bias2, 576 without) and with two (half each: L up to 896, 1152); and query-tile buffers, three
-// where one CTA per slice still fits twice with them (L up to 320 with a 16-bit bias2, 512
-// without), else two.
-struct EvoformerFusedBackwardPlan {
-  int64_t ranks, stages;
-};
-inline EvoformerFusedBackwardPlan evoformer_fused_backward_plan(const EvoformerDeviceParams& p) {
-  const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
-  const size_t bias2_stage = static_cast<size_t>(bias_stage_bytes(p.bias2_type, kWgmmaRows));
-  constexpr size_t kSmemPerSm = 227 * 1024, kReservedPerCta = 1024;
-  const auto fits = [&](int64_t ranks, int64_t stages) {
-    return detail::kCudaFusedBackwardCtasPerSm *
-               (evoformer_fused_backward_smem(tiles, ranks, stages, bias2_stage) +
-                kReservedPerCta) <=
-           kSmemPerSm;
-  };
-  const bool fit[2] = {fits(1, 2), fits(2, 2)};
-  const int64_t ranks =
-      detail::cuda_fused_backward_ranks({p.batch, p.n, p.len, p.heads, p.dim}, fit);
-  return {ranks, ranks == 1 && fits(1, 3) ? 3 : 2};
+// The fused dK/dV/dQ kernel's plan for this call (head dim 32 on the warpgroup path): the host
+// plan's (detail::cuda_fused_backward_plan: CTAs per slice, 0 for the separate kernels, and
+// query-tile buffers) for the call's shape and bias2 stage.
+inline detail::CudaFusedBackwardPlan evoformer_fused_backward_plan(const EvoformerDeviceParams& p) {
+  return detail::cuda_fused_backward_plan({p.batch, p.n, p.len, p.heads, p.dim},
+                                          bias_stage_bytes(p.bias2_type, kWgmmaRows));
 }
 
 // Launches `kernel` as `pairs` clusters of two CTAs (1-D), with `smem_bytes` of dynamic shared
@@ -107,12 +90,12 @@ cudaError_t launch_cluster_pairs(Kernel kernel, int64_t pairs, size_t smem,
 // query-tile buffers), clusters of two for two.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p,
-                                            const EvoformerFusedBackwardPlan& plan,
+                                            const detail::CudaFusedBackwardPlan& plan,
                                             cudaStream_t stream) {
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
   const int64_t slices = p.batch * p.n * p.heads;
-  const size_t smem = evoformer_fused_backward_smem(tiles, plan.ranks, plan.stages,
-                                                    bias_stage_bytes(p.bias2_type, kWgmmaRows));
+  const size_t smem = static_cast<size_t>(detail::cuda_fused_backward_smem(
+      tiles, plan.ranks, plan.stages, bias_stage_bytes(p.bias2_type, kWgmmaRows)));
   return with_bias_types<T>(p, [&](auto types) {
     using BiasTypes = decltype(types);
     if (plan.ranks == 2) {
@@ -139,7 +122,7 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
   cudaError_t e = cudaSuccess;
   bool fused = false;
   if constexpr (kHeadDim == 32) {
-    const EvoformerFusedBackwardPlan plan = evoformer_fused_backward_plan(p);
+    const detail::CudaFusedBackwardPlan plan = evoformer_fused_backward_plan(p);
     if (plan.ranks > 0) {
       fused = true;
       e = launch_evoformer_backward_delta<T>(p, stream);
