@@ -320,17 +320,22 @@ const FusedCase kFusedCases[] = {
      2},
 };
 
+// The case as an EvoConfig with `seed`.
+EvoConfig config_of(const FusedCase& fc, uint64_t seed) {
+  EvoConfig c;
+  c.shape = fc.shape;
+  c.dtype = fc.dtype;
+  c.bias1 = fc.bias1;
+  c.bias2 = fc.bias2;
+  c.in_layout = fc.layout;
+  c.seed = seed;
+  return c;
+}
+
 // Each case's name: its shape, dtype and bias kinds, so that a filter can pick the small ones
 // (the sanitizers' runs).
 std::string fused_case_name(const ::testing::TestParamInfo<FusedCase>& info) {
-  EvoConfig c;
-  c.shape = info.param.shape;
-  c.dtype = info.param.dtype;
-  c.bias1 = info.param.bias1;
-  c.bias2 = info.param.bias2;
-  c.in_layout = info.param.layout;
-  c.seed = kBaseSeed;
-  return c.test_name() + "_" + std::to_string(info.index);
+  return config_of(info.param, kBaseSeed).test_name() + "_" + std::to_string(info.index);
 }
 void PrintTo(const FusedCase& fc, std::ostream* os) {
   *os << "fused case L " << fc.shape.L << ", N " << fc.shape.N << ", CTAs per slice " << fc.ranks;
@@ -344,14 +349,7 @@ TEST_P(EvoformerCudaFused, BackwardOverKeyTiles) {
   const EvoShape& s = fc.shape;
   ASSERT_EQ(detail::cuda_fused_backward_ranks({s.B, s.N, s.L, s.H, s.D}, fc.fits), fc.ranks)
       << "the plan no longer runs this shape on that cluster size: pick one it does";
-  EvoConfig c;
-  c.shape = s;
-  c.dtype = fc.dtype;
-  c.bias1 = fc.bias1;
-  c.bias2 = fc.bias2;
-  c.in_layout = fc.layout;
-  c.seed = kBaseSeed + 70400 + static_cast<uint64_t>(s.N * 1000 + s.L);
-  check_case(c);
+  check_case(config_of(fc, kBaseSeed + 70400 + static_cast<uint64_t>(s.N * 1000 + s.L)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fused, EvoformerCudaFused, ::testing::ValuesIn(kFusedCases),
