@@ -277,6 +277,38 @@ __device__ __forceinline__ void wgmma_m64nNk16_ss_tt<__half, 32>(float (&d)[4][4
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// d (64 x 32, fp32; + d when accumulate != 0) = A (64 x 16, K-major tile step) * B^T, B = 32 rows
+// x 16 (K-major tile step): half of an S = Q K^T (the dbias2 kernel's halves of the keys).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a,
+                                                   uint64_t desc_b, int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_m64n32k16_ss<__nv_bfloat16>(float (&d)[4][4], uint64_t desc_a,
+                                                                  uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : SCIATTN_WGMMA_ACC4(d, 0), SCIATTN_WGMMA_ACC4(d, 1), SCIATTN_WGMMA_ACC4(d, 2),
+        SCIATTN_WGMMA_ACC4(d, 3)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64n32k16_ss<__half>(float (&d)[4][4], uint64_t desc_a,
+                                                           uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : SCIATTN_WGMMA_ACC4(d, 0), SCIATTN_WGMMA_ACC4(d, 1), SCIATTN_WGMMA_ACC4(d, 2),
+        SCIATTN_WGMMA_ACC4(d, 3)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 #undef SCIATTN_WGMMA_ACC4
 
 }  // namespace sciattn::cuda

@@ -210,10 +210,28 @@ __device__ __forceinline__ void wgmma_tile_nt_issue(float (&x)[8][4], uint32_t a
   }
   wgmma_commit();
 }
-template <int kPending>
-__device__ __forceinline__ void wgmma_tile_done(float (&x)[8][4]) {
+template <int kPending, int kTiles>
+__device__ __forceinline__ void wgmma_tile_done(float (&x)[kTiles][4]) {
   wgmma_wait<kPending>();
   wgmma_pin(x);
+}
+
+// x (64 x 32) = A B^T for B's rows [32 half, 32 half + 32) (the keys of one half of a K tile),
+// issued as wgmma_tile_nt_issue's products are. 32 rows are whole swizzle atoms (8 rows), so the
+// half's descriptors are the tile's from 32 rows further on.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_half_tile_nt_issue(float (&x)[4][4], uint32_t a_tile,
+                                                         uint32_t b_tile, int half) {
+  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
+  const uint32_t b_half = b_tile + static_cast<uint32_t>(half * 32 * kWidth);
+  wgmma_pin(x);
+  wgmma_fence();
+#pragma unroll
+  for (int st = 0; st < kHeadDim / 16; ++st) {
+    wgmma_m64n32k16_ss<T>(x, k_major_step<kWgmmaRows, kWidth>(a_tile, st),
+                          k_major_step<kWgmmaRows, kWidth>(b_half, st), st > 0 ? 1 : 0);
+  }
+  wgmma_commit();
 }
 
 // x = A B^T as above, waited for.

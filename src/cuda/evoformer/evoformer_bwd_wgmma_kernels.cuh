@@ -407,29 +407,50 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     // bias1_of(parity ^ 1), which n - 1 read, is written below: one barrier per n.
     __syncthreads();
     load_n(n + kStages - 1, st == 0 ? kStages - 1 : st - 1);
-    float dot[8][4], dp[8][4];
-    wgmma_tile_nt_issue<T, kHeadDim>(dot, tile(group, st), tile(2 * kGroups, st));  // S = Q K^T
-    wgmma_tile_nt_issue<T, kHeadDim>(dp, tile(kGroups + group, st),
-                                     tile(2 * kGroups + 1, st));  // dP = dO V^T
     float lse_log2[2], row_delta[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       lse_log2[r] = lse_log2_of(lse_of(st)[my_row[r]]);
       row_delta[r] = delta_of(st)[my_row[r]];
     }
-    wgmma_tile_done<0>(dot);
-    wgmma_pin(dp);
+    // The cells of column pairs j0 .. j0 + kPairs - 1 from S and dP of those columns.
+    auto add_cells = [&](const auto& dot, const auto& dp, int j0) {
+      constexpr int kPairs = std::extent_v<std::remove_reference_t<decltype(dot)>>;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float cells[4];
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int j = j0 + jj;
+        float cells[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        cells[e] = Smem::kDbias2CellsInRegisters
-                       ? bias2_cells[j][e]
-                       : bias2_cells_smem[(j * 4 + e) * kThreads + threadIdx.x];
+        for (int e = 0; e < 4; ++e) {
+          cells[e] = Smem::kDbias2CellsInRegisters
+                         ? bias2_cells[j][e]
+                         : bias2_cells_smem[(j * 4 + e) * kThreads + threadIdx.x];
+        }
+        dbias2_add_cells(acc[j], dot[jj], dp[jj], cells, bias1_of(parity), j, lane, scale_log2,
+                         lse_log2, row_delta);
       }
-      dbias2_add_cells(acc[j], dot[j], dp[j], cells, bias1_of(parity), j, lane, scale_log2,
-                       lse_log2, row_delta);
+    };
+    if constexpr (Smem::kDbias2CellsInRegisters) {
+      float dot[8][4], dp[8][4];
+      wgmma_tile_nt_issue<T, kHeadDim>(dot, tile(group, st), tile(2 * kGroups, st));  // S = Q K^T
+      wgmma_tile_nt_issue<T, kHeadDim>(dp, tile(kGroups + group, st),
+                                       tile(2 * kGroups + 1, st));  // dP = dO V^T
+      wgmma_tile_done<0>(dot);
+      wgmma_pin(dp);
+      add_cells(dot, dp, 0);
+    } else {
+      // At two CTAs per SM (128 registers a thread) S and dP of all 64 keys (64 registers) made
+      // ptxas spill; one half of the keys at a time holds half of them.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float dot[4][4], dp[4][4];
+        wgmma_half_tile_nt_issue<T, kHeadDim>(dot, tile(group, st), tile(2 * kGroups, st), half);
+        wgmma_half_tile_nt_issue<T, kHeadDim>(dp, tile(kGroups + group, st),
+                                              tile(2 * kGroups + 1, st), half);
+        wgmma_tile_done<0>(dot);
+        wgmma_pin(dp);
+        add_cells(dot, dp, 4 * half);
+      }
     }
     if (threadIdx.x < kWgmmaRows && n + 1 < at.n_end)
       bias1_of(parity ^ 1)[threadIdx.x] = kLog2e * bias_from_bits(bias1_next, types.bias1);
