@@ -4,6 +4,7 @@
     out = sciattn.evoformer_attention(q, k, v, bias1, bias2)          # [B, N, L, H, D]
     out = sciattn.DS4Sci_EvoformerAttention(Q, K, V, [mask_bias, pair_bias])
     from sciattn.sparse_attention import SparseSelfAttention, FixedSparsityConfig
+    from sciattn.distributed import DistributedAttention       # sequence parallelism
 
 The ops are torch.library ops (torch.ops.sciattn.*) with CPU kernels, CUDA kernels in CUDA
 builds, fake (meta) kernels for torch.compile, and autograd formulas. See docs/python.md.
@@ -13,11 +14,13 @@ from ._ops import built_with_cuda
 from .evoformer import DS4Sci_EvoformerAttention, evoformer_attention
 from . import sparse_attention  # noqa: F401
 from . import deepspeed4science  # noqa: F401
+from . import distributed  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = [
     "evoformer_attention",
     "DS4Sci_EvoformerAttention",
     "sparse_attention",
+    "distributed",
     "built_with_cuda",
 ]
