@@ -279,6 +279,11 @@ def main():
         sys.exit(f"needs {args.nproc} CUDA devices (found {torch.cuda.device_count()}); "
                  "--cpu-smoke runs the code paths on the CPU")
     os.makedirs(args.out, exist_ok=True)
+    # All-to-all does not use NVLink multicast (NVLS); it stays off, as shared multi-GPU hosts
+    # require (NCCL reads these when the process group starts, after this).
+    for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                        ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(name, value)
     if "RANK" in os.environ:  # under torchrun
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
         return

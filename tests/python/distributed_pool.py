@@ -7,6 +7,7 @@ group's timeout turns that into an error, and a pool with a failure is replaced 
 test."""
 import datetime
 import importlib
+import os
 import queue
 import socket
 import traceback
@@ -58,6 +59,12 @@ def _worker(rank, size, port, backend, commands, results):
 
 class Pool:
     def __init__(self, size, backend="gloo"):
+        if backend == "nccl":
+            # All-to-all and all-gather do not use NVLink multicast (NVLS); it stays off, as
+            # shared multi-GPU hosts require, whatever the environment the tests start from.
+            for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                         "NVSHMEM_DISABLE_NVLS"):
+                os.environ.setdefault(name, "0" if name == "NCCL_NVLS_ENABLE" else "1")
         ctx = mp.get_context("spawn")
         self.size, self.backend, self.failed = size, backend, False
         self.commands = [ctx.Queue() for _ in range(size)]
