@@ -84,24 +84,31 @@ def all_to_all_round_trip(rank, P, seed, kind):
 # ---- DistributedAttention -------------------------------------------------------------------
 
 def sdpa_seq_first(q, k, v, causal=False, flat=False):
-    """Plain SDPA on [s, b, h, d] tensors; flat: Megatron's [s, b, h * d] output."""
+    """Plain SDPA on [s, b, h, d] tensors (key and value may have fewer heads: grouped-query
+    attention); flat: Megatron's [s, b, h * d] output."""
     out = F.scaled_dot_product_attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)),
-                                         is_causal=causal).permute(2, 0, 1, 3)
+                                         is_causal=causal, enable_gqa=k.shape[2] != q.shape[2]
+                                         ).permute(2, 0, 1, 3)
     return out.reshape(out.shape[0], out.shape[1], -1) if flat else out
 
 
-def ulysses_sdpa(rank, P, seed, kind, dtype_name, causal, uneven, flat):
+def ulysses_sdpa(rank, P, seed, kind, dtype_name, causal, uneven, flat, gqa=False):
     """DistributedAttention around plain SDPA ([s/P, b, h, d], the default indices; causal by
-    global position; uneven heads; Megatron's flattened output) against SDPA on the whole
-    sequence."""
+    global position; uneven heads; Megatron's flattened output; key and value with half the
+    query's heads) against SDPA on the whole sequence."""
     dtype, device = DTYPES[dtype_name], _device(rank, kind)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     s_loc, b, d = rng.randint(1, 6), rng.randint(1, 2), rng.choice([8, 16, 64])
     h = P * rng.randint(1, 2) + (rng.randint(1, P - 1) if uneven else 0)
+    h_kv = h
+    if gqa:
+        h_kv = P * rng.randint(1, 2)
+        h = 2 * h_kv
     s = P * s_loc
-    q, k, v = (_draw((s, b, h, d), dtype, device) for _ in range(3))
-    local = functools.partial(sdpa_seq_first, causal=causal, flat=flat)
+    q = _draw((s, b, h, d), dtype, device)
+    k, v = (_draw((s, b, h_kv, d), dtype, device) for _ in range(2))
+    local = functools.partial(sdpa_seq_first, flat=flat)  # causal comes through forward's kwargs
     out_shape = (s, b, h * d) if flat else (s, b, h, d)
     dout = _draw(out_shape, dtype, device)
     counts = [s_loc] * P
@@ -361,5 +368,10 @@ def errors(rank, P, seed):
                                                         range(rank + 1, rank + 2))
     _raises(lambda: sp.HeadSliceSparsityConfig(BigBirdSparsityConfig(2), 1, 3), ValueError,
             "[1, 3)")
-    # Both raise before any collective, so every rank still reaches this barrier.
+    # Every rank creates every group; rank 1 is not in this one.
+    only_rank0 = torch.distributed.new_group([0])
+    if rank != 0:
+        _raises(lambda: sp.DistributedAttention(sdpa_seq_first, only_rank0)(y, y, y),
+                RuntimeError, "not a member")
+    # Each error above is raised before any collective, so every rank reaches this barrier.
     torch.distributed.barrier()

@@ -27,10 +27,12 @@ def test_all_to_all_round_trip(pools, P, poison_and_seed):
 
 
 @pytest.mark.parametrize("P", SIZES)
-@pytest.mark.parametrize("causal,uneven,flat", [(False, False, False), (True, False, True),
-                                               (True, True, False)])
-def test_ulysses_sdpa(pools, P, causal, uneven, flat, poison_and_seed):
-    pools.get(P).run(cases.ulysses_sdpa, poison_and_seed, "cpu", "float32", causal, uneven, flat)
+@pytest.mark.parametrize("causal,uneven,flat,gqa", [
+    (False, False, False, False), (True, False, True, False), (True, True, False, False),
+    (False, False, False, True)])
+def test_ulysses_sdpa(pools, P, causal, uneven, flat, gqa, poison_and_seed):
+    pools.get(P).run(cases.ulysses_sdpa, poison_and_seed, "cpu", "float32", causal, uneven, flat,
+                     gqa)
 
 
 @pytest.mark.parametrize("P", SIZES)

@@ -31,10 +31,11 @@ def test_all_to_all_round_trip(pool, poison_and_seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal,uneven,flat", [(False, False, False), (True, False, True),
-                                               (True, True, False)])
-def test_ulysses_sdpa(pool, dtype, causal, uneven, flat, poison_and_seed):
-    pool().run(cases.ulysses_sdpa, poison_and_seed, "cuda", dtype, causal, uneven, flat)
+@pytest.mark.parametrize("causal,uneven,flat,gqa", [
+    (False, False, False, False), (True, False, True, False), (True, True, False, False),
+    (False, False, False, True)])
+def test_ulysses_sdpa(pool, dtype, causal, uneven, flat, gqa, poison_and_seed):
+    pool().run(cases.ulysses_sdpa, poison_and_seed, "cuda", dtype, causal, uneven, flat, gqa)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
