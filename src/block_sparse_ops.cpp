@@ -12,8 +12,8 @@
 
 #ifdef SCIATTN_WITH_CUDA
 #include "common/block_sparse_device_index.h"
-#include "cuda/block_sparse_ops_cuda.h"
-#include "cuda/sparse_attention_cuda.h"
+#include "cuda/block_sparse/block_sparse_ops_cuda.h"
+#include "cuda/block_sparse/sparse_attention_cuda.h"
 #endif
 
 namespace sciattn {

@@ -10,7 +10,7 @@
 #include "cpu/evoformer_reference.h"
 #include "cpu/evoformer_tiled.h"
 #ifdef SCIATTN_WITH_CUDA
-#include "cuda/evoformer_cuda.h"
+#include "cuda/evoformer/evoformer_cuda.h"
 #endif
 
 namespace sciattn {

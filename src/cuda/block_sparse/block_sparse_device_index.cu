@@ -7,7 +7,7 @@
 
 #include "common/block_sparse_device_index.h"
 #include "common/block_sparse_device_pack.h"
-#include "cuda/device_guard.h"
+#include "cuda/common/device_guard.h"
 
 namespace sciattn {
 

@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "common/block_sparse_device_index.h"
-#include "cuda/device_guard.h"
+#include "cuda/common/device_guard.h"
 #include "sciattn/block_sparse_ops.h"
 
 namespace sciattn::cuda::bs {

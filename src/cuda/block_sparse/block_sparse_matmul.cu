@@ -36,8 +36,8 @@
 #include <type_traits>
 
 #include "cuda/block_sparse/block_sparse_launch.h"
-#include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/mma_tf32.cuh"
+#include "cuda/common/device_utils.cuh"
+#include "cuda/common/mma_tf32.cuh"
 
 namespace sciattn::cuda::bs {
 namespace {

@@ -1,5 +1,5 @@
 // The GPU block-sparse MatMul and Softmax as the ops' dispatch point sees them (declared in
-// cuda/block_sparse_ops_cuda.h): what the kernels accept, their workspace (the MatMul's partial
+// cuda/block_sparse/block_sparse_ops_cuda.h): what the kernels accept, their workspace (the MatMul's partial
 // sums of split lines; none for the Softmax), and the public
 // forward and backward expressed through the sdd / dsd / dds and Softmax launchers, following the
 // CPU path (cpu/block_sparse_matmul.cpp) operand for operand. CUDA layer (host code).
@@ -11,7 +11,7 @@
 
 #include "common/workspace_layout.h"
 #include "cuda/block_sparse/block_sparse_launch.h"
-#include "cuda/block_sparse_ops_cuda.h"
+#include "cuda/block_sparse/block_sparse_ops_cuda.h"
 
 namespace sciattn::cuda {
 namespace {

@@ -19,7 +19,7 @@
 #include <cstdint>
 
 #include "cuda/block_sparse/block_sparse_launch.h"
-#include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/common/device_utils.cuh"
 
 namespace sciattn::cuda::bs {
 namespace {

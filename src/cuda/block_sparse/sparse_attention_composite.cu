@@ -12,7 +12,7 @@
 
 #include "common/workspace_layout.h"
 #include "cuda/block_sparse/block_sparse_launch.h"
-#include "cuda/block_sparse_ops_cuda.h"
+#include "cuda/block_sparse/block_sparse_ops_cuda.h"
 
 namespace sciattn::cuda {
 namespace {

@@ -5,8 +5,8 @@
 
 #include "cuda/block_sparse/sparse_attention_params.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"  // load_a_frags, mma_rows_t, mma_acc_tile
-#include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/evoformer/evoformer_tile_copies.cuh"  // copy_tile_lean
+#include "cuda/common/device_utils.cuh"
+#include "cuda/common/tile_copies.cuh"  // copy_tile_lean
 
 namespace sciattn::cuda {
 

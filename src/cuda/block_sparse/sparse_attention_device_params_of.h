@@ -11,7 +11,7 @@
 #include <initializer_list>
 
 #include "common/block_sparse_checks.h"
-#include "cuda/bias_type_of.h"
+#include "cuda/common/bias_type_of.h"
 #include "cuda/block_sparse/sparse_attention_params.h"
 #include "sciattn/block_sparse_ops.h"
 

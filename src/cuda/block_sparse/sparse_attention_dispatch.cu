@@ -11,8 +11,8 @@
 #include "common/workspace_layout.h"
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
-#include "cuda/device_guard.h"
-#include "cuda/sparse_attention_cuda.h"
+#include "cuda/common/device_guard.h"
+#include "cuda/block_sparse/sparse_attention_cuda.h"
 
 namespace sciattn::cuda {
 namespace {

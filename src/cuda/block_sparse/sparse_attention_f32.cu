@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "cuda/attention_delta.cuh"
+#include "cuda/common/attention_delta.cuh"
 #include "cuda/block_sparse/sparse_attention_device.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 
@@ -24,7 +24,7 @@ unsigned f32_grid(int64_t rows) {
       std::max<int64_t>(1, std::min<int64_t>((rows + kF32Threads - 1) / kF32Threads, 132 * 32)));
 }
 
-// delta = rowsum(dO * O) per (b, h, query row), kLanes lanes per row (attention_delta.cuh).
+// delta = rowsum(dO * O) per (b, h, query row), kLanes lanes per row (common/attention_delta.cuh).
 template <typename T>
 __host__ __device__ inline bool sparse_delta_vec(const SparseAttentionDeviceParams& p) {
   return sizeof(T) == 2 && p.vec_out && p.vec_dout;

@@ -7,7 +7,7 @@
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
-#include "cuda/kernel_smem_config.h"
+#include "cuda/common/kernel_smem_config.h"
 
 namespace sciattn::cuda {
 

@@ -28,7 +28,7 @@ struct SparseAttentionDeviceParams {
   int vec_q, vec_k, vec_v, vec_dout;
   int vec_out;  // the same for out as the backward reads it (the delta kernel)
   // 1 when whole 64-row tiles of Q, K, V (and dO in the backward) take the lean copy
-  // (evoformer_tile_copies.cuh's copy_tile_lean): all vectorizable, D the instantiated head dim
+  // (common/tile_copies.cuh's copy_tile_lean): all vectorizable, D the instantiated head dim
   // (no zero-filled chunk), and every byte offset inside a tile of rows below 2^31.
   int lean_tiles;
   // 1 when the rows of out (forward) or of dQ, dK and dV (backward) are vectorizable and D is the

@@ -7,7 +7,7 @@
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_device.cuh"
-#include "cuda/wgmma_tiles.cuh"
+#include "cuda/common/wgmma_tiles.cuh"
 
 namespace sciattn::cuda {
 

@@ -17,7 +17,7 @@
 #pragma once
 
 #include "common/evoformer_cuda_plan.h"
-#include "cuda/cluster.cuh"
+#include "cuda/common/cluster.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
 
 namespace sciattn::cuda {

@@ -24,9 +24,9 @@
 #include <type_traits>
 
 #include "common/evoformer_cuda_plan.h"
-#include "cuda/attention_delta.cuh"
-#include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/evoformer/evoformer_tile_copies.cuh"
+#include "cuda/common/attention_delta.cuh"
+#include "cuda/common/device_utils.cuh"
+#include "cuda/common/tile_copies.cuh"
 
 namespace sciattn::cuda {
 
@@ -85,7 +85,7 @@ struct EvoformerDbias2Smem {
   float bias2_log2[Tile::kWarps][8][4][32];
 };
 
-// delta = rowsum(dO * O) per (b*n, query row, h), kLanes lanes per row (attention_delta.cuh);
+// delta = rowsum(dO * O) per (b*n, query row, h), kLanes lanes per row (common/attention_delta.cuh);
 // rows in the tensors' memory order, so a warp's rows are adjacent.
 template <typename T>
 __host__ __device__ inline bool evoformer_delta_vec(const EvoformerDeviceParams& p) {

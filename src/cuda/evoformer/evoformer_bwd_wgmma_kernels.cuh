@@ -3,7 +3,7 @@
 // Same grids, bias stages, probability / dS code, epilogues and determinism as
 // evoformer_bwd_kernels.cuh's (shared helpers; the reduction kernel is the same launch, while
 // delta comes from the dQ kernel instead of a kernel of its own); the products of a tile
-// run as warpgroup MMAs on swizzled shared tiles (cuda/wgmma.cuh), two products with
+// run as warpgroup MMAs on swizzled shared tiles (cuda/common/wgmma.cuh), two products with
 // operands in shared memory issued together:
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
@@ -14,7 +14,7 @@
 // Any L: rows past L are zero-filled and handled as in the mma.sync kernels. CUDA layer.
 #pragma once
 
-#include "cuda/attention_delta.cuh"
+#include "cuda/common/attention_delta.cuh"
 #include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_wgmma_tiles.cuh"

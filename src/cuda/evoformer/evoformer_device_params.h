@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cuda/fast_divisor.h"
+#include "cuda/common/fast_divisor.h"
 
 namespace sciattn::cuda {
 
@@ -62,7 +62,7 @@ struct EvoformerDeviceParams {
   // stride along keys, every other stride and the buffer 16-byte aligned): the kernels then copy
   // the next tile's bias with the next K/V (or Q/dO) tile instead of loading it per thread.
   int bias1_staged, bias2_staged;
-  // 1 when whole tiles take the lean copies (evoformer_tile_copies.cuh): Q, K, V, O (and dO in the
+  // 1 when whole tiles take the lean copies (common/tile_copies.cuh): Q, K, V, O (and dO in the
   // backward) vectorizable (vec_*), D a whole tile (dim == kTileDim: no zero-filled chunk), and
   // every byte offset inside a 128-row tile of them below 2^31, so that a thread's addresses are
   // a per-tile base plus a 32-bit offset. bias2_lean: the same for bias2's tiles (staged, and 128
@@ -82,7 +82,7 @@ struct EvoformerDeviceParams {
   float* dbias2_partial;  // [chunks, B, H, L, L]: sum over this chunk's N of dS (chunks > 1)
   int64_t dbias2_chunks;  // N is split into this many chunks (1..N); 1 writes dbias2 directly
 
-  // The kernels' 1-D grids are decoded with these (fast_divisor.h): the 64-row tiles of L, the
+  // The kernels' 1-D grids are decoded with these (common/fast_divisor.h): the 64-row tiles of L, the
   // heads, N, the batch, and the dbias2 kernel's blocks of query rows (cuda_dbias2_rows).
   FastDivisor tiles64_div, heads_div, n_div, batch_div, dbias2_rows_div;
 };

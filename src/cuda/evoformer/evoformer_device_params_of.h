@@ -9,7 +9,7 @@
 
 #include "common/evoformer_checks.h"
 #include "common/evoformer_cuda_plan.h"
-#include "cuda/bias_type_of.h"
+#include "cuda/common/bias_type_of.h"
 #include "cuda/evoformer/evoformer_device_params.h"
 #include "sciattn/evoformer.h"
 

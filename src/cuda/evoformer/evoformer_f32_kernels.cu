@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/common/device_utils.cuh"
 #include "cuda/evoformer/evoformer_launch.h"
 
 namespace sciattn::cuda {

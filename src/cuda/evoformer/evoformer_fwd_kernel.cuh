@@ -5,8 +5,8 @@
 // evoformer_fwd_hd<D>_<dtype>_sm90.cu files.
 #pragma once
 
-#include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/evoformer/evoformer_tile_copies.cuh"
+#include "cuda/common/device_utils.cuh"
+#include "cuda/common/tile_copies.cuh"
 
 namespace sciattn::cuda {
 

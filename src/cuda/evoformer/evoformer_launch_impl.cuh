@@ -7,7 +7,7 @@
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_fwd_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_launch.h"
-#include "cuda/kernel_smem_config.h"
+#include "cuda/common/kernel_smem_config.h"
 
 namespace sciattn::cuda {
 

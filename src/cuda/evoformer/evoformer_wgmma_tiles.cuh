@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "cuda/evoformer/evoformer_device_utils.cuh"
-#include "cuda/evoformer/evoformer_tile_copies.cuh"
-#include "cuda/wgmma_tiles.cuh"
+#include "cuda/common/device_utils.cuh"
+#include "cuda/common/tile_copies.cuh"
+#include "cuda/common/wgmma_tiles.cuh"
 
 namespace sciattn::cuda {
 
@@ -17,12 +17,12 @@ namespace sciattn::cuda {
 // Q, K[2], V[2]; the dK/dV and dQ kernels' fixed tiles A, B (dK/dV: K, V; dQ: Q, dO) and streamed
 // tiles C[2], D[2] (dK/dV: Q, dO; dQ: K, V), then the streamed query rows' lse[2][64] and
 // delta[2][64] (dK/dV; the dQ kernel keeps its rows' delta in the first 64). The bias stages
-// (evoformer_device_utils.cuh) follow at kFwdBytes or kBwdBytes; a launch asks for 1024 bytes more
+// (common/device_utils.cuh) follow at kFwdBytes or kBwdBytes; a launch asks for 1024 bytes more
 // for the base's rounding.
 template <int kHeadDim>
 struct EvoformerWgmmaSmem {
   static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128,
-                "swizzled rows (cuda/wgmma.cuh): head dim 32, 64 or 128");
+                "swizzled rows (cuda/common/wgmma.cuh): head dim 32, 64 or 128");
   static constexpr uint32_t kTileBytes = kWgmmaRows * kHeadDim * 2;
   static constexpr uint32_t kQ = 0, kK = kTileBytes, kV = 3 * kTileBytes;
   static constexpr uint32_t kFwdBytes = 5 * kTileBytes;

@@ -193,7 +193,7 @@ std::vector<EvoConfig> cases() {
   add({1, 2, 70, 2, 64}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);
   add({1, 2, 40, 1, 128}, DType::kF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kPacked);
   add({1, 3, 96, 2, 24}, DType::kBF16, Bias1Kind::kBool, Bias2Kind::kNone, Layout::kPacked);
-  // Three whole tiles (the streamed copies, evoformer_tile_copies.cuh) at the widest head dim and
+  // Three whole tiles (the streamed copies, common/tile_copies.cuh) at the widest head dim and
   // bias element, and at head dim 64 with a partial fourth tile.
   add({1, 2, 192, 1, 128}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kPacked);
   add({1, 2, 200, 2, 64}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the host-emulation shims of the fused sparse attention kernels into OUT_DIR.
 
-Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The Evoformer device
-helpers the kernels include (evoformer_device_utils.cuh, evoformer_tile_copies.cuh) are copied
+Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The shared device
+helpers the kernels include (src/cuda/common/device_utils.cuh, tile_copies.cuh) are copied
 with their inline PTX (mma.sync, ldmatrix, cp.async, ex2.approx) and shared-window addresses
 replaced by calls into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu
 are copied without their launchers, so that the kernel sources compile unchanged as host C++.
@@ -13,9 +13,10 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parents[3]
 out = Path(sys.argv[1])
-(out / "cuda" / "evoformer").mkdir(parents=True, exist_ok=True)
+for folder in ("common", "evoformer"):
+    (out / "cuda" / folder).mkdir(parents=True, exist_ok=True)
 
-src = (root / "src/cuda/evoformer/evoformer_device_utils.cuh").read_text()
+src = (root / "src/cuda/common/device_utils.cuh").read_text()
 for t in ("__half", "__nv_bfloat16"):
     src, n = re.subn(
         r"(mma_16816<" + t + r">\(float c\[4\], const uint32_t a\[4\],\s*const uint32_t b\[2\]\) \{)"
@@ -40,15 +41,15 @@ src, n = re.subn(r"(float fast_exp2\(float x\) \{).*?\n\}",
 assert n == 1, "fast_exp2"
 assert not re.search(r"\basm\b", src)
 src = src.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
-(out / "cuda/evoformer/evoformer_device_utils.cuh").write_text(src)
-ts = (root / "src/cuda/evoformer/evoformer_tile_copies.cuh").read_text()
+(out / "cuda/common/device_utils.cuh").write_text(src)
+ts = (root / "src/cuda/common/tile_copies.cuh").read_text()
 ts, n1 = re.subn(r"return static_cast<uint32_t>\(__cvta_generic_to_shared\(smem\)\);",
                  "return ::emu::shared_offset(smem);", ts)
 ts, n2 = re.subn(r"(void cp_async_16_to\(uint32_t dst, const void\* src, int bytes\) \{).*?\n\}",
                  r"\1\n  ::emu::cp_async(::emu::shared_at(dst), src, 16, bytes);\n}", ts, flags=re.S)
 assert n1 == 1 and n2 == 1, "tile copies"
 assert not re.search(r"\basm\b", ts)
-(out / "cuda/evoformer/evoformer_tile_copies.cuh").write_text(ts)
+(out / "cuda/common/tile_copies.cuh").write_text(ts)
 (out / "cuda/evoformer/evoformer_bwd_kernels.cuh").write_text(
     (root / "src/cuda/evoformer/evoformer_bwd_kernels.cuh").read_text())
 

@@ -15,7 +15,7 @@
 
 #include "common/block_sparse_device_pack.h"
 #include "cpu/block_sparse_test_util.h"
-#include "cuda/bias_type_of.h"
+#include "cuda/common/bias_type_of.h"
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
 
 namespace sciattn::cuda {

@@ -137,7 +137,7 @@ struct uint4 {
   uint32_t x, y, z, w;
 };
 
-// ---- The device helpers the kernels take from evoformer_device_utils.cuh ----
+// ---- The device helpers the kernels take from common/device_utils.cuh ----
 #include <type_traits>
 namespace sciattn::cuda {
 template <typename T>

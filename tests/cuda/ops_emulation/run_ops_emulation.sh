@@ -14,9 +14,9 @@ build=${1:-$root/build/cuda}
 shift || true
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/include/cuda/evoformer" "$work/src"
+mkdir -p "$work/include/cuda/common" "$work/src"
 for h in cuda_runtime.h cuda_runtime_api.h cuda_bf16.h cuda_fp16.h \
-         cuda/evoformer/evoformer_device_utils.cuh cuda/mma_tf32.cuh; do
+         cuda/common/device_utils.cuh cuda/common/mma_tf32.cuh; do
   echo '#include "ops_emu_runtime.h"' > "$work/include/$h"
 done
 # Kernel launches become emu_launch(kernel, grid, threads, args); every 16-bit address counts

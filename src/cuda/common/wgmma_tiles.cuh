@@ -1,17 +1,17 @@
 // The 64-row tile machinery that the attention kernels on Hopper's warpgroup MMA share (the
 // block-sparse and the Evoformer wgmma kernels): copying rows into the swizzled tile layout of
-// cuda/wgmma.cuh (per call, per moving slice, or as a per-thread stream of tiles), the
+// cuda/common/wgmma.cuh (per call, per moving slice, or as a per-thread stream of tiles), the
 // double-buffer step, the CTA's 1024-byte aligned shared base, and the two
 // tile products every attention kernel is made of, S-like (A B^T, both operands in shared memory)
 // and O-like (X B, X the fp32 accumulators of an S-like product, rounded to T). One CTA is one
 // warpgroup of four warps; warp w owns rows 16w..16w+15 of every 64-row accumulator, in the
-// layout of mma.sync m16n8's (cuda/wgmma.cuh). CUDA layer.
+// layout of mma.sync m16n8's (cuda/common/wgmma.cuh). CUDA layer.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/evoformer/evoformer_tile_copies.cuh"  // shared_address, cp_async_16_to, cp_async_*
-#include "cuda/wgmma.cuh"
+#include "cuda/common/tile_copies.cuh"  // shared_address, cp_async_16_to, cp_async_*
+#include "cuda/common/wgmma.cuh"
 
 namespace sciattn::cuda {
 

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/evoformer/evoformer_device_utils.cuh"
+#include "cuda/common/device_utils.cuh"
 
 namespace sciattn::cuda {
 
