@@ -1,5 +1,5 @@
-// The CUDA kernels' grid decoding by multiply-high (src/cuda/common/fast_divisor.h), checked on the host
-// against the divide instruction: every divisor up to 4,096 and the powers of two and their
+// The CUDA kernels' grid decoding by multiply-high (src/cuda/common/fast_divisor.h), checked on the
+// host against the divide instruction: every divisor up to 4,096 and the powers of two and their
 // neighbours up to 2^30, at the smallest and largest dividends and around every multiple near
 // them, plus random dividends below 2^31.
 #include <gtest/gtest.h>

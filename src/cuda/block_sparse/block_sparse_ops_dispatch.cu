@@ -1,8 +1,8 @@
 // The GPU block-sparse MatMul and Softmax as the ops' dispatch point sees them (declared in
-// cuda/block_sparse/block_sparse_ops_cuda.h): what the kernels accept, their workspace (the MatMul's partial
-// sums of split lines; none for the Softmax), and the public
-// forward and backward expressed through the sdd / dsd / dds and Softmax launchers, following the
-// CPU path (cpu/block_sparse_matmul.cpp) operand for operand. CUDA layer (host code).
+// cuda/block_sparse/block_sparse_ops_cuda.h): what the kernels accept, their workspace (the
+// MatMul's partial sums of split lines; none for the Softmax), and the public forward and backward
+// expressed through the sdd / dsd / dds and Softmax launchers, following the CPU path
+// (cpu/block_sparse_matmul.cpp) operand for operand. CUDA layer (host code).
 #include <algorithm>
 #include <limits>
 #include <string>

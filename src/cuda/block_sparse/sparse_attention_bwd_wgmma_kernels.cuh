@@ -4,7 +4,8 @@
 // how; here the probabilities outside a warp's kept groups are zeroed). The same two kernels as
 // sparse_attention_bwd_kernels.cuh, with their probability, dS and output code, and the same
 // determinism (every output element owned by one thread, split lines through fp32 partials); the
-// four products of a tile run as warpgroup MMAs on 128-byte swizzled shared tiles (cuda/common/wgmma.cuh):
+// four products of a tile run as warpgroup MMAs on 128-byte swizzled shared tiles
+// (cuda/common/wgmma.cuh):
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
 //   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K

@@ -1,11 +1,11 @@
 // Device helpers of the fused block-sparse attention kernels: strided tile loads, the score terms
 // (rpe, masks, causal, the layout's sub-block mask) and the row statistics. CUDA layer; the MMA
-// and fragment helpers are the Evoformer kernels' (GPU-verified), included unchanged.
+// and fragment helpers are the ones the Evoformer kernels use too (src/cuda/common).
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_params.h"
-#include "cuda/evoformer/evoformer_bwd_kernels.cuh"  // load_a_frags, mma_rows_t, mma_acc_tile
 #include "cuda/common/device_utils.cuh"
+#include "cuda/common/mma_tiles.cuh"    // load_a_frags, mma_rows_t, mma_acc_tile
 #include "cuda/common/tile_copies.cuh"  // copy_tile_lean
 
 namespace sciattn::cuda {

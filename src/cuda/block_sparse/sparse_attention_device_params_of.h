@@ -11,8 +11,8 @@
 #include <initializer_list>
 
 #include "common/block_sparse_checks.h"
-#include "cuda/common/bias_type_of.h"
 #include "cuda/block_sparse/sparse_attention_params.h"
+#include "cuda/common/bias_type_of.h"
 #include "sciattn/block_sparse_ops.h"
 
 namespace sciattn::cuda::sparse_params {

@@ -9,10 +9,10 @@
 
 #include "common/block_sparse_device_index.h"
 #include "common/workspace_layout.h"
+#include "cuda/block_sparse/sparse_attention_cuda.h"
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 #include "cuda/common/device_guard.h"
-#include "cuda/block_sparse/sparse_attention_cuda.h"
 
 namespace sciattn::cuda {
 namespace {

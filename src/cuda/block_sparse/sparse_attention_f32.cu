@@ -8,9 +8,9 @@
 
 #include <algorithm>
 
-#include "cuda/common/attention_delta.cuh"
 #include "cuda/block_sparse/sparse_attention_device.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
+#include "cuda/common/attention_delta.cuh"
 
 namespace sciattn::cuda {
 namespace {

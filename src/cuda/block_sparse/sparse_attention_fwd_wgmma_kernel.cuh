@@ -9,7 +9,8 @@
 // head dim / 16 m64n64k16 steps reading Q and K straight from shared memory, and O += P V as four
 // m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16 with ldmatrix
 // fragment loads (at head dim 128: 128 MMAs and 72 ldmatrix per warp and tile become 12
-// instructions). Tiles are stored in the 128-byte swizzled layout (cuda/common/wgmma.cuh). CUDA layer.
+// instructions). Tiles are stored in the 128-byte swizzled layout (cuda/common/wgmma.cuh). CUDA
+// layer.
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "common/block_sparse_device_index.h"
-#include "cuda/evoformer/evoformer_device_params.h"  // BiasType: the storage types of rpe / masks
+#include "cuda/common/bias_type.h"  // the storage types of rpe / masks
 
 namespace sciattn::cuda {
 

@@ -2,7 +2,7 @@
 // Evoformer and block-sparse dispatch (and the kernel emulator). Host-only C++ of the CUDA layer.
 #pragma once
 
-#include "cuda/evoformer/evoformer_device_params.h"
+#include "cuda/common/bias_type.h"
 #include "sciattn/tensor_view.h"
 
 namespace sciattn::cuda {

@@ -4,12 +4,10 @@
 
 #include <cstdint>
 
+#include "cuda/common/bias_type.h"
 #include "cuda/common/fast_divisor.h"
 
 namespace sciattn::cuda {
-
-// Storage type codes of the biases, read at run time (uniform per launch, so no divergence).
-enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
 
 struct EvoformerDeviceParams {
   // Sizes: Q, K, V are [B, N, L, H, D]; `dim` is the real head dim, the kernel's kHeadDim >= dim.
@@ -82,8 +80,8 @@ struct EvoformerDeviceParams {
   float* dbias2_partial;  // [chunks, B, H, L, L]: sum over this chunk's N of dS (chunks > 1)
   int64_t dbias2_chunks;  // N is split into this many chunks (1..N); 1 writes dbias2 directly
 
-  // The kernels' 1-D grids are decoded with these (common/fast_divisor.h): the 64-row tiles of L, the
-  // heads, N, the batch, and the dbias2 kernel's blocks of query rows (cuda_dbias2_rows).
+  // The kernels' 1-D grids are decoded with these (common/fast_divisor.h): the 64-row tiles of L,
+  // the heads, N, the batch, and the dbias2 kernel's blocks of query rows (cuda_dbias2_rows).
   FastDivisor tiles64_div, heads_div, n_div, batch_div, dbias2_rows_div;
 };
 

@@ -8,9 +8,9 @@
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_cuda.h"
 #include "cuda/evoformer/evoformer_device_params_of.h"
 #include "cuda/evoformer/evoformer_launch.h"
-#include "cuda/evoformer/evoformer_cuda.h"
 
 namespace sciattn::cuda {
 namespace {

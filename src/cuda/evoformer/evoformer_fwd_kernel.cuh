@@ -6,7 +6,8 @@
 #pragma once
 
 #include "cuda/common/device_utils.cuh"
-#include "cuda/common/tile_copies.cuh"
+#include "cuda/evoformer/evoformer_grid.cuh"
+#include "cuda/evoformer/evoformer_tile_copies.cuh"
 
 namespace sciattn::cuda {
 

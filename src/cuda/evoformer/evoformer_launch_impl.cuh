@@ -1,13 +1,13 @@
 // The bodies of the per-instantiation launchers (see evoformer_launch.h). CUDA layer.
 #pragma once
 
+#include "cuda/common/kernel_smem_config.h"
 #include "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_fwd_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_launch.h"
-#include "cuda/common/kernel_smem_config.h"
 
 namespace sciattn::cuda {
 

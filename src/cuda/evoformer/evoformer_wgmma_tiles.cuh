@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "cuda/common/device_utils.cuh"
-#include "cuda/common/tile_copies.cuh"
 #include "cuda/common/wgmma_tiles.cuh"
+#include "cuda/evoformer/evoformer_tile_copies.cuh"
 
 namespace sciattn::cuda {
 

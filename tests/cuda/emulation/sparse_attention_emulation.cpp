@@ -15,8 +15,8 @@
 
 #include "common/block_sparse_device_pack.h"
 #include "cpu/block_sparse_test_util.h"
-#include "cuda/common/bias_type_of.h"
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
+#include "cuda/common/bias_type_of.h"
 
 namespace sciattn::cuda {
 __attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
