@@ -21,8 +21,8 @@
 #endif
 #include <sys/resource.h>  // getrusage: page faults
 
-#include "common/block_sparse_device_pack.h"  // the host step of the index upload (part 5)
-#include "common/sparse_attention_tiles.h"    // its tile index (part 4)
+#include "common/block_sparse_device_pack.h"  // internal: the upload's int32 packing, timed
+#include "common/sparse_attention_tiles.h"    // internal: the upload's tile index, timed
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/evoformer.h"

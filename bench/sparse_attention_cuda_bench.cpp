@@ -23,7 +23,7 @@
 #include <variant>
 #include <vector>
 
-#include "common/block_sparse_device_pack.h"  // the upload's steps, timed one by one
+#include "common/block_sparse_device_pack.h"  // internal: the upload's steps, timed one by one
 #include "device_buffer.h"
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
