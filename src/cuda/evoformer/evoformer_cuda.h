@@ -9,18 +9,22 @@
 
 namespace sciattn::cuda {
 
+// Each function has an overload for the forward and one for the backward Params.
+
 // What the kernels of this build accept beyond the common checks (dtype, head dim, grid size).
-Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
-                                    const detail::EvoformerShape& s);
-Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
+Status check_evoformer_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s);
+Status check_evoformer_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s);
+
+// Device workspace bytes (exact: the launch carves the same layout); the forward needs none.
+size_t evoformer_workspace_size_cuda(const EvoformerForwardParams& p,
+                                     const detail::EvoformerShape& s);
+size_t evoformer_workspace_size_cuda(const EvoformerBackwardParams& p,
                                      const detail::EvoformerShape& s);
 
-size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
-                                              const detail::EvoformerShape& s);
-
-Status run_evoformer_forward_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s,
-                                  Stream stream);
-Status run_evoformer_backward_cuda(const EvoformerBackwardParams& p,
-                                   const detail::EvoformerShape& s, void* workspace, Stream stream);
+// Queue the forward / backward on `stream`.
+Status run_evoformer_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s,
+                          void* workspace, Stream stream);
+Status run_evoformer_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s,
+                          void* workspace, Stream stream);
 
 }  // namespace sciattn::cuda

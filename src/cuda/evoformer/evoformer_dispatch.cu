@@ -147,22 +147,24 @@ int64_t evoformer_dbias2_ctas(const EvoformerDeviceParams& p) {
   return detail::cuda_dbias2_tiles({p.batch, p.n, p.len, p.heads, p.dim}) * p.dbias2_chunks;
 }
 
-Status check_evoformer_forward_cuda(const EvoformerForwardParams& p,
-                                    const detail::EvoformerShape& s) {
+Status check_evoformer_cuda(const EvoformerForwardParams& p, const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
   return check_cuda(p.q.dtype, s, blocks * s.heads * s.batch * s.n);
 }
 
-Status check_evoformer_backward_cuda(const EvoformerBackwardParams& p,
-                                     const detail::EvoformerShape& s) {
+Status check_evoformer_cuda(const EvoformerBackwardParams& p, const detail::EvoformerShape& s) {
   const int64_t blocks = (s.len + detail::kCudaEvoformerBlock - 1) / detail::kCudaEvoformerBlock;
   const int64_t dbias2_ctas =
       p.dbias2.present() ? detail::cuda_dbias2_tiles(s) * detail::cuda_dbias2_chunks(s) : 0;
   return check_cuda(p.q.dtype, s, std::max(blocks * s.heads * s.batch * s.n, dbias2_ctas));
 }
 
-size_t evoformer_backward_workspace_size_cuda(const EvoformerBackwardParams& p,
-                                              const detail::EvoformerShape& s) {
+size_t evoformer_workspace_size_cuda(const EvoformerForwardParams&, const detail::EvoformerShape&) {
+  return 0;  // the forward kernels need no scratch
+}
+
+size_t evoformer_workspace_size_cuda(const EvoformerBackwardParams& p,
+                                     const detail::EvoformerShape& s) {
   return detail::plan_cuda_backward(s, p.dbias1.present(), p.dbias2.present(),
                                     p.q.dtype != DType::kF32)
       .layout.total_bytes();
@@ -175,14 +177,13 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
                          void* workspace, Stream stream);
 }  // namespace
 
-Status run_evoformer_forward_cuda(const EvoformerForwardParams& params,
-                                  const detail::EvoformerShape& s, Stream stream) {
+Status run_evoformer_cuda(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
+                          void*, Stream stream) {
   return on_device_of(params.q.data, [&] { return run_forward_here(params, s, stream); });
 }
 
-Status run_evoformer_backward_cuda(const EvoformerBackwardParams& params,
-                                   const detail::EvoformerShape& s, void* workspace,
-                                   Stream stream) {
+Status run_evoformer_cuda(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
+                          void* workspace, Stream stream) {
   return on_device_of(params.q.data,
                       [&] { return run_backward_here(params, s, workspace, stream); });
 }
