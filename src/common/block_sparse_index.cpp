@@ -1,15 +1,15 @@
 // Builds the BlockSparseIndex of a layout, or of a config's per-row column lists without the dense
 // layout: the nonzero enumeration in DeepSpeed's order and the row-wise (CSR) and column-wise
-// (CSC) indexes the kernels walk. Host-only common layer.
+// (CSC) indexes the kernels walk (see block_sparse_index.h). Host-only common layer.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "common/block_sparse_index.h"
+
 #include "common/sparsity_layouts.h"
-#include "common/tensor_checks.h"
-#include "sciattn/block_sparse_ops.h"
 
 namespace sciattn {
 namespace {
@@ -95,36 +95,16 @@ void finish_index(BlockSparseIndex* index) {
   for (int64_t k = 0; k < G * C; ++k) {
     ix.col_offsets[static_cast<size_t>(k + 1)] += ix.col_offsets[static_cast<size_t>(k)];
   }
-  // default_split_blocks is >= 16, which split_block_sparse_work accepts.
-  split_block_sparse_work(default_split_blocks(ix), &ix);
+  // default_split_blocks is >= 16, a valid piece size.
+  detail::split_work(detail::default_split_blocks(ix), &ix);
 }
 
 }  // namespace
 
-Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparseIndex* out) {
-  if (out == nullptr) return Status::invalid_argument("out is a null pointer");
-  if (!is_supported_block_size(block)) {
-    return Status::invalid_argument("block must be 16, 32, 64 or 128; got " + str(block));
-  }
-  if (layout.num_heads < 1 || layout.num_row_blocks < 1 || layout.num_col_blocks < 1) {
-    return Status::invalid_argument(
-        "layout must have num_heads, num_row_blocks and num_col_blocks >= 1; got [" +
-        str(layout.num_heads) + ", " + str(layout.num_row_blocks) + ", " +
-        str(layout.num_col_blocks) + "]");
-  }
-  int64_t entries = 0, tokens = 0;
-  // The ops address [R*b, C*b] matrices (rpe, attn_mask) with int64; keep that product in range.
-  if (!detail::checked_product({layout.num_heads, layout.num_row_blocks, layout.num_col_blocks},
-                               &entries) ||
-      !detail::checked_product({layout.num_row_blocks, layout.num_col_blocks, block, block},
-                               &tokens)) {
-    return Status::invalid_argument("layout is too large: its sizes in tokens overflow int64");
-  }
-  if (layout.blocks.size() != static_cast<size_t>(entries)) {
-    return Status::invalid_argument(
-        "layout.blocks has " + std::to_string(layout.blocks.size()) +
-        " entries but num_heads * num_row_blocks * num_col_blocks = " + str(entries));
-  }
+namespace detail {
+
+Status index_from_layout(const Layout& layout, int64_t block, BlockSparseIndex* out) {
+  const int64_t entries = layout.size();
   BlockSparseIndex ix;
   ix.block = block;
   ix.num_heads = layout.num_heads;
@@ -203,6 +183,8 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
   return Status::ok_status();
 }
 
+}  // namespace detail
+
 namespace {
 
 // The split of `lines` lines whose ranges are offsets[l] .. offsets[l + 1] - 1, in one pass: the
@@ -256,6 +238,8 @@ BlockSparseWorkSplit split_lines(const std::vector<int64_t>& offsets, int64_t ma
 
 }  // namespace
 
+namespace detail {
+
 int64_t default_split_blocks(const BlockSparseIndex& index) {
   // The mean line of the stored heads (every head's, as they repeat).
   const int64_t rows = index.layout_heads * index.num_row_blocks;
@@ -266,33 +250,13 @@ int64_t default_split_blocks(const BlockSparseIndex& index) {
   return std::max<int64_t>(16, 2 * mean);
 }
 
-Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index) {
-  if (index == nullptr) return Status::invalid_argument("index is a null pointer");
-  if (max_blocks < 1) {
-    return Status::invalid_argument("max_blocks must be >= 1; got " + str(max_blocks));
-  }
+void split_work(int64_t max_blocks, BlockSparseIndex* index) {
   index->row_split = split_lines(index->row_offsets, max_blocks);
   index->col_split = split_lines(index->col_offsets, max_blocks);
   index->device.reset();  // the device copy holds the old splits
-  return Status::ok_status();
 }
 
-Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_seq_length,
-                                    int64_t seq_len, BlockSparseIndex* out) {
-  if (out == nullptr) return Status::invalid_argument("out is a null pointer");
-  const int64_t block = sparsity_common(config).block;
-  if (sparsity_mode(config) == SparsityMode::kUser) {
-    // A user layout is given densely already: scanning it is the cheapest route.
-    Layout layout;
-    Status s = make_layout_for_length(config, max_seq_length, seq_len, &layout);
-    if (!s.ok()) return s;
-    return build_block_sparse_index(layout, block, out);
-  }
-  // The configs' painters write row lists directly: O(nnz + R) per head instead of a scan of the
-  // dense [H, R, C] layout (16.7 M entries at 65,536 tokens and block 64, under 1% of them set).
-  detail::SparseLayoutRows rows;
-  Status s = detail::build_sparse_layout_rows(config, max_seq_length, seq_len, &rows);
-  if (!s.ok()) return s;
+Status index_from_rows(SparseLayoutRows rows, int64_t block, BlockSparseIndex* out) {
   BlockSparseIndex ix;
   ix.block = block;
   ix.num_heads = rows.num_heads;
@@ -320,4 +284,5 @@ Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_se
   return Status::ok_status();
 }
 
+}  // namespace detail
 }  // namespace sciattn

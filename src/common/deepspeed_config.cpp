@@ -324,13 +324,15 @@ Status parse_text(std::string_view text, const std::string& source, int64_t num_
 
 }  // namespace
 
-Status parse_deepspeed_sparsity_config(std::string_view json_text, int64_t num_heads,
-                                       SparsityConfig* out, uint64_t seed) {
+namespace detail {
+
+Status parse_deepspeed_sparsity_text(std::string_view json_text, int64_t num_heads, uint64_t seed,
+                                     SparsityConfig* out) {
   return parse_text(json_text, "the JSON text", num_heads, seed, out);
 }
 
-Status load_deepspeed_sparsity_config(const std::string& path, int64_t num_heads,
-                                      SparsityConfig* out, uint64_t seed) {
+Status load_deepspeed_sparsity_file(const std::string& path, int64_t num_heads, uint64_t seed,
+                                    SparsityConfig* out) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return reject("cannot read \"" + path + "\": " + std::strerror(errno));
@@ -341,4 +343,5 @@ Status load_deepspeed_sparsity_config(const std::string& path, int64_t num_heads
   return parse_text(text.str(), "\"" + path + "\"", num_heads, seed, out);
 }
 
+}  // namespace detail
 }  // namespace sciattn

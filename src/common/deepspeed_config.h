@@ -2,7 +2,9 @@
 // (spec section 1.7). Host-only common layer; the public entry points are in block_sparse.h.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 
 #include "sciattn/block_sparse.h"
@@ -27,5 +29,13 @@ inline constexpr std::string_view kDeepSpeedSparseKeys[] = {
     "global_block_end_indices",
     "num_sliding_window_blocks",
 };
+
+// parse_deepspeed_sparsity_config and load_deepspeed_sparsity_config of the public API
+// (src/block_sparse_layouts.cpp): the section (or a whole DeepSpeed config holding one) as text,
+// or read from a file.
+Status parse_deepspeed_sparsity_text(std::string_view json_text, int64_t num_heads, uint64_t seed,
+                                     SparsityConfig* out);
+Status load_deepspeed_sparsity_file(const std::string& path, int64_t num_heads, uint64_t seed,
+                                    SparsityConfig* out);
 
 }  // namespace sciattn::detail

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "common/block_sparse_index.h"
+
 namespace sciattn::detail {
 namespace {
 
@@ -347,7 +349,7 @@ void build_tile_lists(const BlockSparseIndex& ix, int64_t span, SparseAttentionT
 
 int64_t sparse_attention_tiles_per_piece(const BlockSparseIndex& index, int64_t max_blocks,
                                          int64_t tile_nnz, int64_t tile_lines) {
-  if (max_blocks == default_split_blocks(index)) {
+  if (max_blocks == detail::default_split_blocks(index)) {
     const int64_t mean = tile_lines > 0 ? (tile_nnz + tile_lines - 1) / tile_lines : 0;
     return std::max<int64_t>(16, 2 * mean);
   }

@@ -1,5 +1,4 @@
 // Device queries for a build without CUDA (SCIATTN_WITH_CUDA=OFF). CPU layer.
-#include "sciattn/block_sparse_ops.h"
 #include "sciattn/device.h"
 
 namespace sciattn {
@@ -37,11 +36,6 @@ Status cuda_synchronize(Stream) {
 }
 std::string cuda_device_description() {
   return "";
-}
-
-Status upload_block_sparse_index(BlockSparseIndex* index, int /*device*/) {
-  if (index == nullptr) return Status::invalid_argument("index is a null pointer");
-  return no_cuda();
 }
 
 }  // namespace sciattn

@@ -1,5 +1,6 @@
-// upload_block_sparse_index: copies the int32 packing of a BlockSparseIndex and its tile index
-// (detail::pack_block_sparse_index) to the chosen CUDA device. CUDA layer (host code).
+// The CUDA side of upload_block_sparse_index: copies the int32 packing of a BlockSparseIndex and
+// its tile index (detail::pack_block_sparse_index) to the chosen CUDA device; and the checks the
+// ops make of that copy. CUDA layer (host code).
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "common/block_sparse_device_index.h"
 #include "common/block_sparse_device_pack.h"
+#include "cuda/block_sparse/block_sparse_ops_cuda.h"
 #include "cuda/common/device_guard.h"
 
 namespace sciattn {
@@ -38,8 +40,9 @@ Status on_device(int device, Body body) {
   return status;
 }
 
+namespace cuda {
+
 Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
-  if (index == nullptr) return Status::invalid_argument("index is a null pointer");
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) {
     cudaGetLastError();
@@ -72,6 +75,8 @@ Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
   index->device = std::move(d);
   return Status::ok_status();
 }
+
+}  // namespace cuda
 
 namespace detail {
 

@@ -12,6 +12,10 @@
 
 namespace sciattn::cuda {
 
+// upload_block_sparse_index (src/block_sparse_index.cpp) on a CUDA build: packs the index and
+// copies it to `device` (index is not null).
+Status upload_block_sparse_index(BlockSparseIndex* index, int device);
+
 // What the GPU kernels accept beyond the common checks (ok when nothing more is needed).
 Status check_block_sparse_matmul_cuda(const BlockSparseMatMulParams& p);
 Status check_block_sparse_matmul_cuda(const BlockSparseMatMulBackwardParams& p);
