@@ -11,8 +11,10 @@
 #include "common/workspace_layout.h"
 #include "cuda/block_sparse/sparse_attention_cuda.h"
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
+#include "cuda/block_sparse/sparse_attention_instances.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
 #include "cuda/common/device_guard.h"
+#include "cuda/common/instance_switch.h"
 
 namespace sciattn::cuda {
 namespace {
@@ -23,42 +25,12 @@ constexpr int64_t kMaxHeadDim = 128;
 // The instantiated head dim that runs head dim `dim`: the smallest of 32, 64, 128 built into
 // this binary that is >= dim (columns past dim are zero-filled); 0 when there is none.
 int64_t kernel_head_dim(int64_t dim) {
-  const int64_t built[] = {
-#ifdef SCIATTN_SPARSE_HD32
-      32,
-#endif
-#ifdef SCIATTN_SPARSE_HD64
-      64,
-#endif
-#ifdef SCIATTN_SPARSE_HD128
-      128,
-#endif
-      0};
-  for (int64_t d : built) {
-    if (d >= dim) return d;
-  }
-  return 0;
+  return smallest_holding(SparseAttentionInstances::HeadDimList{}, dim);
 }
 
 bool dtype_built(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return true;  // the fp32 kernels are always built
-    case DType::kF16:
-#ifdef SCIATTN_SPARSE_F16
-      return true;
-#else
-      return false;
-#endif
-    case DType::kBF16:
-#ifdef SCIATTN_SPARSE_BF16
-      return true;
-#else
-      return false;
-#endif
-    default:
-      return false;
-  }
+  // The fp32 kernels are always built.
+  return dtype == DType::kF32 || contains(SparseAttentionInstances::DTypeList{}, dtype);
 }
 
 const BlockSparseDeviceIndex::Tiles& tiles_of(const BlockSparseIndex* index) {
@@ -119,9 +91,10 @@ Status check_common(const BlockSparseIndex* index, DType dtype, const detail::At
   if (!dtype_built(dtype) || (dtype != DType::kF32 && kernel_head_dim(s.dim) == 0)) {
     return Status::not_supported(
         "this build has no fused sparse attention CUDA kernel for head dim D = " +
-        std::to_string(s.dim) + " and dtype " + dtype_name(dtype) +
-        " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES choose 32, 64, 128 and f16, bf16); build with the "
-        "`gpu` preset");
+        std::to_string(s.dim) + " and dtype " + dtype_name(dtype) + " (it has " +
+        describe_instances<SparseAttentionInstances>() +
+        ": SCIATTN_HEAD_DIMS / SCIATTN_DTYPES choose among 32, 64, 128 and f16, bf16); build "
+        "with the `gpu` preset");
   }
   const BlockSparseDeviceIndex* d = index->device.get();
   if (d == nullptr || d->tiles.num_tiles == 0) {
@@ -140,66 +113,22 @@ Status check_common(const BlockSparseIndex* index, DType dtype, const detail::At
   return Status::ok_status();
 }
 
-// Calls fn.template run<T, kHeadDim>() for the runtime dtype (f16 / bf16) and head dim.
-template <typename Fn>
-cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
-  const int64_t head_dim = kernel_head_dim(dim);
-#define SCIATTN_SPARSE_DIM(T, D) \
-  if (head_dim == D) return fn.template run<T, D>();
-#ifdef SCIATTN_SPARSE_HD32
-#define SCIATTN_SPARSE_IF32(T) SCIATTN_SPARSE_DIM(T, 32)
-#else
-#define SCIATTN_SPARSE_IF32(T)
-#endif
-#ifdef SCIATTN_SPARSE_HD64
-#define SCIATTN_SPARSE_IF64(T) SCIATTN_SPARSE_DIM(T, 64)
-#else
-#define SCIATTN_SPARSE_IF64(T)
-#endif
-#ifdef SCIATTN_SPARSE_HD128
-#define SCIATTN_SPARSE_IF128(T) SCIATTN_SPARSE_DIM(T, 128)
-#else
-#define SCIATTN_SPARSE_IF128(T)
-#endif
-#define SCIATTN_SPARSE_TYPE(T) SCIATTN_SPARSE_IF32(T) SCIATTN_SPARSE_IF64(T) SCIATTN_SPARSE_IF128(T)
-#ifdef SCIATTN_SPARSE_F16
-  if (dtype == DType::kF16) {
-    SCIATTN_SPARSE_TYPE(__half)
-  }
-#endif
-#ifdef SCIATTN_SPARSE_BF16
-  if (dtype == DType::kBF16) {
-    SCIATTN_SPARSE_TYPE(__nv_bfloat16)
-  }
-#endif
-#undef SCIATTN_SPARSE_TYPE
-#undef SCIATTN_SPARSE_IF32
-#undef SCIATTN_SPARSE_IF64
-#undef SCIATTN_SPARSE_IF128
-#undef SCIATTN_SPARSE_DIM
-  (void)dtype;
-  (void)head_dim;
-  (void)fn;
-  return cudaErrorInvalidValue;  // unreachable after the checks
+// Launches launch_sparse_attention_forward or _backward<T, kHeadDim> (kForward) of the
+// instantiation that runs this dtype and head dim (the checks have refused the pairs this build did
+// not instantiate).
+template <bool kForward, typename DeviceParams>
+cudaError_t launch(DType dtype, int64_t dim, const DeviceParams& p, cudaStream_t stream) {
+  return with_instance<SparseAttentionInstances>(
+      dtype, kernel_head_dim(dim), cudaErrorInvalidValue, [&](auto type, auto head_dim) {
+        using T = typename decltype(type)::type;
+        constexpr int kHeadDim = decltype(head_dim)::value;
+        if constexpr (kForward) {
+          return launch_sparse_attention_forward<T, kHeadDim>(p, stream);
+        } else {
+          return launch_sparse_attention_backward<T, kHeadDim>(p, stream);
+        }
+      });
 }
-
-struct ForwardLauncher {
-  const SparseAttentionDeviceParams& p;
-  cudaStream_t stream;
-  template <typename T, int D>
-  cudaError_t run() const {
-    return launch_sparse_attention_forward<T, D>(p, stream);
-  }
-};
-
-struct BackwardLauncher {
-  const SparseAttentionDeviceParams& p;
-  cudaStream_t stream;
-  template <typename T, int D>
-  cudaError_t run() const {
-    return launch_sparse_attention_backward<T, D>(p, stream);
-  }
-};
 
 Status run_forward_here(const SparseAttentionForwardParams& params, const detail::AttentionShape& s,
                         void* workspace, Stream stream) {
@@ -213,7 +142,7 @@ Status run_forward_here(const SparseAttentionForwardParams& params, const detail
     return device_status(launch_sparse_attention_forward_f32(p, cuda_stream),
                          "fused sparse attention forward (fp32) kernel launch");
   }
-  return device_status(dispatch(params.q.dtype, s.dim, ForwardLauncher{p, cuda_stream}),
+  return device_status(launch<true>(params.q.dtype, s.dim, p, cuda_stream),
                        "fused sparse attention forward kernel launch");
 }
 
@@ -236,7 +165,7 @@ Status run_backward_here(const SparseAttentionBackwardParams& params,
                       : launch_sparse_attention_delta<__nv_bfloat16>(p, cuda_stream);
   if (e != cudaSuccess) return device_status(e, "fused sparse attention backward (delta) launch");
   e = dtype == DType::kF32 ? launch_sparse_attention_backward_f32(p, cuda_stream)
-                           : dispatch(dtype, s.dim, BackwardLauncher{p, cuda_stream});
+                           : launch<false>(dtype, s.dim, p, cuda_stream);
   return device_status(e, "fused sparse attention backward kernel launch");
 }
 

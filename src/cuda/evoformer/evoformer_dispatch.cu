@@ -7,9 +7,11 @@
 
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/common/device_guard.h"
+#include "cuda/common/instance_switch.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_cuda.h"
 #include "cuda/evoformer/evoformer_device_params_of.h"
+#include "cuda/evoformer/evoformer_instances.h"
 #include "cuda/evoformer/evoformer_launch.h"
 
 namespace sciattn::cuda {
@@ -26,110 +28,33 @@ Status check_cuda(DType dtype, const detail::EvoformerShape& s, int64_t max_ctas
                                  " thread blocks, more than one CUDA grid holds (2^31 - 1)");
   }
   if (dtype == DType::kF32) return Status::ok_status();  // fp32 kernels are always built
-  bool built = false;
-#define SCIATTN_HAS_DIM(D) built = built || head_dim == D;
-#ifdef SCIATTN_EVOFORMER_HD8
-  SCIATTN_HAS_DIM(8)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD16
-  SCIATTN_HAS_DIM(16)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD32
-  SCIATTN_HAS_DIM(32)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD64
-  SCIATTN_HAS_DIM(64)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD128
-  SCIATTN_HAS_DIM(128)
-#endif
-#undef SCIATTN_HAS_DIM
-  const bool dtype_built =
-#ifdef SCIATTN_EVOFORMER_F16
-      dtype == DType::kF16 ||
-#endif
-#ifdef SCIATTN_EVOFORMER_BF16
-      dtype == DType::kBF16 ||
-#endif
-      false;
-  if (!built || !dtype_built) {
-    return Status::not_supported(
-        "this build has no CUDA kernel for head dim " + std::to_string(head_dim) + " and dtype " +
-        dtype_name(dtype) + " (SCIATTN_HEAD_DIMS / SCIATTN_DTYPES); build with the `gpu` preset");
+  if (!has_instance<EvoformerInstances>(dtype, head_dim)) {
+    return Status::not_supported("this build has no CUDA kernel for head dim " +
+                                 std::to_string(head_dim) + " and dtype " + dtype_name(dtype) +
+                                 " (it has " + describe_instances<EvoformerInstances>() +
+                                 ": SCIATTN_HEAD_DIMS / SCIATTN_DTYPES); build with the `gpu` "
+                                 "preset");
   }
   return Status::ok_status();
 }
 
-// Calls fn.template run<T, kHeadDim>() for the runtime dtype and head dim.
-template <typename Fn>
-cudaError_t dispatch(DType dtype, int64_t dim, const Fn& fn) {
-  const int64_t head_dim = detail::cuda_evoformer_head_dim(dim);
-#define SCIATTN_DISPATCH_DIM(T, D) \
-  if (head_dim == D) return fn.template run<T, D>();
-#define SCIATTN_DISPATCH_TYPE(T)               \
-  SCIATTN_IF_HD8(SCIATTN_DISPATCH_DIM(T, 8))   \
-  SCIATTN_IF_HD16(SCIATTN_DISPATCH_DIM(T, 16)) \
-  SCIATTN_IF_HD32(SCIATTN_DISPATCH_DIM(T, 32)) \
-  SCIATTN_IF_HD64(SCIATTN_DISPATCH_DIM(T, 64)) \
-  SCIATTN_IF_HD128(SCIATTN_DISPATCH_DIM(T, 128))
-#ifdef SCIATTN_EVOFORMER_HD8
-#define SCIATTN_IF_HD8(x) x
-#else
-#define SCIATTN_IF_HD8(x)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD16
-#define SCIATTN_IF_HD16(x) x
-#else
-#define SCIATTN_IF_HD16(x)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD32
-#define SCIATTN_IF_HD32(x) x
-#else
-#define SCIATTN_IF_HD32(x)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD64
-#define SCIATTN_IF_HD64(x) x
-#else
-#define SCIATTN_IF_HD64(x)
-#endif
-#ifdef SCIATTN_EVOFORMER_HD128
-#define SCIATTN_IF_HD128(x) x
-#else
-#define SCIATTN_IF_HD128(x)
-#endif
-#ifdef SCIATTN_EVOFORMER_F16
-  if (dtype == DType::kF16) {
-    SCIATTN_DISPATCH_TYPE(__half)
-  }
-#endif
-#ifdef SCIATTN_EVOFORMER_BF16
-  if (dtype == DType::kBF16) {
-    SCIATTN_DISPATCH_TYPE(__nv_bfloat16)
-  }
-#endif
-#undef SCIATTN_DISPATCH_TYPE
-#undef SCIATTN_DISPATCH_DIM
-  (void)dtype;
-  return cudaErrorInvalidValue;  // unreachable after check_cuda
+// Launches launch_evoformer_forward or _backward<T, kHeadDim> (kForward) of the instantiation that
+// runs this dtype and head dim (the checks have refused the pairs this build did not
+// instantiate).
+template <bool kForward, typename DeviceParams>
+cudaError_t launch(DType dtype, int64_t dim, const DeviceParams& p, cudaStream_t stream) {
+  return with_instance<EvoformerInstances>(
+      dtype, detail::cuda_evoformer_head_dim(dim), cudaErrorInvalidValue,
+      [&](auto type, auto head_dim) {
+        using T = typename decltype(type)::type;
+        constexpr int kHeadDim = decltype(head_dim)::value;
+        if constexpr (kForward) {
+          return launch_evoformer_forward<T, kHeadDim>(p, stream);
+        } else {
+          return launch_evoformer_backward<T, kHeadDim>(p, stream);
+        }
+      });
 }
-
-struct ForwardLauncher {
-  const EvoformerDeviceParams& p;
-  cudaStream_t stream;
-  template <typename T, int D>
-  cudaError_t run() const {
-    return launch_evoformer_forward<T, D>(p, stream);
-  }
-};
-
-struct BackwardLauncher {
-  const EvoformerDeviceParams& p;
-  cudaStream_t stream;
-  template <typename T, int D>
-  cudaError_t run() const {
-    return launch_evoformer_backward<T, D>(p, stream);
-  }
-};
 
 }  // namespace
 
@@ -198,7 +123,7 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
                          "Evoformer forward (fp32) kernel launch");
   }
-  return device_status(dispatch(params.q.dtype, s.dim, ForwardLauncher{p, cuda_stream}),
+  return device_status(launch<true>(params.q.dtype, s.dim, p, cuda_stream),
                        "Evoformer forward kernel launch");
 }
 
@@ -215,7 +140,7 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
   } else {
     // The launcher computes delta itself (a kernel of its own, or inside dQ on the warpgroup
     // path).
-    e = dispatch(params.q.dtype, s.dim, BackwardLauncher{p, cuda_stream});
+    e = launch<false>(params.q.dtype, s.dim, p, cuda_stream);
   }
   if (e != cudaSuccess) return device_status(e, "Evoformer backward kernel launch");
   if (p.dbias1 != nullptr || p.dbias2_partial != nullptr) {
