@@ -50,7 +50,7 @@ def peak_extra_bytes(fn):
     Garbage from earlier calls (tensors in reference cycles, e.g. through a compiled peer's
     closures) is collected first: left in the baseline and freed by a collection during fn(), it
     would be subtracted from fn()'s own need (FlexAttention read 34.5 MB at triangle 256 once,
-    below its own outputs and gradients, docs/perf/evoformer_cuda.md v20)."""
+    below its own outputs and gradients)."""
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

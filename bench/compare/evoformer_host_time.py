@@ -6,8 +6,7 @@ what the host spends issuing the call, not the kernels' time; median of 40 calls
     python3 bench/compare/evoformer_host_time.py --lib build/gpu/bindings/capi/libsciattn_capi.so
 
 (with the Python package built with CUDA, scripts/build_torch_ext.sh --cuda). For small shapes
-the compare script's times through autograd are bound by this host time, not by the kernels
-(docs/perf/evoformer_cuda.md, v20).
+the compare script's times through autograd are bound by this host time, not by the kernels.
 """
 import argparse
 import math

@@ -5,7 +5,7 @@
 // Why C++ and not torch.library.register_autograd: the Python formula ran Python on every call
 // (setup_context, the backward function, and autograd's zero tensor for the unused lse gradient),
 // about 0.3 ms of host time per forward + backward on the H200 machine, more than the kernels of
-// a 256-residue triangle attention; the GPU waited for it (docs/perf/evoformer_cuda.md, v20).
+// a 256-residue triangle attention, so the GPU waited for it.
 // The fake (meta) kernels stay in Python (sciattn/_ops.py); the composite block-sparse ops
 // (bsmm, bs_softmax) keep their Python formulas.
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -235,9 +235,9 @@ Status load_deepspeed_sparsity_config(const std::string& path, int64_t num_heads
 // =================================================================================================
 // Block-sparse tensors and ops (MatMul sdd/dsd/dds, Softmax, SparseSelfAttention)
 // =================================================================================================
-// Reserved for the block-sparse ops of issue 3 (spec section 2): the (Z, nnz, block, block)
-// tensor format in layout.nonzero() order, its row and column indexes, and the ops' Params
-// structs with can_implement / workspace_size / run. They take a Layout from the functions above
-// (the ops currently live in sciattn/block_sparse_ops.h, which includes this header).
+// The block-sparse ops (spec section 2: the (Z, nnz, block, block) tensor format in
+// layout.nonzero() order, its row and column indexes, and the ops' Params structs with
+// can_implement / workspace_size / run) are declared in sciattn/block_sparse_ops.h, which
+// includes this header; they take a Layout from the functions above.
 
 }  // namespace sciattn

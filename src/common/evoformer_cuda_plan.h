@@ -22,7 +22,7 @@ constexpr int64_t kCudaDbias2Sms = 132;
 constexpr int64_t kCudaDbias2PartialBudget = int64_t{64} << 20;
 // A dbias2 CTA's fixed work (reading its bias2 cells, waiting for its first tiles, storing its
 // sum) in units of the work of one n: about 2,000 instructions per warp against ~450 per n in the
-// head dim 64 kernel (SASS and ncu, docs/perf/evoformer_cuda.md v18). Without it the model took
+// head dim 64 kernel, as counted in its SASS and measured with ncu. Without it the model took
 // 37 chunks of 7 n over 4 of 64 at head dim 64 (63 against 64 modelled) and the kernel spent most
 // of its time on that fixed work.
 constexpr int64_t kCudaDbias2CtaCost = 4;
@@ -86,8 +86,8 @@ constexpr int64_t kCudaDkdvCtasPerSm = 3, kCudaDqCtasPerSm = 4;
 // the fused kernel's, and the separate dK/dV and dQ kernels' each.
 constexpr int64_t kCudaFusedStepCost = 4, kCudaSeparateStepCost = 4;
 // A two-CTA cluster's added cost per key tile (two cluster barriers, the partial sums' exchange),
-// in the same quarters: from triangle 768 on the H200, fused kernel and delta 3.43 ms against the
-// separate kernels' 3.60 (docs/perf/evoformer_cuda.md v23).
+// in the same quarters, fitted to the H200 at triangle 768, where the clusters pay off: fused
+// kernel and delta 3.43 ms against the separate kernels' 3.60.
 constexpr int64_t kCudaFusedClusterKeyTileCost = 2;
 
 // Modelled time of the fused kernel on clusters of `ranks` CTAs per slice: its CTAs each walk
@@ -120,7 +120,7 @@ inline int64_t cuda_separate_backward_cost(const EvoformerShape& s) {
 // the shape and the bias kinds only, so every run of a call takes the same kernels and gives the
 // same bits. (Two CTAs per slice where one fits is slower: on the H200 a third CTA per SM, which
 // half the dQ allows up to L = 256 with a 16-bit bias2 and 640 without, did not make up for the
-// exchange; v23.)
+// exchange when measured.)
 inline int64_t cuda_fused_backward_ranks(const EvoformerShape& s, const bool (&fits)[2]) {
   if (s.dim != 32 || s.batch * s.n * s.heads == 0 || s.len == 0) return 0;
   const int64_t ranks = fits[0] ? 1 : fits[1] ? 2 : 0;

@@ -2,8 +2,8 @@
 // each array starts on a 16-byte boundary, so that kernels may read it with vector loads. The
 // arrays are registered first (their offsets are known at once) and converted in one pass into a
 // buffer allocated once: growing the buffer array by array was most of an upload's host time
-// (BigBird, 65,536 tokens, block 64: 18 ms for 5 MB on the 2-core CI-class machine,
-// docs/perf/block_sparse_cpu.md). Host-only common layer.
+// (BigBird, 65,536 tokens, block 64: 18 ms for 5 MB on the 2-core CI-class machine).
+// Host-only common layer.
 #pragma once
 
 #include <cstddef>

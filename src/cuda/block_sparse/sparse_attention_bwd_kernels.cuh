@@ -65,7 +65,7 @@ __device__ __forceinline__ void load_own_tile(SparseBwdSmem<T, kHeadDim>& smem,
 // thread's rows are keys and its columns queries, so the layout bit and the terms are read with
 // (query, key) swapped. In a plain entry the query groups outside the warp's `keep` get values
 // that nothing reads (the products skip their k-steps); computing them costs less than per-group
-// tests (docs/perf/block_sparse_cuda.md v9).
+// tests, which split the loops into small blocks.
 template <bool kPacked>
 __device__ __forceinline__ void transposed_probabilities(
     float (&pt)[8][4], const SparseAttentionDeviceParams& p, const float* lse,

@@ -67,7 +67,7 @@ __device__ __forceinline__ void load_slice_rows(T* smem, const StridedSlice& src
 // gathered one by one; otherwise one slot of a whole 64-token tile (blocks of 64 and more), a
 // contiguous slice. The kernels are instantiated for both, so that blocks of 64 and 128 carry
 // none of the gather's code (per-row slot lookups in the copies and the element path; with it
-// they ran 3-5% slower, docs/perf/block_sparse_cuda.md v10).
+// they ran 3-5% slower).
 template <bool kPacked>
 struct EntrySlots {
   static constexpr int kTileShift = 6;  // log2(SparseTile::kSize)

@@ -40,8 +40,8 @@ __device__ __forceinline__ void tile_scores(float (&s)[SparseTile::kSize / 8][4]
       for (int x = 0; x < 4; ++x) s[j][x] *= p.scale;
     // -inf in the column groups outside `keep` (an entry of blocks of 16 or 32), which the
     // row maxima and sums below must not see. Setting them costs less than skipping their
-    // exponentials: per-group tests split the loops below into small blocks (measured, perf
-    // doc v9: 5-9% slower at blocks 16 and 64).
+    // exponentials: per-group tests split the loops below into small blocks (measured 5-9%
+    // slower at blocks 16 and 64).
     if (keep != 0xFFu) {
 #pragma unroll
       for (int j = 0; j < kScoreTiles; ++j)

@@ -19,8 +19,8 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // 2^x on the special-function unit with results below 2^-126 flushed to zero
 // (ex2.approx.ftz.f32, 2 ulp). The build has no fast-math, so exp2f compiles to the same
 // instruction wrapped in a compare against -126 and two predicated multiplies that keep denormal
-// results: ~96 of ~447 compute instructions per tile of the Evoformer forward
-// (docs/perf/evoformer_cuda.md v12). Every use here is a probability or a rescale factor, where a
+// results: ~96 of ~447 compute instructions per tile of the Evoformer forward. Every use here
+// is a probability or a rescale factor, where a
 // value below 2^-126 is 0 at any tolerance and in any 16-bit output. fast_exp2(-inf) = +0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -322,7 +322,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // kChunks) and every (kThreads / kChunks)-th row from threadIdx.x / kChunks, so its copies are a
 // fixed, unrolled set whose addresses advance by constants: no division or 64-bit multiply per
 // copy (the generic strided loop spent ~25 instructions on each; without them the Evoformer dK/dV
-// and dQ kernels ran 11-13% faster, docs/perf/evoformer_cuda.md v11).
+// and dQ kernels ran 11-13% faster).
 template <typename T, int kRows, int kChunks, int kPitch, int kThreads>
 __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t row_stride,
                                                 int64_t row0, int64_t len, int64_t dim) {

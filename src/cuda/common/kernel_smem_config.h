@@ -16,7 +16,7 @@ namespace sciattn::cuda {
 // `max_carveout`, asks for the largest shared-memory carveout. Each attribute is set once per
 // kernel and device (the limit again only for a larger size): the attributes stay with the
 // context, and cudaFuncSetAttribute costs 2-3 us of host time a call, which a small Evoformer
-// call paid ten times (docs/perf/evoformer_cuda.md, v20).
+// call would pay ten times.
 inline cudaError_t configure_kernel_smem(const void* kernel, size_t smem_bytes, bool max_carveout) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);

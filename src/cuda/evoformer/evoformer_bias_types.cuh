@@ -1,8 +1,8 @@
 // The bias types an Evoformer kernel instantiation is compiled for. FixedBiasTypes names them at
 // compile time, for the pairs users pass most (a mask and a pair bias in the inputs' dtype, or the
 // mask alone): the loop then carries no branch on a bias type and its code is the one path taken
-// (the forward's loop was 2,882 instructions over every type, its warps stalled on instruction
-// fetch in 22% of samples; docs/perf/evoformer_cuda.md v27). ParamBiasTypes reads them from the
+// (with every type's path the forward's loop was 2,882 instructions, and its warps stalled on
+// instruction fetch in 22% of the profiler's samples). ParamBiasTypes reads them from the
 // parameters, for every other pair. Both are read the same way (types.bias1, types.bias2), so a
 // kernel body serves both. CUDA layer.
 #pragma once

@@ -30,7 +30,7 @@ struct EvoformerFwdSmem {
 
 // CTAs per SM the register count must allow: up to head dim 32 the kernel fits 128 registers
 // (four CTAs) without spilling in its loop. Left to itself the compiler took 137-158 (three CTAs):
-// four ran the forward 4-7% faster at head dim 32 and 9% at 8 (docs/perf/evoformer_cuda.md v15).
+// four ran the forward 4-7% faster at head dim 32 and 9% faster at 8.
 // 0 (no bound) above, since a bound of 1 made ptxas take more registers (182 at head dim 32).
 template <int kHeadDim>
 constexpr int kEvoformerFwdMinCtas = kHeadDim <= 32 ? 4 : 0;

@@ -18,7 +18,7 @@ def _plainly_valid(q, k, v, bias1, bias2):
     """True for the common valid call (plain tensors, f32/f16/bf16 on cpu or cuda), checked in
     one pass; anything else takes _check's argument-by-argument path, which names what is wrong.
     It takes ~5 us where that path took 12-14 on the 2-core CI-like machine (the checks were
-    17-37 us of a call's host time on the H200 machine, docs/perf/evoformer_cuda.md v20)."""
+    17-37 us of a call's host time on the H200 machine, where small calls are bound by it)."""
     tensor = torch.Tensor
     if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor:
         return False
