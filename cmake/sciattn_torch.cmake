@@ -16,10 +16,26 @@ execute_process(
   OUTPUT_VARIABLE torch_query RESULT_VARIABLE torch_query_rc ERROR_VARIABLE torch_query_err
   OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT torch_query_rc EQUAL 0)
+  # The interpreter's last line says why (usually "ModuleNotFoundError: No module named 'torch'").
+  string(STRIP "${torch_query_err}" torch_query_err)
+  string(REGEX REPLACE ".*\n" "" torch_query_reason "${torch_query_err}")
+  if(SKBUILD)
+    # pip's default build runs in an isolated environment that has the build requirements but not
+    # torch; the extension must be compiled against the torch it will run with.
+    set(torch_query_fix
+      "pip builds sciattn in an isolated environment without torch unless told otherwise. Install "
+      "torch into your environment first, then build without isolation:\n"
+      "    pip install torch\n"
+      "    pip install --no-build-isolation .\n"
+      "or run scripts/setup.sh --python (a .venv with the pinned torch, then the package).")
+  else()
+    set(torch_query_fix
+      "Install torch into that interpreter (pip install torch), or point Python3_EXECUTABLE at "
+      "one that has it; scripts/setup.sh --python sets up a .venv with the pinned torch.")
+  endif()
   message(FATAL_ERROR
-    "SCIATTN_WITH_TORCH: `${Python3_EXECUTABLE} -c 'import torch'` failed:\n${torch_query_err}\n"
-    "Install torch in that interpreter first; with pip, build without isolation: "
-    "pip install --no-build-isolation .")
+    "sciattn: the PyTorch extension is compiled against the installed torch, but "
+    "`${Python3_EXECUTABLE} -c 'import torch'` fails: ${torch_query_reason}\n" ${torch_query_fix})
 endif()
 string(REPLACE "\n" ";" torch_query "${torch_query}")
 list(GET torch_query 0 SCIATTN_TORCH_DIR)
