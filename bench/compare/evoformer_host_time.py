@@ -46,14 +46,14 @@ def main():
         qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
         b2g = None if b2 is None else b2.detach().clone().requires_grad_(True)
         leaves = [x for x in (qg, kg, vg, b2g) if x is not None]
-        out, lse = ops.evoformer_fwd(q, k, v, b1, b2, scale, 0)
+        out, lse = ops.evoformer_fwd(q, k, v, b1, b2, scale, "tiled")
         out_g = sciattn.evoformer_attention(qg, kg, vg, b1, b2g, scale)
         c_out, c_lse = sci.forward(q, k, v, b1, b2)
         out_sdpa = E.sdpa_efficient(qg, kg, vg, b1, b2g, scale)  # a peer's graph, for comparison
         pieces = {
-            "fwd op": lambda: ops.evoformer_fwd(q, k, v, b1, b2, scale, 0),
+            "fwd op": lambda: ops.evoformer_fwd(q, k, v, b1, b2, scale, "tiled"),
             "bwd op": lambda: ops.evoformer_bwd(dout, q, k, v, b1, b2, out, lse, scale, False,
-                                                b2 is not None, 0),
+                                                b2 is not None, "tiled"),
             "package fwd (autograd)": lambda: sciattn.evoformer_attention(qg, kg, vg, b1, b2g,
                                                                           scale),
             "autograd.grad": lambda: torch.autograd.grad(out_g, leaves, dout, retain_graph=True),

@@ -23,7 +23,8 @@ using OptTensor = std::optional<at::Tensor>;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The operator handle of `name` (a schema of TORCH_LIBRARY(sciattn) in ops.cpp).
+// The operator handle of `name` (a schema of the sciattn library: evoformer_ops.cpp,
+// block_sparse_ops.cpp).
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
@@ -81,20 +82,20 @@ variable_list run_backward_op(const char* op, const Call& call, const Inputs&...
 
 // ---- Evoformer ------------------------------------------------------------------------------
 
-// The C++ signatures of the CPU and CUDA kernels in ops.cpp (the dispatcher wants every kernel of
-// an op, and every typed handle, to use the same one).
+// The C++ signatures of the CPU and CUDA kernels in evoformer_ops.cpp (the dispatcher wants every
+// kernel of an op, and every typed handle, to use the same one).
 using EvoformerFwdSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor, at::Tensor, at::Tensor,
                                                            OptTensor, OptTensor,
-                                                           std::optional<double>, int64_t);
+                                                           std::optional<double>, c10::string_view);
 using EvoformerBwdSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor, at::Tensor, at::Tensor, at::Tensor, OptTensor, OptTensor, at::Tensor, at::Tensor,
-    std::optional<double>, bool, bool, int64_t);
+    std::optional<double>, bool, bool, c10::string_view);
 
 class EvoformerFunction : public torch::autograd::Function<EvoformerFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const OptTensor& bias1, const OptTensor& bias2,
-                               std::optional<double> scale, int64_t algorithm) {
+                               std::optional<double> scale, c10::string_view algorithm) {
     static const auto evoformer_fwd_op = op_handle<EvoformerFwdSig>("sciattn::evoformer_fwd");
     at::Tensor out, lse;
     {
@@ -110,7 +111,7 @@ class EvoformerFunction : public torch::autograd::Function<EvoformerFunction> {
     ctx->saved_data["bias1"] = bias1_edge >= 0 && bias1->is_floating_point() ? bias1_edge : -1;
     ctx->saved_data["bias2"] = edges.of(bias2);
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["algorithm"] = algorithm;
+    ctx->saved_data["algorithm"] = std::string(algorithm);
     ctx->save_for_backward(
         {q, k, v, bias1.value_or(at::Tensor()), bias2.value_or(at::Tensor()), out, lse});
     ctx->mark_non_differentiable({lse});
@@ -128,7 +129,7 @@ class EvoformerFunction : public torch::autograd::Function<EvoformerFunction> {
     const bool need_b1 = needs_grad(ctx, "bias1");
     const bool need_b2 = needs_grad(ctx, "bias2");
     const auto scale = ctx->saved_data["scale"].toOptional<double>();
-    const int64_t algorithm = ctx->saved_data["algorithm"].toInt();
+    const std::string& algorithm = ctx->saved_data["algorithm"].toStringRef();
     const variable_list g = run_backward_op(
         "evoformer_attention (backward)",
         [&]() -> variable_list {
@@ -151,22 +152,21 @@ class EvoformerFunction : public torch::autograd::Function<EvoformerFunction> {
 std::tuple<at::Tensor, at::Tensor> evoformer_fwd_autograd(at::Tensor q, at::Tensor k, at::Tensor v,
                                                           OptTensor bias1, OptTensor bias2,
                                                           std::optional<double> scale,
-                                                          int64_t algorithm) {
+                                                          c10::string_view algorithm) {
   const variable_list r = EvoformerFunction::apply(q, k, v, bias1, bias2, scale, algorithm);
   return {r[0], r[1]};
 }
 
 // ---- Block-sparse fused attention -----------------------------------------------------------
 
-using SparseFwdSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor, at::Tensor, at::Tensor,
-                                                        const at::Tensor&, int64_t, int64_t,
-                                                        OptTensor, OptTensor, OptTensor,
-                                                        std::optional<double>, bool, int64_t,
-                                                        int64_t, int64_t);
+// ... and of the kernels in block_sparse_ops.cpp.
+using SparseFwdSig = std::tuple<at::Tensor, at::Tensor>(
+    at::Tensor, at::Tensor, at::Tensor, const at::Tensor&, int64_t, int64_t, OptTensor, OptTensor,
+    OptTensor, std::optional<double>, bool, c10::string_view, c10::string_view, c10::string_view);
 using SparseBwdSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, const at::Tensor&,
-    int64_t, int64_t, OptTensor, OptTensor, OptTensor, std::optional<double>, bool, int64_t,
-    int64_t, int64_t);
+    int64_t, int64_t, OptTensor, OptTensor, OptTensor, std::optional<double>, bool,
+    c10::string_view, c10::string_view, c10::string_view);
 
 class SparseAttentionFunction : public torch::autograd::Function<SparseAttentionFunction> {
  public:
@@ -174,8 +174,8 @@ class SparseAttentionFunction : public torch::autograd::Function<SparseAttention
                                const at::Tensor& v, const at::Tensor& layout, int64_t block,
                                int64_t nnz, const OptTensor& rpe, const OptTensor& key_padding_mask,
                                const OptTensor& attn_mask, std::optional<double> scale, bool causal,
-                               int64_t key_padding_mask_mode, int64_t attn_mask_mode,
-                               int64_t algorithm) {
+                               c10::string_view key_padding_mask_mode,
+                               c10::string_view attn_mask_mode, c10::string_view algorithm) {
     static const auto sparse_attention_fwd_op =
         op_handle<SparseFwdSig>("sciattn::sparse_attention_fwd");
     at::Tensor out, lse;
@@ -193,9 +193,9 @@ class SparseAttentionFunction : public torch::autograd::Function<SparseAttention
     ctx->saved_data["nnz"] = nnz;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
-    ctx->saved_data["key_padding_mask_mode"] = key_padding_mask_mode;
-    ctx->saved_data["attn_mask_mode"] = attn_mask_mode;
-    ctx->saved_data["algorithm"] = algorithm;
+    ctx->saved_data["key_padding_mask_mode"] = std::string(key_padding_mask_mode);
+    ctx->saved_data["attn_mask_mode"] = std::string(attn_mask_mode);
+    ctx->saved_data["algorithm"] = std::string(algorithm);
     ctx->save_for_backward({q, k, v, out, lse, layout, rpe.value_or(at::Tensor()),
                             key_padding_mask.value_or(at::Tensor()),
                             attn_mask.value_or(at::Tensor())});
@@ -219,8 +219,8 @@ class SparseAttentionFunction : public torch::autograd::Function<SparseAttention
           auto [dq, dk, dv] = sparse_attention_bwd_op.call(
               dout, s[0], s[1], s[2], s[3], s[4], s[5], d.at("block").toInt(), d.at("nnz").toInt(),
               opt(s[6]), opt(s[7]), opt(s[8]), d.at("scale").toOptional<double>(),
-              d.at("causal").toBool(), d.at("key_padding_mask_mode").toInt(),
-              d.at("attn_mask_mode").toInt(), d.at("algorithm").toInt());
+              d.at("causal").toBool(), d.at("key_padding_mask_mode").toStringRef(),
+              d.at("attn_mask_mode").toStringRef(), d.at("algorithm").toStringRef());
           return {dq, dk, dv};
         },
         dout, s[0], s[1], s[2], opt(s[6]));
@@ -234,7 +234,8 @@ class SparseAttentionFunction : public torch::autograd::Function<SparseAttention
 std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd_autograd(
     at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& layout, int64_t block, int64_t nnz,
     OptTensor rpe, OptTensor key_padding_mask, OptTensor attn_mask, std::optional<double> scale,
-    bool causal, int64_t key_padding_mask_mode, int64_t attn_mask_mode, int64_t algorithm) {
+    bool causal, c10::string_view key_padding_mask_mode, c10::string_view attn_mask_mode,
+    c10::string_view algorithm) {
   const variable_list r = SparseAttentionFunction::apply(
       q, k, v, layout, block, nnz, rpe, key_padding_mask, attn_mask, scale, causal,
       key_padding_mask_mode, attn_mask_mode, algorithm);

@@ -38,11 +38,12 @@ std::tuple<at::Tensor, at::Tensor> safe_softmax(const at::Tensor& s) {
 
 // The additive term of a mask (docs/block_sparse_ops.md): bool true keeps; 'add' adds the value;
 // 'mul' removes a 0 and keeps anything else.
-at::Tensor mask_term(const at::Tensor& m, int64_t mode, const at::TensorOptions& f64) {
+at::Tensor mask_term(const at::Tensor& m, MaskMode mode, const at::TensorOptions& f64) {
   if (m.scalar_type() == at::kBool) {
     return at::where(m, at::zeros({}, f64), at::full({}, -kInf, f64));
   }
-  if (mode == 1) return at::where(m == 0, at::full({}, -kInf, f64), at::zeros({}, f64));
+  if (mode == MaskMode::kMul)
+    return at::where(m == 0, at::full({}, -kInf, f64), at::zeros({}, f64));
   return m.to(at::kDouble);
 }
 
@@ -71,8 +72,8 @@ std::tuple<at::Tensor, at::Tensor> evoformer_probs(const at::Tensor& q, const at
                                                    const OptTensor& bias1, const OptTensor& bias2,
                                                    double scale) {
   at::Tensor s = at::einsum("bnihd,bnjhd->bnhij", {q, k}) * scale;
-  if (bias1) s = s + mask_term(*bias1, 0, q.options());  // [B, N, 1, 1, L] broadcasts
-  if (bias2) s = s + *bias2;                             // [B, 1, H, L, L] broadcasts
+  if (bias1) s = s + mask_term(*bias1, MaskMode::kAdd, q.options());  // [B, N, 1, 1, L] broadcasts
+  if (bias2) s = s + *bias2;                                          // [B, 1, H, L, L] broadcasts
   return safe_softmax(s);
 }
 
@@ -119,14 +120,15 @@ void check_dense(const at::Tensor& x, const Blocks& bl, const char* name) {
 
 // op(a), op(b) as dense matrices; sparse operands expanded with zeros.
 std::tuple<at::Tensor, at::Tensor> matmul_operands(const at::Tensor& a, const at::Tensor& b,
-                                                   const Blocks& bl, int64_t block, int64_t mode,
-                                                   bool trans_a, bool trans_b) {
+                                                   const Blocks& bl, int64_t block,
+                                                   BlockSparseMatMulMode mode, bool trans_a,
+                                                   bool trans_b) {
   check_f64(a, "a");
   check_f64(b, "b");
-  if (mode != 1) check_dense(a, bl, "a");
-  if (mode != 2) check_dense(b, bl, "b");
-  at::Tensor A = mode == 1 ? to_dense(a, bl, block, 0.0) : a;
-  at::Tensor B = mode == 2 ? to_dense(b, bl, block, 0.0) : b;
+  if (mode != BlockSparseMatMulMode::kDsd) check_dense(a, bl, "a");
+  if (mode != BlockSparseMatMulMode::kDds) check_dense(b, bl, "b");
+  at::Tensor A = mode == BlockSparseMatMulMode::kDsd ? to_dense(a, bl, block, 0.0) : a;
+  at::Tensor B = mode == BlockSparseMatMulMode::kDds ? to_dense(b, bl, block, 0.0) : b;
   A = maybe_t(A, trans_a);
   B = maybe_t(B, trans_b);
   TORCH_CHECK_VALUE(A.size(-1) == B.size(-2), "the inner sizes of op(a) ", A.sizes(), " and op(b) ",
@@ -137,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor> matmul_operands(const at::Tensor& a, const at
 at::Tensor attention_scores(const at::Tensor& q, const at::Tensor& k, const Blocks& bl,
                             const at::Tensor& layout, int64_t block, const OptTensor& rpe,
                             const OptTensor& kpm, const OptTensor& am, std::optional<double> scale,
-                            bool causal, int64_t kpm_mode, int64_t am_mode) {
+                            bool causal, MaskMode kpm_mode, MaskMode am_mode) {
   check_f64(q, "query");
   check_f64(k, "key");
   TORCH_CHECK_VALUE(q.dim() == 4 && k.sizes() == q.sizes(),
@@ -195,37 +197,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer
 }
 
 at::Tensor bsmm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, int64_t block,
-                int64_t mode, bool trans_a, bool trans_b) {
+                BlockSparseMatMulMode mode, bool trans_a, bool trans_b) {
   const Blocks bl = blocks_of(layout, a.device());
   auto [A, B] = matmul_operands(a, b, bl, block, mode, trans_a, trans_b);
   at::Tensor c = at::matmul(A, B);
-  return mode == 0 ? to_sparse(c, bl, block) : c.contiguous();
+  return mode == BlockSparseMatMulMode::kSdd ? to_sparse(c, bl, block) : c.contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor> bsmm_bwd(const at::Tensor& dc, const at::Tensor& a,
                                             const at::Tensor& b, const at::Tensor& layout,
-                                            int64_t block, int64_t mode, bool trans_a, bool trans_b,
-                                            bool need_da, bool need_db) {
+                                            int64_t block, BlockSparseMatMulMode mode, bool trans_a,
+                                            bool trans_b, bool need_da, bool need_db) {
   const Blocks bl = blocks_of(layout, a.device());
   auto [A, B] = matmul_operands(a, b, bl, block, mode, trans_a, trans_b);
   check_f64(dc, "dc");
-  at::Tensor dC = mode == 0 ? to_dense(dc, bl, block, 0.0) : dc;
+  at::Tensor dC = mode == BlockSparseMatMulMode::kSdd ? to_dense(dc, bl, block, 0.0) : dc;
   at::Tensor da = at::empty({0}, a.options()), db = at::empty({0}, b.options());
   if (need_da) {
     da = maybe_t(at::matmul(dC, B.transpose(-1, -2)), trans_a);
-    da = mode == 1 ? to_sparse(da, bl, block) : da.contiguous();
+    da = mode == BlockSparseMatMulMode::kDsd ? to_sparse(da, bl, block) : da.contiguous();
   }
   if (need_db) {
     db = maybe_t(at::matmul(A.transpose(-1, -2), dC), trans_b);
-    db = mode == 2 ? to_sparse(db, bl, block) : db.contiguous();
+    db = mode == BlockSparseMatMulMode::kDds ? to_sparse(db, bl, block) : db.contiguous();
   }
   return {da, db};
 }
 
 at::Tensor bs_softmax(const at::Tensor& x, const at::Tensor& layout, int64_t block, double scale,
                       const OptTensor& rpe, const OptTensor& key_padding_mask,
-                      const OptTensor& attn_mask, int64_t key_padding_mask_mode,
-                      int64_t attn_mask_mode) {
+                      const OptTensor& attn_mask, MaskMode key_padding_mask_mode,
+                      MaskMode attn_mask_mode) {
   check_f64(x, "x");
   const Blocks bl = blocks_of(layout, x.device());
   at::Tensor present = to_dense(at::ones_like(x), bl, block, 0.0).ne(0);
@@ -255,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& layout,
     int64_t block, const OptTensor& rpe, const OptTensor& key_padding_mask,
     const OptTensor& attn_mask, std::optional<double> scale, bool causal,
-    int64_t key_padding_mask_mode, int64_t attn_mask_mode) {
+    MaskMode key_padding_mask_mode, MaskMode attn_mask_mode) {
   const Blocks bl = blocks_of(layout, q.device());
   check_f64(v, "value");
   check_shape(v, q.sizes(), "value");
@@ -269,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& layout, int64_t block, const OptTensor& rpe,
     const OptTensor& key_padding_mask, const OptTensor& attn_mask, std::optional<double> scale,
-    bool causal, int64_t key_padding_mask_mode, int64_t attn_mask_mode) {
+    bool causal, MaskMode key_padding_mask_mode, MaskMode attn_mask_mode) {
   const Blocks bl = blocks_of(layout, q.device());
   check_f64(v, "value");
   check_f64(dout, "dout");

@@ -10,6 +10,8 @@
 #include <optional>
 #include <tuple>
 
+#include "sciattn/block_sparse_ops.h"
+
 namespace sciattn::torch_ext::fp64 {
 
 using OptTensor = std::optional<at::Tensor>;
@@ -24,16 +26,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer
     std::optional<double> scale, bool need_dbias1, bool need_dbias2);
 
 at::Tensor bsmm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, int64_t block,
-                int64_t mode, bool trans_a, bool trans_b);
+                BlockSparseMatMulMode mode, bool trans_a, bool trans_b);
 std::tuple<at::Tensor, at::Tensor> bsmm_bwd(const at::Tensor& dc, const at::Tensor& a,
                                             const at::Tensor& b, const at::Tensor& layout,
-                                            int64_t block, int64_t mode, bool trans_a, bool trans_b,
-                                            bool need_da, bool need_db);
+                                            int64_t block, BlockSparseMatMulMode mode, bool trans_a,
+                                            bool trans_b, bool need_da, bool need_db);
 
 at::Tensor bs_softmax(const at::Tensor& x, const at::Tensor& layout, int64_t block, double scale,
                       const OptTensor& rpe, const OptTensor& key_padding_mask,
-                      const OptTensor& attn_mask, int64_t key_padding_mask_mode,
-                      int64_t attn_mask_mode);
+                      const OptTensor& attn_mask, MaskMode key_padding_mask_mode,
+                      MaskMode attn_mask_mode);
 at::Tensor bs_softmax_bwd(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& layout,
                           int64_t block, double scale);
 
@@ -41,11 +43,11 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& layout,
     int64_t block, const OptTensor& rpe, const OptTensor& key_padding_mask,
     const OptTensor& attn_mask, std::optional<double> scale, bool causal,
-    int64_t key_padding_mask_mode, int64_t attn_mask_mode);
+    MaskMode key_padding_mask_mode, MaskMode attn_mask_mode);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& layout, int64_t block, const OptTensor& rpe,
     const OptTensor& key_padding_mask, const OptTensor& attn_mask, std::optional<double> scale,
-    bool causal, int64_t key_padding_mask_mode, int64_t attn_mask_mode);
+    bool causal, MaskMode key_padding_mask_mode, MaskMode attn_mask_mode);
 
 }  // namespace sciattn::torch_ext::fp64

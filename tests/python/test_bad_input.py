@@ -67,21 +67,43 @@ def test_raw_op_errors_name_the_argument(device):
     a = evo(device)
     with pytest.raises(ValueError, match="bias2"):
         ops.evoformer_fwd(a["q"], a["k"], a["v"], None, torch.randn(1, 1, 3, 8, 8, device=device),
-                          None, 0)
+                          None, "tiled")
     with pytest.raises(TypeError, match="dtype"):
-        ops.evoformer_fwd(a["q"].long(), a["k"].long(), a["v"].long(), None, None, None, 0)
+        ops.evoformer_fwd(a["q"].long(), a["k"].long(), a["v"].long(), None, None, None, "tiled")
     with pytest.raises(ValueError, match="q must have shape"):
-        ops.evoformer_fwd(a["q"][0], a["k"], a["v"], None, None, None, 0)
+        ops.evoformer_fwd(a["q"][0], a["k"], a["v"], None, None, None, "tiled")
     with pytest.raises(ValueError, match="algorithm"):
-        ops.evoformer_fwd(a["q"], a["k"], a["v"], None, None, None, 7)
+        ops.evoformer_fwd(a["q"], a["k"], a["v"], None, None, None, "fast")
     layout = torch.ones(1, 2, 2, dtype=torch.long)
     x = torch.randn(1, 4, 16, 16, device=device)
     with pytest.raises(ValueError, match="nnz"):
-        ops.bs_softmax(x, layout, 16, 3, 1.0, None, None, None, 0, 0)
+        ops.bs_softmax(x, layout, 16, 3, 1.0, None, None, None, "add", "add")
     with pytest.raises(ValueError, match="0s and 1s"):
-        ops.bs_softmax(x, layout * 2, 16, 4, 1.0, None, None, None, 0, 0)
+        ops.bs_softmax(x, layout * 2, 16, 4, 1.0, None, None, None, "add", "add")
     with pytest.raises(ValueError, match="key_padding_mask"):
-        ops.bs_softmax(x, layout, 16, 4, 1.0, None, torch.zeros(1, 31, device=device), None, 0, 0)
+        ops.bs_softmax(x, layout, 16, 4, 1.0, None, torch.zeros(1, 31, device=device), None,
+                       "add", "add")
+
+
+def test_raw_op_enums_are_named_strings(device):
+    """The ops' enum arguments cross the schema as strings; a wrong one names the argument and the
+    accepted values. sparsity_layout's config fields are keyword-only, with DeepSpeed's defaults."""
+    layout = torch.ones(1, 2, 2, dtype=torch.long)
+    a = torch.randn(1, 1, 32, 8, device=device)
+    b = torch.randn(1, 1, 8, 32, device=device)
+    with pytest.raises(ValueError, match="mode must be 'sdd', 'dsd' or 'dds'; got 'ssd'"):
+        ops.bsmm(a, b, layout, 16, 4, "ssd", False, False)
+    x = torch.randn(1, 4, 16, 16, device=device)
+    with pytest.raises(ValueError, match="attn_mask_mode must be 'add' or 'mul'"):
+        ops.bs_softmax(x, layout, 16, 4, 1.0, None, None, None, "add", "max")
+    q = torch.randn(1, 1, 32, 8, device=device)
+    with pytest.raises(ValueError, match="algorithm must be 'fused', 'composite' or 'reference'"):
+        ops.sparse_attention_fwd(q, q, q, layout, 16, 4, None, None, None, None, False,
+                                 algorithm="dense")
+    fixed = ops.sparsity_layout("fixed", 2, 16, seq_len=128, num_local_blocks=2)
+    assert fixed.shape == (2, 8, 8)
+    with pytest.raises(RuntimeError):
+        ops.sparsity_layout("fixed", 2, 16, 128)  # seq_len is keyword-only
 
 
 def test_sparse_ops_bad_input(device):

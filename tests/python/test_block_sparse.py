@@ -147,7 +147,7 @@ def attention_case(device, dtype, config, L, masks=False, causal=False, algorith
     kpm = None if not masks else kw["key_padding_mask"].reshape(B, L).cpu()
     raw = (layout, config.block, int(layout.sum()), None if not masks else
            kw["rpe"].expand(B, H, L, L).cpu(), kpm, None if not masks else kw["attn_mask"].cpu(),
-           None, causal, 0, 1, 2)
+           None, causal, "add", "mul", "reference")
     low, low_lse = torch.ops.sciattn.sparse_attention_fwd(qc, kc, vc, *raw)
     assert_close_rule("out", out, low, ref, dtype)
     dout = rand(*out.shape, dtype=dtype, device=device)
@@ -296,8 +296,8 @@ def test_index_cache_follows_in_place_layout_changes(device):
     layout = config.make_layout(64)
     q, k, v = (rand(1, 2, 64, 8, device=device) for _ in range(3))
 
-    def fwd(lay):  # the fused algorithm (0), masks in their default modes
-        raw = (lay, config.block, int(lay.sum()), None, None, None, None, False, 0, 1, 0)
+    def fwd(lay):  # the fused algorithm, masks in their default modes
+        raw = (lay, config.block, int(lay.sum()), None, None, None, None, False, "add", "mul", "fused")
         return run_or_skip(torch.ops.sciattn.sparse_attention_fwd, q, k, v, *raw)[0]
 
     first = fwd(layout)
@@ -305,7 +305,7 @@ def test_index_cache_follows_in_place_layout_changes(device):
     with pytest.raises(ValueError, match="nnz"):  # a cached index still checks nnz
         torch.ops.sciattn.sparse_attention_fwd(q, k, v, layout, config.block,
                                                int(layout.sum()) + 1, None, None, None, None,
-                                               False, 0, 1, 0)
+                                               False, "add", "mul", "fused")
     layout.zero_()
     layout[:, torch.arange(4), torch.arange(4)] = 1  # diagonal blocks only, in place
     changed = fwd(layout)
@@ -325,7 +325,7 @@ def test_layout_tensor_of_any_integer_or_bool_dtype(device):
     nnz = int(layout.sum())
 
     def fwd(lay):
-        raw = (lay, config.block, nnz, None, None, None, None, False, 0, 1, 0)
+        raw = (lay, config.block, nnz, None, None, None, None, False, "add", "mul", "fused")
         return run_or_skip(torch.ops.sciattn.sparse_attention_fwd, q, k, v, *raw)[0]
 
     want = fwd(layout)
@@ -336,7 +336,7 @@ def test_layout_tensor_of_any_integer_or_bool_dtype(device):
         wrong[0, 0, 0] = bad
         with pytest.raises(ValueError, match="only 0s and 1s"):
             torch.ops.sciattn.sparse_attention_fwd(q, k, v, wrong, config.block, nnz, None, None,
-                                                   None, None, False, 0, 1, 0)
+                                                   None, None, False, "add", "mul", "fused")
 
 
 def test_index_cache_per_device_and_threads(device):
@@ -346,7 +346,7 @@ def test_index_cache_per_device_and_threads(device):
     import threading
     config = CONFIGS["bigbird"](2)
     layout = config.make_layout(128)
-    raw = (layout, config.block, int(layout.sum()), None, None, None, None, False, 0, 1, 0)
+    raw = (layout, config.block, int(layout.sum()), None, None, None, None, False, "add", "mul", "fused")
     q, k, v = (rand(1, 2, 128, 32) for _ in range(3))
     dq, dk, dv = (t.to(device) for t in (q, k, v))
     cpu_out = torch.ops.sciattn.sparse_attention_fwd(q, k, v, *raw)[0]
@@ -384,7 +384,7 @@ def test_cuda_layout_tensor_and_second_device(device):
     gets its own copy of the index."""
     config = CONFIGS["fixed"](2)
     layout = config.make_layout(64)
-    raw = (config.block, int(layout.sum()), None, None, None, None, False, 0, 1, 0)
+    raw = (config.block, int(layout.sum()), None, None, None, None, False, "add", "mul", "fused")
     q, k, v = (rand(1, 2, 64, 64, dtype=torch.bfloat16) for _ in range(3))
     ref = torch.ops.sciattn.sparse_attention_fwd(q, k, v, layout, *raw)[0]
     devices = [torch.device("cuda", i) for i in range(min(2, torch.cuda.device_count()))]

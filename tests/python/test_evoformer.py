@@ -39,10 +39,10 @@ def cpu_reference(inputs, dout, scale=None):
     the gradients (dq, dk, dv, dbias1, dbias2; None where a bias is absent or bool)."""
     q, k, v, b1, b2 = [None if t is None else t.detach().cpu() for t in inputs]
     ops = torch.ops.sciattn
-    out, lse = ops.evoformer_fwd(q, k, v, b1, b2, scale, 1)
+    out, lse = ops.evoformer_fwd(q, k, v, b1, b2, scale, "reference")
     need1 = b1 is not None and b1.is_floating_point()
     grads = ops.evoformer_bwd(dout.cpu(), q, k, v, b1, b2, out, lse, scale, need1,
-                              b2 is not None, 1)
+                              b2 is not None, "reference")
     return out, [grads[0], grads[1], grads[2], grads[3] if need1 else None,
                  grads[4] if b2 is not None else None]
 

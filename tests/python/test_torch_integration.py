@@ -29,20 +29,20 @@ def test_opcheck_evoformer(device, dtype):
     q, k, v = (g(1, 2, 20, 2, 8, device=device, dtype=dtype) for _ in range(3))
     b1 = g(1, 2, 1, 1, 20, device=device, dtype=dtype)
     b2 = g(1, 1, 2, 20, 20, device=device, dtype=dtype)
-    opcheck(ops.evoformer_fwd.default, (q, k, v, b1, b2, None, 0), device)
-    opcheck(ops.evoformer_fwd.default, (q, k, v, None, None, 0.5, 0), device)
-    out, lse = ops.evoformer_fwd(q, k, v, b1, b2, None, 0)
+    opcheck(ops.evoformer_fwd.default, (q, k, v, b1, b2, None, "tiled"), device)
+    opcheck(ops.evoformer_fwd.default, (q, k, v, None, None, 0.5, "tiled"), device)
+    out, lse = ops.evoformer_fwd(q, k, v, b1, b2, None, "tiled")
     opcheck(ops.evoformer_bwd.default,
             (torch.ones_like(out), q.detach(), k.detach(), v.detach(), b1.detach(), b2.detach(),
-             out.detach(), lse, None, True, True, 0), device)
+             out.detach(), lse, None, True, True, "tiled"), device)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("mode", ["sdd", "dsd", "dds"])
 def test_opcheck_bsmm(device, mode):
-    a = g(2, 2, 48, 8, device=device) if mode != 1 else g(2, NNZ, 16, 16, device=device)
-    b = g(2, 2, 8, 48, device=device) if mode == 0 else (
-        g(2, 2, 48, 8, device=device) if mode == 1 else g(2, NNZ, 16, 16, device=device))
-    if mode == 2:
+    a = g(2, 2, 48, 8, device=device) if mode != "dsd" else g(2, NNZ, 16, 16, device=device)
+    b = g(2, 2, 8, 48, device=device) if mode == "sdd" else (
+        g(2, 2, 48, 8, device=device) if mode == "dsd" else g(2, NNZ, 16, 16, device=device))
+    if mode == "dds":
         a = g(2, 2, 8, 48, device=device)
     opcheck(ops.bsmm.default, (a, b, LAYOUT, 16, NNZ, mode, False, False), device)
     c = ops.bsmm(a, b, LAYOUT, 16, NNZ, mode, False, False)
@@ -53,20 +53,21 @@ def test_opcheck_bsmm(device, mode):
 def test_opcheck_softmax(device):
     x = g(2, NNZ, 16, 16, device=device)
     kpm = torch.zeros(2, 48, device=device)
-    opcheck(ops.bs_softmax.default, (x, LAYOUT, 16, NNZ, 0.5, None, kpm, None, 0, 0), device)
-    y = ops.bs_softmax(x, LAYOUT, 16, NNZ, 0.5, None, None, None, 0, 0)
+    opcheck(ops.bs_softmax.default, (x, LAYOUT, 16, NNZ, 0.5, None, kpm, None, "add", "add"),
+            device)
+    y = ops.bs_softmax(x, LAYOUT, 16, NNZ, 0.5, None, None, None, "add", "add")
     opcheck(ops.bs_softmax_bwd.default, (torch.ones_like(y), y.detach(), LAYOUT, 16, NNZ, 0.5),
             device)
 
 
 def test_opcheck_sparse_attention(device):
     q, k, v = (g(2, 2, 48, 8, device=device) for _ in range(3))
-    args = (q, k, v, LAYOUT, 16, NNZ, None, None, None, None, False, 0, 1, 0)
+    args = (q, k, v, LAYOUT, 16, NNZ, None, None, None, None, False, "add", "mul", "fused")
     opcheck(ops.sparse_attention_fwd.default, args, device)
     out, lse = ops.sparse_attention_fwd(*args)
     opcheck(ops.sparse_attention_bwd.default,
             (torch.ones_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse, LAYOUT,
-             16, NNZ, None, None, None, None, True, 0, 1, 0), device)
+             16, NNZ, None, None, None, None, True, "add", "mul", "fused"), device)
 
 
 class Evoformer(torch.nn.Module):

@@ -69,6 +69,7 @@ def scale(value, name="scale"):
 
 
 def choice(value, name, options):
+    """`value` when it is one of `options` (the accepted strings of an enum argument)."""
     if value not in options:
         raise ValueError(f"{name} must be one of {sorted(options)}; got {value!r}")
-    return options[value]
+    return value

@@ -1,7 +1,7 @@
 """Loads the compiled extension (the torch.ops.sciattn.* ops) and registers, for each op, its fake
 (meta) kernel for torch.compile, and the autograd formulas of the composite block-sparse ops
 (bsmm, bs_softmax). The C++ side registers the schemas and the CPU and CUDA kernels
-(bindings/torch/ops.cpp) and the autograd of the two attention ops (bindings/torch/autograd.cpp)."""
+(bindings/torch/*_ops.cpp) and the autograd of the two attention ops (bindings/torch/autograd.cpp)."""
 import glob
 import os
 
@@ -41,11 +41,11 @@ def _check_extension_matches():
 
 _check_extension_matches()
 
-# Algorithms the ops take as ints (the C++ enums).
-EVOFORMER_ALGORITHMS = {"tiled": 0, "reference": 1}
-ATTENTION_ALGORITHMS = {"fused": 0, "composite": 1, "reference": 2}
-MASK_MODES = {"add": 0, "mul": 1}
-MATMUL_MODES = {"sdd": 0, "dsd": 1, "dds": 2}
+# The values of the ops' enum arguments, which cross the op schemas as strings.
+EVOFORMER_ALGORITHMS = ("tiled", "reference")
+ATTENTION_ALGORITHMS = ("fused", "composite", "reference")
+MASK_MODES = ("add", "mul")
+MATMUL_MODES = ("sdd", "dsd", "dds")
 
 
 def built_with_cuda() -> bool:
@@ -64,14 +64,14 @@ def _empty0(t):
 # ---- Evoformer --------------------------------------------------------------------------------
 
 @torch.library.register_fake("sciattn::evoformer_fwd")
-def _evoformer_fwd_fake(q, k, v, bias1, bias2, scale, algorithm):
+def _evoformer_fwd_fake(q, k, v, bias1, bias2, scale, algorithm="tiled"):
     B, N, L, H, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B * N, H, L), dtype=_lse_dtype(q))
 
 
 @torch.library.register_fake("sciattn::evoformer_bwd")
 def _evoformer_bwd_fake(dout, q, k, v, bias1, bias2, out, lse, scale, need_dbias1, need_dbias2,
-                        algorithm):
+                        algorithm="tiled"):
     db1 = bias1.new_empty(bias1.shape) if need_dbias1 else _empty0(q)
     db2 = bias2.new_empty(bias2.shape) if need_dbias2 else _empty0(q)
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), db1, db2
@@ -111,9 +111,9 @@ def _run_backward_op(name, call, *inputs):
 @torch.library.register_fake("sciattn::bsmm")
 def _bsmm_fake(a, b, layout, block, nnz, mode, trans_a, trans_b):
     H, R, C = layout.shape
-    if mode == 0:
+    if mode == "sdd":
         return a.new_empty((a.shape[0], nnz, block, block))
-    if mode == 1:
+    if mode == "dsd":
         return b.new_empty((b.shape[0], H, (C if trans_a else R) * block,
                             b.shape[2] if trans_b else b.shape[3]))
     return a.new_empty((a.shape[0], H, a.shape[3] if trans_a else a.shape[2],
@@ -150,7 +150,7 @@ torch.library.register_autograd("sciattn::bsmm", _bsmm_backward, setup_context=_
 
 @torch.library.register_fake("sciattn::bs_softmax")
 def _bs_softmax_fake(x, layout, block, nnz, scale, rpe, key_padding_mask, attn_mask,
-                     key_padding_mask_mode, attn_mask_mode):
+                     key_padding_mask_mode="add", attn_mask_mode="mul"):
     return x.new_empty(x.shape)
 
 
@@ -182,14 +182,16 @@ torch.library.register_autograd("sciattn::bs_softmax", _bs_softmax_backward,
 
 @torch.library.register_fake("sciattn::sparse_attention_fwd")
 def _sparse_attention_fwd_fake(q, k, v, layout, block, nnz, rpe, key_padding_mask, attn_mask,
-                               scale, causal, key_padding_mask_mode, attn_mask_mode, algorithm):
+                               scale, causal, key_padding_mask_mode="add", attn_mask_mode="mul",
+                               algorithm="fused"):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
 @torch.library.register_fake("sciattn::sparse_attention_bwd")
 def _sparse_attention_bwd_fake(dout, q, k, v, out, lse, layout, block, nnz, rpe,
-                               key_padding_mask, attn_mask, scale, causal, key_padding_mask_mode,
-                               attn_mask_mode, algorithm):
+                               key_padding_mask, attn_mask, scale, causal,
+                               key_padding_mask_mode="add", attn_mask_mode="mul",
+                               algorithm="fused"):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
 

@@ -37,8 +37,8 @@ class MatMul:
             a = a.unsqueeze(0)
         while b.dim() < 4:
             b = b.unsqueeze(0)
-        c = ops.bsmm(a, b, self.layout, self.block, self.nnz, MATMUL_MODES[self.mode],
-                     self.trans_a, self.trans_b)
+        c = ops.bsmm(a, b, self.layout, self.block, self.nnz, self.mode, self.trans_a,
+                     self.trans_b)
         # Remove the padded leading dims again; a sparse result keeps [nnz, b, b].
         for _ in range(min(4 - dims, 1) if self.mode == "sdd" else 4 - dims):
             c = c.squeeze(0)

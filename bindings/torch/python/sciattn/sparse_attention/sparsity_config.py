@@ -100,14 +100,9 @@ class SparsityConfig:
         )
 
     def _build(self, seq_len, max_seq_length=0):
-        f = self._fields()
-        return ops.sparsity_layout(
-            self._mode, self.num_heads, self.block, f["different_layout_per_head"],
-            f["num_local_blocks"], f["num_global_blocks"], f["attention"],
-            f["horizontal_global_attention"], f["num_different_global_patterns"],
-            f["num_random_blocks"], f["local_window_blocks"], f["global_block_indices"],
-            f["global_block_end_indices"], f["num_sliding_window_blocks"], self.seed, seq_len,
-            max_seq_length)
+        return ops.sparsity_layout(self._mode, self.num_heads, self.block, seq_len=seq_len,
+                                   max_seq_length=max_seq_length, seed=self.seed,
+                                   **self._fields())
 
     def _validate(self):
         self._build(0)
