@@ -1,7 +1,8 @@
-// Shared helpers of the block-sparse op suites: random layouts, an independent fp64 oracle
-// (dense math with the layout applied as a mask, written from spec section 2 and sharing no code
-// with the library), conversions between stored and logical values, and library runners.
-// Test layer (tests/cpu). Tensors, seeds and the tolerance rule come from evoformer_test_util.h.
+// Shared helpers of the block-sparse op suites, CPU (tests/cpu) and GPU (tests/cuda) alike: random
+// layouts and masks, an independent fp64 oracle (dense math with the layout applied as a mask,
+// written from spec section 2 and sharing no code with the library) for MatMul, Softmax and
+// sparse attention, conversions between stored and logical values, and library runners.
+// Test layer. Tensors, seeds and the tolerance rule come from evoformer_test_util.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <random>
 #include <string>
@@ -200,6 +202,114 @@ inline void fill_mask(HostTensor& m, MaskMode mode, double removed, std::mt19937
   }
 }
 
+// The mask kinds the suites draw: none, a float mask in each mode, a boolean mask.
+enum class MaskKind { kNone, kAdd, kMul, kBool };
+
+inline const char* mask_name(MaskKind k) {
+  static const char* names[] = {"none", "add", "mul", "bool"};
+  return names[static_cast<int>(k)];
+}
+
+// The mode a mask of kind k is passed with (a boolean mask reads the same in either).
+inline MaskMode mode_of(MaskKind k) {
+  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
+}
+
+// A random mask of kind k (absent for kNone): bool, or `dtype` for the float kinds, packed or as
+// a padded (strided) view, a fraction `removed` of its entries removing their key (fill_mask).
+inline HostTensor make_mask(MaskKind k, DType dtype, const std::vector<int64_t>& sizes,
+                            double removed, std::mt19937_64& rng, bool strided = false) {
+  if (k == MaskKind::kNone) return HostTensor();
+  const DType dt = k == MaskKind::kBool ? DType::kBool : dtype;
+  HostTensor m =
+      strided ? test::make_tensor(dt, sizes, test::Layout::kPadded) : HostTensor::packed(dt, sizes);
+  fill_mask(m, mode_of(k), removed, rng);
+  return m;
+}
+
+// ---- the fp64 MatMul oracle ---------------------------------------------------------------------
+
+// op(X) of an operand as a logical dense matrix: a dense operand as stored (transposed with
+// `trans`), a sparse one [Z, nnz, b, b] as the logical matrix of its layout blocks.
+inline Dense4 logical_operand(const HostTensor& t, bool sparse, bool trans, const Layout& layout,
+                              int64_t block) {
+  if (!sparse) return dense_op(t, trans);
+  const Dense4 d = sparse_logical(t, layout, block);
+  return trans ? d.transposed() : d;
+}
+
+// A logical gradient of op(X), back in X's stored shape.
+inline Vec stored_gradient(const Dense4& d_op, bool sparse, bool trans, const Layout& layout,
+                           int64_t block) {
+  const Dense4 d = trans ? d_op.transposed() : d_op;
+  return sparse ? sparse_blocks(d, layout, block) : d.v;
+}
+
+// The tensors of a suite's MatMul problem `p` for its case p.c (mode, ta, tb, dtype, Z, H, R, C,
+// block, and `extra`: K for sdd, N for dsd, M for dds) on its index p.ix: the dense operands and
+// a dense dC made by dense(dtype, sizes) (the suite's storage), the sparse ones packed
+// [Z, nnz, b, b]; sets which are sparse (p.a_sparse, p.b_sparse, p.c_sparse) and the output's
+// sizes (p.c_sizes), and fills A, B and dC from rng.
+template <class Problem, class DenseTensor>
+void make_matmul_tensors(Problem& p, const DenseTensor& dense, std::mt19937_64& rng) {
+  const auto& c = p.c;
+  const int64_t rb = c.R * c.block, cb = c.C * c.block, b = c.block;
+  const std::vector<int64_t> sparse = {c.Z, p.ix.nnz, b, b};
+  const auto dims = [](std::initializer_list<int64_t> d) { return std::vector<int64_t>(d); };
+  switch (c.mode) {
+    case BlockSparseMatMulMode::kSdd: {
+      const int64_t k = c.extra;
+      p.a = dense(c.dtype, c.ta ? dims({c.Z, c.H, k, rb}) : dims({c.Z, c.H, rb, k}));
+      p.b = dense(c.dtype, c.tb ? dims({c.Z, c.H, cb, k}) : dims({c.Z, c.H, k, cb}));
+      p.c_sparse = true;
+      p.c_sizes = sparse;
+      break;
+    }
+    case BlockSparseMatMulMode::kDsd: {
+      const int64_t n = c.extra, kin = c.ta ? rb : cb, m = c.ta ? cb : rb;
+      p.a = HostTensor::packed(c.dtype, sparse);
+      p.a_sparse = true;
+      p.b = dense(c.dtype, c.tb ? dims({c.Z, c.H, n, kin}) : dims({c.Z, c.H, kin, n}));
+      p.c_sizes = {c.Z, c.H, m, n};
+      break;
+    }
+    case BlockSparseMatMulMode::kDds: {
+      const int64_t m = c.extra, kin = c.tb ? cb : rb, n = c.tb ? rb : cb;
+      p.a = dense(c.dtype, c.ta ? dims({c.Z, c.H, kin, m}) : dims({c.Z, c.H, m, kin}));
+      p.b = HostTensor::packed(c.dtype, sparse);
+      p.b_sparse = true;
+      p.c_sizes = {c.Z, c.H, m, n};
+      break;
+    }
+  }
+  p.dc = p.c_sparse ? HostTensor::packed(c.dtype, p.c_sizes) : dense(c.dtype, p.c_sizes);
+  test::fill_normal(p.a, rng);
+  test::fill_normal(p.b, rng);
+  test::fill_normal(p.dc, rng);
+}
+
+struct MatMulOracle {
+  Vec c, da, db;  // in the stored shapes of c, a and b
+};
+
+// C = op(A) op(B), and from dC the gradients of A and B, of a suite's MatMul problem `p`: its
+// layout and tensors (p.layout, p.a, p.b, p.dc), which of them are sparse (p.a_sparse,
+// p.b_sparse, p.c_sparse), and its case's block and transposes (p.c.block, p.c.ta, p.c.tb).
+template <class Problem>
+MatMulOracle matmul_oracle(const Problem& p) {
+  const Layout& layout = p.layout;
+  const int64_t b = p.c.block;
+  MatMulOracle o;
+  const Dense4 op_a = logical_operand(p.a, p.a_sparse, p.c.ta, layout, b);
+  const Dense4 op_b = logical_operand(p.b, p.b_sparse, p.c.tb, layout, b);
+  const Dense4 c = matmul(op_a, op_b);
+  o.c = p.c_sparse ? sparse_blocks(c, layout, b) : c.v;
+  const Dense4 dc = p.c_sparse ? sparse_logical(p.dc, layout, b) : dense_op(p.dc, false);
+  o.da = stored_gradient(matmul(dc, op_b.transposed()), p.a_sparse, p.c.ta, layout, b);
+  o.db = stored_gradient(matmul(op_a.transposed(), dc), p.b_sparse, p.c.tb, layout, b);
+  return o;
+}
+
 // ---- the fp64 softmax oracle --------------------------------------------------------------------
 
 struct SoftmaxProblem {
@@ -266,6 +376,24 @@ inline Dense4 softmax_backward_oracle(const Layout& L, int64_t b, double scale, 
         }
       }
   return dx;
+}
+
+// The oracle problem of a suite's Softmax problem `p`: its layout and tensors (p.layout, p.x,
+// p.rpe, p.kpm, p.attn; absent ones not present()) and its case (p.c.block, p.c.Z, p.c.scale,
+// p.c.kpm and p.c.attn as MaskKinds, p.c.causal).
+template <class Problem>
+SoftmaxProblem softmax_oracle_problem(const Problem& p) {
+  SoftmaxProblem o;
+  o.layout = &p.layout;
+  o.b = p.c.block;
+  o.Z = p.c.Z;
+  o.scale = p.c.scale;
+  o.x = sparse_logical(p.x, p.layout, p.c.block);
+  if (p.rpe.present()) o.rpe = dense_op(p.rpe, false);
+  if (p.kpm.present()) o.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
+  if (p.attn.present()) o.attn = mask_terms(p.attn, mode_of(p.c.attn));
+  o.causal = p.c.causal;
+  return o;
 }
 
 // ---- the fp64 attention oracle ------------------------------------------------------------------
@@ -351,6 +479,47 @@ inline AttnProblem attention_problem(const Layout& layout, int64_t block, const 
   if (attn.present()) a.attn = mask_terms(attn, attn_mode);
   a.causal = causal;
   return a;
+}
+
+// The oracle problem of a suite's sparse attention problem `p`: its layout and tensors (p.layout,
+// p.q, p.k, p.v, p.rpe, p.kpm, p.attn) and its case (p.c.block, p.c.kpm and p.c.attn as
+// MaskKinds, p.c.causal, p.c.scale).
+template <class Problem>
+AttnProblem attention_oracle_problem(const Problem& p) {
+  return attention_problem(p.layout, p.c.block, p.q, p.k, p.v, p.rpe, p.kpm, mode_of(p.c.kpm),
+                           p.attn, mode_of(p.c.attn), p.c.causal, p.c.scale);
+}
+
+// The layouts of the attention suites' small cases: random (with an empty block row and column),
+// DeepSpeed's BigBird with a layout per head, and unidirectional Fixed (block-causal).
+enum class AttnLayoutKind { kRandom, kBigBird, kFixedUni };
+
+inline Layout attention_case_layout(AttnLayoutKind kind, int64_t H, int64_t N, int64_t block,
+                                    uint64_t seed, std::mt19937_64& rng) {
+  Layout layout;
+  switch (kind) {
+    case AttnLayoutKind::kRandom:
+      return random_layout(H, N, N, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
+    case AttnLayoutKind::kBigBird: {
+      BigBirdSparsityConfig cfg;
+      cfg.num_heads = H;
+      cfg.block = block;
+      cfg.different_layout_per_head = true;
+      cfg.seed = seed;
+      EXPECT_TRUE(make_layout(cfg, N * block, &layout).ok());
+      return layout;
+    }
+    case AttnLayoutKind::kFixedUni: {
+      FixedSparsityConfig cfg;
+      cfg.num_heads = H;
+      cfg.block = block;
+      cfg.num_local_blocks = 2;
+      cfg.attention = AttentionDirection::kUnidirectional;
+      EXPECT_TRUE(make_layout(cfg, N * block, &layout).ok());
+      return layout;
+    }
+  }
+  return layout;
 }
 
 struct AttnForward {

@@ -24,36 +24,16 @@ constexpr SparseAttentionAlgorithm kFused = SparseAttentionAlgorithm::kFused;
 constexpr SparseAttentionAlgorithm kComposite = SparseAttentionAlgorithm::kComposite;
 constexpr SparseAttentionAlgorithm kReference = SparseAttentionAlgorithm::kReference;
 
-enum class LayoutKind { kRandom, kBigBird, kFixedUni };
-enum class MaskKind { kNone, kAdd, kMul, kBool };
 enum class RpeKind { kNone, kF32, kBroadcast };
 // kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer (heads interleaved, as a projection
 // reshaped without a transpose gives them). kKeyT: K and V stored [B, H, D, L] (DeepSpeed's
 // pre-transposed key), viewed as [B, H, L, D] with a non-unit stride on D.
 enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
 
-const char* mask_name(MaskKind k) {
-  switch (k) {
-    case MaskKind::kNone:
-      return "none";
-    case MaskKind::kAdd:
-      return "add";
-    case MaskKind::kMul:
-      return "mul";
-    case MaskKind::kBool:
-      return "bool";
-  }
-  return "?";
-}
-
-MaskMode mode_of(MaskKind k) {
-  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
-}
-
 struct ATCase {
   DType dtype = DType::kF32;
   int64_t block = 16, B = 2, H = 2, N = 3, D = 8;  // L = N * block
-  LayoutKind layout = LayoutKind::kRandom;
+  AttnLayoutKind layout = AttnLayoutKind::kRandom;
   MaskKind kpm = MaskKind::kNone, attn = MaskKind::kNone;
   RpeKind rpe = RpeKind::kNone;
   bool causal = false;
@@ -105,45 +85,11 @@ struct ATProblem {
   HostTensor q, k, v, dout, rpe, kpm, attn;
 };
 
-Layout make_case_layout(const ATCase& c, std::mt19937_64& rng) {
-  Layout layout;
-  switch (c.layout) {
-    case LayoutKind::kRandom:
-      return random_layout(c.H, c.N, c.N, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
-    case LayoutKind::kBigBird: {
-      BigBirdSparsityConfig cfg;
-      cfg.num_heads = c.H;
-      cfg.block = c.block;
-      cfg.different_layout_per_head = true;
-      cfg.seed = c.seed;
-      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
-      return layout;
-    }
-    case LayoutKind::kFixedUni: {
-      FixedSparsityConfig cfg;
-      cfg.num_heads = c.H;
-      cfg.block = c.block;
-      cfg.num_local_blocks = 2;
-      cfg.attention = AttentionDirection::kUnidirectional;
-      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
-      return layout;
-    }
-  }
-  return layout;
-}
-
-HostTensor make_mask(MaskKind k, DType dtype, std::vector<int64_t> sizes, std::mt19937_64& rng) {
-  if (k == MaskKind::kNone) return HostTensor();
-  HostTensor m = HostTensor::packed(k == MaskKind::kBool ? DType::kBool : dtype, sizes);
-  fill_mask(m, mode_of(k), 0.15, rng);
-  return m;
-}
-
 ATProblem make_problem(const ATCase& c) {
   ATProblem p;
   p.c = c;
   std::mt19937_64 rng(c.seed);
-  p.layout = make_case_layout(c, rng);
+  p.layout = attention_case_layout(c.layout, c.H, c.N, c.block, c.seed, rng);
   p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   p.q = qkv_tensor(c);
@@ -160,8 +106,8 @@ ATProblem make_problem(const ATCase& c) {
     p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
   }
   if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, rng);
-  p.attn = make_mask(c.attn, c.dtype, {L, L}, rng);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, 0.15, rng);
+  p.attn = make_mask(c.attn, c.dtype, {L, L}, 0.15, rng);
   if (p.attn.present() && L > 2) {
     // Query 2 sees no key at all: a fully masked row (0 output, -inf lse, zero gradient).
     for (int64_t j = 0; j < L; ++j) p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
@@ -234,11 +180,6 @@ Bwd run_backward(const ATProblem& p, const Fwd& fwd, SparseAttentionAlgorithm al
   return r;
 }
 
-AttnProblem oracle_problem(const ATProblem& p) {
-  return attention_problem(p.layout, p.c.block, p.q, p.k, p.v, p.rpe, p.kpm, mode_of(p.c.kpm),
-                           p.attn, mode_of(p.c.attn), p.c.causal, p.c.scale);
-}
-
 std::vector<ATCase> all_cases() {
   std::vector<ATCase> cases;
   uint64_t seed = kBaseSeed + 500;
@@ -262,13 +203,13 @@ std::vector<ATCase> all_cases() {
   }
   // Real layouts: BigBird (global rows) and unidirectional Fixed with token-level causal masking.
   ATCase c;
-  c.layout = LayoutKind::kBigBird;
+  c.layout = AttnLayoutKind::kBigBird;
   c.N = 6;
   c.H = 3;
   c.kpm = MaskKind::kAdd;
   add(c);
   c = ATCase();
-  c.layout = LayoutKind::kFixedUni;
+  c.layout = AttnLayoutKind::kFixedUni;
   c.block = 32;
   c.N = 4;
   c.causal = true;
@@ -327,7 +268,7 @@ class AttentionCases : public ::testing::TestWithParam<ATCase> {};
 TEST_P(AttentionCases, ForwardWithinToleranceOfFp64) {
   const ATProblem p = make_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  const AttnProblem a = oracle_problem(p);
+  const AttnProblem a = attention_oracle_problem(p);
   const AttnForward o = attention_oracle(a);
   const Fwd ref = run_forward(p, kReference);
   ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
@@ -362,7 +303,7 @@ TEST_P(AttentionCases, ForwardWithinToleranceOfFp64) {
 TEST_P(AttentionCases, BackwardWithinToleranceOfFp64) {
   const ATProblem p = make_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  const AttnProblem a = oracle_problem(p);
+  const AttnProblem a = attention_oracle_problem(p);
   const AttnGrads o = attention_backward_oracle(a, dense_op(p.dout, false));
   // Every backward gets the same out and lse: the reference forward's.
   const Fwd fwd = run_forward(p, kReference);
@@ -417,7 +358,7 @@ INSTANTIATE_TEST_SUITE_P(BlockSparse, AttentionCases, ::testing::ValuesIn(all_ca
 // order differs (online vs two-pass).
 TEST(SparseAttention, FusedEqualsComposite) {
   ATCase c;
-  c.layout = LayoutKind::kBigBird;
+  c.layout = AttnLayoutKind::kBigBird;
   c.N = 8;
   c.D = 32;
   c.kpm = MaskKind::kAdd;
@@ -454,7 +395,7 @@ TEST(SparseAttention, OracleBackwardMatchesFiniteDifferences) {
   c.seed = kBaseSeed + 610;
   const ATProblem p = make_problem(c);
   SCOPED_TRACE(seed_note(c.seed));
-  const AttnProblem a = oracle_problem(p);
+  const AttnProblem a = attention_oracle_problem(p);
   const Dense4 dout = dense_op(p.dout, false);
   const AttnGrads g = attention_backward_oracle(a, dout);
   auto loss = [&](const AttnProblem& x) {

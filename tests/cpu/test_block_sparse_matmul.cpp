@@ -73,43 +73,12 @@ MMProblem make_problem(const MMCase& c) {
   p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
   p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
-  const int64_t rb = c.R * c.block, cb = c.C * c.block, nnz = p.ix.nnz, b = c.block;
-  const std::vector<int64_t> sparse = {c.Z, nnz, b, b};
-  switch (c.mode) {
-    case BlockSparseMatMulMode::kSdd: {
-      const int64_t k = c.extra;
-      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, k, rb}) : dims({c.Z, c.H, rb, k}),
-                         c.storage);
-      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, cb, k}) : dims({c.Z, c.H, k, cb}),
-                         c.storage);
-      p.c_sparse = true;
-      p.c_sizes = sparse;
-      break;
-    }
-    case BlockSparseMatMulMode::kDsd: {
-      const int64_t n = c.extra, kin = c.ta ? rb : cb, m = c.ta ? cb : rb;
-      p.a = HostTensor::packed(c.dtype, sparse);
-      p.a_sparse = true;
-      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, n, kin}) : dims({c.Z, c.H, kin, n}),
-                         c.storage);
-      p.c_sizes = {c.Z, c.H, m, n};
-      break;
-    }
-    case BlockSparseMatMulMode::kDds: {
-      const int64_t m = c.extra, kin = c.tb ? cb : rb, n = c.tb ? rb : cb;
-      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, kin, m}) : dims({c.Z, c.H, m, kin}),
-                         c.storage);
-      p.b = HostTensor::packed(c.dtype, sparse);
-      p.b_sparse = true;
-      p.c_sizes = {c.Z, c.H, m, n};
-      break;
-    }
-  }
-  p.dc = p.c_sparse ? HostTensor::packed(c.dtype, p.c_sizes)
-                    : dense_tensor(c.dtype, p.c_sizes, c.storage);
-  test::fill_normal(p.a, rng);
-  test::fill_normal(p.b, rng);
-  test::fill_normal(p.dc, rng);
+  make_matmul_tensors(
+      p,
+      [&](DType dtype, const std::vector<int64_t>& sizes) {
+        return dense_tensor(dtype, sizes, c.storage);
+      },
+      rng);
   return p;
 }
 
@@ -145,35 +114,6 @@ BlockSparseMatMulBackwardParams backward_params(const MMProblem& p, const HostTe
   g.db = db.view();
   g.num_threads = threads;
   return g;
-}
-
-// op(X) of an operand as a logical dense matrix.
-Dense4 logical_op(const MMProblem& p, const HostTensor& t, bool sparse, bool trans) {
-  if (!sparse) return dense_op(t, trans);
-  const Dense4 d = sparse_logical(t, p.layout, p.c.block);
-  return trans ? d.transposed() : d;
-}
-
-// A logical gradient of op(X), back in X's stored shape.
-Vec stored_grad(const MMProblem& p, const Dense4& d_op, bool sparse, bool trans) {
-  const Dense4 d = trans ? d_op.transposed() : d_op;
-  return sparse ? sparse_blocks(d, p.layout, p.c.block) : d.v;
-}
-
-struct Oracle {
-  Vec c, da, db;
-};
-
-Oracle oracle(const MMProblem& p) {
-  Oracle o;
-  const Dense4 op_a = logical_op(p, p.a, p.a_sparse, p.c.ta);
-  const Dense4 op_b = logical_op(p, p.b, p.b_sparse, p.c.tb);
-  const Dense4 c = matmul(op_a, op_b);
-  o.c = p.c_sparse ? sparse_blocks(c, p.layout, p.c.block) : c.v;
-  const Dense4 dc = p.c_sparse ? sparse_logical(p.dc, p.layout, p.c.block) : dense_op(p.dc, false);
-  o.da = stored_grad(p, matmul(dc, op_b.transposed()), p.a_sparse, p.c.ta);
-  o.db = stored_grad(p, matmul(op_a.transposed(), dc), p.b_sparse, p.c.tb);
-  return o;
 }
 
 std::vector<MMCase> all_cases() {
@@ -237,7 +177,7 @@ TEST_P(MatMulCases, ForwardWithinToleranceOfFp64) {
   const BlockSparseMatMulParams f = forward_params(p, c);
   const Status s = run_op(f, /*misalign=*/true);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  const Oracle o = oracle(p);
+  const MatMulOracle o = matmul_oracle(p);
   // lowp_ref: the library's fp32 reference, rounded to the dtype of c.
   Vec lowp(o.c.size()), ref64(o.c.size());
   std::vector<float> as_float(o.c.size());
@@ -262,7 +202,7 @@ TEST_P(MatMulCases, BackwardWithinToleranceOfFp64) {
   const BlockSparseMatMulBackwardParams g = backward_params(p, da, db);
   const Status s = run_op(g);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  const Oracle o = oracle(p);
+  const MatMulOracle o = matmul_oracle(p);
   std::vector<float> fa(o.da.size()), fb(o.db.size());
   cpu::reference_matmul_backward<float>(g, fa.data(), fb.data());
   Vec la(fa.size()), lb(fb.size());

@@ -18,7 +18,6 @@ namespace {
 using namespace sciattn::bstest;
 
 enum class RpeKind { kNone, kSameDtype, kF32, kBroadcast };
-enum class MaskKind { kNone, kAdd, kMul, kBool };
 
 const char* rpe_name(RpeKind k) {
   switch (k) {
@@ -33,20 +32,6 @@ const char* rpe_name(RpeKind k) {
   }
   return "?";
 }
-const char* mask_name(MaskKind k) {
-  switch (k) {
-    case MaskKind::kNone:
-      return "none";
-    case MaskKind::kAdd:
-      return "add";
-    case MaskKind::kMul:
-      return "mul";
-    case MaskKind::kBool:
-      return "bool";
-  }
-  return "?";
-}
-
 struct SMCase {
   DType dtype = DType::kF32;
   int64_t block = 16, Z = 2, H = 2, R = 3, C = 3;
@@ -73,23 +58,12 @@ void PrintTo(const SMCase& c, std::ostream* os) {
   *os << c.name() << " " << seed_note(c.seed);
 }
 
-MaskMode mode_of(MaskKind k) {
-  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
-}
-
 struct SMProblem {
   SMCase c;
   Layout layout;
   BlockSparseIndex ix;
   HostTensor x, rpe, kpm, attn, dy;
 };
-
-HostTensor make_mask(MaskKind k, DType dtype, std::vector<int64_t> sizes, std::mt19937_64& rng) {
-  if (k == MaskKind::kNone) return HostTensor();
-  HostTensor m = HostTensor::packed(k == MaskKind::kBool ? DType::kBool : dtype, sizes);
-  fill_mask(m, mode_of(k), 0.2, rng);
-  return m;
-}
 
 SMProblem make_problem(const SMCase& c) {
   SMProblem p;
@@ -118,8 +92,8 @@ SMProblem make_problem(const SMCase& c) {
       break;
   }
   if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.Z, cols}, rng);
-  p.attn = make_mask(c.attn, c.dtype, {rows, cols}, rng);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.Z, cols}, 0.2, rng);
+  p.attn = make_mask(c.attn, c.dtype, {rows, cols}, 0.2, rng);
   // Make query row 1 fully masked when there is an attention mask to do it with.
   if (p.attn.present()) {
     for (int64_t j = 0; j < cols; ++j) {
@@ -149,20 +123,6 @@ BlockSparseSoftmaxParams forward_params(const SMProblem& p, const HostTensor& y,
 HostTensor output_for(const SMProblem& p) {
   if (p.c.in_place) return p.x;
   return HostTensor::packed(p.c.dtype, p.x.sizes());
-}
-
-SoftmaxProblem oracle_problem(const SMProblem& p) {
-  SoftmaxProblem o;
-  o.layout = &p.layout;
-  o.b = p.c.block;
-  o.Z = p.c.Z;
-  o.scale = p.c.scale;
-  o.x = sparse_logical(p.x, p.layout, p.c.block);
-  if (p.rpe.present()) o.rpe = dense_op(p.rpe, false);
-  if (p.kpm.present()) o.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
-  if (p.attn.present()) o.attn = mask_terms(p.attn, mode_of(p.c.attn));
-  o.causal = p.c.causal;
-  return o;
 }
 
 std::vector<SMCase> all_cases() {
@@ -237,7 +197,7 @@ TEST_P(SoftmaxCases, ForwardWithinToleranceOfFp64) {
   const Status s = run_op(f, /*misalign=*/true);
   ASSERT_TRUE(s.ok()) << s.to_string();
 
-  const Vec ref64 = sparse_blocks(softmax_oracle(oracle_problem(p)), p.layout, p.c.block);
+  const Vec ref64 = sparse_blocks(softmax_oracle(softmax_oracle_problem(p)), p.layout, p.c.block);
   Vec r64(ref64.size()), lowp(ref64.size());
   std::vector<float> f32(ref64.size());
   cpu::reference_softmax<double>(ref_params, r64.data());

@@ -123,43 +123,12 @@ MMProblem make_mm_problem(const MMCase& c) {
     EXPECT_TRUE(split_block_sparse_work(c.split, &p.ix).ok());
   }
   upload(p.ix);
-  const int64_t rb = c.R * c.block, cb = c.C * c.block, b = c.block;
-  const std::vector<int64_t> sparse = {c.Z, p.ix.nnz, b, b};
-  switch (c.mode) {
-    case BlockSparseMatMulMode::kSdd: {
-      const int64_t k = c.extra;
-      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, k, rb}) : dims({c.Z, c.H, rb, k}),
-                         c.storage);
-      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, cb, k}) : dims({c.Z, c.H, k, cb}),
-                         c.storage);
-      p.c_sparse = true;
-      p.c_sizes = sparse;
-      break;
-    }
-    case BlockSparseMatMulMode::kDsd: {
-      const int64_t n = c.extra, kin = c.ta ? rb : cb, m = c.ta ? cb : rb;
-      p.a = HostTensor::packed(c.dtype, sparse);
-      p.a_sparse = true;
-      p.b = dense_tensor(c.dtype, c.tb ? dims({c.Z, c.H, n, kin}) : dims({c.Z, c.H, kin, n}),
-                         c.storage);
-      p.c_sizes = {c.Z, c.H, m, n};
-      break;
-    }
-    case BlockSparseMatMulMode::kDds: {
-      const int64_t m = c.extra, kin = c.tb ? cb : rb, n = c.tb ? rb : cb;
-      p.a = dense_tensor(c.dtype, c.ta ? dims({c.Z, c.H, kin, m}) : dims({c.Z, c.H, m, kin}),
-                         c.storage);
-      p.b = HostTensor::packed(c.dtype, sparse);
-      p.b_sparse = true;
-      p.c_sizes = {c.Z, c.H, m, n};
-      break;
-    }
-  }
-  p.dc = p.c_sparse ? HostTensor::packed(c.dtype, p.c_sizes)
-                    : dense_tensor(c.dtype, p.c_sizes, c.storage);
-  test::fill_normal(p.a, rng);
-  test::fill_normal(p.b, rng);
-  test::fill_normal(p.dc, rng);
+  make_matmul_tensors(
+      p,
+      [&](DType dtype, const std::vector<int64_t>& sizes) {
+        return dense_tensor(dtype, sizes, c.storage);
+      },
+      rng);
   return p;
 }
 
@@ -196,33 +165,6 @@ BlockSparseMatMulBackwardParams mm_backward(const MMProblem& p, const TensorView
   g.da = da;
   g.db = db;
   return g;
-}
-
-Dense4 mm_logical(const MMProblem& p, const HostTensor& t, bool sparse, bool trans) {
-  if (!sparse) return dense_op(t, trans);
-  const Dense4 d = sparse_logical(t, p.layout, p.c.block);
-  return trans ? d.transposed() : d;
-}
-
-Vec mm_stored_grad(const MMProblem& p, const Dense4& d_op, bool sparse, bool trans) {
-  const Dense4 d = trans ? d_op.transposed() : d_op;
-  return sparse ? sparse_blocks(d, p.layout, p.c.block) : d.v;
-}
-
-struct MMOracle {
-  Vec c, da, db;
-};
-
-MMOracle mm_oracle(const MMProblem& p) {
-  MMOracle o;
-  const Dense4 op_a = mm_logical(p, p.a, p.a_sparse, p.c.ta);
-  const Dense4 op_b = mm_logical(p, p.b, p.b_sparse, p.c.tb);
-  const Dense4 c = matmul(op_a, op_b);
-  o.c = p.c_sparse ? sparse_blocks(c, p.layout, p.c.block) : c.v;
-  const Dense4 dc = p.c_sparse ? sparse_logical(p.dc, p.layout, p.c.block) : dense_op(p.dc, false);
-  o.da = mm_stored_grad(p, matmul(dc, op_b.transposed()), p.a_sparse, p.c.ta);
-  o.db = mm_stored_grad(p, matmul(op_a.transposed(), dc), p.b_sparse, p.c.tb);
-  return o;
 }
 
 std::vector<MMCase> mm_cases() {
@@ -315,7 +257,7 @@ TEST_P(MatMulCuda, ForwardMatchesOracleAndIsDeterministic) {
   SKIP_WITHOUT_GPU();
   const MMProblem p = make_mm_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  const MMOracle o = mm_oracle(p);
+  const MatMulOracle o = matmul_oracle(p);
   HostTensor cpu = mm_output(p, p.c_sizes, p.c_sparse);
   ASSERT_TRUE(run_op(mm_forward(p, p.a.view(), p.b.view(), cpu.view())).ok());
 
@@ -336,7 +278,7 @@ TEST_P(MatMulCuda, BackwardMatchesOracle) {
   SKIP_WITHOUT_GPU();
   const MMProblem p = make_mm_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  const MMOracle o = mm_oracle(p);
+  const MatMulOracle o = matmul_oracle(p);
   HostTensor cpu_da = mm_output(p, p.a.sizes(), p.a_sparse);
   HostTensor cpu_db = mm_output(p, p.b.sizes(), p.b_sparse);
   ASSERT_TRUE(
@@ -417,26 +359,6 @@ TEST(MatMulCudaSmall, AttentionShapedProductsOnBigBirdLayout) {
 // =================================================================================================
 
 enum class RpeKind { kNone, kSameDtype, kF32, kBroadcast };
-enum class MaskKind { kNone, kAdd, kMul, kBool };
-
-const char* mask_name(MaskKind k) {
-  static const char* names[] = {"none", "add", "mul", "bool"};
-  return names[static_cast<int>(k)];
-}
-
-MaskMode mode_of(MaskKind k) {
-  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
-}
-
-HostTensor make_mask(MaskKind k, DType dtype, const std::vector<int64_t>& sizes, bool strided,
-                     std::mt19937_64& rng) {
-  if (k == MaskKind::kNone) return HostTensor();
-  const DType dt = k == MaskKind::kBool ? DType::kBool : dtype;
-  HostTensor m =
-      strided ? test::make_tensor(dt, sizes, test::Layout::kPadded) : HostTensor::packed(dt, sizes);
-  fill_mask(m, mode_of(k), 0.2, rng);
-  return m;
-}
 
 struct SMCase {
   DType dtype = DType::kF32;
@@ -512,8 +434,8 @@ SMProblem make_sm_problem(const SMCase& c) {
   }
   if (p.rpe.present()) test::fill_normal(p.rpe, rng);
   const DType mdt = c.mask_dtype == DType::kF32 ? DType::kF32 : c.dtype;
-  p.kpm = make_mask(c.kpm, mdt, {c.Z, cols}, c.strided, rng);
-  p.attn = make_mask(c.attn, mdt, {rows, cols}, c.strided, rng);
+  p.kpm = make_mask(c.kpm, mdt, {c.Z, cols}, 0.2, rng, c.strided);
+  p.attn = make_mask(c.attn, mdt, {rows, cols}, 0.2, rng, c.strided);
   // Query row 1 fully masked when there is an attention mask to do it with: y = 0, not NaN.
   if (p.attn.present()) {
     for (int64_t j = 0; j < cols; ++j) {
@@ -538,20 +460,6 @@ BlockSparseSoftmaxParams sm_forward(const SMProblem& p, const TensorView& x, con
   f.attn_mask_mode = mode_of(p.c.attn);
   f.causal = p.c.causal;
   return f;
-}
-
-SoftmaxProblem sm_oracle_problem(const SMProblem& p) {
-  SoftmaxProblem o;
-  o.layout = &p.layout;
-  o.b = p.c.block;
-  o.Z = p.c.Z;
-  o.scale = p.c.scale;
-  o.x = sparse_logical(p.x, p.layout, p.c.block);
-  if (p.rpe.present()) o.rpe = dense_op(p.rpe, false);
-  if (p.kpm.present()) o.kpm = mask_terms(p.kpm, mode_of(p.c.kpm));
-  if (p.attn.present()) o.attn = mask_terms(p.attn, mode_of(p.c.attn));
-  o.causal = p.c.causal;
-  return o;
 }
 
 // sparse_logical reads a packed tensor; a strided one goes through a packed copy of its values.
@@ -649,7 +557,7 @@ TEST_P(SoftmaxCuda, ForwardMatchesOracleAndIsDeterministic) {
   SKIP_WITHOUT_GPU();
   const SMProblem p = make_sm_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  const SoftmaxProblem op = sm_oracle_problem(p);
+  const SoftmaxProblem op = softmax_oracle_problem(p);
   const Vec want = sparse_blocks(softmax_oracle(op), p.layout, p.c.block);
 
   HostTensor cpu = p.c.in_place ? p.x : sparse_tensor(p.c, p.ix.nnz);
@@ -719,7 +627,6 @@ INSTANTIATE_TEST_SUITE_P(BlockSparse, SoftmaxCuda, ::testing::ValuesIn(sm_cases(
 // Composite sparse attention
 // =================================================================================================
 
-enum class AttnLayout { kRandom, kBigBird, kFixedUni };
 // kKeyT: K and V stored [B, H, D, L] (DeepSpeed's pre-transposed key) viewed as [B, H, L, D];
 // kPadded: every input and output a view into a padded buffer.
 enum class QkvStorage { kPacked, kPadded, kKeyT };
@@ -727,7 +634,7 @@ enum class QkvStorage { kPacked, kPadded, kKeyT };
 struct ATCase {
   DType dtype = DType::kF32;
   int64_t block = 16, B = 2, H = 2, N = 3, D = 32;  // L = N * block
-  AttnLayout layout = AttnLayout::kRandom;
+  AttnLayoutKind layout = AttnLayoutKind::kRandom;
   MaskKind kpm = MaskKind::kNone, attn = MaskKind::kNone;
   RpeKind rpe = RpeKind::kNone;
   bool causal = false, small = false;
@@ -776,38 +683,11 @@ struct ATProblem {
   HostTensor q, k, v, dout, rpe, kpm, attn;
 };
 
-Layout attn_layout(const ATCase& c, std::mt19937_64& rng) {
-  Layout layout;
-  switch (c.layout) {
-    case AttnLayout::kRandom:
-      return random_layout(c.H, c.N, c.N, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
-    case AttnLayout::kBigBird: {
-      BigBirdSparsityConfig cfg;
-      cfg.num_heads = c.H;
-      cfg.block = c.block;
-      cfg.different_layout_per_head = true;
-      cfg.seed = c.seed;
-      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
-      return layout;
-    }
-    case AttnLayout::kFixedUni: {
-      FixedSparsityConfig cfg;
-      cfg.num_heads = c.H;
-      cfg.block = c.block;
-      cfg.num_local_blocks = 2;
-      cfg.attention = AttentionDirection::kUnidirectional;
-      EXPECT_TRUE(make_layout(cfg, c.L(), &layout).ok());
-      return layout;
-    }
-  }
-  return layout;
-}
-
 ATProblem make_at_problem(const ATCase& c) {
   ATProblem p;
   p.c = c;
   std::mt19937_64 rng(c.seed);
-  p.layout = attn_layout(c, rng);
+  p.layout = attention_case_layout(c.layout, c.H, c.N, c.block, c.seed, rng);
   p.layout = maybe_shared_heads(p.layout, c.seed);
   p.ix = make_index(p.layout, c.block);
   if (c.split > 0) {
@@ -829,8 +709,8 @@ ATProblem make_at_problem(const ATCase& c) {
     p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
   }
   if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, false, rng);
-  p.attn = make_mask(c.attn, c.dtype, {L, L}, false, rng);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, 0.2, rng);
+  p.attn = make_mask(c.attn, c.dtype, {L, L}, 0.2, rng);
   if (p.attn.present() && L > 2) {
     // Query 2 sees no key: out 0, lse -inf, zero gradients.
     for (int64_t j = 0; j < L; ++j) p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
@@ -846,11 +726,6 @@ SparseAttentionOptions at_options(const ATCase& c) {
   o.attn_mask_mode = mode_of(c.attn);
   o.algorithm = SparseAttentionAlgorithm::kComposite;
   return o;
-}
-
-AttnProblem at_oracle_problem(const ATProblem& p) {
-  return attention_problem(p.layout, p.c.block, p.q, p.k, p.v, p.rpe, p.kpm, mode_of(p.c.kpm),
-                           p.attn, mode_of(p.c.attn), p.c.causal, p.c.scale);
 }
 
 // The tensors of one attention call (host or device views of the problem's inputs).
@@ -913,7 +788,7 @@ std::vector<ATCase> at_cases() {
       c.N = block >= 64 ? 3 : 4;  // BigBird's window needs 3 blocks
       c.B = block == 128 ? 1 : 2;
       c.D = block == 16 ? 64 : 32;
-      c.layout = static_cast<AttnLayout>(rot % 3);
+      c.layout = static_cast<AttnLayoutKind>(rot % 3);
       c.kpm = static_cast<MaskKind>(rot % 4);
       c.attn = static_cast<MaskKind>((rot + 2) % 4);
       c.rpe = static_cast<RpeKind>(rot % 4);
@@ -946,7 +821,7 @@ std::vector<ATCase> at_cases() {
   add(c);
   c = ATCase();
   c.small = true;
-  c.layout = AttnLayout::kFixedUni;
+  c.layout = AttnLayoutKind::kFixedUni;
   c.causal = true;
   c.N = 4;
   c.D = 8;
@@ -955,7 +830,7 @@ std::vector<ATCase> at_cases() {
   // into pieces of two blocks, per-head layouts, fp32 (FMA) and bf16 (split TF32).
   c = ATCase();
   c.small = true;
-  c.layout = AttnLayout::kBigBird;
+  c.layout = AttnLayoutKind::kBigBird;
   c.N = 6;
   c.H = 3;
   c.split = 2;
@@ -973,7 +848,7 @@ std::vector<ATCase> at_cases() {
   // softmax -> dsd (a sparse tensor of 25 M elements).
   c = ATCase();
   c.dtype = DType::kBF16;
-  c.layout = AttnLayout::kBigBird;
+  c.layout = AttnLayoutKind::kBigBird;
   c.block = 64;
   c.N = 1024;
   c.B = 1;
@@ -990,7 +865,7 @@ TEST_P(CompositeCuda, ForwardAndBackwardMatchOracleAndAreDeterministic) {
   SKIP_WITHOUT_GPU();
   const ATProblem p = make_at_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  const AttnProblem a = at_oracle_problem(p);
+  const AttnProblem a = attention_oracle_problem(p);
   const AttnForward of = attention_oracle(a);
   const AttnGrads og = attention_backward_oracle(a, dense_op(p.dout, false));
 

@@ -41,7 +41,6 @@ enum class Config {
   kGlobalLines,
   kFixedHorizontal  // Fixed, bidirectional, its global rows attending every column
 };
-enum class MaskKind { kNone, kAdd, kMul, kBool };
 enum class RpeKind { kNone, kF32, kSameAsQ, kBroadcast };
 // kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer. kKeyT: K and V stored [B, H, D, L]
 // (DeepSpeed's pre-transposed key), element loads. kPadded: padded strides and an unaligned
@@ -53,14 +52,6 @@ const char* config_name(Config c) {
                                 "bslongformer", "local", "globallines", "fixedhz"};
   return names[static_cast<int>(c)];
 }
-const char* mask_name(MaskKind k) {
-  static const char* names[] = {"none", "add", "mul", "bool"};
-  return names[static_cast<int>(k)];
-}
-MaskMode mode_of(MaskKind k) {
-  return k == MaskKind::kMul ? MaskMode::kMul : MaskMode::kAdd;
-}
-
 struct GpuCase {
   DType dtype = DType::kBF16;
   int64_t block = 16, B = 2, H = 2, N = 4, D = 32;  // L = N * block
@@ -187,13 +178,6 @@ sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
   return layout;
 }
 
-HostTensor make_mask(MaskKind k, DType dtype, std::vector<int64_t> sizes, std::mt19937_64& rng) {
-  if (k == MaskKind::kNone) return HostTensor();
-  HostTensor m = HostTensor::packed(k == MaskKind::kBool ? DType::kBool : dtype, sizes);
-  fill_mask(m, mode_of(k), 0.15, rng);
-  return m;
-}
-
 struct Problem {
   GpuCase c;
   sciattn::Layout layout;
@@ -235,8 +219,8 @@ Problem make_problem(const GpuCase& c) {
       break;
   }
   if (p.rpe.present()) test::fill_normal(p.rpe, rng, 0.5);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, rng);
-  p.attn = make_mask(c.attn, c.dtype, {L, L}, rng);
+  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, 0.15, rng);
+  p.attn = make_mask(c.attn, c.dtype, {L, L}, 0.15, rng);
   if (c.masked_row && p.attn.present() && L > 2) {
     for (int64_t j = 0; j < L; ++j) {
       p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
@@ -253,11 +237,6 @@ SparseAttentionOptions options_of(const GpuCase& c) {
   o.attn_mask_mode = mode_of(c.attn);
   o.algorithm = SparseAttentionAlgorithm::kFused;
   return o;
-}
-
-AttnProblem oracle_problem(const Problem& p) {
-  return attention_problem(p.layout, p.c.block, p.q, p.k, p.v, p.rpe, p.kpm, mode_of(p.c.kpm),
-                           p.attn, mode_of(p.c.attn), p.c.causal, p.c.scale);
 }
 
 // The CPU fused path (lowp_ref): out / lse, then dq / dk / dv from that out and lse.
@@ -374,7 +353,7 @@ void check_case(const GpuCase& c) {
   SCOPED_TRACE(c.name() + " " + seed_note(c.seed));
   const Problem p = make_problem(c);
   ASSERT_NE(p.ix.device, nullptr);
-  const AttnProblem a = oracle_problem(p);
+  const AttnProblem a = attention_oracle_problem(p);
   const AttnForward o = attention_oracle(a);
   const CpuRun cpu = run_cpu(p);
 

@@ -25,7 +25,9 @@ Status check_device_index(const BlockSparseIndex& ix, const void*) {
   return Status::ok_status();
 }
 }  // namespace detail
-// The upload's packing (detail::pack_block_sparse_index), kept in host memory.
+namespace cuda {
+// The CUDA side of upload_block_sparse_index: the packing (detail::pack_block_sparse_index), kept
+// in host memory.
 Status upload_block_sparse_index(BlockSparseIndex* ix, int) {
   detail::PackedBlockSparseIndex packed;
   const Status s = detail::pack_block_sparse_index(*ix, &packed);
@@ -38,7 +40,6 @@ Status upload_block_sparse_index(BlockSparseIndex* ix, int) {
   ix->device = d;
   return Status::ok_status();
 }
-namespace cuda {
 using detail::AttentionShape;
 Status check_sparse_attention_fused_cuda(const SparseAttentionForwardParams&,
                                          const AttentionShape&) {
