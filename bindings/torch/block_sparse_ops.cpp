@@ -13,6 +13,7 @@
 
 #include "fp64.h"
 #include "index_cache.h"
+#include "kernel_registry.h"
 #include "sciattn/block_sparse_ops.h"
 #include "tensor_args.h"
 
@@ -237,8 +238,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
   return {dq, dk, dv};
 }
 
-// The same kernels serve CPU and CUDA tensors (the library dispatches on the tensors' device).
-void register_kernels(torch::Library& m) {
+}  // namespace
+
+void register_block_sparse_kernels(torch::Library& m) {
   m.impl("bsmm", &bsmm);
   m.impl("bsmm_bwd", &bsmm_bwd);
   m.impl("bs_softmax", &bs_softmax);
@@ -247,7 +249,6 @@ void register_kernels(torch::Library& m) {
   m.impl("sparse_attention_bwd", &sparse_attention_bwd);
 }
 
-}  // namespace
 }  // namespace sciattn::torch_ext
 
 // The layout is [H, R, C] of 0s and 1s; nnz is its count of nonzero blocks, which sizes the
@@ -278,13 +279,3 @@ TORCH_LIBRARY_FRAGMENT(sciattn, m) {
       "Tensor? attn_mask, float? scale, bool causal, str key_padding_mask_mode=\"add\", "
       "str attn_mask_mode=\"mul\", str algorithm=\"fused\") -> (Tensor, Tensor, Tensor)");
 }
-
-TORCH_LIBRARY_IMPL(sciattn, CPU, m) {
-  sciattn::torch_ext::register_kernels(m);
-}
-
-#ifdef SCIATTN_TORCH_CUDA
-TORCH_LIBRARY_IMPL(sciattn, CUDA, m) {
-  sciattn::torch_ext::register_kernels(m);
-}
-#endif

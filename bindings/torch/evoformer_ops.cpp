@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "fp64.h"
+#include "kernel_registry.h"
 #include "sciattn/evoformer.h"
 #include "tensor_args.h"
 
@@ -92,13 +93,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer
   return {dq, dk, dv, dbias1, dbias2};
 }
 
-// The same kernels serve CPU and CUDA tensors (the library dispatches on the tensors' device).
-void register_kernels(torch::Library& m) {
+}  // namespace
+
+void register_evoformer_kernels(torch::Library& m) {
   m.impl("evoformer_fwd", &evoformer_fwd);
   m.impl("evoformer_bwd", &evoformer_bwd);
 }
 
-}  // namespace
 }  // namespace sciattn::torch_ext
 
 // Outputs a call does not need (a bias gradient nobody asked for) are empty tensors of shape [0];
@@ -112,13 +113,3 @@ TORCH_LIBRARY_FRAGMENT(sciattn, m) {
       "Tensor out, Tensor lse, float? scale, bool need_dbias1, bool need_dbias2, "
       "str algorithm=\"tiled\") -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
-
-TORCH_LIBRARY_IMPL(sciattn, CPU, m) {
-  sciattn::torch_ext::register_kernels(m);
-}
-
-#ifdef SCIATTN_TORCH_CUDA
-TORCH_LIBRARY_IMPL(sciattn, CUDA, m) {
-  sciattn::torch_ext::register_kernels(m);
-}
-#endif

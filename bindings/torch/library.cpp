@@ -1,9 +1,11 @@
-// The sciattn torch library: TORCH_LIBRARY(sciattn) with the build query. The ops are defined
-// by op family, each file with its schemas (TORCH_LIBRARY_FRAGMENT) and kernels:
-// evoformer_ops.cpp, block_sparse_ops.cpp, layout_ops.cpp; autograd.cpp adds the attention ops'
-// autograd and sciattn/_ops.py their fake kernels for torch.compile. Binding layer.
+// The sciattn torch library: TORCH_LIBRARY(sciattn) with the build query, and the op families'
+// kernels registered for CPU and CUDA tensors. The ops are defined by op family, each file with
+// its schemas (TORCH_LIBRARY_FRAGMENT) and kernels: evoformer_ops.cpp, block_sparse_ops.cpp,
+// layout_ops.cpp; autograd.cpp adds the attention ops' autograd and sciattn/_ops.py their fake
+// kernels for torch.compile. Binding layer.
 #include <torch/library.h>
 
+#include "kernel_registry.h"
 #include "sciattn/device.h"
 
 namespace sciattn::torch_ext {
@@ -19,3 +21,15 @@ bool built_with_cuda_op() {
 TORCH_LIBRARY(sciattn, m) {
   m.def("built_with_cuda() -> bool", &sciattn::torch_ext::built_with_cuda_op);
 }
+
+TORCH_LIBRARY_IMPL(sciattn, CPU, m) {
+  sciattn::torch_ext::register_evoformer_kernels(m);
+  sciattn::torch_ext::register_block_sparse_kernels(m);
+}
+
+#ifdef SCIATTN_TORCH_CUDA
+TORCH_LIBRARY_IMPL(sciattn, CUDA, m) {
+  sciattn::torch_ext::register_evoformer_kernels(m);
+  sciattn::torch_ext::register_block_sparse_kernels(m);
+}
+#endif
