@@ -39,7 +39,7 @@ class OpDriver {
   using Shape = typename Op::Shape;
 
   static Status can_implement(const Params& p, std::string* why) {
-    Shape shape;
+    Shape shape{};
     const Status status = validate(p, &shape);
     if (why != nullptr) *why = status.ok() ? std::string() : status.message();
     return status;
@@ -47,12 +47,12 @@ class OpDriver {
 
   // 0 for Params that can_implement rejects.
   static size_t workspace_size(const Params& p) {
-    Shape shape;
+    Shape shape{};
     return validate(p, &shape).ok() ? workspace(p, shape) : 0;
   }
 
   static Status run(const Params& p, void* workspace_ptr, size_t workspace_bytes, Stream stream) {
-    Shape shape;
+    Shape shape{};
     Status status = validate(p, &shape);
     if (status.ok()) status = check_workspace(workspace(p, shape), workspace_ptr, workspace_bytes);
     if (!status.ok()) return status;
