@@ -35,7 +35,8 @@ using namespace sciattn;
 using bench::DeviceBuffer;
 using bench::Fill;
 
-constexpr double kMatmulCeiling = 790e12;  // ../shared/PERFORMANCE.md, dense bf16 on the H200
+constexpr double kMatmulCeiling =
+    790e12;  // measured dense bf16 matmul rate of the H200 (docs/perf/)
 constexpr int64_t kBatch = 1, kHeads = 16;
 constexpr DType kDtype = DType::kBF16;
 

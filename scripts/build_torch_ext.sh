@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the sciattn PyTorch extension with CMake directly (no pip, no network) and puts it next to
 # the Python sources, so that `PYTHONPATH=bindings/torch/python pytest tests/python` works. This is
-# how the package is built on the GPU machine (no registry there; see docs/testing.md).
+# how the package is built on the GPU machine (no registry there; see CONTRIBUTING.md, "The GPU machine").
 #
 #   scripts/build_torch_ext.sh [--cuda|--cpu] [--python PY] [--jobs N]
 #   scripts/build_torch_ext.sh --carry-deps   # here: copy the nlohmann-json headers and CMake

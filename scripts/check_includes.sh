@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the layers' include rules (CONVENTIONS.md, "The layers"): which project headers each folder
+# Checks the layers' include rules (docs/conventions.md, "The layers"): which project headers each folder
 # may include. Fails, naming the file, the line and the rule, when for example a CUDA kernel family
 # includes another family's headers or a shared header under src/cuda/common includes a family's.
 # Run by CTest (test `include_layers`, label cpu) and so by scripts/test.sh and CI.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises Nsight Compute's per-instruction (SASS) source counters for kernel work: per kernel,
 the instructions executed per loop step (by opcode), the stall reasons, and the instructions
-with the most stall samples. Developer tool (docs/perf/evoformer_cuda.md v22 shows its use).
+with the most stall samples. Developer tool (scripts/gpu_suite.sh stalls runs it).
 
 Collect on the GPU machine, then export to CSV:
   ncu --clock-control none --section SourceCounters --section WarpStateStats \\

@@ -1,5 +1,5 @@
 """What the peer-comparison scripts share: CUDA-event timing, peak extra memory, the H200's
-measured ceilings (../../shared/PERFORMANCE.md), error text of a peer that cannot run a shape,
+measured ceilings (as recorded in docs/perf/), error text of a peer that cannot run a shape,
 torch.compile limits, writing the JSON results, and importing the sciattn Python package. Runs on
 the GPU machine; importing it needs only torch."""
 import gc

@@ -3,7 +3,8 @@
 
 Peers: naive PyTorch (materialised scores), SDPA with the memory-efficient backend and a
 materialised bias, and FlexAttention (torch.compile) with a score_mod bias. DeepSpeed's DS4Sci
-kernel is not installed on the GPU machine; its times from ../../shared/PERFORMANCE.md are shown
+kernel is not installed on the GPU machine; its times, measured by the project on 2026-11-30 and
+recorded in docs/perf/evoformer.md, are shown
 for reference only (measured there, not here).
 
 sciattn is called through libsciattn_capi.so (ctypes: the C API's forward and backward, each

@@ -1,6 +1,6 @@
 // Shared helpers for the Evoformer test suites: an independent fp64 Evoformer (forward and
 // backward), seeded random tensors, strided tensor builders, library runners and the tolerance rule
-// of CONVENTIONS.md. Test layer (tests/cpu); it uses only the public API in include/sciattn.
+// of docs/conventions.md. Test layer (tests/cpu); it uses only the public API in include/sciattn.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -767,7 +767,7 @@ inline double unit_roundoff(DType t) {
   }
 }
 
-// The tolerance rule of CONVENTIONS.md:
+// The tolerance rule of docs/conventions.md:
 //   max|out - ref64| <= 2 * max|lowp_ref - ref64| + atol
 // where lowp_ref is the library's fp32 reference (kReference) writing into the same dtype.
 inline ::testing::AssertionResult within_tolerance(const std::string& what,

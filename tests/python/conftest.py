@@ -1,5 +1,5 @@
 """Shared fixtures and helpers of the Python tests: the device under test, seeded inputs, NaN
-poisoning of every tensor the ops allocate, and the tolerance rule of CONVENTIONS.md.
+poisoning of every tensor the ops allocate, and the tolerance rule of docs/conventions.md.
 
 SCIATTN_TEST_DEVICE=cuda runs the suite on CUDA tensors (the GPU machine); ops this build cannot
 run there (NotImplementedError from the library) are skipped with the library's message."""
@@ -60,7 +60,7 @@ _REL_ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3, tor
 
 def assert_close_rule(name, got, lowp_ref, ref64, dtype):
     """max|got - ref64| <= 2 * max|lowp_ref - ref64| + atol, atol relative to max(1, max|ref64|)
-    (CONVENTIONS.md; atol values as tests/cpu/evoformer_test_util.h). lowp_ref is the reference
+    (docs/conventions.md; atol values as tests/cpu/evoformer_test_util.h). lowp_ref is the reference
     run with inputs and outputs in the tested dtype."""
     got = got.detach().double().cpu()
     lowp = lowp_ref.detach().double().cpu()

@@ -3,7 +3,7 @@ case(rank, P, ...): the CPU tests (gloo, float32) and the GPU tests (NCCL, bf16 
 them. Every rank draws the same whole tensors from the same seed, cuts its shard, runs the
 distributed call, and compares its shard of the output and of every gradient with the
 single-process call on the whole tensors, sliced to the rank, by the tolerance rule of
-CONVENTIONS.md (lowp_ref: the single-process call in the tested dtype; ref64: the fp64 oracle).
+docs/conventions.md (lowp_ref: the single-process call in the tested dtype; ref64: the fp64 oracle).
 Comparisons come after the last collective, so a failing rank does not leave its peers waiting."""
 import functools
 import random
