@@ -40,8 +40,10 @@ if [ "${1:-}" = "--python" ]; then
   exit 0
 fi
 
+# libopenblas-openmp-dev: the trainer's CPU matrix products (the OpenMP build of OpenBLAS, whose
+# threads are the same OpenMP pool as the trainer's own loops).
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcli11-dev)
+          libcli11-dev libopenblas-openmp-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,32 @@
+// The trainer's random numbers: xoshiro256** seeded through splitmix64, with its own uniform and
+// normal transforms, so that initialisation, data shuffling and generated data are the same on
+// every platform and compiler. Public API of the trainer (plain C++17).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace sciattn::train {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed = 0) { seed_with(seed); }
+  void seed_with(uint64_t seed);
+
+  uint64_t next_u64();
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n), n >= 1, without modulo bias (rejection).
+  uint64_t below(uint64_t n);
+  // Standard normal (Box-Muller from two uniforms; one value per call, nothing cached).
+  double normal();
+
+  using State = std::array<uint64_t, 4>;
+  const State& state() const { return s_; }
+  void set_state(const State& s) { s_ = s; }
+
+ private:
+  State s_{};
+};
+
+}  // namespace sciattn::train
