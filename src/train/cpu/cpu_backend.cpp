@@ -272,9 +272,12 @@ class CpuBackend final : public Backend {
     SCIATTN_TRY(attention_shape("attention_backward", p.index, p.qkv, p.out, p.lse, &s));
     SCIATTN_TRY(check("attention_backward", p.dout, "dout", {s.B, s.L, s.H, s.D}));
     SCIATTN_TRY(check("attention_backward", p.dqkv, "dqkv", {s.B, s.L, 3, s.H, s.D}));
-    // Padded: copies of qkv, out, dout and room for dqkv, Lp rows per sequence, in that order.
+    // The op's outputs may not share address ranges, so dq, dk and dv are formed in three
+    // separate [B, Lp, C] buffers and interleaved into dqkv afterwards. Padded, copies of qkv,
+    // out and dout with Lp rows per sequence come first.
     const int64_t n3 = s.B * s.Lp * 3 * s.C, n1 = s.B * s.Lp * s.C;
-    const size_t padded_floats = s.padded() ? static_cast<size_t>(2 * n3 + 2 * n1) : 0;
+    const int64_t copies = s.padded() ? n3 + 2 * n1 : 0;
+    const size_t scratch_floats = static_cast<size_t>(copies + 3 * n1);
     auto build = [&](float* scratch) {
       SparseAttentionBackwardParams op;
       op.index = p.index;
@@ -282,24 +285,32 @@ class CpuBackend final : public Backend {
       float* qkv = s.padded() ? scratch : f(p.qkv);
       float* out = s.padded() ? scratch + n3 : f(p.out);
       float* dout = s.padded() ? scratch + n3 + n1 : f(p.dout);
-      float* dqkv = s.padded() ? scratch + n3 + 2 * n1 : f(p.dqkv);
       set_qkv_views(&op.q, &op.k, &op.v, qkv, s);
-      set_qkv_views(&op.dq, &op.dk, &op.dv, dqkv, s);
+      op.dq = bhld(scratch + copies, s, s.C);
+      op.dk = bhld(scratch + copies + n1, s, s.C);
+      op.dv = bhld(scratch + copies + 2 * n1, s, s.C);
       op.out = bhld(out, s, s.C);
       op.dout = bhld(dout, s, s.C);
       op.lse = TensorView::contiguous(p.lse.data, DType::kF32, {s.B, s.H, s.Lp});
       return op;
     };
-    SCIATTN_TRY(ensure_scratch(padded_floats * sizeof(float)));
+    SCIATTN_TRY(ensure_scratch(scratch_floats * sizeof(float)));
     if (s.padded()) {
       float* base = static_cast<float*>(scratch_);
       pad_rows(base, f(p.qkv), s, 3 * s.C);
       pad_rows(base + n3, f(p.out), s, s.C);
       pad_rows(base + n3 + n1, f(p.dout), s, s.C);
     }
-    SCIATTN_TRY(run_op(build, padded_floats));
-    if (s.padded()) {
-      unpad_rows(f(p.dqkv), static_cast<float*>(scratch_) + n3 + 2 * n1, s, 3 * s.C);
+    SCIATTN_TRY(run_op(build, scratch_floats));
+    const float* d = static_cast<const float*>(scratch_) + copies;
+    float* dqkv = f(p.dqkv);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < s.B * s.L; ++i) {
+      const int64_t row = (i / s.L) * s.Lp + i % s.L;  // the token's row in the [B, Lp] buffers
+      for (int64_t part = 0; part < 3; ++part) {
+        std::memcpy(dqkv + (i * 3 + part) * s.C, d + part * n1 + row * s.C,
+                    static_cast<size_t>(s.C) * sizeof(float));
+      }
     }
     return Status::ok_status();
   }

@@ -1,0 +1,182 @@
+// The GPT model on the CPU back end: each memory technique (per-layer checkpointing, MLP tiles,
+// LM-head tiles) gives bitwise the same loss and gradients on and off, alone and together, for
+// tile sizes that divide the tokens and that do not; results do not depend on the thread count;
+// the parameter layout and initialisation are as documented. Test layer (cpu).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "train_test_util.h"
+
+namespace sciattn::train {
+namespace {
+
+using namespace testing;
+
+struct StepResult {
+  double loss = 0.0;
+  std::vector<float> grads;
+};
+
+// Two micro-batches of gradient accumulation on a fresh model.
+StepResult run_step(const GptConfig& c, const MemoryOptions& m, int64_t chunk, int threads,
+                    const SparsityConfig* sparse = nullptr, int64_t batch = 2) {
+  auto be = cpu_backend(chunk, threads);
+  std::unique_ptr<GptModel> model;
+  Status s = GptModel::create(c, sparse, batch, m, be.get(), &model);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  if (!s.ok()) return {};
+  EXPECT_TRUE(model->zero_grads().ok());
+  const size_t T = static_cast<size_t>(batch * c.sequence_length);
+  StepResult r;
+  for (uint64_t micro = 0; micro < 2; ++micro) {
+    const auto in = random_tokens(T, c.vocab_size, 100 + micro);
+    const auto tg = random_tokens(T, c.vocab_size, 200 + micro);
+    MicroBatchResult out;
+    s = model->forward_backward(in.data(), tg.data(), 0.5f / static_cast<float>(T), &out);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    r.loss += out.loss_sum;
+  }
+  r.grads.assign(model->grads(), model->grads() + model->layout().total);
+  return r;
+}
+
+void expect_same(const StepResult& a, const StepResult& b, const std::string& what) {
+  EXPECT_EQ(a.loss, b.loss) << what;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+  size_t first = a.grads.size();
+  for (size_t i = 0; i < a.grads.size() && first == a.grads.size(); ++i) {
+    if (std::memcmp(&a.grads[i], &b.grads[i], sizeof(float)) != 0) first = i;
+  }
+  EXPECT_EQ(first, a.grads.size()) << what << ": gradients differ first at element " << first;
+}
+
+class MemoryTechniques
+    : public ::testing::TestWithParam<std::tuple<PositionEncoding, bool, int64_t>> {};
+
+TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
+  const auto [positions, tied, length] = GetParam();
+  const GptConfig c = tiny_config(positions, tied, length);
+  const int64_t chunk = 4;  // T = 2 * length tokens: several chunks, the last partial for 13
+  const StepResult base = run_step(c, MemoryOptions{}, chunk, 0);
+  ASSERT_FALSE(base.grads.empty());
+  double norm = 0;
+  for (float g : base.grads) norm += static_cast<double>(g) * g;
+  EXPECT_GT(norm, 0.0);
+  EXPECT_TRUE(std::isfinite(base.loss));
+
+  MemoryOptions ckpt;
+  ckpt.checkpoint_layers = true;
+  expect_same(base, run_step(c, ckpt, chunk, 0), "checkpointing");
+  for (int64_t tile : {4, 8, 12, 100}) {  // 12 does not divide 24 or 26 tokens; 100 > T
+    MemoryOptions mlp;
+    mlp.mlp_tile_tokens = tile;
+    expect_same(base, run_step(c, mlp, chunk, 0), "MLP tile " + std::to_string(tile));
+    MemoryOptions lm;
+    lm.lm_head_tile_tokens = tile;
+    expect_same(base, run_step(c, lm, chunk, 0), "LM-head tile " + std::to_string(tile));
+  }
+  MemoryOptions all;
+  all.checkpoint_layers = true;
+  all.mlp_tile_tokens = 8;
+  all.lm_head_tile_tokens = 12;
+  expect_same(base, run_step(c, all, chunk, 0), "all three");
+  // A tile that is not a multiple of the chunk is rounded up to one (5 -> 8 here).
+  MemoryOptions odd;
+  odd.mlp_tile_tokens = 5;
+  odd.lm_head_tile_tokens = 7;
+  expect_same(base, run_step(c, odd, chunk, 0), "tiles rounded up to whole chunks");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Train, MemoryTechniques,
+    ::testing::Values(std::make_tuple(PositionEncoding::kLearned, true, int64_t{12}),
+                      std::make_tuple(PositionEncoding::kRotary, false, int64_t{12}),
+                      std::make_tuple(PositionEncoding::kLearned, false, int64_t{13}),
+                      std::make_tuple(PositionEncoding::kRotary, true, int64_t{13})));
+
+TEST(TrainModel, ResultsDoNotDependOnTheThreadCount) {
+  const GptConfig c = tiny_config(PositionEncoding::kRotary, true, 32);
+  MemoryOptions m;
+  m.lm_head_tile_tokens = 16;
+  const StepResult one = run_step(c, m, 8, 1);
+  const StepResult two = run_step(c, m, 8, 2);
+  expect_same(one, two, "1 thread vs 2 threads");
+}
+
+TEST(TrainModel, SparseLayoutTrainsAndCheckpointsBitwise) {
+  GptConfig c = tiny_config(PositionEncoding::kLearned, true, 64);
+  BSLongformerSparsityConfig lf;
+  lf.num_heads = c.n_heads;
+  lf.block = 16;
+  lf.num_sliding_window_blocks = 3;
+  SparsityConfig sparse = lf;
+  const StepResult base = run_step(c, MemoryOptions{}, 8, 0, &sparse, 1);
+  MemoryOptions ckpt;
+  ckpt.checkpoint_layers = true;
+  ckpt.mlp_tile_tokens = 24;
+  expect_same(base, run_step(c, ckpt, 8, 0, &sparse, 1), "sparse with checkpointing");
+}
+
+TEST(TrainModel, ForwardLossEqualsTheTrainingForward) {
+  const GptConfig c = tiny_config();
+  auto be = cpu_backend(4);
+  std::unique_ptr<GptModel> model;
+  ASSERT_TRUE(GptModel::create(c, nullptr, 2, MemoryOptions{}, be.get(), &model).ok());
+  const auto in = random_tokens(24, c.vocab_size, 5), tg = random_tokens(24, c.vocab_size, 6);
+  MicroBatchResult a, b;
+  ASSERT_TRUE(model->forward_loss(in.data(), tg.data(), &a).ok());
+  ASSERT_TRUE(model->forward_backward(in.data(), tg.data(), 1.0f, &b).ok());
+  EXPECT_EQ(a.loss_sum, b.loss_sum);
+  EXPECT_EQ(a.tokens, 24);
+  // At initialisation the loss per token is near ln(vocab).
+  EXPECT_NEAR(a.loss_sum / 24.0, std::log(37.0), 0.3);
+}
+
+TEST(TrainModel, ParameterLayoutAndInitialisation) {
+  GptConfig c = tiny_config(PositionEncoding::kLearned, false);
+  const ParameterLayout layout = gpt_parameter_layout(c);
+  const int64_t C = 16, F = 64, V = 37, P = 15;
+  const int64_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + F * C + F + C * F + C;
+  EXPECT_EQ(layout.parameter_count(), V * C + P * C + 2 * per_layer + 2 * C + V * C);
+  EXPECT_EQ(layout.matmul_parameter_count(), 2 * (3 * C * C + C * C + 2 * F * C) + V * C);
+  for (const TensorSlot& s : layout.slots) EXPECT_EQ(s.offset % kSlotAlign, 0) << s.name;
+  ASSERT_NE(layout.find("h1.fcproj_w"), nullptr);
+  EXPECT_EQ(layout.find("h1.fcproj_w")->shape, (std::vector<int64_t>{C, F}));
+  EXPECT_EQ(layout.find("wpe")->shape, (std::vector<int64_t>{P, C}));
+  std::vector<float> p(static_cast<size_t>(layout.total), NAN);
+  init_gpt_parameters(c, layout, p.data());
+  auto values = [&](const char* name) {
+    const TensorSlot* s = layout.find(name);
+    return std::vector<float>(p.begin() + s->offset, p.begin() + s->offset + s->numel);
+  };
+  for (float x : values("h0.ln1_w")) EXPECT_EQ(x, 1.0f);
+  for (float x : values("h0.qkv_b")) EXPECT_EQ(x, 0.0f);
+  auto stddev = [](const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v) s += static_cast<double>(x) * x;
+    return std::sqrt(s / static_cast<double>(v.size()));
+  };
+  EXPECT_NEAR(stddev(values("wte")), 0.02, 0.003);
+  EXPECT_NEAR(stddev(values("h1.fcproj_w")), 0.01, 0.0015);  // 0.02 / sqrt(2 * 2 layers)
+  // The same seed gives the same parameters.
+  std::vector<float> q(p.size());
+  init_gpt_parameters(c, layout, q.data());
+  EXPECT_TRUE(bitwise_equal(p.data(), q.data(), p.size()));
+}
+
+TEST(TrainModel, BadSizesAreRejectedByName) {
+  GptConfig c = tiny_config();
+  auto be = cpu_backend();
+  std::unique_ptr<GptModel> model;
+  Status s = GptModel::create(c, nullptr, 0, MemoryOptions{}, be.get(), &model);
+  EXPECT_NE(s.message().find("train_micro_batch_size_per_gpu"), std::string::npos) << s.message();
+  c.n_heads = 3;
+  s = GptModel::create(c, nullptr, 1, MemoryOptions{}, be.get(), &model);
+  EXPECT_NE(s.message().find("n_heads"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace sciattn::train
