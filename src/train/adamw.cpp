@@ -140,7 +140,7 @@ Status run(const AdamWHyperparams& h, int64_t step, float grad_scale, float* par
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads();
-    const int64_t per = (n / threads + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
+    const int64_t per = ((n + threads - 1) / threads + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
     const int64_t begin = std::min(n, per * omp_get_thread_num());
     const int64_t end = std::min(n, begin + per);
     if (end > begin) {
