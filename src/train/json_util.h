@@ -30,6 +30,7 @@ std::string describe(const Json& v);
 // Each get_* reads one key when present, type-checks it and records it as read.
 class ObjectReader {
  public:
+  ObjectReader() = default;
   ObjectReader(const Json& object, std::string path, std::string prefix);
 
   bool has(const std::string& key) const;
