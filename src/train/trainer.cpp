@@ -1,0 +1,455 @@
+// The training loop and its checkpoints (trainer.h). Trainer layer (host code): the model's
+// tensors stay behind the Backend; the optimizer state lives in host memory.
+#include "sciattn/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "sciattn/train/adamw.h"
+#include "sciattn/train/gradients.h"
+#include "sciattn/train/lr_schedule.h"
+#include "train/json_util.h"
+
+namespace sciattn::train {
+namespace {
+
+using detail::Json;
+
+#define SCIATTN_TRY(expr)              \
+  do {                                 \
+    Status status_ = (expr);           \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A tensor to write: a name, dtype, shape and where its bytes are.
+struct OutTensor {
+  std::string name;
+  const char* dtype;
+  std::vector<int64_t> shape;
+  const void* data;
+  size_t bytes;
+};
+
+constexpr size_t kDataAlign = 64;
+
+// Writes magic, header length, the header (padded so the data starts on 64 bytes) and the
+// tensors, through a temporary file renamed into place.
+Status write_checkpoint_file(const std::string& path, Json header,
+                             const std::vector<OutTensor>& tensors) {
+  Json list = Json::array();
+  uint64_t offset = 0;
+  for (const OutTensor& t : tensors) {
+    list.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"offset", offset}});
+    offset += t.bytes;
+  }
+  header["tensors"] = list;
+  std::string text = header.dump();
+  const size_t fixed = 16;  // magic + length
+  const size_t padded = (fixed + text.size() + kDataAlign - 1) / kDataAlign * kDataAlign - fixed;
+  text.append(padded - text.size(), ' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out)
+      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
+    out.write(kCheckpointMagic, 8);
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i)
+      len[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const OutTensor& t : tensors) {
+      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
+    }
+    out.flush();
+    if (!out)
+      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::invalid_argument("cannot rename \"" + tmp + "\" to \"" + path +
+                                    "\": " + std::strerror(errno));
+  }
+  return Status::ok_status();
+}
+
+// The per-slot tensors of a flat buffer, named prefix/slot.
+void add_slot_tensors(const ParameterLayout& layout, const std::string& prefix, const float* base,
+                      std::vector<OutTensor>* out) {
+  for (const TensorSlot& s : layout.slots) {
+    out->push_back({prefix + "/" + s.name, "f32", s.shape, base + s.offset,
+                    static_cast<size_t>(s.numel) * sizeof(float)});
+  }
+}
+
+Json scaler_json(const LossScalerState& s) {
+  return {{"cur_scale", s.cur_scale},
+          {"cur_iter", s.cur_iter},
+          {"last_overflow_iter", s.last_overflow_iter},
+          {"cur_hysteresis", s.cur_hysteresis}};
+}
+
+}  // namespace
+
+Trainer::~Trainer() = default;
+
+Status Trainer::create(const GptConfig& model, const TrainConfig& config,
+                       const TrainerOptions& options, std::unique_ptr<Backend> backend,
+                       const TokenFile* data, std::unique_ptr<Trainer>* out) {
+  if (backend == nullptr) return Status::invalid_argument("Trainer::create: no back end");
+  if (backend->device() != Device::kCpu) {
+    return Status::not_supported("the trainer's optimizer runs on host memory; a back end on " +
+                                 std::string(device_name(backend->device())) +
+                                 " needs its optimizer step (see docs/design.md, Trainer)");
+  }
+  if (config.micro_batch_size < 1 || config.gradient_accumulation_steps < 1) {
+    return Status::invalid_argument("the train config has no batch sizes (parse it first)");
+  }
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->model_config_ = model;
+  t->config_ = config;
+  t->options_ = options;
+  t->backend_ = std::move(backend);
+  MemoryOptions memory = options.memory;
+  memory.checkpoint_layers = memory.checkpoint_layers || config.activation_checkpointing;
+  const SparsityConfig* sparse = config.sparse_attention ? &*config.sparse_attention : nullptr;
+  SCIATTN_TRY(GptModel::create(model, sparse, config.micro_batch_size, memory, t->backend_.get(),
+                               &t->model_));
+  SCIATTN_TRY(DataLoader::create(data, model.sequence_length, config.micro_batch_size,
+                                 model.vocab_size, options.shuffle, options.data_seed,
+                                 &t->loader_));
+  t->scaler_ = LossScaler(config.precision == Precision::kFp16 ? config.loss_scaler
+                                                               : LossScalerConfig{false, 1.0});
+  SCIATTN_TRY(validate_grad_clip(config.clip));
+  t->clipper_ = GradClipper(config.clip);
+  const size_t n = static_cast<size_t>(t->model_->layout().total);
+  t->exp_avg_.assign(n, 0.0f);
+  t->exp_avg_sq_.assign(n, 0.0f);
+  t->ledger_ = t->model_->ledger();
+  t->ledger_.add("optimizer state: AdamW exp_avg, exp_avg_sq (fp32)", "model states", Device::kCpu,
+                 2 * n * sizeof(float), kPhaseOptimizer);
+  *out = std::move(t);
+  return Status::ok_status();
+}
+
+Status Trainer::optimizer_step(float grad_scale, double lr) {
+  // Runs of consecutive slots with the same weight-decay flag, over the flat buffers (the
+  // padding between slots holds zeros, which AdamW keeps at zero).
+  const ParameterLayout& layout = model_->layout();
+  AdamWHyperparams h = config_.optimizer;
+  h.lr = static_cast<float>(lr);
+  const float decay = config_.optimizer.weight_decay;
+  float* params = model_->params();
+  const float* grads = model_->grads();
+  const int64_t step = applied_steps_ + 1;
+  size_t i = 0;
+  while (i < layout.slots.size()) {
+    const bool decays = layout.slots[i].weight_decay;
+    size_t j = i;
+    while (j + 1 < layout.slots.size() && layout.slots[j + 1].weight_decay == decays) ++j;
+    const int64_t begin = layout.slots[i].offset;
+    const int64_t end = j + 1 < layout.slots.size() ? layout.slots[j + 1].offset : layout.total;
+    h.weight_decay = decays ? decay : 0.0f;
+    SCIATTN_TRY(cpu_adamw_step(h, step, grad_scale, params + begin, grads + begin,
+                               exp_avg_.data() + begin, exp_avg_sq_.data() + begin, end - begin));
+    i = j + 1;
+  }
+  return Status::ok_status();
+}
+
+Status Trainer::step(StepReport* report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  *report = StepReport{};
+  const int64_t B = config_.micro_batch_size, L = model_config_.sequence_length;
+  const int64_t gas = config_.gradient_accumulation_steps;
+  const int64_t tokens_per_micro = B * L;
+  const double loss_scale = scaler_.scale();
+  const float grad_scale =
+      static_cast<float>(loss_scale / static_cast<double>(tokens_per_micro * gas));
+
+  SCIATTN_TRY(model_->zero_grads());
+  std::vector<int32_t> inputs(static_cast<size_t>(tokens_per_micro));
+  std::vector<int32_t> targets(inputs.size());
+  std::vector<int32_t> all_inputs, all_targets;  // kept for a gradient dump
+  const bool dumping = !options_.dump_gradients_path.empty() && global_step_ == 0;
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < gas; ++micro) {
+    loader_->next(inputs.data(), targets.data());
+    if (dumping) {
+      all_inputs.insert(all_inputs.end(), inputs.begin(), inputs.end());
+      all_targets.insert(all_targets.end(), targets.begin(), targets.end());
+    }
+    MicroBatchResult r;
+    SCIATTN_TRY(model_->forward_backward(inputs.data(), targets.data(), grad_scale, &r));
+    loss_sum += r.loss_sum;
+  }
+  const int64_t n = model_->layout().total;
+  const int64_t step_number = global_step_ + 1;
+  if (std::find(options_.inject_overflow_steps.begin(), options_.inject_overflow_steps.end(),
+                step_number) != options_.inject_overflow_steps.end()) {
+    const float inf = std::numeric_limits<float>::infinity();
+    SCIATTN_TRY(backend_->copy_to_device(model_->grads() + n / 2, &inf, sizeof inf));
+  }
+  report->forward_backward_seconds = seconds_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+
+  // The gradient path: reduction across ranks (one here), overflow, unscaling, norm.
+  ReducedGradients reduced;
+  const Fp16Scaling scaling = config_.precision == Precision::kFp16 && config_.ds_enhanced
+                                  ? Fp16Scaling::kDsEnhanced
+                                  : Fp16Scaling::kStandard;
+  SCIATTN_TRY(reduce_gradients(comm_, scaling, loss_scale, model_->grads(), n, &reduced));
+  if (dumping) SCIATTN_TRY(dump_gradients(reduced.pending_scale, all_inputs, all_targets));
+  // The loss scaler sees every step (DeepSpeed updates it whether or not the step overflowed).
+  if (config_.precision == Precision::kFp16) SCIATTN_TRY(scaler_.update(reduced.overflow));
+
+  report->step = step_number;
+  report->loss = loss_sum / static_cast<double>(tokens_per_micro * gas);
+  report->loss_scale = loss_scale;
+  report->tokens = tokens_per_micro * gas;
+  report->flops = model_->flops_per_micro_batch() * static_cast<double>(gas);
+  // The k-th applied step runs with DeepSpeed's get_lr() at last_batch_iteration k - 2.
+  report->lr = learning_rate(config_.schedule, applied_steps_ - 1);
+  if (reduced.overflow) {
+    // Skipped: no update, no scheduler step, nothing enters the clipping history.
+    ++skipped_steps_;
+    report->skipped = true;
+    report->grad_norm = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    const ClipStep clip = clipper_.step(reduced.norm);
+    report->grad_norm = reduced.norm;
+    report->clip_coefficient = clip.coefficient;
+    report->clip_threshold = config_.clip.mode == ClipMode::kNone ? 0.0 : clip.threshold;
+    SCIATTN_TRY(
+        optimizer_step(reduced.pending_scale * static_cast<float>(clip.coefficient), report->lr));
+    ++applied_steps_;
+  }
+  ++global_step_;
+  report->skipped_total = skipped_steps_;
+  report->optimizer_seconds = seconds_since(t1);
+  report->seconds = seconds_since(t0);
+  report->peak_rss_bytes = peak_resident_bytes();
+  return Status::ok_status();
+}
+
+Status Trainer::dump_gradients(float pending_scale, const std::vector<int32_t>& inputs,
+                               const std::vector<int32_t>& targets) const {
+  const ParameterLayout& layout = model_->layout();
+  const size_t n = static_cast<size_t>(layout.total);
+  std::vector<float> grads(model_->grads(), model_->grads() + n);
+  for (float& g : grads) g *= pending_scale;
+  const int64_t rows = config_.micro_batch_size * config_.gradient_accumulation_steps;
+  Json header = {{"format", "sciattn-gradients"},
+                 {"version", 1},
+                 {"model", Json::parse(gpt_config_json(model_config_))},
+                 {"note",
+                  "grads are d(mean loss over the batch's tokens)/d(params), unscaled and "
+                  "unclipped, at params (before the step's update)"}};
+  std::vector<OutTensor> tensors;
+  GptModel& m = *model_;
+  add_slot_tensors(layout, "params", m.params(), &tensors);
+  add_slot_tensors(layout, "grads", grads.data(), &tensors);
+  tensors.push_back({"batch/inputs",
+                     "i32",
+                     {rows, model_config_.sequence_length},
+                     inputs.data(),
+                     inputs.size() * sizeof(int32_t)});
+  tensors.push_back({"batch/targets",
+                     "i32",
+                     {rows, model_config_.sequence_length},
+                     targets.data(),
+                     targets.size() * sizeof(int32_t)});
+  return write_checkpoint_file(options_.dump_gradients_path, header, tensors);
+}
+
+Status Trainer::save_checkpoint(const std::string& path) const {
+  const LossScalerState& ls = scaler_.state();
+  const DataPosition& dp = loader_->position();
+  Json header = {
+      {"format", "sciattn-checkpoint"},
+      {"version", 1},
+      {"model", Json::parse(gpt_config_json(model_config_))},
+      {"trainer",
+       {{"global_step", global_step_},
+        {"applied_steps", applied_steps_},
+        {"skipped_steps", skipped_steps_}}},
+      {"optimizer",
+       {{"type", config_.optimizer_type},
+        {"lr", config_.optimizer.lr},
+        {"betas", {config_.optimizer.beta1, config_.optimizer.beta2}},
+        {"eps", config_.optimizer.eps},
+        {"weight_decay", config_.optimizer.weight_decay},
+        {"step", applied_steps_}}},
+      {"scheduler",
+       {{"type", lr_schedule_name(config_.schedule.type)},
+        {"last_batch_iteration", applied_steps_ - 1}}},
+      {"loss_scaler", scaler_json(ls)},
+      {"clipper",
+       {{"mode", clip_mode_name(config_.clip.mode)},
+        {"threshold", clipper_.threshold()},
+        {"history", std::vector<double>(clipper_.history().begin(), clipper_.history().end())}}},
+      {"data",
+       {{"seed", dp.seed},
+        {"epoch", dp.epoch},
+        {"cursor", dp.cursor},
+        {"shuffle", options_.shuffle},
+        {"micro_batch", config_.micro_batch_size},
+        {"samples", loader_->num_samples()}}},
+      // All randomness of a run derives from the model's seed (initialisation) and the data
+      // seed and epoch (the shuffle), so the data position restores it exactly.
+      {"rng", "derived: model.seed, data.seed and data.epoch"},
+  };
+  std::vector<OutTensor> tensors;
+  GptModel& m = *model_;
+  add_slot_tensors(m.layout(), "params", m.params(), &tensors);
+  add_slot_tensors(m.layout(), "exp_avg", exp_avg_.data(), &tensors);
+  add_slot_tensors(m.layout(), "exp_avg_sq", exp_avg_sq_.data(), &tensors);
+  return write_checkpoint_file(path, header, tensors);
+}
+
+Status read_checkpoint(const std::string& path, std::string* header_json,
+                       std::vector<CheckpointTensor>* tensors) {
+  std::string bytes;
+  SCIATTN_TRY(detail::read_file(path, &bytes));
+  const std::string what = "checkpoint \"" + path + "\"";
+  if (bytes.size() < 16 || std::memcmp(bytes.data(), kCheckpointMagic, 8) != 0) {
+    return Status::invalid_argument(what + " does not start with the magic \"SCIACKPT\"");
+  }
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) {
+    length |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+  }
+  if (length > bytes.size() - 16) {
+    return Status::invalid_argument(what + " is truncated: its header says " +
+                                    std::to_string(length) + " bytes");
+  }
+  *header_json = bytes.substr(16, length);
+  Json header;
+  SCIATTN_TRY(detail::parse_json(*header_json, what, &header));
+  const size_t data = 16 + length;
+  tensors->clear();
+  try {
+    for (const Json& t : header.at("tensors")) {
+      CheckpointTensor ct;
+      ct.name = t.at("name").get<std::string>();
+      ct.dtype = t.at("dtype").get<std::string>();
+      ct.shape = t.at("shape").get<std::vector<int64_t>>();
+      int64_t numel = 1;
+      for (int64_t d : ct.shape) numel *= d;
+      const uint64_t offset = t.at("offset").get<uint64_t>();
+      const uint64_t nbytes = static_cast<uint64_t>(numel) * 4;
+      if (data + offset + nbytes > bytes.size()) {
+        return Status::invalid_argument(what + " is truncated: tensor \"" + ct.name +
+                                        "\" ends past the file");
+      }
+      ct.bytes.assign(bytes.begin() + static_cast<std::ptrdiff_t>(data + offset),
+                      bytes.begin() + static_cast<std::ptrdiff_t>(data + offset + nbytes));
+      tensors->push_back(std::move(ct));
+    }
+  } catch (const Json::exception& e) {
+    return Status::invalid_argument(what + ": malformed tensor list: " + e.what());
+  }
+  return Status::ok_status();
+}
+
+Status Trainer::load_checkpoint(const std::string& path) {
+  std::string text;
+  std::vector<CheckpointTensor> tensors;
+  SCIATTN_TRY(read_checkpoint(path, &text, &tensors));
+  const std::string what = "checkpoint \"" + path + "\"";
+  Json h;
+  SCIATTN_TRY(detail::parse_json(text, what, &h));
+  try {
+    if (h.at("format").get<std::string>() != "sciattn-checkpoint") {
+      return Status::invalid_argument(what + " is a \"" + h.at("format").get<std::string>() +
+                                      "\" file, not a training checkpoint");
+    }
+    GptConfig saved;
+    SCIATTN_TRY(parse_gpt_config(h.at("model").dump(), what, &saved));
+    if (gpt_config_json(saved) != gpt_config_json(model_config_)) {
+      return Status::invalid_argument(
+          what + " was written for another model: " + h.at("model").dump() +
+          "; this run's model file is " + gpt_config_json(model_config_));
+    }
+    const Json& d = h.at("data");
+    if (d.at("micro_batch").get<int64_t>() != config_.micro_batch_size ||
+        d.at("samples").get<uint64_t>() != loader_->num_samples() ||
+        d.at("shuffle").get<bool>() != options_.shuffle) {
+      return Status::invalid_argument(
+          what +
+          " was written with another micro-batch, data file or shuffle setting (micro "
+          "batch " +
+          d.at("micro_batch").dump() + ", " + d.at("samples").dump() + " samples, shuffle " +
+          d.at("shuffle").dump() + "); this run has " + std::to_string(config_.micro_batch_size) +
+          ", " + std::to_string(loader_->num_samples()) + ", " +
+          (options_.shuffle ? "true" : "false"));
+    }
+    // Tensors.
+    const ParameterLayout& layout = model_->layout();
+    std::vector<float> params(static_cast<size_t>(layout.total), 0.0f);
+    std::vector<float> m(params.size(), 0.0f), v(params.size(), 0.0f);
+    size_t found = 0;
+    for (const CheckpointTensor& t : tensors) {
+      const size_t slash = t.name.find('/');
+      const std::string kind = t.name.substr(0, slash), slot = t.name.substr(slash + 1);
+      const TensorSlot* s = layout.find(slot);
+      float* dst = kind == "params"       ? params.data()
+                   : kind == "exp_avg"    ? m.data()
+                   : kind == "exp_avg_sq" ? v.data()
+                                          : nullptr;
+      if (s == nullptr || dst == nullptr || t.shape != s->shape || t.dtype != "f32") {
+        return Status::invalid_argument(what + ": unexpected tensor \"" + t.name + "\"");
+      }
+      std::memcpy(dst + s->offset, t.bytes.data(), t.bytes.size());
+      ++found;
+    }
+    if (found != 3 * layout.slots.size()) {
+      return Status::invalid_argument(what + " holds " + std::to_string(found) +
+                                      " tensors; a "
+                                      "checkpoint of this model has " +
+                                      std::to_string(3 * layout.slots.size()));
+    }
+    // State.
+    const Json& tr = h.at("trainer");
+    LossScalerState ls;
+    const Json& js = h.at("loss_scaler");
+    ls.cur_scale = js.at("cur_scale").get<double>();
+    ls.cur_iter = js.at("cur_iter").get<int64_t>();
+    ls.last_overflow_iter = js.at("last_overflow_iter").get<int64_t>();
+    ls.cur_hysteresis = js.at("cur_hysteresis").get<int>();
+    const Json& jc = h.at("clipper");
+    if (jc.at("mode").get<std::string>() != clip_mode_name(config_.clip.mode)) {
+      return Status::invalid_argument(what + " was written with gradient clipping \"" +
+                                      jc.at("mode").get<std::string>() + "\"; this run has \"" +
+                                      clip_mode_name(config_.clip.mode) + "\"");
+    }
+    SCIATTN_TRY(clipper_.set_state(jc.at("threshold").get<double>(),
+                                   jc.at("history").get<std::vector<double>>()));
+    DataPosition pos;
+    pos.seed = d.at("seed").get<uint64_t>();
+    pos.epoch = d.at("epoch").get<uint64_t>();
+    pos.cursor = d.at("cursor").get<uint64_t>();
+    SCIATTN_TRY(loader_->set_position(pos));
+    if (config_.precision == Precision::kFp16) scaler_.set_state(ls);
+    global_step_ = tr.at("global_step").get<int64_t>();
+    applied_steps_ = tr.at("applied_steps").get<int64_t>();
+    skipped_steps_ = tr.at("skipped_steps").get<int64_t>();
+    SCIATTN_TRY(
+        backend_->copy_to_device(model_->params(), params.data(), params.size() * sizeof(float)));
+    exp_avg_ = std::move(m);
+    exp_avg_sq_ = std::move(v);
+  } catch (const Json::exception& e) {
+    return Status::invalid_argument(what + ": malformed header: " + e.what());
+  }
+  return Status::ok_status();
+}
+
+}  // namespace sciattn::train
