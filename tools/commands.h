@@ -14,6 +14,9 @@ void add_demo_command(CLI::App& app);
 void add_evoformer_command(CLI::App& app);
 void add_layout_command(CLI::App& app);
 void add_sparse_command(CLI::App& app);
+// The GPT trainer (cmd_train.cpp, cmd_data.cpp; cmd_train_unavailable.cpp in a build without it).
+void add_train_command(CLI::App& app);
+void add_data_command(CLI::App& app);
 
 // The block-sparse section of `sciattn demo` (in cmd_sparse.cpp): a few sparse self-attention
 // runs on `device` (CPU threads: `threads`, 0 = all), printed as a table (or a JSON array) on

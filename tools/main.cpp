@@ -1,4 +1,4 @@
-// The `sciattn` command-line program: demo, evoformer, layout, sparse. Tools layer.
+// The `sciattn` command-line program: demo, evoformer, layout, sparse, train, data. Tools layer.
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -7,13 +7,16 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "sciattn: memory-efficient Evoformer attention and block-sparse attention.\n"
-      "Run `sciattn demo` for a tour, or `sciattn <command> --help`."};
+      "Run `sciattn demo` for a tour, `sciattn train --demo` to train a small GPT, or\n"
+      "`sciattn <command> --help`."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "sciattn 0.1.0");
   sciattn::tools::add_demo_command(app);
   sciattn::tools::add_evoformer_command(app);
   sciattn::tools::add_layout_command(app);
   sciattn::tools::add_sparse_command(app);
+  sciattn::tools::add_train_command(app);
+  sciattn::tools::add_data_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -26,7 +26,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 
 std::string blas_description() {
   if (openblas_get_config == nullptr) return "CBLAS";
-  std::string text = std::string("OpenBLAS ") + openblas_get_config();
+  std::string text = openblas_get_config();
   if (openblas_get_parallel != nullptr) {
     const int parallel = openblas_get_parallel();
     text += parallel == 2   ? " (OpenMP threads)"
