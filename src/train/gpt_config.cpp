@@ -87,6 +87,23 @@ Status parse_gpt_config(std::string_view text, const std::string& source, GptCon
   if (!s.ok()) return s;
   ObjectReader r(doc, "", what + ": ");
   GptConfig c;
+  // Unknown keys first: a misspelt key is also a missing one, and its name is the better hint.
+  const char* known[] = {"vocab_size", "d_model",         "n_layers",
+                         "n_heads",    "sequence_length", "max_position_embeddings",
+                         "positions",  "mlp_ratio",       "tie_embeddings",
+                         "seed",       "init_std",        "layer_norm_eps",
+                         "rotary_base"};
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    bool found = false;
+    for (const char* k : known) found = found || it.key() == k;
+    if (!found) {
+      return Status::invalid_argument(
+          what + ": unknown key \"" + it.key() +
+          "\"; the model file takes vocab_size, d_model, n_layers, n_heads, sequence_length, "
+          "max_position_embeddings, positions, mlp_ratio, tie_embeddings, seed, init_std, "
+          "layer_norm_eps, rotary_base");
+    }
+  }
   const char* required[] = {"vocab_size", "d_model", "n_layers", "n_heads", "sequence_length"};
   for (const char* key : required) {
     if (!r.has(key)) {
@@ -125,13 +142,6 @@ Status parse_gpt_config(std::string_view text, const std::string& source, GptCon
   SCIATTN_READ(r.get_number("layer_norm_eps", &c.layer_norm_eps));
   SCIATTN_READ(r.get_number("rotary_base", &c.rotary_base));
 #undef SCIATTN_READ
-  for (const std::string& key : r.unread()) {
-    return Status::invalid_argument(
-        what + ": unknown key \"" + key +
-        "\"; the model file takes vocab_size, d_model, n_layers, n_heads, sequence_length, "
-        "max_position_embeddings, positions, mlp_ratio, tie_embeddings, seed, init_std, "
-        "layer_norm_eps, rotary_base");
-  }
   s = validate_gpt_config(c);
   if (!s.ok()) return Status::invalid_argument(what + ": " + s.message());
   *out = c;

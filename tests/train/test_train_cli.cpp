@@ -1,0 +1,166 @@
+// `sciattn train` and `sciattn data` run as a user would: the demo's loss falls; a run from a
+// text file writes its log, plot and checkpoint and resumes; bad input gets a message naming what
+// the user wrote and a non-zero exit. Test layer (cpu).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  const std::string command = std::string(SCIATTN_CLI_PATH) + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string dir() {
+  return ::testing::TempDir();
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void expect_contains(const Result& r, const std::string& fragment) {
+  EXPECT_NE(r.output.find(fragment), std::string::npos) << "output lacks \"" << fragment << "\":\n"
+                                                        << r.output;
+}
+
+// A small text corpus, the model and config files of a short run.
+struct Files {
+  std::string text = dir() + "corpus.txt", tokens = dir() + "corpus.tok",
+              model = dir() + "gpt.json", config = dir() + "ds.json";
+  Files() {
+    std::string corpus;
+    for (int i = 0; i < 60; ++i) {
+      corpus += "the quick brown fox jumps over the lazy dog number " + std::to_string(i) + "\n";
+    }
+    write(text, corpus);
+    write(model, R"({"vocab_size": 257, "d_model": 32, "n_layers": 2, "n_heads": 2,
+                     "sequence_length": 24, "positions": "rotary", "tie_embeddings": false})");
+    write(config, R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.01}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 2, "warmup_max_lr": 2e-3,
+                    "total_num_steps": "auto"}},
+      "fp16": {"enabled": true, "initial_scale_power": 12},
+      "gradient_clipping": {"type": "adaptive", "threshold": 1.0, "history_window": 4},
+      "zero_optimization": {"stage": 0, "overlap_comm": true},
+      "wall_clock_breakdown": true})");
+  }
+};
+
+TEST(TrainCli, DemoLossFalls) {
+  const Result r = run("train --demo --threads 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "loss fell from");
+  expect_contains(r, "step 60/60");
+}
+
+TEST(TrainCli, TextRunLogsPlotsSavesAndResumes) {
+  Files f;
+  Result r = run("data --text " + f.text + " --lines --shuffle --seed 3 --out " + f.tokens);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "60 documents");
+  expect_contains(r, "documents shuffled with seed 3");
+  const std::string log = dir() + "run.jsonl", plot = dir() + "loss.png", ckpt = dir() + "run.ckpt";
+  const std::string base = "train --config " + f.config + " --model " + f.model + " --data " +
+                           f.tokens + " --lr 1e-3 --token-chunk 8 --lm-head-tile-tokens 16 ";
+  r = run(base + "--steps 3 --save " + ckpt + " --log " + log + " --plot " + plot +
+          " --memory --inject-overflow 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "warning: DeepSpeed config");
+  expect_contains(r, "zero_optimization.overlap_comm");
+  expect_contains(r, "fp16.enabled is true, but the CPU path computes in fp32");
+  expect_contains(r, "memory ledger:");
+  expect_contains(r, "SKIPPED (gradients overflowed at loss scale 4096)");
+  expect_contains(r, "fwd+bwd");
+  expect_contains(r, "saved " + ckpt + " at step 3");
+  // One JSON record per step.
+  std::ifstream in(log);
+  std::string line;
+  int records = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int>(), ++records);
+    EXPECT_TRUE(j.contains("tokens_per_second"));
+    EXPECT_EQ(j["skipped"].get<bool>(), records == 2);
+  }
+  EXPECT_EQ(records, 3);
+  EXPECT_EQ(read(plot).substr(0, 4), "\x89PNG");
+  // Resume: steps 4 and 5 only.
+  r = run(base + "--steps 5 --resume " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "step 4/5");
+  expect_contains(r, "step 5/5");
+  EXPECT_EQ(r.output.find("step 3/5"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, FastaBecomesCodons) {
+  const std::string fasta = dir() + "genes.fasta", out = dir() + "genes.tok";
+  write(fasta, ">g1\nATGAAACCCGG\n>g2\nNNNTTT\n");
+  const Result r = run("data --fasta " + fasta + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "2 documents, 7 tokens (codons, vocabulary 66");
+  expect_contains(r, "1 with letters other than ACGTU), 2 trailing bases dropped");
+  EXPECT_EQ(read(out).substr(0, 8), "SCIATOKN");
+}
+
+TEST(TrainCli, BadInputIsNamed) {
+  Files f;
+  ASSERT_EQ(run("data --text " + f.text + " --out " + f.tokens).exit_code, 0);
+  const std::string files = " --model " + f.model + " --data " + f.tokens + " --steps 1";
+  Result r = run("train --model " + f.model);
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "missing --config --data");
+  const std::string bad = dir() + "bad.json";
+  write(bad, R"({"train_batch_size": 2, "gradient_clippin": 1.0})");
+  r = run("train --config " + bad + files);
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "gradient_clippin is not a DeepSpeed config key");
+  write(bad, R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 4})");
+  r = run("train --config " + bad + files);
+  expect_contains(r, "train_batch_size 6 != train_micro_batch_size_per_gpu 4");
+  write(bad, R"({"vocab_size": 257, "d_model": 32, "n_layer": 2})");
+  r = run("train --config " + f.config + " --model " + bad + " --data " + f.tokens + " --steps 1");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "unknown key \"n_layer\"");
+  r = run("train --config " + f.config + " --model " + f.model + " --data " + f.text +
+          " --steps 1 --lr 1e-3");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "corpus.txt\" does not start with the magic");
+  r = run("train --config " + f.config + files);
+  expect_contains(r, "optimizer.params.lr is \"auto\"");
+  r = run("train --config " + f.config + files + " --lr 1e-3 --save-every 2");
+  expect_contains(r, "--save-every needs --save");
+  r = run("data --out " + f.tokens);
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "exactly one of --text");
+  r = run("train --demo --resume " + f.config);
+  EXPECT_NE(r.exit_code, 0);
+  expect_contains(r, "does not start with the magic \"SCIACKPT\"");
+}
+
+}  // namespace
