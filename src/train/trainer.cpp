@@ -207,7 +207,11 @@ Status Trainer::step(StepReport* report) {
                                   ? Fp16Scaling::kDsEnhanced
                                   : Fp16Scaling::kStandard;
   SCIATTN_TRY(reduce_gradients(comm_, scaling, loss_scale, model_->grads(), n, &reduced));
-  if (dumping) SCIATTN_TRY(dump_gradients(reduced.pending_scale, all_inputs, all_targets));
+  if (dumping) {
+    SCIATTN_TRY(dump_gradients(reduced.pending_scale,
+                               loss_sum / static_cast<double>(tokens_per_micro * gas), all_inputs,
+                               all_targets));
+  }
   // The loss scaler sees every step (DeepSpeed updates it whether or not the step overflowed).
   if (config_.precision == Precision::kFp16) SCIATTN_TRY(scaler_.update(reduced.overflow));
 
@@ -240,7 +244,8 @@ Status Trainer::step(StepReport* report) {
   return Status::ok_status();
 }
 
-Status Trainer::dump_gradients(float pending_scale, const std::vector<int32_t>& inputs,
+Status Trainer::dump_gradients(float pending_scale, double mean_loss,
+                               const std::vector<int32_t>& inputs,
                                const std::vector<int32_t>& targets) const {
   const ParameterLayout& layout = model_->layout();
   const size_t n = static_cast<size_t>(layout.total);
@@ -250,6 +255,7 @@ Status Trainer::dump_gradients(float pending_scale, const std::vector<int32_t>& 
   Json header = {{"format", "sciattn-gradients"},
                  {"version", 1},
                  {"model", Json::parse(gpt_config_json(model_config_))},
+                 {"loss", mean_loss},
                  {"note",
                   "grads are d(mean loss over the batch's tokens)/d(params), unscaled and "
                   "unclipped, at params (before the step's update)"}};

@@ -12,7 +12,8 @@
 // The header also holds the model file ("model"), the step counters, the loss scaler's and the
 // clipper's state, the data position, and the optimizer's hyperparameters. Tensors:
 // "params/<slot>", "exp_avg/<slot>", "exp_avg_sq/<slot>" for every slot of the parameter layout
-// (gpt.h); a gradient dump has "params/<slot>", "grads/<slot>", "batch/inputs", "batch/targets".
+// (gpt.h); a gradient dump has "params/<slot>", "grads/<slot>", "batch/inputs", "batch/targets"
+// and the step's mean loss in header["loss"].
 #pragma once
 
 #include <cstdint>
@@ -98,7 +99,7 @@ class Trainer {
  private:
   Trainer() = default;
   Status optimizer_step(float grad_scale, double lr);
-  Status dump_gradients(float pending_scale, const std::vector<int32_t>& inputs,
+  Status dump_gradients(float pending_scale, double mean_loss, const std::vector<int32_t>& inputs,
                         const std::vector<int32_t>& targets) const;
 
   GptConfig model_config_;
