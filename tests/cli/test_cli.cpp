@@ -1,32 +1,16 @@
 // Tests of the `sciattn` command-line program: it runs, reports errors below tolerance, and
 // answers bad flags with usage and a non-zero exit. Runs the built binary as a user would.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli/cli_runner.h"
+
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-CommandResult run_cli(const std::string& args) {
-  const std::string command = std::string(SCIATTN_CLI_PATH) + " " + args + " 2>&1";
-  CommandResult r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using sciattn::testing::CommandResult;
+using sciattn::testing::run_cli;
 
 // Output of a --json command may be preceded by notes on stderr; the JSON starts at '['.
 nlohmann::json parse_json_output(const std::string& output) {

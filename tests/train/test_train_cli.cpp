@@ -2,33 +2,20 @@
 // text file writes its log, plot and checkpoint and resumes; bad input gets a message naming what
 // the user wrote and a non-zero exit. Test layer (cpu).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "cli/cli_runner.h"
+
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string output;
-};
+using Result = sciattn::testing::CommandResult;
 
 Result run(const std::string& args) {
-  const std::string command = std::string(SCIATTN_CLI_PATH) + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return sciattn::testing::run_cli(args);
 }
 
 std::string dir() {
