@@ -16,7 +16,18 @@ find_path(CBLAS_INCLUDE_DIR cblas.h
   PATH_SUFFIXES openblas-openmp openblas-pthread openblas x86_64-linux-gnu/openblas-openmp
                 x86_64-linux-gnu/openblas-pthread x86_64-linux-gnu
   DOC "folder of cblas.h (OpenBLAS)")
-if(BLAS_LIBRARIES AND CBLAS_INCLUDE_DIR)
+# What was given or found must exist: a wrong override is reported as "not found" (with the
+# paths) rather than as a broken target later.
+set(sciattn_blas_usable OFF)
+if(BLAS_LIBRARIES AND CBLAS_INCLUDE_DIR AND EXISTS "${CBLAS_INCLUDE_DIR}/cblas.h")
+  set(sciattn_blas_usable ON)
+  foreach(lib IN LISTS BLAS_LIBRARIES)
+    if(NOT lib MATCHES "^-" AND NOT EXISTS "${lib}")
+      set(sciattn_blas_usable OFF)
+    endif()
+  endforeach()
+endif()
+if(sciattn_blas_usable)
   set(SCIATTN_BLAS_FOUND ON)
   if(NOT TARGET sciattn::blas)
     add_library(sciattn::blas INTERFACE IMPORTED)
