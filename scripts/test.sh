@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole sciattn test suite on this machine, as CI does:
 #   1. the `cpu` preset: build, then every cpu-labelled test (library suites, the examples, the
-#      command-line program), then `sciattn demo` and `sciattn train --demo` (about 10 s);
+#      command-line program), then `sciattn demo` and `sciattn train --demo` (seconds);
 #   2. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
 #      skipped with a message when nvcc is absent);
 #   3. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;

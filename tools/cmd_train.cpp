@@ -314,7 +314,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config", a->config, "DeepSpeed config (JSON)")->check(CLI::ExistingFile);
   cmd->add_option("--model", a->model, "model file (JSON)")->check(CLI::ExistingFile);
   cmd->add_option("--data", a->data, "token file (from `sciattn data`)")->check(CLI::ExistingFile);
-  cmd->add_flag("--demo", a->demo, "train a tiny model on generated data (about 10 s on 2 cores)");
+  cmd->add_flag("--demo", a->demo, "train a tiny model on generated data (seconds on 2 cores)");
   cmd->add_option("--steps", a->steps,
                   "train until this global step (default: the scheduler's total_num_steps); "
                   "also fills total_num_steps \"auto\"")
