@@ -6,16 +6,32 @@
 #   bench/compare/block_sparse.py).
 # Usage on the GPU machine:
 #   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|sass|bench|compare|sparse|sparse_compare|
-#                         sparse_sanitize|sparse_profile|python|all]...
+#                         sparse_sanitize|sparse_profile|python|train|train_sanitize|train_bench|all]...
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
 # `sparse` runs the block-sparse GPU test programs (test_sparse_attention_cuda,
 # test_block_sparse_ops_cuda, whichever are in .carry) and `sciattn sparse --device cuda`;
 # `sparse_compare` runs bench/compare/block_sparse.py through the Python package (built with
 # --cuda first when the one in bindings/torch/python has no CUDA kernels).
+# `train`, `train_sanitize` and `train_bench` run the trainer's CUDA back end: test_train_cuda (every
+# layer against the CPU back end, the optimizer kernels), compute-sanitizer memcheck and racecheck
+# on it (all its cases are small), and bench_train_cuda (the layers at the 1.3B GPT's sizes). They
+# need, in .carry/train.tar.xz (or unpacked in .carry/), made on a CPU machine with:
+#   cmake --preset gpu && cmake --build build/gpu --target test_train_cuda bench_train_cuda
+#   mkdir -p .carry/train && cp build/gpu/tests/cuda/test_train_cuda build/gpu/bench/bench_train_cuda \
+#     .carry/train/ && cp -L /usr/lib/x86_64-linux-gnu/libopenblas.so.0 \
+#     /usr/lib/x86_64-linux-gnu/libgfortran.so.5 /usr/lib/x86_64-linux-gnu/libquadmath.so.0 \
+#     /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .carry/train/ &&
+#   tar cJf .carry/train.tar.xz -C .carry train && rm -r .carry/train
+# The trainer links OpenBLAS (Debian 12's libopenblas0-openmp: libopenblas.so.0, which needs
+# libgfortran.so.5 and libquadmath.so.0) and the Google Benchmark of Debian (libbenchmark.so.1debian);
+# the GPU machine has none of them, so they travel with the binaries. cuBLASLt (libcublasLt.so.13)
+# comes from the GPU machine's CUDA toolkit (its lib64 folder is put on LD_LIBRARY_PATH below), and
+# libgomp.so.1 from its GCC.
 # Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), PROFILE_FILTER (profile, stalls:
 # the Evoformer bench row, default triangle 384), COMPARE_DTYPES (peer comparison),
 # SPARSE_BENCH_FILTER (bench_sparse_attention_cuda; default: D 64, L 4096 and 16384),
+# TRAIN_BENCH_FILTER (bench_train_cuda; default: every row),
 # SPARSE_COMPARE_ARGS (block_sparse.py's options; default --quick).
 # Results go to $OUT (or results/ when OUT is unset).
 set -uo pipefail
@@ -25,6 +41,10 @@ mkdir -p "$out"
 bin=.carry
 # Shared libraries the carried binaries need that the GPU machine lacks (Google Benchmark).
 export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The trainer's programs: their shared libraries (OpenBLAS and its Fortran runtime) beside them, and
+# the toolkit's cuBLASLt.
+cuda_root=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
+export LD_LIBRARY_PATH="$PWD/$bin/train:$LD_LIBRARY_PATH:$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib:/usr/local/cuda/lib64"
 what=("$@")
 [ ${#what[@]} -eq 0 ] && what=(all)
 want() { for w in "${what[@]}"; do [ "$w" = "$1" ] || [ "$w" = all ] && return 0; done; return 1; }
@@ -193,6 +213,31 @@ if want sparse_compare; then
   PYTHONUNBUFFERED=1 PYTHONPATH=bindings/torch/python python3 bench/compare/block_sparse.py \
     --out "$out" ${SPARSE_COMPARE_ARGS:---quick} 2>&1 | tee "$out/sparse_compare.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ -f "$bin/train.tar.xz" ] && { want train || want train_sanitize || want train_bench; }; then
+  tar xJf "$bin/train.tar.xz" -C "$bin"
+fi
+train_bin=$bin/train
+if want train && [ -x "$train_bin/test_train_cuda" ]; then
+  echo "== trainer: CUDA back end against the CPU back end"
+  ldd "$train_bin/test_train_cuda" | grep "not found"  # a missing shared library shows here
+  "$train_bin/test_train_cuda" --gtest_brief=1 2>&1 | tee "$out/test_train_cuda.log" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want train_sanitize && [ -x "$train_bin/test_train_cuda" ]; then
+  # Every case of test_train_cuda is small (74 tokens, C 20 or 64, V 53, 100K AdamW elements).
+  for tool in memcheck racecheck; do
+    sanitize "$tool" train/test_train_cuda '*'
+  done
+fi
+if want train_bench && [ -x "$train_bin/bench_train_cuda" ]; then
+  echo "== Google Benchmark (trainer layers, 1.3B sizes)"
+  "$train_bin/bench_train_cuda" --benchmark_filter="${TRAIN_BENCH_FILTER:-.}" \
+    --benchmark_min_time="${BENCH_MIN_TIME:-0.2}" \
+    --benchmark_out="$out/bench_train_cuda.json" --benchmark_out_format=json \
+    > "$out/bench_train.log" 2>&1
+  [ $? -eq 0 ] || status=1
+  grep -E "^BM_|ERROR|error" "$out/bench_train.log" | sed -E 's/\/manual_time//' | cut -c1-200
 fi
 if want python; then
   echo "== Python package on CUDA tensors"
