@@ -799,8 +799,12 @@ class CudaBackendImpl final : public CudaBackend {
     SCIATTN_TRY(ensure_scratch(reserved + ws));
     *op = build();
     std::string why;
-    if (!can_implement(*op, &why).ok()) {
-      return Status(StatusCode::kInternal, "the attention op rejected the trainer's call: " + why);
+    const Status can = can_implement(*op, &why);
+    if (!can.ok()) {
+      // A build without the kernel for this head dim or dtype says so (kNotSupported); any
+      // other rejection is the back end's mistake.
+      return Status(can.code() == StatusCode::kNotSupported ? can.code() : StatusCode::kInternal,
+                    "the attention op rejected the trainer's call: " + why);
     }
     *workspace = static_cast<std::byte*>(scratch_) + reserved;
     *workspace_bytes = scratch_bytes_ - reserved;

@@ -137,12 +137,28 @@ __global__ void rotary_kernel(T* qkv, int64_t rows, int64_t L, int64_t H, int64_
     const float c = static_cast<float>(cos(angle));
     const float s = static_cast<float>(inverse ? -sin(angle) : sin(angle));
     T* r = qkv + row * 3 * C;
+    // kHeads heads' pairs are loaded before any is stored, so that the loads are in flight
+    // together (stores to x may alias the next head's loads as far as the compiler knows).
+    constexpr int kHeads = 8;
     for (int64_t part = 0; part < 2; ++part) {
-      for (int64_t h = 0; h < H; ++h) {
-        T* x = r + part * C + h * D;
-        const float a = to_float(x[k]), b = to_float(x[k + half]);
-        x[k] = from_float<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-        x[k + half] = from_float<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+      for (int64_t h0 = 0; h0 < H; h0 += kHeads) {
+        float a[kHeads], b[kHeads];
+#pragma unroll
+        for (int j = 0; j < kHeads; ++j) {
+          if (h0 + j < H) {
+            const T* x = r + part * C + (h0 + j) * D;
+            a[j] = to_float(x[k]);
+            b[j] = to_float(x[k + half]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kHeads; ++j) {
+          if (h0 + j < H) {
+            T* x = r + part * C + (h0 + j) * D;
+            x[k] = from_float<T>(__fsub_rn(__fmul_rn(a[j], c), __fmul_rn(b[j], s)));
+            x[k + half] = from_float<T>(__fadd_rn(__fmul_rn(b[j], c), __fmul_rn(a[j], s)));
+          }
+        }
       }
     }
   }

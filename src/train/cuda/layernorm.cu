@@ -20,12 +20,9 @@ namespace {
 
 constexpr int kRowThreads = 256;  // threads of the row kernels: 8 warps, 8 rows at a time
 
-// The column sums' block: kColThreads x kRowLanes threads, each thread kColsPerThread columns
-// (32 apart, so that a warp reads consecutive elements).
+// The column sums' block: kColThreads x kRowLanes threads.
 constexpr int kColThreads = 32;
 constexpr int kRowLanes = 8;
-constexpr int kColsPerThread = 4;
-constexpr int kTileCols = kColThreads * kColsPerThread;
 constexpr int64_t kGroupRows = 256;
 // Chunks one pair of launches covers; bounds the partials' workspace.
 constexpr int64_t kChunksPerLaunch = 16;
@@ -137,15 +134,17 @@ cudaError_t launch_rows(int64_t N, int64_t C, bool aligned, Launch launch) {
 
 // ---- column sums ----
 
-// The values a column sum adds for (row, column): dout for a bias; dout * xhat and dout for the
-// LayerNorm's weight and bias.
+// The values a column sum adds for kVec consecutive columns c .. c + kVec - 1 of row r: dout for
+// a bias; dout * xhat and dout for the LayerNorm's weight and bias. With kVec > 1 the row's
+// element c is 16-byte aligned (one vector load per tensor).
 template <typename T>
 struct BiasValues {
   static constexpr int kValues = 1;
   const T* dout;
   int64_t cols;
-  __device__ void operator()(int64_t r, int64_t c, float (&v)[kValues]) const {
-    v[0] = to_float(dout[r * cols + c]);
+  template <int kVec>
+  __device__ void load(int64_t r, int64_t c, float (&v)[kValues][kVec]) const {
+    load_floats<T, kVec>(dout + r * cols + c, v[0]);
   }
 };
 template <typename T>
@@ -156,10 +155,14 @@ struct LayerNormValues {
   const float* mean;
   const float* rstd;
   int64_t cols;
-  __device__ void operator()(int64_t r, int64_t c, float (&v)[kValues]) const {
-    const float d = to_float(dout[r * cols + c]);
-    v[0] = d * ((to_float(in[r * cols + c]) - mean[r]) * rstd[r]);
-    v[1] = d;
+  template <int kVec>
+  __device__ void load(int64_t r, int64_t c, float (&v)[kValues][kVec]) const {
+    float x[kVec];
+    load_floats<T, kVec>(dout + r * cols + c, v[1]);
+    load_floats<T, kVec>(in + r * cols + c, x);
+    const float m = mean[r], s = rstd[r];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[0][i] = v[1][i] * ((x[i] - m) * s);
   }
 };
 
@@ -171,50 +174,66 @@ int64_t groups_per_chunk(int64_t chunk) {
   return (chunk + kGroupRows - 1) / kGroupRows;
 }
 
+// The columns one block covers: kColThreads threads of kVec consecutive columns, kSpans times
+// (the spans kColThreads * kVec columns apart, so that a warp reads consecutive elements).
+template <int kVec, int kSpans>
+constexpr int kTileCols = kColThreads* kVec* kSpans;
+
 // partials[((k * groups + g) * kValues + v) * cols + c]: the sum of value v over the rows of group
-// g of chunk k (chunks counted from first_row).
-template <typename Values>
+// g of chunk k (chunks counted from first_row). Each thread walks its rows (y, y + kRowLanes, ...)
+// in order; then thread row 0 adds the kRowLanes partial sums in order.
+template <typename Values, int kVec, int kSpans>
 __global__ void column_partials_kernel(Values values, int64_t first_row, int64_t N, int64_t chunk,
                                        int64_t groups, int64_t cols, float* partials) {
   constexpr int kValues = Values::kValues;
-  __shared__ float shared[kRowLanes][kValues][kTileCols];
+  constexpr int kTile = kTileCols<kVec, kSpans>;
+  __shared__ float shared[kRowLanes][kValues][kTile];
   const int64_t k = blockIdx.z, g = blockIdx.y;
   const int64_t chunk_begin = first_row + k * chunk;
   const int64_t begin = chunk_begin + g * kGroupRows;
   const int64_t end = std::min(std::min(begin + kGroupRows, chunk_begin + chunk), N);
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
-  float acc[kValues][kColsPerThread] = {};
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  float acc[kSpans][kValues][kVec] = {};
   for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
 #pragma unroll
-    for (int j = 0; j < kColsPerThread; ++j) {
-      const int64_t c = col0 + j * kColThreads;
+    for (int j = 0; j < kSpans; ++j) {
+      const int64_t c = tile0 + j * kColThreads * kVec + threadIdx.x * kVec;
       if (c < cols) {
-        float v[kValues];
-        values(r, c, v);
+        float v[kValues][kVec];
+        values.template load<kVec>(r, c, v);
 #pragma unroll
-        for (int i = 0; i < kValues; ++i) acc[i][j] += v[i];
+        for (int i = 0; i < kValues; ++i) {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) acc[j][i][e] += v[i][e];
+        }
       }
     }
   }
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) {
+  for (int j = 0; j < kSpans; ++j) {
 #pragma unroll
-    for (int j = 0; j < kColsPerThread; ++j) {
-      shared[threadIdx.y][i][threadIdx.x + j * kColThreads] = acc[i][j];
+    for (int i = 0; i < kValues; ++i) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        shared[threadIdx.y][i][j * kColThreads * kVec + threadIdx.x * kVec + e] = acc[j][i][e];
+      }
     }
   }
   __syncthreads();
   if (threadIdx.y != 0) return;
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) {
+  for (int j = 0; j < kSpans; ++j) {
 #pragma unroll
-    for (int j = 0; j < kColsPerThread; ++j) {
-      const int64_t c = col0 + j * kColThreads;
+    for (int e = 0; e < kVec; ++e) {
+      const int t = j * kColThreads * kVec + threadIdx.x * kVec + e;
+      const int64_t c = tile0 + t;
       if (c >= cols) continue;
-      const int t = threadIdx.x + j * kColThreads;
-      float s = shared[0][i][t];
-      for (int y = 1; y < kRowLanes; ++y) s += shared[y][i][t];
-      partials[((k * groups + g) * kValues + i) * cols + c] = s;
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) {
+        float s = shared[0][i][t];
+        for (int y = 1; y < kRowLanes; ++y) s += shared[y][i][t];
+        partials[((k * groups + g) * kValues + i) * cols + c] = s;
+      }
     }
   }
 }
@@ -242,10 +261,14 @@ __global__ void column_finalize_kernel(Outputs outputs, const float* partials, i
   }
 }
 
-template <typename Values>
+// The column sums of `values` over N rows added to `outputs`. `vector`: every column count and
+// address allows 16-byte loads of the element type (the sums are the same either way: each column
+// is summed over the same rows in the same order).
+template <typename T, typename Values>
 cudaError_t column_sums(Values values, Outputs outputs, int64_t N, int64_t cols, int64_t chunk,
-                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                        bool vector, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   constexpr int kValues = Values::kValues;
+  constexpr int kVec = kVec16<T>;
   if (N == 0 || cols == 0) return cudaSuccess;
   if (workspace_bytes < column_sums_workspace(N, cols, chunk, kValues)) {
     return cudaErrorInvalidValue;
@@ -253,12 +276,20 @@ cudaError_t column_sums(Values values, Outputs outputs, int64_t N, int64_t cols,
   float* partials = static_cast<float*>(workspace);
   const int64_t groups = groups_per_chunk(chunk);
   const int64_t total_chunks = (N + chunk - 1) / chunk;
-  const unsigned tiles = static_cast<unsigned>((cols + kTileCols - 1) / kTileCols);
+  vector = vector && cols % kVec == 0;
+  const int64_t tile = vector ? kTileCols<kVec, 1> : kTileCols<1, 4>;
+  const unsigned tiles = static_cast<unsigned>((cols + tile - 1) / tile);
   for (int64_t k0 = 0; k0 < total_chunks; k0 += kChunksPerLaunch) {
     const int64_t chunks = std::min(kChunksPerLaunch, total_chunks - k0);
     const dim3 grid(tiles, static_cast<unsigned>(groups), static_cast<unsigned>(chunks));
-    column_partials_kernel<Values><<<grid, dim3(kColThreads, kRowLanes), 0, stream>>>(
-        values, k0 * chunk, N, chunk, groups, cols, partials);
+    const dim3 block(kColThreads, kRowLanes);
+    if (vector) {
+      column_partials_kernel<Values, kVec, 1>
+          <<<grid, block, 0, stream>>>(values, k0 * chunk, N, chunk, groups, cols, partials);
+    } else {
+      column_partials_kernel<Values, 1, 4>
+          <<<grid, block, 0, stream>>>(values, k0 * chunk, N, chunk, groups, cols, partials);
+    }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     column_finalize_kernel<kValues><<<grid_for(kValues * cols, 256), 256, 0, stream>>>(
@@ -317,8 +348,9 @@ cudaError_t layernorm_backward_params(DType dtype, float* dweight, float* dbias,
     using T = decltype(tag);
     const LayerNormValues<T> values{static_cast<const T*>(dout), static_cast<const T*>(in), mean,
                                     rstd, C};
-    return column_sums(values, Outputs{{dweight, dbias}}, N, C, chunk, workspace, workspace_bytes,
-                       stream);
+    const bool vector = aligned_to(dout, 16) && aligned_to(in, 16);
+    return column_sums<T>(values, Outputs{{dweight, dbias}}, N, C, chunk, vector, workspace,
+                          workspace_bytes, stream);
   });
 }
 
@@ -328,8 +360,8 @@ cudaError_t bias_backward(DType dtype, float* dbias, const void* dout, int64_t N
   return with_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const BiasValues<T> values{static_cast<const T*>(dout), OC};
-    return column_sums(values, Outputs{{dbias, nullptr}}, N, OC, chunk, workspace, workspace_bytes,
-                       stream);
+    return column_sums<T>(values, Outputs{{dbias, nullptr}}, N, OC, chunk, aligned_to(dout, 16),
+                          workspace, workspace_bytes, stream);
   });
 }
 
