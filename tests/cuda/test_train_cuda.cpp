@@ -426,27 +426,32 @@ TEST_P(TrainCuda, GeluForwardAndBackward) {
 }
 
 TEST_P(TrainCuda, RotaryAndItsInverse) {
-  const int64_t B = 2, L = 37, H = 2, D = 8, C = H * D;
-  const uint64_t seed = kSeed + 70;
-  SCOPED_TRACE(seed_note(seed));
-  const std::vector<float> qkv = input(B * L * 3 * C, seed);
-  auto d_qkv = act({B, L, 3, H, D});
-  for (const bool inverse : {false, true}) {
-    SCOPED_TRACE(inverse ? "inverse" : "forward");
-    std::vector<float> ref = qkv;
-    ASSERT_OK(cpu_->rotary({view(ref, {B, L, 3, H, D}), 10000.0f, inverse}));
-    std::vector<std::byte> first;
-    for (int run = 0; run < 2; ++run) {
-      d_qkv->upload(qkv);
-      ASSERT_OK(gpu_->rotary({d_qkv->view(), 10000.0f, inverse}));
-      sync();
-      if (run == 0) {
-        first = d_qkv->raw();
-        // Same angles (fp64, rounded once) and the same roundings as the CPU: the fp32 values
-        // agree, so the GPU equals lowp_ref.
-        EXPECT_TRUE(within_tolerance("qkv", d_qkv->download(), low(ref), ref, dtype_));
-      } else {
-        EXPECT_EQ(first, d_qkv->raw()) << "rotary differs between two runs";
+  const int64_t B = 2, L = 37;
+  // D 8: element accesses (D / 2 is no multiple of a 16-byte vector); D 32 with 3 heads: vectors.
+  for (const auto& [H, D] :
+       {std::pair<int64_t, int64_t>{2, 8}, std::pair<int64_t, int64_t>{3, 32}}) {
+    const int64_t C = H * D;
+    const uint64_t seed = kSeed + 70 + static_cast<uint64_t>(D);
+    SCOPED_TRACE("H " + std::to_string(H) + " D " + std::to_string(D) + " " + seed_note(seed));
+    const std::vector<float> qkv = input(B * L * 3 * C, seed);
+    auto d_qkv = act({B, L, 3, H, D});
+    for (const bool inverse : {false, true}) {
+      SCOPED_TRACE(inverse ? "inverse" : "forward");
+      std::vector<float> ref = qkv;
+      ASSERT_OK(cpu_->rotary({view(ref, {B, L, 3, H, D}), 10000.0f, inverse}));
+      std::vector<std::byte> first;
+      for (int run = 0; run < 2; ++run) {
+        d_qkv->upload(qkv);
+        ASSERT_OK(gpu_->rotary({d_qkv->view(), 10000.0f, inverse}));
+        sync();
+        if (run == 0) {
+          first = d_qkv->raw();
+          // Same angles (fp64, rounded once) and the same roundings as the CPU: the fp32 values
+          // agree, so the GPU equals lowp_ref.
+          EXPECT_TRUE(within_tolerance("qkv", d_qkv->download(), low(ref), ref, dtype_));
+        } else {
+          EXPECT_EQ(first, d_qkv->raw()) << "rotary differs between two runs";
+        }
       }
     }
   }

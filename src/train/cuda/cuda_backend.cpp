@@ -390,6 +390,11 @@ class CudaBackendImpl final : public CudaBackend {
       return Status::invalid_argument("rotary: the head dim must be even; got " +
                                       std::to_string(D));
     }
+    // The kernel keeps the (cos, sin) of 8 rows of D / 2 angles in 48 KB of shared memory.
+    if (D > 1536) {
+      return Status::not_supported("rotary: the CUDA back end takes head dims up to 1536; got " +
+                                   std::to_string(D));
+    }
     DeviceGuard guard(options_.device);
     SCIATTN_TRY(guard.status());
     return launched(call, cuda::rotary(options_.compute_dtype, p.qkv.data, B, L, H, D, p.base,

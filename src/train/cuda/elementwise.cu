@@ -119,48 +119,52 @@ __global__ void add_bias_kernel(T* out, const T* bias, int64_t n, int64_t OC) {
 
 // ---- rotary ----
 
-// One thread per (token, k < D/2): the angle and its cosine and sine in fp64 rounded once to
-// fp32 (as the CPU does), then the pair (k, k + D/2) of every head of q and of k rotated. The
-// products and sums are rounded one by one (no contracted multiply-add), as on the CPU.
-template <typename T>
-__global__ void rotary_kernel(T* qkv, int64_t rows, int64_t L, int64_t H, int64_t D, double base,
+// Rows one block rotates at a time: their angles' cosines and sines are formed once, into shared
+// memory, and then read by every head of q and k.
+constexpr int kRotaryRows = 8;
+
+// A block takes kRotaryRows rows: first the cosine and sine of every (row, k < D/2) in fp64, each
+// rounded once to fp32 (as the CPU forms them: angle = position * base^(-2k/D)), then the pairs
+// (k, k + D/2) of every head of q and k, kVec consecutive k per thread (16-byte accesses when
+// kVec > 1). The products and sums are rounded one by one (no contracted multiply-add), as on
+// the CPU, so the fp32 results equal the CPU's.
+template <typename T, int kVec>
+__global__ void rotary_kernel(T* qkv, int64_t rows, int64_t L, int H, int D, double base,
                               bool inverse) {
-  const int64_t half = D / 2, C = H * D;
-  const int64_t work = rows * half;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < work;
-       i += stride) {
-    const int64_t row = i / half, k = i % half;
-    const double position = static_cast<double>(row % L);
-    const double angle =
-        position * pow(base, -2.0 * static_cast<double>(k) / static_cast<double>(D));
-    const float c = static_cast<float>(cos(angle));
-    const float s = static_cast<float>(inverse ? -sin(angle) : sin(angle));
-    T* r = qkv + row * 3 * C;
-    // kHeads heads' pairs are loaded before any is stored, so that the loads are in flight
-    // together (stores to x may alias the next head's loads as far as the compiler knows).
-    constexpr int kHeads = 8;
-    for (int64_t part = 0; part < 2; ++part) {
-      for (int64_t h0 = 0; h0 < H; h0 += kHeads) {
-        float a[kHeads], b[kHeads];
-#pragma unroll
-        for (int j = 0; j < kHeads; ++j) {
-          if (h0 + j < H) {
-            const T* x = r + part * C + (h0 + j) * D;
-            a[j] = to_float(x[k]);
-            b[j] = to_float(x[k + half]);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kHeads; ++j) {
-          if (h0 + j < H) {
-            T* x = r + part * C + (h0 + j) * D;
-            x[k] = from_float<T>(__fsub_rn(__fmul_rn(a[j], c), __fmul_rn(b[j], s)));
-            x[k + half] = from_float<T>(__fadd_rn(__fmul_rn(b[j], c), __fmul_rn(a[j], s)));
-          }
-        }
-      }
+  extern __shared__ float2 angles[];  // [kRotaryRows][D / 2]: (cos, sin)
+  const int half = D / 2, C = H * D, groups = half / kVec;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRotaryRows; r0 < rows;
+       r0 += static_cast<int64_t>(gridDim.x) * kRotaryRows) {
+    const int n = static_cast<int>(rows - r0 < kRotaryRows ? rows - r0 : kRotaryRows);
+    for (int i = threadIdx.x; i < n * half; i += blockDim.x) {
+      const int64_t row = r0 + i / half;
+      const int k = i % half;
+      const double angle = static_cast<double>(row % L) *
+                           pow(base, -2.0 * static_cast<double>(k) / static_cast<double>(D));
+      double sine, cosine;
+      sincos(angle, &sine, &cosine);
+      angles[i] =
+          make_float2(static_cast<float>(cosine), static_cast<float>(inverse ? -sine : sine));
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * 2 * H * groups; i += blockDim.x) {
+      const int g = i % groups, head = (i / groups) % H, part = (i / groups / H) % 2,
+                r = i / groups / H / 2;
+      T* x = qkv + (r0 + r) * 3 * C + part * C + head * D + g * kVec;
+      const float2* cs = angles + r * half + g * kVec;
+      float a[kVec], b[kVec], ra[kVec], rb[kVec];
+      load_floats<T, kVec>(x, a);
+      load_floats<T, kVec>(x + half, b);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float c = cs[e].x, s = cs[e].y;
+        ra[e] = __fsub_rn(__fmul_rn(a[e], c), __fmul_rn(b[e], s));
+        rb[e] = __fadd_rn(__fmul_rn(b[e], c), __fmul_rn(a[e], s));
+      }
+      store_floats<T, kVec>(x, ra);
+      store_floats<T, kVec>(x + half, rb);
+    }
+    __syncthreads();  // the angles are rewritten for the next rows
   }
 }
 
@@ -271,10 +275,20 @@ cudaError_t rotary(DType dtype, void* qkv, int64_t B, int64_t L, int64_t H, int6
                    bool inverse, cudaStream_t stream) {
   return with_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const int64_t work = B * L * (D / 2);
-    if (work == 0) return cudaSuccess;
-    rotary_kernel<T><<<grid_for(work, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(qkv), B * L, L, H, D, static_cast<double>(base), inverse);
+    constexpr int kVec = kVec16<T>;
+    const int64_t rows = B * L, half = D / 2;
+    if (rows == 0 || half == 0) return cudaSuccess;
+    const size_t shared = static_cast<size_t>(kRotaryRows * half) * sizeof(float2);
+    if (shared > 48 * 1024 || H * D > (int64_t{1} << 30)) return cudaErrorInvalidValue;
+    const unsigned grid = grid_for((rows + kRotaryRows - 1) / kRotaryRows * kThreads, kThreads);
+    const int h = static_cast<int>(H), d = static_cast<int>(D);
+    if (half % kVec == 0 && aligned_to(qkv, 16)) {
+      rotary_kernel<T, kVec><<<grid, kThreads, shared, stream>>>(
+          static_cast<T*>(qkv), rows, L, h, d, static_cast<double>(base), inverse);
+    } else {
+      rotary_kernel<T, 1><<<grid, kThreads, shared, stream>>>(static_cast<T*>(qkv), rows, L, h, d,
+                                                              static_cast<double>(base), inverse);
+    }
     return cudaGetLastError();
   });
 }
