@@ -27,7 +27,9 @@
 # libgfortran.so.5 and libquadmath.so.0) and the Google Benchmark of Debian (libbenchmark.so.1debian);
 # the GPU machine has none of them, so they travel with the binaries. cuBLASLt (libcublasLt.so.13)
 # comes from the GPU machine's CUDA toolkit (its lib64 folder is put on LD_LIBRARY_PATH below), and
-# libgomp.so.1 from its GCC.
+# libgomp.so.1 from its GCC. (A gpu build configured with
+# -DBLAS_LIBRARIES=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a links OpenBLAS
+# statically, docs/training.md; then only libbenchmark.so.1debian has to travel.)
 # Environment: BENCH_FILTER, BENCH_MIN_TIME (Google Benchmark), PROFILE_FILTER (profile, stalls:
 # the Evoformer bench row, default triangle 384), COMPARE_DTYPES (peer comparison),
 # SPARSE_BENCH_FILTER (bench_sparse_attention_cuda; default: D 64, L 4096 and 16384),
