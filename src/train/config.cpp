@@ -470,12 +470,12 @@ Status Parser::precision(ObjectReader& top, TrainConfig* c) {
                      "this too)");
   }
   c->precision = fp16 ? Precision::kFp16 : bf16 ? Precision::kBf16 : Precision::kFp32;
-  if (fp16) {
+  if (fp16 && autos_.device == Device::kCpu) {
     warn("fp16.enabled",
          "is true, but the CPU path computes in fp32: the loss scaler, overflow check and step "
          "skipping run as configured, on fp32 gradients");
   }
-  if (bf16) {
+  if (bf16 && autos_.device == Device::kCpu) {
     warn(std::string(bf16_key) + ".enabled",
          "is true, but the CPU path computes in fp32 (and bf16 uses no loss scale)");
   }
@@ -544,11 +544,13 @@ Status Parser::checkpointing(ObjectReader& top, TrainConfig* c) {
   }
   if (c->partition_activations) {
     warn(a.path("partition_activations"),
-         "splits checkpoints across model-parallel ranks; one rank keeps them whole; ignored");
+         "splits checkpoints across model-parallel ranks and needs several; one rank keeps them "
+         "whole; ignored");
   }
-  if (c->cpu_checkpointing) {
+  if (c->cpu_checkpointing && autos_.device == Device::kCpu) {
     warn(a.path("cpu_checkpointing"),
-         "moves checkpoints to host memory; on the CPU path they are there already; ignored");
+         "moves checkpoints to host memory; on the CPU path they are there already (the copies "
+         "still run, into a second host buffer)");
   }
   return finish(a, {"contiguous_memory_optimization", "synchronize_checkpoint_boundary", "profile"},
                 "tunes DeepSpeed's checkpointing; the trainer keeps each layer's input",
@@ -587,10 +589,10 @@ Status Parser::zero(ObjectReader& top, TrainConfig* c) {
     }
     c->offload_optimizer = device == "cpu";
     SCIATTN_TRY(o.get_bool("pin_memory", &c->offload_pin_memory));
-    if (c->offload_optimizer) {
+    if (c->offload_optimizer && autos_.device == Device::kCpu) {
       warn(o.path("device"),
-           "\"cpu\": on the CPU path the optimizer state is in host memory "
-           "already (the CPU AdamW runs there); nothing to offload");
+           "\"cpu\": on the CPU path the optimizer state is in host memory already (the "
+           "offloaded update still runs, on a second copy of the weights)");
     }
     SCIATTN_TRY(finish(o,
                        {"nvme_path", "buffer_count", "fast_init", "ratio", "pipeline_read",

@@ -2,6 +2,8 @@
 // code).
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "sciattn/train/gpt.h"
 #include "sciattn/train/random.h"
@@ -230,6 +232,20 @@ ParameterLayout gpt_parameter_layout(const GptConfig& c) {
   add("lnf_w", {C}, false, false);
   add("lnf_b", {C}, false, false);
   if (!c.tie_embeddings) add("lm_head", {V, C}, true, true);
+  // The groups: each starts at its first slot and ends where the next begins (padding included).
+  std::vector<std::pair<std::string, std::string>> firsts = {{"embeddings", "wte"}};
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string h = "h" + std::to_string(l);
+    firsts.push_back({h, h + ".ln1_w"});
+  }
+  firsts.push_back({"head", "lnf_w"});
+  for (size_t g = 0; g < firsts.size(); ++g) {
+    ParameterGroup group;
+    group.name = firsts[g].first;
+    group.begin = layout.find(firsts[g].second)->offset;
+    group.end = g + 1 < firsts.size() ? layout.find(firsts[g + 1].second)->offset : layout.total;
+    layout.groups.push_back(std::move(group));
+  }
   return layout;
 }
 

@@ -1,9 +1,12 @@
 // The GPT's forward and backward over the Backend's layer calls, with per-layer activation
-// checkpointing and the tiled MLP and LM head. Trainer layer: plans buffers and orders calls; it
+// checkpointing (its checkpoints optionally offloaded to host memory), the tiled MLP and LM head,
+// and the memory plan of those buffers. Trainer layer: plans buffers and orders calls; it
 // never touches tensor memory itself, so any back end runs it.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sciattn/train/gpt.h"
@@ -20,32 +23,39 @@ namespace {
 constexpr int64_t kDenseBlocks[] = {64, 32, 16};
 constexpr int64_t kPaddedBlock = 16;
 
-TensorView v1(const float* p, int64_t n) {
-  return TensorView::contiguous(p, DType::kF32, {n});
-}
-TensorView v2(const float* p, int64_t rows, int64_t cols) {
-  return TensorView::contiguous(p, DType::kF32, {rows, cols});
-}
-
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
 }  // namespace
 
-Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out) {
-  const int64_t L = config.sequence_length, H = config.n_heads;
-  AttentionPlan plan;
-  Layout layout;
+Status attention_padding(const GptConfig& config, const SparsityConfig* sparse, int64_t* block,
+                         int64_t* padded_length) {
+  const int64_t L = config.sequence_length;
+  if (L < 1) return Status::invalid_argument("sequence_length must be >= 1");
+  int64_t b = kPaddedBlock;
   if (sparse == nullptr) {
-    plan.block = kPaddedBlock;
-    for (int64_t b : kDenseBlocks) {
-      if (L % b == 0) {
-        plan.block = b;
+    for (int64_t d : kDenseBlocks) {
+      if (L % d == 0) {
+        b = d;
         break;
       }
     }
-    plan.padded_length = round_up(L, plan.block);
+  } else {
+    b = sparsity_common(*sparse).block;
+    if (b < 1) return Status::invalid_argument("sparse_attention.block must be >= 1");
+  }
+  *block = b;
+  *padded_length = round_up(L, b);
+  return Status::ok_status();
+}
+
+Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out) {
+  const int64_t L = config.sequence_length, H = config.n_heads;
+  AttentionPlan plan;
+  SCIATTN_TRY(attention_padding(config, sparse, &plan.block, &plan.padded_length));
+  Layout layout;
+  if (sparse == nullptr) {
     const int64_t n = plan.padded_length / plan.block;
     layout = Layout::zeros(1, n, n);
     for (int64_t r = 0; r < n; ++r) {
@@ -54,8 +64,6 @@ Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, Att
   } else {
     SparsityConfig config_for_heads = *sparse;
     sparsity_common(config_for_heads).num_heads = H;
-    plan.block = sparsity_common(config_for_heads).block;
-    plan.padded_length = round_up(L, plan.block);
     Status s = make_layout(config_for_heads, plan.padded_length, &layout);
     if (!s.ok()) {
       return Status::invalid_argument("sparse_attention: no layout for sequence_length " +
@@ -69,69 +77,85 @@ Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, Att
       }
     }
   }
-  // A layout shared by every head is stored once; build_block_sparse_index wants all heads.
-  if (layout.num_heads == 1 && H > 1) {
-    Layout all = Layout::zeros(H, layout.num_row_blocks, layout.num_col_blocks);
-    for (int64_t h = 0; h < H; ++h) {
-      std::copy(layout.blocks.begin(), layout.blocks.end(),
-                all.blocks.begin() + h * layout.num_row_blocks * layout.num_col_blocks);
-    }
-    layout = std::move(all);
-  }
   Status s = build_block_sparse_index(layout, plan.block, &plan.index);
   if (!s.ok()) return Status::invalid_argument("attention layout: " + s.message());
+  if (layout.num_heads == 1 && H > 1) {
+    // A layout every head shares, built for one head: the index's shared-head form
+    // (block_sparse_ops.h: layout_heads 1, the arrays of head 0, head h reading them with its
+    // positions shifted by h * stored_nnz), which build_block_sparse_index itself makes from a
+    // layout whose heads are all equal. Expanding the layout to H heads first would cost H times
+    // the memory and time (4.3 GB of layout and 2.1G blocks for dense causal at 1M tokens).
+    plan.index.num_heads = H;
+    plan.index.nnz = plan.index.stored_nnz() * H;
+  }
   const int64_t n = plan.padded_length / plan.block;
   plan.density = static_cast<double>(plan.index.nnz) / static_cast<double>(H * n * (n + 1) / 2);
   *out = std::move(plan);
   return Status::ok_status();
 }
 
-// One layer's saved activations (T = B * L tokens).
+// One layer's saved activations (T = B * L tokens). Activations are in the compute dtype, the
+// statistics (mean, rstd, lse) in f32.
 struct LayerActivations {
-  float* ln1 = nullptr;       // [T, C]
-  float* ln1_mean = nullptr;  // [T]
-  float* ln1_rstd = nullptr;  // [T]
-  float* qkv = nullptr;       // [T, 3C] (q and k rotated with rotary positions)
-  float* atty = nullptr;      // [T, C]
-  float* lse = nullptr;       // [B, H, Lp]
-  float* r2 = nullptr;        // [T, C] x + attention
-  float* ln2 = nullptr;       // [T, C]
-  float* ln2_mean = nullptr;  // [T]
-  float* ln2_rstd = nullptr;  // [T]
-  float* fch = nullptr;       // [T, F] pre-GELU (untiled MLP only)
-  float* fcg = nullptr;       // [T, F] post-GELU (untiled MLP only)
+  void* ln1 = nullptr;       // [T, C]
+  void* ln1_mean = nullptr;  // [T] f32
+  void* ln1_rstd = nullptr;  // [T] f32
+  void* qkv = nullptr;       // [T, 3C] (q and k rotated with rotary positions)
+  void* atty = nullptr;      // [T, C]
+  void* lse = nullptr;       // [B, H, Lp] f32
+  void* r2 = nullptr;        // [T, C] x + attention
+  void* ln2 = nullptr;       // [T, C]
+  void* ln2_mean = nullptr;  // [T] f32
+  void* ln2_rstd = nullptr;  // [T] f32
+  void* fch = nullptr;       // [T, F] pre-GELU (untiled MLP only)
+  void* fcg = nullptr;       // [T, F] post-GELU (untiled MLP only)
 };
 
 struct GptModel::Buffers {
   int32_t* inputs = nullptr;   // [T]
   int32_t* targets = nullptr;  // [T]
-  std::vector<float*> resid;   // n_layers + 1 of [T, C]: the embedding, then each layer's output
-  std::vector<LayerActivations> acts;  // n_layers, or 1 (recomputed) with checkpointing
-  float* lnf = nullptr;                // [T, C]
-  float* lnf_mean = nullptr;           // [T]
-  float* lnf_rstd = nullptr;           // [T]
-  float* losses = nullptr;             // [T]
-  float* logits = nullptr;             // [T, V] untiled, [tile, V] tiled
-  int64_t lm_tile = 0;                 // rows of logits (T when untiled)
-  int64_t mlp_tile = 0;                // rows of an MLP tile (T when untiled)
+  // The residual stream at the layer boundaries: n_layers + 1 of [T, C] (the embedding, then
+  // each layer's output), or, with offloaded checkpoints, two that alternate (boundary l in
+  // resid[l % 2]).
+  std::vector<void*> resid;
+  // Offloaded checkpoints: boundaries 0 .. n_layers - 2 in host memory, [n_layers - 1, T, C]
+  // (boundary n_layers - 1, the last layer's input, never leaves the device), and the copies'
+  // tickets of the current micro-batch.
+  void* host_checkpoints = nullptr;
+  std::vector<CopyTicket> offloaded, prefetched;  // [n_layers]
+  std::vector<LayerActivations> acts;             // n_layers, or 1 (recomputed) with checkpointing
+  void* lnf = nullptr;                            // [T, C]
+  void* lnf_mean = nullptr;                       // [T] f32
+  void* lnf_rstd = nullptr;                       // [T] f32
+  void* losses = nullptr;                         // [T] f32
+  void* logits = nullptr;                         // [T, V] untiled, [tile, V] tiled
+  int64_t lm_tile = 0;                            // rows of logits (T when untiled)
+  int64_t mlp_tile = 0;                           // rows of an MLP tile (0 when untiled)
   // MLP tile scratch (tiled MLP): pre-GELU, post-GELU, and their gradient.
-  float* mlp_fch = nullptr;
-  float* mlp_fcg = nullptr;
-  float* mlp_grad = nullptr;  // [mlp_tile, F]
-  // Backward scratch.
-  float* dres = nullptr;   // [T, C] gradient of the residual stream
-  float* dln = nullptr;    // [T, C] gradient of a LayerNorm's output
-  float* datty = nullptr;  // [T, C]
-  float* dqkv = nullptr;   // [T, 3C]
-  std::vector<void*> allocations;
+  void* mlp_fch = nullptr;
+  void* mlp_fcg = nullptr;
+  void* mlp_grad = nullptr;  // [mlp_tile, F] (tiled) or [T, F]
+  // Backward scratch. The attention output's gradient shares dln's memory: a layer's backward
+  // reads dln (LN2's output gradient) before it writes datty, and reads datty (in the attention
+  // backward) before it writes dln again (the qkv product's input gradient).
+  void* dres = nullptr;   // [T, C] gradient of the residual stream
+  void* dln = nullptr;    // [T, C] gradient of a LayerNorm's output
+  void* datty = nullptr;  // [T, C] == dln
+  void* dqkv = nullptr;   // [T, 3C]
+  std::vector<void*> allocations, host_allocations;
 };
 
 GptModel::~GptModel() {
   if (backend_ != nullptr) {
+    // Copies in flight may still read or write the buffers.
+    backend_->synchronize();
     if (buffers_ != nullptr) {
+      for (const CopyTicket& t : buffers_->offloaded) backend_->finish_copy(t);
+      for (const CopyTicket& t : buffers_->prefetched) backend_->finish_copy(t);
       for (void* p : buffers_->allocations) backend_->release(p);
+      for (void* p : buffers_->host_allocations) backend_->release_host(p);
     }
-    backend_->release(params_);
+    backend_->release(weights_);
     backend_->release(grads_);
   }
 }
@@ -153,86 +177,137 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   std::unique_ptr<GptModel> m(new GptModel());
   m->config_ = config;
   m->memory_ = memory;
+  m->memory_.checkpoint_layers = memory.checkpoint_layers || memory.offload_checkpoints;
   m->batch_ = batch;
   m->backend_ = backend;
+  m->act_ = backend->compute_dtype();
+  m->device_ = backend->device();
+  m->token_chunk_ = backend->token_chunk();
   m->layout_ = gpt_parameter_layout(config);
   SCIATTN_TRY(plan_attention(config, sparse, &m->attention_));
-  SCIATTN_TRY(m->plan_and_allocate());
+  SCIATTN_TRY(m->plan_and_allocate(true));
   *out = std::move(m);
   return Status::ok_status();
 }
 
-Status GptModel::plan_and_allocate() {
+Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
+                       const MemoryOptions& memory, DType compute_dtype, int64_t token_chunk,
+                       Device device, MemoryLedger* out) {
+  SCIATTN_TRY(validate_gpt_config(config));
+  if (batch < 1) return Status::invalid_argument("plan_gpt_memory: batch must be >= 1");
+  if (token_chunk < 1) return Status::invalid_argument("plan_gpt_memory: token_chunk must be >= 1");
+  if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
+    return Status::invalid_argument("tile sizes must be >= 0 (0 = untiled)");
+  }
+  GptModel m;
+  m.config_ = config;
+  m.memory_ = memory;
+  m.memory_.checkpoint_layers = memory.checkpoint_layers || memory.offload_checkpoints;
+  m.batch_ = batch;
+  m.act_ = compute_dtype;
+  m.device_ = device;
+  m.token_chunk_ = token_chunk;
+  m.layout_ = gpt_parameter_layout(config);
+  SCIATTN_TRY(attention_padding(config, sparse, &m.attention_.block, &m.attention_.padded_length));
+  SCIATTN_TRY(m.plan_and_allocate(false));
+  *out = m.ledger_;
+  return Status::ok_status();
+}
+
+Status GptModel::plan_and_allocate(bool allocate) {
   buffers_ = std::make_unique<Buffers>();
   Buffers& b = *buffers_;
-  Backend& be = *backend_;
   const GptConfig& c = config_;
   const int64_t T = batch_ * c.sequence_length, C = c.d_model, F = c.mlp_width();
   const int64_t V = c.vocab_size, H = c.n_heads, Lp = attention_.padded_length;
-  const int64_t chunk = be.token_chunk();
-  const Device dev = be.device();
-  const size_t f4 = sizeof(float);
+  const int64_t n = c.n_layers;
+  const int64_t chunk = token_chunk_;
+  const Device dev = device_;
+  const int64_t es = static_cast<int64_t>(dtype_size(act_));
+  constexpr int64_t f4 = 4;
 
-  auto alloc = [&](uint64_t bytes, const std::string& name, const std::string& category,
-                   unsigned phases, void** ptr) -> Status {
-    SCIATTN_TRY(be.allocate(bytes, ptr));
-    b.allocations.push_back(*ptr);
-    ledger_.add(name, category, dev, bytes, phases);
-    return Status::ok_status();
-  };
-  // Carves consecutive float arrays out of one allocation, each on 64 bytes.
+  // Carves consecutive arrays out of one allocation, each on 64 bytes.
   struct Carver {
-    std::vector<std::pair<float**, int64_t>> parts;
+    std::vector<std::pair<void**, int64_t>> parts;  // where the address goes, bytes
+    void add(void** at, int64_t count, int64_t elem_bytes) {
+      parts.push_back({at, round_up(count * elem_bytes, 64)});
+    }
     uint64_t bytes() const {
-      uint64_t n = 0;
-      for (const auto& p : parts) n += static_cast<uint64_t>(round_up(p.second, 16)) * 4;
-      return n;
+      uint64_t total = 0;
+      for (const auto& p : parts) total += static_cast<uint64_t>(p.second);
+      return total;
     }
     void place(void* base) const {
-      float* at = static_cast<float*>(base);
+      auto* at = static_cast<std::byte*>(base);
       for (const auto& p : parts) {
         *p.first = at;
-        at += round_up(p.second, 16);
+        at += p.second;
       }
     }
   };
-  auto carve = [&](Carver& cv, const std::string& name, const std::string& category,
-                   unsigned phases) -> Status {
+  // One ledger entry and, when allocating, one allocation on the device or in host memory.
+  auto carve = [&](const Carver& cv, const std::string& name, const std::string& category,
+                   unsigned phases, bool host = false) -> Status {
+    ledger_.add(name, category, host ? Device::kCpu : dev, cv.bytes(), phases);
+    if (!allocate) return Status::ok_status();
     void* base = nullptr;
-    SCIATTN_TRY(alloc(cv.bytes(), name, category, phases, &base));
+    if (host) {
+      SCIATTN_TRY(backend_->allocate_host(cv.bytes(), &base));
+      b.host_allocations.push_back(base);
+    } else {
+      SCIATTN_TRY(backend_->allocate(cv.bytes(), &base));
+      b.allocations.push_back(base);
+    }
     cv.place(base);
     return Status::ok_status();
   };
 
-  // Model states.
-  const uint64_t param_bytes = static_cast<uint64_t>(layout_.total) * f4;
-  SCIATTN_TRY(be.allocate(param_bytes, reinterpret_cast<void**>(&params_)));
-  ledger_.add("parameters (fp32)", "model states", dev, param_bytes, kPhaseAll);
-  SCIATTN_TRY(be.allocate(param_bytes, reinterpret_cast<void**>(&grads_)));
-  ledger_.add("gradients (fp32)", "model states", dev, param_bytes,
-              kPhaseBackward | kPhaseOptimizer);
-  {
+  // Model states: the weights in the compute dtype and the fp32 gradients.
+  const uint64_t weight_bytes = static_cast<uint64_t>(layout_.total * es);
+  const uint64_t grad_bytes = static_cast<uint64_t>(layout_.total * f4);
+  ledger_.add(std::string("weights (") + dtype_name(act_) + ")", "model states", dev, weight_bytes,
+              kPhaseAll);
+  ledger_.add("gradients (f32)", "model states", dev, grad_bytes, kPhaseBackward | kPhaseOptimizer);
+  if (allocate) {
+    SCIATTN_TRY(backend_->allocate(weight_bytes, &weights_));
+    SCIATTN_TRY(backend_->allocate(grad_bytes, reinterpret_cast<void**>(&grads_)));
     std::vector<float> host(static_cast<size_t>(layout_.total));
     init_gpt_parameters(c, layout_, host.data());
-    SCIATTN_TRY(be.copy_to_device(params_, host.data(), param_bytes));
+    SCIATTN_TRY(set_weights(host.data()));
   }
 
   // Tokens.
-  void* tok = nullptr;
-  SCIATTN_TRY(alloc(static_cast<uint64_t>(2 * T) * sizeof(int32_t), "token ids (inputs, targets)",
-                    "activations", kPhaseForward | kPhaseBackward, &tok));
-  b.inputs = static_cast<int32_t*>(tok);
-  b.targets = b.inputs + T;
-
-  // The residual stream at every layer boundary: the layers' inputs, which checkpointing keeps.
-  b.resid.assign(static_cast<size_t>(c.n_layers + 1), nullptr);
   {
     Carver cv;
-    for (float*& r : b.resid) cv.parts.push_back({&r, T * C});
-    SCIATTN_TRY(carve(cv,
-                      memory_.checkpoint_layers ? "layer inputs (the checkpoints), [L+1, T, C]"
-                                                : "residual stream, [L+1, T, C]",
-                      "activations", kPhaseForward | kPhaseBackward));
+    void* tok = nullptr;
+    cv.add(&tok, 2 * T, sizeof(int32_t));
+    SCIATTN_TRY(
+        carve(cv, "token ids (inputs, targets)", "activations", kPhaseForward | kPhaseBackward));
+    b.inputs = static_cast<int32_t*>(tok);
+    b.targets = tok == nullptr ? nullptr : b.inputs + T;
+  }
+
+  // The residual stream at the layer boundaries: the layers' inputs, which checkpointing keeps.
+  const bool offload = memory_.offload_checkpoints;
+  b.resid.assign(static_cast<size_t>(offload ? 2 : n + 1), nullptr);
+  {
+    Carver cv;
+    for (void*& r : b.resid) cv.add(&r, T * C, es);
+    const std::string name = offload ? "layer boundaries in use (2 of [T, C])"
+                             : memory_.checkpoint_layers
+                                 ? "layer inputs (the checkpoints), [L+1, T, C]"
+                                 : "residual stream, [L+1, T, C]";
+    SCIATTN_TRY(carve(cv, name, "activations", kPhaseForward | kPhaseBackward));
+  }
+  if (offload) {
+    b.offloaded.assign(static_cast<size_t>(n), CopyTicket{});
+    b.prefetched.assign(static_cast<size_t>(n), CopyTicket{});
+    if (n > 1) {
+      Carver cv;
+      cv.add(&b.host_checkpoints, (n - 1) * T * C, es);
+      SCIATTN_TRY(carve(cv, "offloaded checkpoints (layer inputs 0 .. L-2), [L-1, T, C]",
+                        "activations", kPhaseForward | kPhaseBackward, true));
+    }
   }
 
   // Per-layer activations: all layers, or one recomputed set.
@@ -240,17 +315,24 @@ Status GptModel::plan_and_allocate() {
                    ? std::min(round_up(memory_.mlp_tile_tokens, chunk), round_up(T, chunk))
                    : 0;
   const bool mlp_tiled = b.mlp_tile > 0;
-  const int64_t sets = memory_.checkpoint_layers ? 1 : c.n_layers;
+  const int64_t sets = memory_.checkpoint_layers ? 1 : n;
   b.acts.assign(static_cast<size_t>(sets), LayerActivations{});
   for (int64_t l = 0; l < sets; ++l) {
     LayerActivations& a = b.acts[static_cast<size_t>(l)];
     Carver cv;
-    cv.parts = {{&a.ln1, T * C},  {&a.ln1_mean, T},          {&a.ln1_rstd, T}, {&a.qkv, 3 * T * C},
-                {&a.atty, T * C}, {&a.lse, batch_ * H * Lp}, {&a.r2, T * C},   {&a.ln2, T * C},
-                {&a.ln2_mean, T}, {&a.ln2_rstd, T}};
+    cv.add(&a.ln1, T * C, es);
+    cv.add(&a.ln1_mean, T, f4);
+    cv.add(&a.ln1_rstd, T, f4);
+    cv.add(&a.qkv, 3 * T * C, es);
+    cv.add(&a.atty, T * C, es);
+    cv.add(&a.lse, batch_ * H * Lp, f4);
+    cv.add(&a.r2, T * C, es);
+    cv.add(&a.ln2, T * C, es);
+    cv.add(&a.ln2_mean, T, f4);
+    cv.add(&a.ln2_rstd, T, f4);
     if (!mlp_tiled) {
-      cv.parts.push_back({&a.fch, T * F});
-      cv.parts.push_back({&a.fcg, T * F});
+      cv.add(&a.fch, T * F, es);
+      cv.add(&a.fcg, T * F, es);
     }
     const std::string name = memory_.checkpoint_layers
                                  ? "one layer's activations (recomputed per layer)"
@@ -259,20 +341,24 @@ Status GptModel::plan_and_allocate() {
   }
   if (mlp_tiled) {
     Carver cv;
-    cv.parts = {
-        {&b.mlp_fch, b.mlp_tile * F}, {&b.mlp_fcg, b.mlp_tile * F}, {&b.mlp_grad, b.mlp_tile * F}};
+    cv.add(&b.mlp_fch, b.mlp_tile * F, es);
+    cv.add(&b.mlp_fcg, b.mlp_tile * F, es);
+    cv.add(&b.mlp_grad, b.mlp_tile * F, es);
     SCIATTN_TRY(carve(cv, "MLP tile (" + std::to_string(b.mlp_tile) + " tokens x 3 x F)", "scratch",
                       kPhaseForward | kPhaseBackward));
   } else {
     Carver cv;
-    cv.parts = {{&b.mlp_grad, T * F}};
+    cv.add(&b.mlp_grad, T * F, es);
     SCIATTN_TRY(carve(cv, "MLP gradient [T, F]", "scratch", kPhaseBackward));
   }
 
   // Final LayerNorm and the LM head.
   {
     Carver cv;
-    cv.parts = {{&b.lnf, T * C}, {&b.lnf_mean, T}, {&b.lnf_rstd, T}, {&b.losses, T}};
+    cv.add(&b.lnf, T * C, es);
+    cv.add(&b.lnf_mean, T, f4);
+    cv.add(&b.lnf_rstd, T, f4);
+    cv.add(&b.losses, T, f4);
     SCIATTN_TRY(
         carve(cv, "final LayerNorm and losses", "activations", kPhaseForward | kPhaseBackward));
   }
@@ -281,7 +367,7 @@ Status GptModel::plan_and_allocate() {
                   : T;
   {
     Carver cv;
-    cv.parts = {{&b.logits, b.lm_tile * V}};
+    cv.add(&b.logits, b.lm_tile * V, es);
     SCIATTN_TRY(carve(cv,
                       memory_.lm_head_tile_tokens > 0
                           ? "LM-head logits tile (" + std::to_string(b.lm_tile) + " tokens x V)"
@@ -293,9 +379,12 @@ Status GptModel::plan_and_allocate() {
   // Backward scratch.
   {
     Carver cv;
-    cv.parts = {{&b.dres, T * C}, {&b.dln, T * C}, {&b.datty, T * C}, {&b.dqkv, 3 * T * C}};
-    SCIATTN_TRY(carve(cv, "backward scratch (dresidual, dLN, dattn, dqkv)", "scratch",
+    cv.add(&b.dres, T * C, es);
+    cv.add(&b.dln, T * C, es);
+    cv.add(&b.dqkv, 3 * T * C, es);
+    SCIATTN_TRY(carve(cv, "backward scratch (dresidual, dLN = dattn, dqkv)", "scratch",
                       kPhaseForward | kPhaseBackward));
+    b.datty = b.dln;
   }
   return Status::ok_status();
 }
@@ -304,134 +393,197 @@ Status GptModel::zero_grads() {
   return backend_->fill_zero(grads_, static_cast<size_t>(layout_.total) * sizeof(float));
 }
 
+Status GptModel::set_weights(const float* host_params) {
+  const size_t n = static_cast<size_t>(layout_.total);
+  if (act_ == DType::kF32) {
+    return backend_->copy_to_device(weights_, host_params, n * sizeof(float));
+  }
+  std::vector<std::byte> host(n * dtype_size(act_));
+  const auto count = static_cast<int64_t>(n);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    store_from_float(host.data(), act_, i, host_params[i]);
+  }
+  return backend_->copy_to_device(weights_, host.data(), host.size());
+}
+
+Status GptModel::get_weights(std::vector<float>* host_params) {
+  const size_t n = static_cast<size_t>(layout_.total);
+  std::vector<std::byte> host(n * dtype_size(act_));
+  SCIATTN_TRY(backend_->copy_to_host(host.data(), weights_, host.size()));
+  host_params->resize(n);
+  const auto count = static_cast<int64_t>(n);
+  float* dst = host_params->data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) dst[i] = load_as_float(host.data(), act_, i);
+  return Status::ok_status();
+}
+
+void* GptModel::boundary(int64_t l) const {
+  const size_t i = static_cast<size_t>(memory_.offload_checkpoints ? l % 2 : l);
+  return buffers_->resid[i];
+}
+
+Status GptModel::hook_forward(int64_t group) {
+  return hooks_ != nullptr ? hooks_->before_forward(group) : Status::ok_status();
+}
+Status GptModel::hook_backward(int64_t group) {
+  return hooks_ != nullptr ? hooks_->after_backward(group) : Status::ok_status();
+}
+
 // The views of one layer's parameters or gradients inside a flat buffer.
 namespace {
 struct LayerTensors {
   TensorView ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
       fcproj_b;
 };
-LayerTensors layer_tensors(const ParameterLayout& layout, const float* base, int64_t layer) {
+TensorView slot_view_of(const TensorSlot& s, const void* base, DType dtype, Device device) {
+  const void* p =
+      static_cast<const std::byte*>(base) + s.offset * static_cast<int64_t>(dtype_size(dtype));
+  return s.shape.size() == 2 ? TensorView::contiguous(p, dtype, {s.shape[0], s.shape[1]}, device)
+                             : TensorView::contiguous(p, dtype, {s.shape[0]}, device);
+}
+LayerTensors layer_tensors(const ParameterLayout& layout, const void* base, DType dtype,
+                           Device device, int64_t layer) {
   const std::string h = "h" + std::to_string(layer) + ".";
   auto view = [&](const char* name) {
-    const TensorSlot* s = layout.find(h + name);
-    const float* p = base + s->offset;
-    return s->shape.size() == 2 ? v2(p, s->shape[0], s->shape[1]) : v1(p, s->shape[0]);
+    return slot_view_of(*layout.find(h + name), base, dtype, device);
   };
   return {view("ln1_w"),  view("ln1_b"),  view("qkv_w"),    view("qkv_b"),
           view("proj_w"), view("proj_b"), view("ln2_w"),    view("ln2_b"),
           view("fc_w"),   view("fc_b"),   view("fcproj_w"), view("fcproj_b")};
 }
-TensorView slot_view(const ParameterLayout& layout, const float* base, const char* name) {
+TensorView slot_view(const ParameterLayout& layout, const void* base, DType dtype, Device device,
+                     const char* name) {
   const TensorSlot* s = layout.find(name);
   if (s == nullptr) return TensorView{};
-  const float* p = base + s->offset;
-  return s->shape.size() == 2 ? v2(p, s->shape[0], s->shape[1]) : v1(p, s->shape[0]);
+  return slot_view_of(*s, base, dtype, device);
+}
+// Element `offset` of an array of `dtype`.
+void* at(void* base, int64_t offset, DType dtype) {
+  return static_cast<std::byte*>(base) + offset * static_cast<int64_t>(dtype_size(dtype));
 }
 }  // namespace
 
-Status GptModel::layer_forward(int64_t layer, const float* in, float* out, bool keep,
+Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool keep,
                                bool recompute) {
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
   const int64_t T = batch_ * c.sequence_length, C = c.d_model, F = c.mlp_width();
   const int64_t H = c.n_heads, D = c.head_dim();
+  const DType t = act_;
+  const Device d = device_;
+  auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
+    return TensorView::contiguous(p, t, {rows, cols}, d);
+  };
+  auto f1 = [&](const void* p, int64_t n) {
+    return TensorView::contiguous(p, DType::kF32, {n}, d);
+  };
   LayerActivations& a = b.acts[keep ? static_cast<size_t>(layer) : 0];
-  const LayerTensors w = layer_tensors(layout_, params_, layer);
+  const LayerTensors w = layer_tensors(layout_, weights_, t, d, layer);
   const float eps = static_cast<float>(c.layer_norm_eps);
 
-  SCIATTN_TRY(be.layernorm_forward({v2(in, T, C), w.ln1_w, w.ln1_b, v2(a.ln1, T, C),
-                                    v1(a.ln1_mean, T), v1(a.ln1_rstd, T), eps}));
-  SCIATTN_TRY(be.linear_forward({v2(a.ln1, T, C), w.qkv_w, w.qkv_b, v2(a.qkv, T, 3 * C)}));
-  const TensorView qkv5 =
-      TensorView::contiguous(a.qkv, DType::kF32, {batch_, c.sequence_length, 3, H, D});
+  SCIATTN_TRY(be.layernorm_forward({act2(in, T, C), w.ln1_w, w.ln1_b, act2(a.ln1, T, C),
+                                    f1(a.ln1_mean, T), f1(a.ln1_rstd, T), eps}));
+  SCIATTN_TRY(be.linear_forward({act2(a.ln1, T, C), w.qkv_w, w.qkv_b, act2(a.qkv, T, 3 * C)}));
+  const TensorView qkv5 = TensorView::contiguous(a.qkv, t, {batch_, c.sequence_length, 3, H, D}, d);
   if (c.positions == PositionEncoding::kRotary) {
     SCIATTN_TRY(be.rotary({qkv5, static_cast<float>(c.rotary_base), false}));
   }
-  const TensorView atty4 =
-      TensorView::contiguous(a.atty, DType::kF32, {batch_, c.sequence_length, H, D});
+  const TensorView atty4 = TensorView::contiguous(a.atty, t, {batch_, c.sequence_length, H, D}, d);
   const TensorView lse =
-      TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length});
+      TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}, d);
   SCIATTN_TRY(be.attention_forward({&attention_.index, qkv5, atty4, lse}));
-  SCIATTN_TRY(be.linear_forward({v2(a.atty, T, C), w.proj_w, w.proj_b, v2(a.r2, T, C)}));
-  SCIATTN_TRY(be.add({v2(a.r2, T, C), v2(in, T, C), v2(a.r2, T, C)}));
-  SCIATTN_TRY(be.layernorm_forward({v2(a.r2, T, C), w.ln2_w, w.ln2_b, v2(a.ln2, T, C),
-                                    v1(a.ln2_mean, T), v1(a.ln2_rstd, T), eps}));
+  SCIATTN_TRY(be.linear_forward({act2(a.atty, T, C), w.proj_w, w.proj_b, act2(a.r2, T, C)}));
+  SCIATTN_TRY(be.add({act2(a.r2, T, C), act2(in, T, C), act2(a.r2, T, C)}));
+  SCIATTN_TRY(be.layernorm_forward({act2(a.r2, T, C), w.ln2_w, w.ln2_b, act2(a.ln2, T, C),
+                                    f1(a.ln2_mean, T), f1(a.ln2_rstd, T), eps}));
   // MLP. The backward of a recomputed layer needs only what precedes the MLP's output, and a
   // tiled MLP recomputes its own tiles there.
   if (b.mlp_tile > 0) {
     if (recompute) return Status::ok_status();
     for (int64_t r0 = 0; r0 < T; r0 += b.mlp_tile) {
       const int64_t n = std::min(b.mlp_tile, T - r0);
-      SCIATTN_TRY(
-          be.linear_forward({v2(a.ln2 + r0 * C, n, C), w.fc_w, w.fc_b, v2(b.mlp_fch, n, F)}));
-      SCIATTN_TRY(be.gelu_forward({v2(b.mlp_fch, n, F), v2(b.mlp_fcg, n, F)}));
-      SCIATTN_TRY(
-          be.linear_forward({v2(b.mlp_fcg, n, F), w.fcproj_w, w.fcproj_b, v2(out + r0 * C, n, C)}));
+      SCIATTN_TRY(be.linear_forward(
+          {act2(at(a.ln2, r0 * C, t), n, C), w.fc_w, w.fc_b, act2(b.mlp_fch, n, F)}));
+      SCIATTN_TRY(be.gelu_forward({act2(b.mlp_fch, n, F), act2(b.mlp_fcg, n, F)}));
+      SCIATTN_TRY(be.linear_forward(
+          {act2(b.mlp_fcg, n, F), w.fcproj_w, w.fcproj_b, act2(at(out, r0 * C, t), n, C)}));
     }
   } else {
-    SCIATTN_TRY(be.linear_forward({v2(a.ln2, T, C), w.fc_w, w.fc_b, v2(a.fch, T, F)}));
-    SCIATTN_TRY(be.gelu_forward({v2(a.fch, T, F), v2(a.fcg, T, F)}));
+    SCIATTN_TRY(be.linear_forward({act2(a.ln2, T, C), w.fc_w, w.fc_b, act2(a.fch, T, F)}));
+    SCIATTN_TRY(be.gelu_forward({act2(a.fch, T, F), act2(a.fcg, T, F)}));
     if (recompute) return Status::ok_status();
-    SCIATTN_TRY(be.linear_forward({v2(a.fcg, T, F), w.fcproj_w, w.fcproj_b, v2(out, T, C)}));
+    SCIATTN_TRY(be.linear_forward({act2(a.fcg, T, F), w.fcproj_w, w.fcproj_b, act2(out, T, C)}));
   }
-  SCIATTN_TRY(be.add({v2(out, T, C), v2(a.r2, T, C), v2(out, T, C)}));
+  SCIATTN_TRY(be.add({act2(out, T, C), act2(a.r2, T, C), act2(out, T, C)}));
   return Status::ok_status();
 }
 
-Status GptModel::layer_backward(int64_t layer) {
+Status GptModel::layer_backward(int64_t layer, const void* in) {
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
   const int64_t T = batch_ * c.sequence_length, C = c.d_model, F = c.mlp_width();
   const int64_t H = c.n_heads, D = c.head_dim();
+  const DType t = act_;
+  const Device d = device_;
+  auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
+    return TensorView::contiguous(p, t, {rows, cols}, d);
+  };
+  auto f1 = [&](const void* p, int64_t n) {
+    return TensorView::contiguous(p, DType::kF32, {n}, d);
+  };
   const LayerActivations& a = b.acts[memory_.checkpoint_layers ? 0 : static_cast<size_t>(layer)];
-  const LayerTensors w = layer_tensors(layout_, params_, layer);
-  const LayerTensors g = layer_tensors(layout_, grads_, layer);
-  const float* in = b.resid[static_cast<size_t>(layer)];
+  const LayerTensors w = layer_tensors(layout_, weights_, t, d, layer);
+  const LayerTensors g = layer_tensors(layout_, grads_, DType::kF32, d, layer);
 
   // MLP: dres holds the gradient of the layer's output, which is also that of the MLP's output.
   if (b.mlp_tile > 0) {
     for (int64_t r0 = 0; r0 < T; r0 += b.mlp_tile) {
       const int64_t n = std::min(b.mlp_tile, T - r0);
-      const TensorView ln2 = v2(a.ln2 + r0 * C, n, C);
-      SCIATTN_TRY(be.linear_forward({ln2, w.fc_w, w.fc_b, v2(b.mlp_fch, n, F)}));
-      SCIATTN_TRY(be.gelu_forward({v2(b.mlp_fch, n, F), v2(b.mlp_fcg, n, F)}));
-      SCIATTN_TRY(be.linear_backward({v2(b.mlp_fcg, n, F), w.fcproj_w, v2(b.dres + r0 * C, n, C),
-                                      v2(b.mlp_grad, n, F), g.fcproj_w, g.fcproj_b}));
+      const TensorView ln2 = act2(at(a.ln2, r0 * C, t), n, C);
+      SCIATTN_TRY(be.linear_forward({ln2, w.fc_w, w.fc_b, act2(b.mlp_fch, n, F)}));
+      SCIATTN_TRY(be.gelu_forward({act2(b.mlp_fch, n, F), act2(b.mlp_fcg, n, F)}));
       SCIATTN_TRY(
-          be.gelu_backward({v2(b.mlp_fch, n, F), v2(b.mlp_grad, n, F), v2(b.mlp_grad, n, F)}));
+          be.linear_backward({act2(b.mlp_fcg, n, F), w.fcproj_w, act2(at(b.dres, r0 * C, t), n, C),
+                              act2(b.mlp_grad, n, F), g.fcproj_w, g.fcproj_b}));
+      SCIATTN_TRY(be.gelu_backward(
+          {act2(b.mlp_fch, n, F), act2(b.mlp_grad, n, F), act2(b.mlp_grad, n, F)}));
       SCIATTN_TRY(be.linear_backward(
-          {ln2, w.fc_w, v2(b.mlp_grad, n, F), v2(b.dln + r0 * C, n, C), g.fc_w, g.fc_b}));
+          {ln2, w.fc_w, act2(b.mlp_grad, n, F), act2(at(b.dln, r0 * C, t), n, C), g.fc_w, g.fc_b}));
     }
   } else {
-    SCIATTN_TRY(be.linear_backward({v2(a.fcg, T, F), w.fcproj_w, v2(b.dres, T, C),
-                                    v2(b.mlp_grad, T, F), g.fcproj_w, g.fcproj_b}));
-    SCIATTN_TRY(be.gelu_backward({v2(a.fch, T, F), v2(b.mlp_grad, T, F), v2(b.mlp_grad, T, F)}));
+    SCIATTN_TRY(be.linear_backward({act2(a.fcg, T, F), w.fcproj_w, act2(b.dres, T, C),
+                                    act2(b.mlp_grad, T, F), g.fcproj_w, g.fcproj_b}));
+    SCIATTN_TRY(
+        be.gelu_backward({act2(a.fch, T, F), act2(b.mlp_grad, T, F), act2(b.mlp_grad, T, F)}));
     SCIATTN_TRY(be.linear_backward(
-        {v2(a.ln2, T, C), w.fc_w, v2(b.mlp_grad, T, F), v2(b.dln, T, C), g.fc_w, g.fc_b}));
+        {act2(a.ln2, T, C), w.fc_w, act2(b.mlp_grad, T, F), act2(b.dln, T, C), g.fc_w, g.fc_b}));
   }
   // dres += LN2's input gradient: now the gradient of r2 = x + attention.
-  SCIATTN_TRY(be.layernorm_backward({v2(a.r2, T, C), w.ln2_w, v1(a.ln2_mean, T), v1(a.ln2_rstd, T),
-                                     v2(b.dln, T, C), v2(b.dres, T, C), g.ln2_w, g.ln2_b}));
-  // Attention.
+  SCIATTN_TRY(
+      be.layernorm_backward({act2(a.r2, T, C), w.ln2_w, f1(a.ln2_mean, T), f1(a.ln2_rstd, T),
+                             act2(b.dln, T, C), act2(b.dres, T, C), g.ln2_w, g.ln2_b}));
+  // Attention (datty is dln's memory: LN2's backward has read dln).
   SCIATTN_TRY(be.linear_backward(
-      {v2(a.atty, T, C), w.proj_w, v2(b.dres, T, C), v2(b.datty, T, C), g.proj_w, g.proj_b}));
+      {act2(a.atty, T, C), w.proj_w, act2(b.dres, T, C), act2(b.datty, T, C), g.proj_w, g.proj_b}));
   const int64_t L = c.sequence_length;
-  const TensorView qkv5 = TensorView::contiguous(a.qkv, DType::kF32, {batch_, L, 3, H, D});
-  const TensorView dqkv5 = TensorView::contiguous(b.dqkv, DType::kF32, {batch_, L, 3, H, D});
+  const TensorView qkv5 = TensorView::contiguous(a.qkv, t, {batch_, L, 3, H, D}, d);
+  const TensorView dqkv5 = TensorView::contiguous(b.dqkv, t, {batch_, L, 3, H, D}, d);
   SCIATTN_TRY(be.attention_backward(
-      {&attention_.index, qkv5, TensorView::contiguous(a.atty, DType::kF32, {batch_, L, H, D}),
-       TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}),
-       TensorView::contiguous(b.datty, DType::kF32, {batch_, L, H, D}), dqkv5}));
+      {&attention_.index, qkv5, TensorView::contiguous(a.atty, t, {batch_, L, H, D}, d),
+       TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}, d),
+       TensorView::contiguous(b.datty, t, {batch_, L, H, D}, d), dqkv5}));
   if (c.positions == PositionEncoding::kRotary) {
     SCIATTN_TRY(be.rotary({dqkv5, static_cast<float>(c.rotary_base), true}));
   }
   SCIATTN_TRY(be.linear_backward(
-      {v2(a.ln1, T, C), w.qkv_w, v2(b.dqkv, T, 3 * C), v2(b.dln, T, C), g.qkv_w, g.qkv_b}));
+      {act2(a.ln1, T, C), w.qkv_w, act2(b.dqkv, T, 3 * C), act2(b.dln, T, C), g.qkv_w, g.qkv_b}));
   // dres += LN1's input gradient: now the gradient of the layer's input.
-  SCIATTN_TRY(be.layernorm_backward({v2(in, T, C), w.ln1_w, v1(a.ln1_mean, T), v1(a.ln1_rstd, T),
-                                     v2(b.dln, T, C), v2(b.dres, T, C), g.ln1_w, g.ln1_b}));
+  SCIATTN_TRY(be.layernorm_backward({act2(in, T, C), w.ln1_w, f1(a.ln1_mean, T), f1(a.ln1_rstd, T),
+                                     act2(b.dln, T, C), act2(b.dres, T, C), g.ln1_w, g.ln1_b}));
   return Status::ok_status();
 }
 
@@ -441,48 +593,79 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
   const int64_t L = c.sequence_length, T = batch_ * L, C = c.d_model, V = c.vocab_size;
+  const int64_t n = c.n_layers;
+  const DType t = act_;
+  const Device d = device_;
   const size_t token_bytes = static_cast<size_t>(T) * sizeof(int32_t);
+  const size_t boundary_bytes = static_cast<size_t>(T * C) * dtype_size(t);
+  const bool offload = memory_.offload_checkpoints && with_grad;
+  auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
+    return TensorView::contiguous(p, t, {rows, cols}, d);
+  };
+  auto f1 = [&](const void* p, int64_t k) {
+    return TensorView::contiguous(p, DType::kF32, {k}, d);
+  };
   SCIATTN_TRY(be.copy_to_device(b.inputs, inputs, token_bytes));
   SCIATTN_TRY(be.copy_to_device(b.targets, targets, token_bytes));
 
-  const TensorView wte = slot_view(layout_, params_, "wte");
-  const TensorView wpe = slot_view(layout_, params_, "wpe");
-  SCIATTN_TRY(be.embedding_forward({b.inputs, batch_, L, wte, wpe, v2(b.resid[0], T, C)}));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    SCIATTN_TRY(layer_forward(l, b.resid[static_cast<size_t>(l)],
-                              b.resid[static_cast<size_t>(l + 1)], !memory_.checkpoint_layers,
-                              false));
+  // Boundary l (l <= n - 2) goes to host memory as soon as it is written; the buffer it is in
+  // is written again by layer l + 1, which waits for the copy.
+  auto offload_boundary = [&](int64_t l) -> Status {
+    if (!offload || l > n - 2) return Status::ok_status();
+    return be.copy_async(at(b.host_checkpoints, l * T * C, t), boundary(l), boundary_bytes,
+                         CopyDirection::kToHost, &b.offloaded[static_cast<size_t>(l)]);
+  };
+  SCIATTN_TRY(hook_forward(0));
+  const TensorView wte = slot_view(layout_, weights_, t, d, "wte");
+  const TensorView wpe = slot_view(layout_, weights_, t, d, "wpe");
+  SCIATTN_TRY(be.embedding_forward({b.inputs, batch_, L, wte, wpe, act2(boundary(0), T, C)}));
+  SCIATTN_TRY(offload_boundary(0));
+  for (int64_t l = 0; l < n; ++l) {
+    SCIATTN_TRY(hook_forward(l + 1));
+    if (offload && l >= 1) {
+      // boundary(l + 1) still holds boundary l - 1 until its copy to the host has finished.
+      SCIATTN_TRY(be.wait_for_copy(b.offloaded[static_cast<size_t>(l - 1)]));
+    }
+    SCIATTN_TRY(layer_forward(l, boundary(l), boundary(l + 1), !memory_.checkpoint_layers, false));
+    SCIATTN_TRY(offload_boundary(l + 1));
   }
-  const float* last = b.resid[static_cast<size_t>(c.n_layers)];
+  SCIATTN_TRY(hook_forward(n + 1));
+  const void* last = boundary(n);
   const float eps = static_cast<float>(c.layer_norm_eps);
-  SCIATTN_TRY(be.layernorm_forward({v2(last, T, C), slot_view(layout_, params_, "lnf_w"),
-                                    slot_view(layout_, params_, "lnf_b"), v2(b.lnf, T, C),
-                                    v1(b.lnf_mean, T), v1(b.lnf_rstd, T), eps}));
+  SCIATTN_TRY(be.layernorm_forward({act2(last, T, C), slot_view(layout_, weights_, t, d, "lnf_w"),
+                                    slot_view(layout_, weights_, t, d, "lnf_b"), act2(b.lnf, T, C),
+                                    f1(b.lnf_mean, T), f1(b.lnf_rstd, T), eps}));
   const char* head = c.tie_embeddings ? "wte" : "lm_head";
-  const TensorView head_w = slot_view(layout_, params_, head);
+  const TensorView head_w = slot_view(layout_, weights_, t, d, head);
   if (memory_.lm_head_tile_tokens > 0) {
     // The loss gradient needs nothing from later layers: with tiles, form it right here.
     LmHeadParams p;
-    p.in = v2(b.lnf, T, C);
+    p.in = act2(b.lnf, T, C);
     p.weight = head_w;
     p.targets = b.targets;
-    p.losses = v1(b.losses, T);
+    p.losses = f1(b.losses, T);
     if (with_grad) {
-      p.din = v2(b.dln, T, C);
-      p.dweight = slot_view(layout_, grads_, head);
+      p.din = act2(b.dln, T, C);
+      p.dweight = slot_view(layout_, grads_, DType::kF32, d, head);
     }
-    p.logits = v2(b.logits, b.lm_tile, V);
+    p.logits = act2(b.logits, b.lm_tile, V);
     p.grad_scale = grad_scale;
     p.tile_rows = b.lm_tile;
     SCIATTN_TRY(be.lm_head_loss(p));
   } else {
     // Untiled: all [T, V] logits stay until forward_backward's lm_head_backward.
     SCIATTN_TRY(be.lm_head_forward(
-        {v2(b.lnf, T, C), head_w, v1(b.losses, T), b.targets, v2(b.logits, T, V)}));
+        {act2(b.lnf, T, C), head_w, f1(b.losses, T), b.targets, act2(b.logits, T, V)}));
   }
+  (void)out;
+  return Status::ok_status();
+}
 
+Status GptModel::read_losses(MicroBatchResult* out) {
+  const int64_t T = batch_ * config_.sequence_length;
   std::vector<float> losses(static_cast<size_t>(T));
-  SCIATTN_TRY(be.copy_to_host(losses.data(), b.losses, losses.size() * sizeof(float)));
+  SCIATTN_TRY(
+      backend_->copy_to_host(losses.data(), buffers_->losses, losses.size() * sizeof(float)));
   out->loss_sum = 0.0;
   for (float x : losses) out->loss_sum += static_cast<double>(x);
   out->tokens = T;
@@ -491,7 +674,8 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
 
 Status GptModel::forward_loss(const int32_t* inputs, const int32_t* targets,
                               MicroBatchResult* out) {
-  return run_forward(inputs, targets, false, 0.0f, out);
+  SCIATTN_TRY(run_forward(inputs, targets, false, 0.0f, out));
+  return read_losses(out);
 }
 
 Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
@@ -501,30 +685,57 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
   const int64_t L = c.sequence_length, T = batch_ * L, C = c.d_model, V = c.vocab_size;
+  const int64_t n = c.n_layers;
+  const DType t = act_;
+  const Device d = device_;
+  const bool offload = memory_.offload_checkpoints;
+  auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
+    return TensorView::contiguous(p, t, {rows, cols}, d);
+  };
+  auto f1 = [&](const void* p, int64_t k) {
+    return TensorView::contiguous(p, DType::kF32, {k}, d);
+  };
   const char* head = c.tie_embeddings ? "wte" : "lm_head";
   if (memory_.lm_head_tile_tokens == 0) {
-    SCIATTN_TRY(be.lm_head_backward({v2(b.lnf, T, C), slot_view(layout_, params_, head), b.targets,
-                                     v2(b.logits, T, V), v2(b.dln, T, C),
-                                     slot_view(layout_, grads_, head), grad_scale}));
+    SCIATTN_TRY(
+        be.lm_head_backward({act2(b.lnf, T, C), slot_view(layout_, weights_, t, d, head), b.targets,
+                             act2(b.logits, T, V), act2(b.dln, T, C),
+                             slot_view(layout_, grads_, DType::kF32, d, head), grad_scale}));
   }
   // Final LayerNorm: dres = its input gradient (dln holds the LM head's input gradient).
-  SCIATTN_TRY(be.fill_zero(b.dres, static_cast<size_t>(T * C) * sizeof(float)));
-  const float* last = b.resid[static_cast<size_t>(c.n_layers)];
-  SCIATTN_TRY(be.layernorm_backward({v2(last, T, C), slot_view(layout_, params_, "lnf_w"),
-                                     v1(b.lnf_mean, T), v1(b.lnf_rstd, T), v2(b.dln, T, C),
-                                     v2(b.dres, T, C), slot_view(layout_, grads_, "lnf_w"),
-                                     slot_view(layout_, grads_, "lnf_b")}));
-  for (int64_t l = c.n_layers - 1; l >= 0; --l) {
+  SCIATTN_TRY(be.fill_zero(b.dres, static_cast<size_t>(T * C) * dtype_size(t)));
+  SCIATTN_TRY(be.layernorm_backward({act2(boundary(n), T, C),
+                                     slot_view(layout_, weights_, t, d, "lnf_w"), f1(b.lnf_mean, T),
+                                     f1(b.lnf_rstd, T), act2(b.dln, T, C), act2(b.dres, T, C),
+                                     slot_view(layout_, grads_, DType::kF32, d, "lnf_w"),
+                                     slot_view(layout_, grads_, DType::kF32, d, "lnf_b")}));
+  SCIATTN_TRY(hook_backward(n + 1));
+  const size_t boundary_bytes = static_cast<size_t>(T * C) * dtype_size(t);
+  for (int64_t l = n - 1; l >= 0; --l) {
+    if (offload) {
+      // Boundary l came back during layer l + 1's backward (boundary n - 1 never left); fetch
+      // boundary l - 1 into the other buffer, whose boundary l + 1 the work queued so far has
+      // finished with, while this layer computes.
+      if (l < n - 1) SCIATTN_TRY(be.wait_for_copy(b.prefetched[static_cast<size_t>(l)]));
+      if (l >= 1) {
+        SCIATTN_TRY(be.copy_async(boundary(l - 1), at(b.host_checkpoints, (l - 1) * T * C, t),
+                                  boundary_bytes, CopyDirection::kToDevice,
+                                  &b.prefetched[static_cast<size_t>(l - 1)]));
+      }
+    }
     if (memory_.checkpoint_layers) {
       // Recompute the layer from its saved input; only the activations its backward reads.
-      SCIATTN_TRY(layer_forward(l, b.resid[static_cast<size_t>(l)], nullptr, false, true));
+      SCIATTN_TRY(layer_forward(l, boundary(l), nullptr, false, true));
     }
-    SCIATTN_TRY(layer_backward(l));
+    SCIATTN_TRY(layer_backward(l, boundary(l)));
+    SCIATTN_TRY(hook_backward(l + 1));
   }
-  SCIATTN_TRY(be.embedding_backward({b.inputs, batch_, L, v2(b.dres, T, C),
-                                     slot_view(layout_, grads_, "wte"),
-                                     slot_view(layout_, grads_, "wpe")}));
-  return Status::ok_status();
+  SCIATTN_TRY(be.embedding_backward({b.inputs, batch_, L, act2(b.dres, T, C),
+                                     slot_view(layout_, grads_, DType::kF32, d, "wte"),
+                                     slot_view(layout_, grads_, DType::kF32, d, "wpe")}));
+  SCIATTN_TRY(hook_backward(0));
+  // The losses are read last, so the backward was queued without waiting for the forward.
+  return read_losses(out);
 }
 
 double GptModel::flops_per_micro_batch() const {

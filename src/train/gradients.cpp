@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "sciattn/train/backend.h"
+
 namespace sciattn::train {
 
 SumSquares sum_squares(const float* data, int64_t n) {
@@ -38,38 +40,77 @@ void scale_in_place(float* data, int64_t n, float factor) {
   for (int64_t i = 0; i < n; ++i) data[i] *= factor;
 }
 
-Status reduce_gradients(Communicator& comm, Fp16Scaling scaling, double loss_scale, float* grads,
-                        int64_t n, ReducedGradients* out) {
+namespace {
+
+// The gradient path over two elementwise operations on wherever the gradients live:
+// sum_sq(data, n, SumSquares*) and scale(data, n, factor).
+template <class SumSq, class Scale>
+Status reduce_with(Communicator& comm, Fp16Scaling scaling, double loss_scale, float* grads,
+                   int64_t n, SumSq sum_sq, Scale scale, ReducedGradients* out) {
   if (!(loss_scale > 0.0) || !std::isfinite(loss_scale)) {
     return Status::invalid_argument("reduce_gradients: loss_scale must be a finite number > 0");
   }
   *out = ReducedGradients{};
   const float inv_scale = static_cast<float>(1.0 / loss_scale);
+  SumSquares total;
   if (scaling == Fp16Scaling::kDsEnhanced) {
     // Per rank, before any reduction: detect overflow on this rank's own scaled gradients, then
     // unscale them in place.
-    SumSquares local = sum_squares(grads, n);
+    SumSquares local;
+    Status s = sum_sq(grads, n, &local);
+    if (!s.ok()) return s;
     double overflow = local.finite ? 0.0 : 1.0;
-    Status s = comm.all_reduce_max(&overflow);
+    s = comm.all_reduce_max(&overflow);
     if (!s.ok()) return s;
     out->overflow = overflow != 0.0;
     if (out->overflow) return Status::ok_status();
-    if (loss_scale != 1.0) scale_in_place(grads, n, inv_scale);
+    if (loss_scale != 1.0) {
+      s = scale(grads, n, inv_scale);
+      if (!s.ok()) return s;
+    }
     s = comm.all_reduce_mean(grads, n);
     if (!s.ok()) return s;
-    out->norm = std::sqrt(sum_squares(grads, n).sum);
+    s = sum_sq(grads, n, &total);
+    if (!s.ok()) return s;
+    out->norm = std::sqrt(total.sum);
     out->pending_scale = 1.0f;
     return Status::ok_status();
   }
   // Standard: reduce the scaled gradients, then look at the result.
   Status s = comm.all_reduce_mean(grads, n);
   if (!s.ok()) return s;
-  SumSquares total = sum_squares(grads, n);
+  s = sum_sq(grads, n, &total);
+  if (!s.ok()) return s;
   out->overflow = !total.finite;
   if (out->overflow) return Status::ok_status();
   out->norm = std::sqrt(total.sum) / loss_scale;
   out->pending_scale = inv_scale;
   return Status::ok_status();
+}
+
+}  // namespace
+
+Status reduce_gradients(Communicator& comm, Fp16Scaling scaling, double loss_scale, float* grads,
+                        int64_t n, ReducedGradients* out) {
+  return reduce_with(
+      comm, scaling, loss_scale, grads, n,
+      [](const float* d, int64_t k, SumSquares* r) {
+        *r = sum_squares(d, k);
+        return Status::ok_status();
+      },
+      [](float* d, int64_t k, float f) {
+        scale_in_place(d, k, f);
+        return Status::ok_status();
+      },
+      out);
+}
+
+Status reduce_gradients(Communicator& comm, Backend& backend, Fp16Scaling scaling,
+                        double loss_scale, float* grads, int64_t n, ReducedGradients* out) {
+  return reduce_with(
+      comm, scaling, loss_scale, grads, n,
+      [&](const float* d, int64_t k, SumSquares* r) { return backend.sum_squares(d, k, r); },
+      [&](float* d, int64_t k, float f) { return backend.scale_in_place(d, k, f); }, out);
 }
 
 }  // namespace sciattn::train

@@ -1,14 +1,18 @@
 // The training loop and its checkpoints (trainer.h). Trainer layer (host code): the model's
-// tensors stay behind the Backend; the optimizer state lives in host memory.
+// tensors stay behind the Backend; the optimizer state lives in the back end's memory, or in host
+// memory with the CPU AdamW on a host thread (the optimizer offload).
 #include "sciattn/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include "sciattn/train/adamw.h"
 #include "sciattn/train/gradients.h"
@@ -90,6 +94,29 @@ void add_slot_tensors(const ParameterLayout& layout, const std::string& prefix, 
   }
 }
 
+// Calls fn(begin, end, decays) for the runs of consecutive slots in [begin, end) (group
+// boundaries) with the same weight-decay flag; a run ends where the next slot starts (the
+// padding between slots holds zeros, which AdamW keeps at zero).
+template <class Fn>
+Status for_each_decay_run(const ParameterLayout& layout, int64_t begin, int64_t end, Fn fn) {
+  size_t i = 0;
+  while (i < layout.slots.size() && layout.slots[i].offset < begin) ++i;
+  while (i < layout.slots.size() && layout.slots[i].offset < end) {
+    const bool decays = layout.slots[i].weight_decay;
+    size_t j = i;
+    while (j + 1 < layout.slots.size() && layout.slots[j + 1].offset < end &&
+           layout.slots[j + 1].weight_decay == decays) {
+      ++j;
+    }
+    const int64_t run_begin = layout.slots[i].offset;
+    const int64_t run_end =
+        j + 1 < layout.slots.size() ? std::min(end, layout.slots[j + 1].offset) : end;
+    SCIATTN_TRY(fn(run_begin, run_end, decays));
+    i = j + 1;
+  }
+  return Status::ok_status();
+}
+
 Json scaler_json(const LossScalerState& s) {
   return {{"cur_scale", s.cur_scale},
           {"cur_iter", s.cur_iter},
@@ -99,17 +126,220 @@ Json scaler_json(const LossScalerState& s) {
 
 }  // namespace
 
-Trainer::~Trainer() = default;
+// The optimizer offload: the gradients' and the 16-bit weights' host copies, the copies'
+// tickets, and the CPU AdamW's worker thread. It is the model's ParameterHooks: after the last
+// micro-batch's backward finishes a group's gradients it copies them to host memory (beside the
+// rest of the backward); before the forward reads a group's weights it waits for that group's
+// update and upload.
+//
+// The order of one step: the backward queues the gradient copies group by group; the gradient
+// path (overflow, unscaling, the norm) runs on the back end's fp32 gradients exactly as without
+// offload, so the skip decision and the clipping coefficient are the same numbers; then, for an
+// applied step, the host waits for the gradient copies and starts the worker, which runs the
+// CPU AdamW group by group in forward order (after applying to the host copy the unscaling that
+// ds_enhanced applied on the back end, the same single rounding), writing the master weights,
+// m, v and the weights' compute-dtype copy; the next forward uploads each group when it reaches
+// it, so the AdamW of the later groups overlaps the forward of the earlier ones. The update
+// cannot start during the backward: the overflow flag and the global norm (clipping) need every
+// gradient, and an update that might have to be undone would need another 12 bytes per parameter
+// of host memory.
+class Trainer::Offload final : public ParameterHooks {
+ public:
+  explicit Offload(Trainer* trainer) : t_(trainer) {}
+  ~Offload() override {
+    join();
+    Backend& be = *t_->backend_;
+    for (const CopyTicket& c : grad_copies_) be.finish_copy(c);
+    for (const CopyTicket& c : uploads_) be.finish_copy(c);
+    be.release_host(host_grads_);
+    be.release_host(host_copy_);
+  }
+
+  Status allocate() {
+    Backend& be = *t_->backend_;
+    GptModel& m = *t_->model_;
+    const size_t n = static_cast<size_t>(m.layout().total);
+    SCIATTN_TRY(be.allocate_host(n * sizeof(float), reinterpret_cast<void**>(&host_grads_)));
+    if (m.weight_dtype() != DType::kF32) {
+      SCIATTN_TRY(be.allocate_host(n * dtype_size(m.weight_dtype()), &host_copy_));
+    }
+    grad_copies_.assign(m.layout().groups.size(), CopyTicket{});
+    uploads_.assign(m.layout().groups.size(), CopyTicket{});
+    return Status::ok_status();
+  }
+
+  // Whether the backward's gradients are the step's (its last micro-batch).
+  void set_capture(bool capture) { capture_ = capture; }
+
+  Status after_backward(int64_t group) override {
+    if (!capture_) return Status::ok_status();
+    const ParameterGroup& g = t_->model_->layout().groups[static_cast<size_t>(group)];
+    return t_->backend_->copy_async(host_grads_ + g.begin, t_->model_->grads() + g.begin,
+                                    static_cast<size_t>(g.end - g.begin) * sizeof(float),
+                                    CopyDirection::kToHost,
+                                    &grad_copies_[static_cast<size_t>(group)]);
+  }
+
+  Status before_forward(int64_t group) override {
+    if (!running_) return Status::ok_status();
+    SCIATTN_TRY(wait_for_group(group));
+    SCIATTN_TRY(t_->backend_->wait_for_copy(uploads_[static_cast<size_t>(group)]));
+    if (group + 1 == static_cast<int64_t>(uploads_.size())) join();
+    return Status::ok_status();
+  }
+
+  // Starts the update of an applied step: AdamW with `h` at `step` and `grad_scale`, after
+  // multiplying the host gradients by `host_unscale` (1: nothing to do).
+  Status start(const AdamWHyperparams& h, int64_t step, float grad_scale, float host_unscale) {
+    SCIATTN_TRY(finish());
+    for (const CopyTicket& c : grad_copies_) SCIATTN_TRY(t_->backend_->finish_copy(c));
+    done_ = 0;
+    uploaded_ = 0;
+    error_ = Status::ok_status();
+    running_ = true;
+    worker_ = std::thread(
+        [this, h, step, grad_scale, host_unscale] { run(h, step, grad_scale, host_unscale); });
+    return Status::ok_status();
+  }
+
+  // Waits for the whole update and queues every upload (the back end's later work waits for
+  // them).
+  Status finish() {
+    if (!running_) return Status::ok_status();
+    const int64_t groups = static_cast<int64_t>(uploads_.size());
+    Status s = wait_for_group(groups - 1);
+    for (int64_t g = 0; s.ok() && g < groups; ++g) {
+      s = t_->backend_->wait_for_copy(uploads_[static_cast<size_t>(g)]);
+    }
+    join();
+    return s;
+  }
+
+ private:
+  // The worker: AdamW group by group, publishing its progress.
+  void run(AdamWHyperparams h, int64_t step, float grad_scale, float host_unscale) {
+    const ParameterLayout& layout = t_->model_->layout();
+    const DType copy_dtype = t_->model_->weight_dtype();
+    const float decay = t_->config_.optimizer.weight_decay;
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+      const ParameterGroup& group = layout.groups[g];
+      if (host_unscale != 1.0f) {
+        scale_in_place(host_grads_ + group.begin, group.end - group.begin, host_unscale);
+      }
+      Status s = for_each_decay_run(
+          layout, group.begin, group.end, [&](int64_t b, int64_t e, bool decays) {
+            h.weight_decay = decays ? decay : 0.0f;
+            if (host_copy_ == nullptr) {
+              return cpu_adamw_step(h, step, grad_scale, t_->master_ + b, host_grads_ + b,
+                                    t_->exp_avg_ + b, t_->exp_avg_sq_ + b, e - b);
+            }
+            void* copy = static_cast<std::byte*>(host_copy_) +
+                         b * static_cast<int64_t>(dtype_size(copy_dtype));
+            return cpu_adamw_step_copy(h, step, grad_scale, t_->master_ + b, host_grads_ + b,
+                                       t_->exp_avg_ + b, t_->exp_avg_sq_ + b, e - b, copy,
+                                       copy_dtype);
+          });
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!s.ok()) {
+        error_ = s;
+        done_ = static_cast<int64_t>(layout.groups.size());
+        cv_.notify_all();
+        return;
+      }
+      done_ = static_cast<int64_t>(g) + 1;
+      cv_.notify_all();
+    }
+  }
+
+  // Waits until the worker has updated `group`, then queues the uploads of every updated group
+  // not yet uploaded (so they run ahead of the forward).
+  Status wait_for_group(int64_t group) {
+    int64_t done = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return done_ > group; });
+      if (!error_.ok()) return error_;
+      done = done_;
+    }
+    GptModel& m = *t_->model_;
+    const ParameterLayout& layout = m.layout();
+    const size_t es = dtype_size(m.weight_dtype());
+    const void* source = host_copy_ != nullptr ? host_copy_ : static_cast<const void*>(t_->master_);
+    for (; uploaded_ < done; ++uploaded_) {
+      const ParameterGroup& g = layout.groups[static_cast<size_t>(uploaded_)];
+      SCIATTN_TRY(t_->backend_->copy_async(
+          static_cast<std::byte*>(m.weights()) + static_cast<size_t>(g.begin) * es,
+          static_cast<const std::byte*>(source) + static_cast<size_t>(g.begin) * es,
+          static_cast<size_t>(g.end - g.begin) * es, CopyDirection::kToDevice,
+          &uploads_[static_cast<size_t>(uploaded_)]));
+    }
+    return Status::ok_status();
+  }
+
+  void join() {
+    if (worker_.joinable()) worker_.join();
+    running_ = false;
+  }
+
+  Trainer* t_;
+  float* host_grads_ = nullptr;  // [total] f32, host memory
+  void* host_copy_ = nullptr;    // [total] compute dtype, host memory (null when that is f32)
+  std::vector<CopyTicket> grad_copies_, uploads_;  // per group
+  bool capture_ = false;
+  bool running_ = false;
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int64_t done_ = 0;      // groups the worker has updated (under mutex_)
+  Status error_;          // the worker's failure (under mutex_)
+  int64_t uploaded_ = 0;  // groups whose upload is queued (main thread)
+};
+
+void add_optimizer_memory(int64_t layout_total, bool offload_optimizer, DType compute_dtype,
+                          Device device, MemoryLedger* ledger) {
+  const uint64_t f32 = static_cast<uint64_t>(layout_total) * sizeof(float);
+  if (offload_optimizer) {
+    ledger->add("master weights (f32), offloaded", "model states", Device::kCpu, f32,
+                kPhaseOptimizer);
+    ledger->add("optimizer state: AdamW exp_avg, exp_avg_sq (f32), offloaded", "model states",
+                Device::kCpu, 2 * f32, kPhaseOptimizer);
+    ledger->add("gradients, host copy (f32)", "model states", Device::kCpu, f32,
+                kPhaseBackward | kPhaseOptimizer);
+    if (compute_dtype != DType::kF32) {
+      ledger->add(std::string("weights, host copy (") + dtype_name(compute_dtype) + ")",
+                  "model states", Device::kCpu,
+                  static_cast<uint64_t>(layout_total) * dtype_size(compute_dtype),
+                  kPhaseOptimizer | kPhaseForward);
+    }
+    return;
+  }
+  if (compute_dtype != DType::kF32) {
+    ledger->add("master weights (f32)", "model states", device, f32, kPhaseOptimizer);
+  }
+  ledger->add("optimizer state: AdamW exp_avg, exp_avg_sq (f32)", "model states", device, 2 * f32,
+              kPhaseOptimizer);
+}
+
+Trainer::~Trainer() {
+  // The worker reads the buffers below; the model's hooks point at it.
+  offload_state_.reset();
+  if (backend_ != nullptr) {
+    if (offload_) {
+      backend_->release_host(master_);
+      backend_->release_host(exp_avg_);
+      backend_->release_host(exp_avg_sq_);
+    } else {
+      if (!master_is_weights_) backend_->release(master_);
+      backend_->release(exp_avg_);
+      backend_->release(exp_avg_sq_);
+    }
+  }
+}
 
 Status Trainer::create(const GptConfig& model, const TrainConfig& config,
                        const TrainerOptions& options, std::unique_ptr<Backend> backend,
                        const TokenFile* data, std::unique_ptr<Trainer>* out) {
   if (backend == nullptr) return Status::invalid_argument("Trainer::create: no back end");
-  if (backend->device() != Device::kCpu) {
-    return Status::not_supported("the trainer's optimizer runs on host memory; a back end on " +
-                                 std::string(device_name(backend->device())) +
-                                 " needs its optimizer step (see docs/design.md, Trainer)");
-  }
   if (config.micro_batch_size < 1 || config.gradient_accumulation_steps < 1) {
     return Status::invalid_argument("the train config has no batch sizes (parse it first)");
   }
@@ -120,6 +350,8 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   t->backend_ = std::move(backend);
   MemoryOptions memory = options.memory;
   memory.checkpoint_layers = memory.checkpoint_layers || config.activation_checkpointing;
+  memory.offload_checkpoints = memory.offload_checkpoints || config.cpu_checkpointing;
+  t->offload_ = options.offload_optimizer || config.offload_optimizer;
   const SparsityConfig* sparse = config.sparse_attention ? &*config.sparse_attention : nullptr;
   SCIATTN_TRY(GptModel::create(model, sparse, config.micro_batch_size, memory, t->backend_.get(),
                                &t->model_));
@@ -130,39 +362,90 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
                                                                : LossScalerConfig{false, 1.0});
   SCIATTN_TRY(validate_grad_clip(config.clip));
   t->clipper_ = GradClipper(config.clip);
-  const size_t n = static_cast<size_t>(t->model_->layout().total);
-  t->exp_avg_.assign(n, 0.0f);
-  t->exp_avg_sq_.assign(n, 0.0f);
+  SCIATTN_TRY(t->allocate_optimizer_state());
   t->ledger_ = t->model_->ledger();
-  t->ledger_.add("optimizer state: AdamW exp_avg, exp_avg_sq (fp32)", "model states", Device::kCpu,
-                 2 * n * sizeof(float), kPhaseOptimizer);
+  add_optimizer_memory(t->model_->layout().total, t->offload_, t->model_->weight_dtype(),
+                       t->backend_->device(), &t->ledger_);
   *out = std::move(t);
   return Status::ok_status();
 }
 
+Status Trainer::allocate_optimizer_state() {
+  Backend& be = *backend_;
+  GptModel& m = *model_;
+  const size_t n = static_cast<size_t>(m.layout().total);
+  const size_t bytes = n * sizeof(float);
+  std::vector<float> init(n);
+  init_gpt_parameters(model_config_, m.layout(), init.data());
+  if (offload_) {
+    // Host memory: the CPU AdamW's. (The model's weights were set from the same initialisation.)
+    SCIATTN_TRY(be.allocate_host(bytes, reinterpret_cast<void**>(&master_)));
+    SCIATTN_TRY(be.allocate_host(bytes, reinterpret_cast<void**>(&exp_avg_)));
+    SCIATTN_TRY(be.allocate_host(bytes, reinterpret_cast<void**>(&exp_avg_sq_)));
+    std::memcpy(master_, init.data(), bytes);
+    offload_state_ = std::make_unique<Offload>(this);
+    SCIATTN_TRY(offload_state_->allocate());
+    m.set_parameter_hooks(offload_state_.get());
+    return Status::ok_status();
+  }
+  SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&exp_avg_)));
+  SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&exp_avg_sq_)));
+  if (m.weight_dtype() == DType::kF32) {
+    // The fp32 weights are the master weights.
+    master_is_weights_ = true;
+    master_ = static_cast<float*>(m.weights());
+    return Status::ok_status();
+  }
+  SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&master_)));
+  return be.copy_to_device(master_, init.data(), bytes);
+}
+
 Status Trainer::optimizer_step(float grad_scale, double lr) {
-  // Runs of consecutive slots with the same weight-decay flag, over the flat buffers (the
-  // padding between slots holds zeros, which AdamW keeps at zero).
+  // AdamW over runs of consecutive slots with the same weight-decay flag, in the back end's
+  // memory, writing the weights' compute-dtype copy unless the weights are the master weights.
   const ParameterLayout& layout = model_->layout();
   AdamWHyperparams h = config_.optimizer;
   h.lr = static_cast<float>(lr);
   const float decay = config_.optimizer.weight_decay;
-  float* params = model_->params();
   const float* grads = model_->grads();
   const int64_t step = applied_steps_ + 1;
-  size_t i = 0;
-  while (i < layout.slots.size()) {
-    const bool decays = layout.slots[i].weight_decay;
-    size_t j = i;
-    while (j + 1 < layout.slots.size() && layout.slots[j + 1].weight_decay == decays) ++j;
-    const int64_t begin = layout.slots[i].offset;
-    const int64_t end = j + 1 < layout.slots.size() ? layout.slots[j + 1].offset : layout.total;
+  const DType copy_dtype = model_->weight_dtype();
+  const size_t es = dtype_size(copy_dtype);
+  return for_each_decay_run(layout, 0, layout.total, [&](int64_t b, int64_t e, bool decays) {
     h.weight_decay = decays ? decay : 0.0f;
-    SCIATTN_TRY(cpu_adamw_step(h, step, grad_scale, params + begin, grads + begin,
-                               exp_avg_.data() + begin, exp_avg_sq_.data() + begin, end - begin));
-    i = j + 1;
+    void* copy = master_is_weights_
+                     ? nullptr
+                     : static_cast<std::byte*>(model_->weights()) + static_cast<size_t>(b) * es;
+    return backend_->adamw_step(h, step, grad_scale, master_ + b, grads + b, exp_avg_ + b,
+                                exp_avg_sq_ + b, e - b, copy, copy_dtype);
+  });
+}
+
+Status Trainer::finish_update() {
+  return offload_state_ != nullptr ? offload_state_->finish() : Status::ok_status();
+}
+
+Status Trainer::state_to_host(const float* src, std::vector<float>* dst) const {
+  const size_t n = static_cast<size_t>(model_->layout().total);
+  dst->resize(n);
+  if (offload_) {
+    std::memcpy(dst->data(), src, n * sizeof(float));
+    return Status::ok_status();
   }
-  return Status::ok_status();
+  return backend_->copy_to_host(dst->data(), src, n * sizeof(float));
+}
+
+Status Trainer::state_from_host(const std::vector<float>& src, float* dst) {
+  if (offload_) {
+    std::memcpy(dst, src.data(), src.size() * sizeof(float));
+    return Status::ok_status();
+  }
+  return backend_->copy_to_device(dst, src.data(), src.size() * sizeof(float));
+}
+
+Status Trainer::master_parameters(std::vector<float>* out) {
+  SCIATTN_TRY(finish_update());
+  return state_to_host(master_, out);
 }
 
 Status Trainer::step(StepReport* report) {
@@ -182,6 +465,9 @@ Status Trainer::step(StepReport* report) {
   const bool dumping = !options_.dump_gradients_path.empty() && global_step_ == 0;
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < gas; ++micro) {
+    // With the optimizer offloaded, the last micro-batch's backward copies the finished
+    // gradients to host memory as it goes.
+    if (offload_state_ != nullptr) offload_state_->set_capture(micro == gas - 1);
     loader_->next(inputs.data(), targets.data());
     if (dumping) {
       all_inputs.insert(all_inputs.end(), inputs.begin(), inputs.end());
@@ -206,7 +492,8 @@ Status Trainer::step(StepReport* report) {
   const Fp16Scaling scaling = config_.precision == Precision::kFp16 && config_.ds_enhanced
                                   ? Fp16Scaling::kDsEnhanced
                                   : Fp16Scaling::kStandard;
-  SCIATTN_TRY(reduce_gradients(comm_, scaling, loss_scale, model_->grads(), n, &reduced));
+  SCIATTN_TRY(
+      reduce_gradients(comm_, *backend_, scaling, loss_scale, model_->grads(), n, &reduced));
   if (dumping) {
     SCIATTN_TRY(dump_gradients(reduced.pending_scale,
                                loss_sum / static_cast<double>(tokens_per_micro * gas), all_inputs,
@@ -232,8 +519,18 @@ Status Trainer::step(StepReport* report) {
     report->grad_norm = reduced.norm;
     report->clip_coefficient = clip.coefficient;
     report->clip_threshold = config_.clip.mode == ClipMode::kNone ? 0.0 : clip.threshold;
-    SCIATTN_TRY(
-        optimizer_step(reduced.pending_scale * static_cast<float>(clip.coefficient), report->lr));
+    const float update_scale = reduced.pending_scale * static_cast<float>(clip.coefficient);
+    if (offload_) {
+      // The back end unscaled its gradients in place with ds_enhanced (scale_in_place, one
+      // rounding); the host copy, taken during the backward, gets the same multiplication.
+      const bool unscaled = scaling == Fp16Scaling::kDsEnhanced && loss_scale != 1.0;
+      AdamWHyperparams h = config_.optimizer;
+      h.lr = static_cast<float>(report->lr);
+      SCIATTN_TRY(offload_state_->start(h, applied_steps_ + 1, update_scale,
+                                        unscaled ? static_cast<float>(1.0 / loss_scale) : 1.0f));
+    } else {
+      SCIATTN_TRY(optimizer_step(update_scale, report->lr));
+    }
     ++applied_steps_;
   }
   ++global_step_;
@@ -249,8 +546,10 @@ Status Trainer::dump_gradients(float pending_scale, double mean_loss,
                                const std::vector<int32_t>& targets) const {
   const ParameterLayout& layout = model_->layout();
   const size_t n = static_cast<size_t>(layout.total);
-  std::vector<float> grads(model_->grads(), model_->grads() + n);
+  std::vector<float> grads(n), params;
+  SCIATTN_TRY(backend_->copy_to_host(grads.data(), model_->grads(), n * sizeof(float)));
   for (float& g : grads) g *= pending_scale;
+  SCIATTN_TRY(state_to_host(master_, &params));
   const int64_t rows = config_.micro_batch_size * config_.gradient_accumulation_steps;
   Json header = {{"format", "sciattn-gradients"},
                  {"version", 1},
@@ -260,8 +559,7 @@ Status Trainer::dump_gradients(float pending_scale, double mean_loss,
                   "grads are d(mean loss over the batch's tokens)/d(params), unscaled and "
                   "unclipped, at params (before the step's update)"}};
   std::vector<OutTensor> tensors;
-  GptModel& m = *model_;
-  add_slot_tensors(layout, "params", m.params(), &tensors);
+  add_slot_tensors(layout, "params", params.data(), &tensors);
   add_slot_tensors(layout, "grads", grads.data(), &tensors);
   tensors.push_back({"batch/inputs",
                      "i32",
@@ -276,7 +574,12 @@ Status Trainer::dump_gradients(float pending_scale, double mean_loss,
   return write_checkpoint_file(options_.dump_gradients_path, header, tensors);
 }
 
-Status Trainer::save_checkpoint(const std::string& path) const {
+Status Trainer::save_checkpoint(const std::string& path) {
+  SCIATTN_TRY(finish_update());
+  std::vector<float> params, m, v;
+  SCIATTN_TRY(state_to_host(master_, &params));
+  SCIATTN_TRY(state_to_host(exp_avg_, &m));
+  SCIATTN_TRY(state_to_host(exp_avg_sq_, &v));
   const LossScalerState& ls = scaler_.state();
   const DataPosition& dp = loader_->position();
   Json header = {
@@ -314,10 +617,10 @@ Status Trainer::save_checkpoint(const std::string& path) const {
       {"rng", "derived: model.seed, data.seed and data.epoch"},
   };
   std::vector<OutTensor> tensors;
-  GptModel& m = *model_;
-  add_slot_tensors(m.layout(), "params", m.params(), &tensors);
-  add_slot_tensors(m.layout(), "exp_avg", exp_avg_.data(), &tensors);
-  add_slot_tensors(m.layout(), "exp_avg_sq", exp_avg_sq_.data(), &tensors);
+  const ParameterLayout& layout = model_->layout();
+  add_slot_tensors(layout, "params", params.data(), &tensors);
+  add_slot_tensors(layout, "exp_avg", m.data(), &tensors);
+  add_slot_tensors(layout, "exp_avg_sq", v.data(), &tensors);
   return write_checkpoint_file(path, header, tensors);
 }
 
@@ -367,6 +670,7 @@ Status read_checkpoint(const std::string& path, std::string* header_json,
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
+  SCIATTN_TRY(finish_update());
   std::string text;
   std::vector<CheckpointTensor> tensors;
   SCIATTN_TRY(read_checkpoint(path, &text, &tensors));
@@ -448,10 +752,11 @@ Status Trainer::load_checkpoint(const std::string& path) {
     global_step_ = tr.at("global_step").get<int64_t>();
     applied_steps_ = tr.at("applied_steps").get<int64_t>();
     skipped_steps_ = tr.at("skipped_steps").get<int64_t>();
-    SCIATTN_TRY(
-        backend_->copy_to_device(model_->params(), params.data(), params.size() * sizeof(float)));
-    exp_avg_ = std::move(m);
-    exp_avg_sq_ = std::move(v);
+    // The master weights, m and v, and the weights as the optimizer's copy-out would write them.
+    if (!master_is_weights_) SCIATTN_TRY(state_from_host(params, master_));
+    SCIATTN_TRY(model_->set_weights(params.data()));
+    SCIATTN_TRY(state_from_host(m, exp_avg_));
+    SCIATTN_TRY(state_from_host(v, exp_avg_sq_));
   } catch (const Json::exception& e) {
     return Status::invalid_argument(what + ": malformed header: " + e.what());
   }

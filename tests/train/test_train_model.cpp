@@ -1,7 +1,9 @@
-// The GPT model on the CPU back end: each memory technique (per-layer checkpointing, MLP tiles,
-// LM-head tiles) gives bitwise the same loss and gradients on and off, alone and together, for
-// tile sizes that divide the tokens and that do not; results do not depend on the thread count;
-// the parameter layout and initialisation are as documented. Test layer (cpu).
+// The GPT model on the CPU back end: each memory technique (per-layer checkpointing, checkpoints
+// offloaded to host memory, MLP tiles, LM-head tiles) gives bitwise the same loss and gradients
+// on and off, alone and together, for tile sizes that divide the tokens and that do not; results
+// do not depend on the thread count; the parameter layout, its groups and the initialisation are
+// as documented; the parameter hooks come in the documented order; the memory plan equals the
+// model's own ledger. Test layer (cpu).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,12 +24,14 @@ struct StepResult {
 
 // Two micro-batches of gradient accumulation on a fresh model.
 StepResult run_step(const GptConfig& c, const MemoryOptions& m, int64_t chunk, int threads,
-                    const SparsityConfig* sparse = nullptr, int64_t batch = 2) {
+                    const SparsityConfig* sparse = nullptr, int64_t batch = 2,
+                    ParameterHooks* hooks = nullptr) {
   auto be = cpu_backend(chunk, threads);
   std::unique_ptr<GptModel> model;
   Status s = GptModel::create(c, sparse, batch, m, be.get(), &model);
   EXPECT_TRUE(s.ok()) << s.to_string();
   if (!s.ok()) return {};
+  model->set_parameter_hooks(hooks);
   EXPECT_TRUE(model->zero_grads().ok());
   const size_t T = static_cast<size_t>(batch * c.sequence_length);
   StepResult r;
@@ -70,6 +74,9 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
   MemoryOptions ckpt;
   ckpt.checkpoint_layers = true;
   expect_same(base, run_step(c, ckpt, chunk, 0), "checkpointing");
+  MemoryOptions offload;
+  offload.offload_checkpoints = true;
+  expect_same(base, run_step(c, offload, chunk, 0), "offloaded checkpoints");
   for (int64_t tile : {4, 8, 12, 100}) {  // 12 does not divide 24 or 26 tokens; 100 > T
     MemoryOptions mlp;
     mlp.mlp_tile_tokens = tile;
@@ -83,6 +90,8 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
   all.mlp_tile_tokens = 8;
   all.lm_head_tile_tokens = 12;
   expect_same(base, run_step(c, all, chunk, 0), "all three");
+  all.offload_checkpoints = true;
+  expect_same(base, run_step(c, all, chunk, 0), "all four");
   // A tile that is not a multiple of the chunk is rounded up to one (5 -> 8 here).
   MemoryOptions odd;
   odd.mlp_tile_tokens = 5;
@@ -96,6 +105,121 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(PositionEncoding::kRotary, false, int64_t{12}),
                       std::make_tuple(PositionEncoding::kLearned, false, int64_t{13}),
                       std::make_tuple(PositionEncoding::kRotary, true, int64_t{13})));
+
+// Offloaded checkpoints with more layers than the two buffers that alternate (and one layer,
+// where nothing leaves): the same bits, and the host buffer holds layers 0 .. L-2's inputs.
+TEST(TrainModel, OffloadedCheckpointsWithManyLayers) {
+  for (int64_t layers : {1, 2, 5}) {
+    GptConfig c = tiny_config(PositionEncoding::kRotary, true, 13);
+    c.n_layers = layers;
+    MemoryOptions offload;
+    offload.offload_checkpoints = true;
+    offload.mlp_tile_tokens = 8;
+    MemoryOptions plain;
+    expect_same(run_step(c, plain, 4, 0), run_step(c, offload, 4, 0),
+                std::to_string(layers) + " layers");
+    MemoryLedger ledger;
+    ASSERT_TRUE(
+        plan_gpt_memory(c, nullptr, 2, offload, DType::kF32, 4, Device::kCpu, &ledger).ok());
+    const std::string report = ledger.report();
+    EXPECT_EQ(report.find("offloaded checkpoints") != std::string::npos, layers > 1) << report;
+  }
+}
+
+// The hooks an offloaded optimizer relies on: before_forward in group order, after_backward in
+// reverse group order, once per micro-batch each, and each group's gradients final when its
+// after_backward comes (nothing adds to them later).
+class RecordingHooks final : public ParameterHooks {
+ public:
+  explicit RecordingHooks(const GptModel** model) : model_(model) {}
+  Status before_forward(int64_t g) override {
+    calls.push_back("F" + std::to_string(g));
+    return Status::ok_status();
+  }
+  Status after_backward(int64_t g) override {
+    calls.push_back("B" + std::to_string(g));
+    return Status::ok_status();
+  }
+  std::vector<std::string> calls;
+
+ private:
+  const GptModel** model_;
+};
+
+TEST(TrainModel, ParameterHooksComeInGroupOrder) {
+  for (bool tiled : {false, true}) {
+    const GptConfig c = tiny_config(PositionEncoding::kLearned, !tiled, 12);
+    const GptModel* none = nullptr;
+    RecordingHooks hooks(&none);
+    MemoryOptions m;
+    m.lm_head_tile_tokens = tiled ? 8 : 0;
+    run_step(c, m, 4, 0, nullptr, 2, &hooks);
+    const std::vector<std::string> one = {"F0", "F1", "F2", "F3", "B3", "B2", "B1", "B0"};
+    std::vector<std::string> want = one;
+    want.insert(want.end(), one.begin(), one.end());  // two micro-batches
+    EXPECT_EQ(hooks.calls, want);
+  }
+  const ParameterLayout layout = gpt_parameter_layout(tiny_config());
+  ASSERT_EQ(layout.groups.size(), 4u);
+  EXPECT_EQ(layout.groups[0].name, "embeddings");
+  EXPECT_EQ(layout.groups[0].begin, 0);
+  EXPECT_EQ(layout.groups[1].name, "h0");
+  EXPECT_EQ(layout.groups[1].begin, layout.find("h0.ln1_w")->offset);
+  EXPECT_EQ(layout.groups[3].name, "head");
+  EXPECT_EQ(layout.groups[3].begin, layout.find("lnf_w")->offset);
+  EXPECT_EQ(layout.groups[3].end, layout.total);
+  for (size_t g = 1; g < layout.groups.size(); ++g) {
+    EXPECT_EQ(layout.groups[g].begin, layout.groups[g - 1].end);
+  }
+}
+
+// The plan (no allocation, no index) lists exactly what create allocates, for every technique.
+TEST(TrainModel, MemoryPlanEqualsTheModelsLedger) {
+  const GptConfig c = tiny_config(PositionEncoding::kLearned, false, 13);
+  auto be = cpu_backend(4);
+  for (int k = 0; k < 16; ++k) {
+    MemoryOptions m;
+    m.checkpoint_layers = (k & 1) != 0;
+    m.offload_checkpoints = (k & 2) != 0;
+    m.mlp_tile_tokens = (k & 4) != 0 ? 8 : 0;
+    m.lm_head_tile_tokens = (k & 8) != 0 ? 12 : 0;
+    std::unique_ptr<GptModel> model;
+    ASSERT_TRUE(GptModel::create(c, nullptr, 2, m, be.get(), &model).ok());
+    MemoryLedger plan;
+    ASSERT_TRUE(plan_gpt_memory(c, nullptr, 2, m, DType::kF32, 4, Device::kCpu, &plan).ok());
+    EXPECT_EQ(plan.report(), model->ledger().report()) << "techniques " << k;
+  }
+  // At the 1.3B model's sizes, 1M tokens, bf16 on a GPU, everything on: the checkpoints that
+  // leave the device are (L - 1) T C 2 bytes = 23 * 2^20 * 2048 * 2.
+  GptConfig big;
+  big.vocab_size = 50304;
+  big.d_model = 2048;
+  big.n_layers = 24;
+  big.n_heads = 16;
+  big.sequence_length = int64_t{1} << 20;
+  big.max_position_embeddings = big.sequence_length;
+  MemoryOptions m;
+  m.offload_checkpoints = true;
+  m.mlp_tile_tokens = 16384;
+  m.lm_head_tile_tokens = 16384;
+  MemoryLedger plan;
+  ASSERT_TRUE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &plan).ok());
+  EXPECT_EQ(plan.total(Device::kCpu), uint64_t{23} * (uint64_t{1} << 20) * 2048 * 2);
+}
+
+TEST(TrainModel, SharedLayoutIndexIsStoredForOneHead) {
+  GptConfig c = tiny_config(PositionEncoding::kLearned, true, 128);
+  c.n_heads = 4;
+  c.d_model = 32;
+  AttentionPlan plan;
+  ASSERT_TRUE(plan_attention(c, nullptr, &plan).ok());
+  const int64_t n = 128 / 64;
+  EXPECT_EQ(plan.index.num_heads, 4);
+  EXPECT_EQ(plan.index.layout_heads, 1);
+  EXPECT_EQ(plan.index.stored_nnz(), n * (n + 1) / 2);
+  EXPECT_EQ(plan.index.nnz, 4 * n * (n + 1) / 2);
+  EXPECT_EQ(plan.index.block_head(plan.index.nnz - 1), 3);
+}
 
 TEST(TrainModel, ResultsDoNotDependOnTheThreadCount) {
   const GptConfig c = tiny_config(PositionEncoding::kRotary, true, 32);

@@ -27,6 +27,8 @@
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/status.h"
 #include "sciattn/tensor_view.h"
+#include "sciattn/train/adamw.h"
+#include "sciattn/train/gradients.h"
 
 namespace sciattn::train {
 
@@ -155,6 +157,14 @@ struct LmHeadBackwardParams {
   float grad_scale = 1.0f;
 };
 
+// A copy queued by Backend::copy_async; the waits below take it. Copies of one direction run in
+// the order they were queued, so a finished copy implies every earlier one of its direction.
+enum class CopyDirection { kToHost, kToDevice };
+struct CopyTicket {
+  CopyDirection direction = CopyDirection::kToHost;
+  uint64_t id = 0;  // 0: no copy (the waits return at once)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -177,6 +187,38 @@ class Backend {
   // Bytes the back end holds for its own scratch (the attention op's workspace, padded copies),
   // grown on first use; the memory ledger reports it.
   virtual size_t scratch_bytes() const = 0;
+  // The most bytes of the device's memory the back end held at once (its allocations and its
+  // scratch) since it was made; 0 on the CPU (the process's peak resident memory tells there).
+  virtual uint64_t peak_device_bytes() const = 0;
+
+  // Host memory that copy_async reads and writes (page-locked on CUDA, so that the copies run
+  // beside the computation; ordinary memory on the CPU): zeroed, aligned to 64 bytes.
+  virtual Status allocate_host(size_t bytes, void** ptr) = 0;
+  virtual void release_host(void* ptr) = 0;
+  // Copies `bytes` between the back end's memory and host memory from allocate_host, on a copy
+  // stream of its own per direction, after all the work queued so far (so the copy reads what
+  // that work wrote). On the CPU the copy is done when the call returns. The ticket is for:
+  virtual Status copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                            CopyTicket* ticket) = 0;
+  // ... work queued after this call starts after the copy has finished (the device waits; the
+  // host does not): the copy's destination may then be read, and its source overwritten.
+  virtual Status wait_for_copy(const CopyTicket& ticket) = 0;
+  // ... the host waits until the copy has finished.
+  virtual Status finish_copy(const CopyTicket& ticket) = 0;
+
+  // The optimizer step's elementwise work on f32 buffers in the back end's memory (trainer.h
+  // runs the gradient path and AdamW through these; adamw.h and gradients.h say what each
+  // computes). adamw_step is cpu_adamw_step / cpu_adamw_step_copy with the same bits on every
+  // back end; param_copy (n elements of copy_dtype, kF16 or kBF16) may be null. sum_squares waits
+  // for queued work and gives the sum over kNormChunk-element chunks in double (on the GPU in a
+  // fixed tree order, equal to the CPU's to double rounding). cast converts n elements between
+  // f32, f16 and bf16 (nearest even).
+  virtual Status adamw_step(const AdamWHyperparams& h, int64_t step, float grad_scale,
+                            float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+                            int64_t n, void* param_copy, DType copy_dtype) = 0;
+  virtual Status sum_squares(const float* data, int64_t n, SumSquares* out) = 0;
+  virtual Status scale_in_place(float* data, int64_t n, float factor) = 0;
+  virtual Status cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) = 0;
 
   virtual Status embedding_forward(const EmbeddingParams& p) = 0;
   virtual Status embedding_backward(const EmbeddingBackwardParams& p) = 0;

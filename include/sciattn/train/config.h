@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sciattn/block_sparse.h"
+#include "sciattn/device.h"
 #include "sciattn/status.h"
 #include "sciattn/train/adamw.h"
 #include "sciattn/train/grad_clip.h"
@@ -31,6 +32,10 @@ struct AutoValues {
   std::optional<int64_t> total_num_steps;   // scheduler.params.total_num_steps
   std::optional<int64_t> warmup_num_steps;  // scheduler.params.warmup_num_steps
   std::optional<bool> fp16, bf16;           // fp16.enabled, bf16.enabled (the CPU fills false)
+  // Where the trainer will run, for the warnings that depend on it: on the CPU, fp16 / bf16
+  // compute in fp32, and cpu_checkpointing and offload_optimizer move nothing (host memory is the
+  // back end's; they still run, which is how their logic is tested without a GPU).
+  Device device = Device::kCpu;
 };
 
 enum class Precision { kFp32, kFp16, kBf16 };

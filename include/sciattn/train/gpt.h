@@ -1,7 +1,8 @@
 // The GPT model of the trainer: its configuration (the model JSON file), the layout of its
 // parameters in one contiguous buffer, and the forward and backward of one micro-batch on a
-// Backend, with the memory techniques (per-layer activation checkpointing, MLP tiles, LM-head
-// tiles). Public API of the trainer (plain C++17).
+// Backend, with the memory techniques (per-layer activation checkpointing, checkpoints offloaded
+// to host memory, MLP tiles, LM-head tiles) and the memory plan they give. Public API of the
+// trainer (plain C++17).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,8 @@ Status load_gpt_config(const std::string& path, GptConfig* out);
 // The config as the model file's JSON text (every key).
 std::string gpt_config_json(const GptConfig& config);
 
-// One named tensor inside a flat buffer of floats.
+// One named tensor inside a flat buffer (of floats, or of the compute dtype: offsets count
+// elements).
 struct TensorSlot {
   std::string name;            // "wte", "h0.qkv_w", ...
   std::vector<int64_t> shape;  // row-major
@@ -74,9 +76,19 @@ inline constexpr int64_t kSlotAlign = 16;
 //   lnf_w [C], lnf_b [C], lm_head [V, C] (untied only).
 // qkv_w's rows are q (head h at rows h*D ..), then k, then v, as nn.Linear(C, 3C) of GPT-2. The
 // gradients and AdamW's m and v use the same layout in buffers of their own.
+// A contiguous range of the layout whose parameters one part of the model uses: "embeddings"
+// (wte, wpe), "h<l>" (layer l's twelve slots), "head" (lnf_w, lnf_b, lm_head). Group g + 1 is
+// layer g; the forward first reads them in group order and the backward finishes their gradients
+// in the reverse order (the embeddings last: the tied LM head also writes wte's gradient).
+struct ParameterGroup {
+  std::string name;
+  int64_t begin = 0, end = 0;  // elements; end is the next group's begin (or total)
+};
+
 struct ParameterLayout {
   std::vector<TensorSlot> slots;
-  int64_t total = 0;  // elements, padding included
+  std::vector<ParameterGroup> groups;  // n_layers + 2, covering [0, total) in order
+  int64_t total = 0;                   // elements, padding included
 
   const TensorSlot* find(std::string_view name) const;
   // Parameters (padding excluded), and those used as matrices in products.
@@ -95,6 +107,11 @@ void init_gpt_parameters(const GptConfig& config, const ParameterLayout& layout,
 struct MemoryOptions {
   // Keep only each layer's input during the forward and recompute the layer in the backward.
   bool checkpoint_layers = false;
+  // With checkpointing (this switches it on): copy each layer's input to host memory
+  // (Backend::allocate_host) on the back end's copy stream as the forward goes, and back in
+  // reverse layer order during the backward, one layer ahead of its use, so the back end holds
+  // two layers' inputs instead of n_layers + 1 ("cpu_checkpointing").
+  bool offload_checkpoints = false;
   // Run the MLP over tiles of this many tokens, keeping neither its [T, F] activations nor
   // gradients whole; 0 = untiled. Rounded up to a multiple of the back end's token chunk.
   int64_t mlp_tile_tokens = 0;
@@ -102,6 +119,11 @@ struct MemoryOptions {
   // logits; 0 = untiled (all logits kept from the forward to the backward). Rounded up as above.
   int64_t lm_head_tile_tokens = 0;
 };
+
+// The attention block and padded length for a model and an optional sparse config, without
+// building the index (plan_attention's rule): what the memory plan needs.
+Status attention_padding(const GptConfig& config, const SparsityConfig* sparse, int64_t* block,
+                         int64_t* padded_length);
 
 // How attention is laid out: the block-sparse index (block-causal) and the padded length.
 struct AttentionPlan {
@@ -114,8 +136,30 @@ struct AttentionPlan {
 // with padding when none does) and a lower-triangular layout. With a sparse config (the
 // "sparse_attention" section): its layout for the padded length, with the blocks above the
 // diagonal dropped (a GPT is causal; DeepSpeed's JSON builds bigbird and bslongformer
-// bidirectional).
+// bidirectional). A layout every head shares is built and stored for one head (the index's
+// shared-head form), so the index of a dense causal layout at 1M tokens and block 64 holds
+// 134M blocks, not 16 times that.
 Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out);
+
+// Called by GptModel around its use of the parameter groups (ParameterLayout::groups): the seam
+// through which an optimizer whose state lives elsewhere (host memory) overlaps its copies with
+// the model's work. Group indexes are those of ParameterLayout::groups.
+class ParameterHooks {
+ public:
+  virtual ~ParameterHooks() = default;
+  // Before the forward queues the first call that reads group g's weights (in group order).
+  virtual Status before_forward(int64_t group) = 0;
+  // After the backward has queued the last call that adds to group g's gradients (in reverse
+  // group order: head, layers n - 1 .. 0, embeddings).
+  virtual Status after_backward(int64_t group) = 0;
+};
+
+// The buffers GptModel::create allocates for these settings, as memory-ledger entries, without
+// allocating anything or building the attention index: the model's share of a memory plan.
+// compute_dtype, token_chunk and device are those of the back end the model would run on.
+Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
+                       const MemoryOptions& memory, DType compute_dtype, int64_t token_chunk,
+                       Device device, MemoryLedger* out);
 
 // What one micro-batch produced.
 struct MicroBatchResult {
@@ -123,9 +167,11 @@ struct MicroBatchResult {
   int64_t tokens = 0;
 };
 
-// A GPT on a back end: parameters and gradients in the back end's memory, the activation buffers
-// of one micro-batch, and forward_backward. The optimizer, loss scale and data live in the
-// Trainer; this class only computes losses and gradients.
+// A GPT on a back end: the weights (in the back end's compute dtype: the compute copy of the
+// optimizer's fp32 master weights, or the fp32 parameters themselves) and the fp32 gradients in
+// the back end's memory, the activation buffers of one micro-batch, and forward_backward. The
+// optimizer (master weights, m, v), loss scale and data live in the Trainer; this class only
+// computes losses and gradients.
 class GptModel {
  public:
   ~GptModel();
@@ -146,10 +192,19 @@ class GptModel {
   const MemoryLedger& ledger() const { return ledger_; }
   Backend& backend() { return *backend_; }
 
-  // The flat buffers (layout_.total floats each, back-end memory).
-  float* params() { return params_; }
+  // The flat buffers in the back end's memory: weights(), layout_.total elements of
+  // weight_dtype() (the back end's compute dtype); grads(), layout_.total floats.
+  void* weights() { return weights_; }
+  DType weight_dtype() const { return act_; }
   float* grads() { return grads_; }
   Status zero_grads();
+  // Sets the weights from fp32 host parameters (layout_.total), rounded to the compute dtype.
+  Status set_weights(const float* host_params);
+  // The weights as fp32 host values (layout_.total).
+  Status get_weights(std::vector<float>* host_params);
+
+  // Hooks called around the parameter groups' use (null: none). Not owned.
+  void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
 
   // Forward and backward of one micro-batch: inputs and targets are [batch, L] host arrays of
   // token ids. Gradients of grad_scale * sum_t loss_t are added to grads() (the trainer passes
@@ -165,12 +220,22 @@ class GptModel {
 
  private:
   GptModel() = default;
+  friend Status plan_gpt_memory(const GptConfig&, const SparsityConfig*, int64_t,
+                                const MemoryOptions&, DType, int64_t, Device, MemoryLedger*);
   struct Buffers;
-  Status plan_and_allocate();
-  Status layer_forward(int64_t layer, const float* in, float* out, bool keep, bool recompute);
-  Status layer_backward(int64_t layer);
+  // Plans every buffer into the ledger; with `allocate`, also allocates them.
+  Status plan_and_allocate(bool allocate);
+  Status layer_forward(int64_t layer, const void* in, void* out, bool keep, bool recompute);
+  Status layer_backward(int64_t layer, const void* in);
   Status run_forward(const int32_t* inputs, const int32_t* targets, bool with_grad,
                      float grad_scale, MicroBatchResult* out);
+  // Sums the losses of the micro-batch (waits for the back end).
+  Status read_losses(MicroBatchResult* out);
+  // The device buffer holding layer boundary l (the embedding's output for l = 0, then layer
+  // l - 1's output): one of two alternating buffers when checkpoints are offloaded.
+  void* boundary(int64_t l) const;
+  Status hook_forward(int64_t group);
+  Status hook_backward(int64_t group);
 
   GptConfig config_;
   ParameterLayout layout_;
@@ -178,9 +243,13 @@ class GptModel {
   MemoryOptions memory_;
   int64_t batch_ = 0;
   Backend* backend_ = nullptr;
+  DType act_ = DType::kF32;  // the back end's compute dtype
+  Device device_ = Device::kCpu;
+  int64_t token_chunk_ = 1;
   MemoryLedger ledger_;
-  float* params_ = nullptr;
+  void* weights_ = nullptr;
   float* grads_ = nullptr;
+  ParameterHooks* hooks_ = nullptr;
   std::unique_ptr<Buffers> buffers_;
 };
 

@@ -1,6 +1,7 @@
 // What happens to the accumulated gradients between the last backward and the optimizer: the
 // cross-rank reduction, fp16 overflow detection and unscaling (standard or "ds_enhanced"), and
-// the global norm. Public API of the trainer (plain C++17); host memory (the CPU path).
+// the global norm. Public API of the trainer (plain C++17): on host memory, or on a Backend's
+// memory through its elementwise calls (the GPU path).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include "sciattn/train/communicator.h"
 
 namespace sciattn::train {
+
+class Backend;
 
 // Sum of squares (in double) and finiteness of n floats. The sum is formed over fixed chunks of
 // kNormChunk elements whose partial sums are added in chunk order, so the result does not depend
@@ -47,5 +50,9 @@ struct ReducedGradients {
 // are and the norm is not computed.
 Status reduce_gradients(Communicator& comm, Fp16Scaling scaling, double loss_scale, float* grads,
                         int64_t n, ReducedGradients* out);
+// The same order of operations on gradients in `backend`'s memory: the sums of squares and the
+// unscaling run there (Backend::sum_squares, scale_in_place); the communicator gets that memory.
+Status reduce_gradients(Communicator& comm, Backend& backend, Fp16Scaling scaling,
+                        double loss_scale, float* grads, int64_t n, ReducedGradients* out);
 
 }  // namespace sciattn::train

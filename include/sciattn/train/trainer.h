@@ -1,7 +1,8 @@
 // The training loop of `sciattn train`: micro-batches with gradient accumulation, the gradient
 // path (reduction, fp16 overflow check and loss scaling, clipping), the learning-rate schedule and
-// AdamW; checkpoints that resume bit for bit; per-step reports. Public API of the trainer (plain
-// C++17).
+// AdamW, on any Backend (the CPU in fp32, or a GPU computing in bf16 / fp16 with fp32 master
+// weights), the optimizer state optionally offloaded to host memory; checkpoints that resume bit
+// for bit; per-step reports. Public API of the trainer (plain C++17).
 //
 // Checkpoint file (also the format of --dump-gradients):
 //   8 bytes  magic "SCIACKPT"
@@ -35,7 +36,16 @@ namespace sciattn::train {
 inline constexpr char kCheckpointMagic[8] = {'S', 'C', 'I', 'A', 'C', 'K', 'P', 'T'};
 
 struct TrainerOptions {
-  MemoryOptions memory;       // checkpoint_layers is also switched on by the config's section
+  // checkpoint_layers is also switched on by the config's activation_checkpointing section, and
+  // offload_checkpoints by its cpu_checkpointing.
+  MemoryOptions memory;
+  // Keep the fp32 master weights and AdamW's m and v in host memory (Backend::allocate_host) and
+  // run the CPU AdamW there: the gradients go to host memory group by group as the last
+  // micro-batch's backward finishes them, and the updated weights come back group by group
+  // before the next forward reads them, the AdamW of later groups overlapping that forward.
+  // Also switched on by the config's zero_optimization.offload_optimizer.device "cpu". Gives the
+  // same bits as the optimizer on the back end.
+  bool offload_optimizer = false;
   int threads = 0;            // CPU threads; 0 = all
   int64_t token_chunk = 256;  // rows per BLAS call (CpuBackendOptions)
   bool shuffle = true;
@@ -50,6 +60,12 @@ struct TrainerOptions {
   // as an fp16 overflow would, so the skip and loss-scale logic can be exercised on fp32.
   std::vector<int64_t> inject_overflow_steps;
 };
+
+// The optimizer's share of the memory ledger, what Trainer::create allocates beside the model's
+// buffers: the fp32 master weights (unless the weights are fp32 themselves), m and v on
+// `device`, or, offloaded, those and the gradients' and weights' host copies in host memory.
+void add_optimizer_memory(int64_t layout_total, bool offload_optimizer, DType compute_dtype,
+                          Device device, MemoryLedger* ledger);
 
 // One optimizer step, as the progress line and the JSON log show it.
 struct StepReport {
@@ -90,17 +106,32 @@ class Trainer {
   const DataLoader& data() const { return *loader_; }
   // The memory ledger: the model's buffers plus the optimizer state.
   const MemoryLedger& ledger() const { return ledger_; }
+  bool optimizer_offloaded() const { return offload_; }
+  Backend& backend() { return *backend_; }
+
+  // The fp32 master parameters (layout total floats), as host values.
+  Status master_parameters(std::vector<float>* out);
+  // Waits for an offloaded optimizer update still running on host threads (a step returns while
+  // the CPU AdamW of its later parameter groups runs on; the next forward waits for each group as
+  // it reaches it). Saving and loading checkpoints call it.
+  Status finish_update();
 
   // Writes everything a resumed run needs (atomically: a temporary file renamed into place).
-  Status save_checkpoint(const std::string& path) const;
+  Status save_checkpoint(const std::string& path);
   // Restores a checkpoint written for the same model file; the message names what differs.
   Status load_checkpoint(const std::string& path);
 
  private:
   Trainer() = default;
+  class Offload;
+  Status allocate_optimizer_state();
   Status optimizer_step(float grad_scale, double lr);
   Status dump_gradients(float pending_scale, double mean_loss, const std::vector<int32_t>& inputs,
                         const std::vector<int32_t>& targets) const;
+  // Copies between a trainer buffer of n floats (in the back end's memory, or host memory when
+  // offloaded) and the host.
+  Status state_to_host(const float* src, std::vector<float>* dst) const;
+  Status state_from_host(const std::vector<float>& src, float* dst);
 
   GptConfig model_config_;
   TrainConfig config_;
@@ -112,7 +143,14 @@ class Trainer {
   LossScaler scaler_;
   GradClipper clipper_;
   MemoryLedger ledger_;
-  std::vector<float> exp_avg_, exp_avg_sq_;
+  // The fp32 master weights and AdamW's state: in the back end's memory (master_ is the model's
+  // weights themselves when they are fp32), or in host memory with offload_.
+  bool offload_ = false;
+  bool master_is_weights_ = false;
+  float* master_ = nullptr;
+  float* exp_avg_ = nullptr;
+  float* exp_avg_sq_ = nullptr;
+  std::unique_ptr<Offload> offload_state_;
   int64_t global_step_ = 0;
   int64_t applied_steps_ = 0;
   int64_t skipped_steps_ = 0;

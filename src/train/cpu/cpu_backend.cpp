@@ -121,6 +121,67 @@ class CpuBackend final : public Backend {
   }
   Status synchronize() override { return Status::ok_status(); }
   size_t scratch_bytes() const override { return scratch_bytes_; }
+  uint64_t peak_device_bytes() const override { return 0; }
+
+  // Host memory is the back end's memory: "host" buffers are ordinary allocations and a copy is
+  // a memcpy, done on return, so the offload techniques run here with the GPU's order of calls.
+  Status allocate_host(size_t bytes, void** ptr) override { return allocate(bytes, ptr); }
+  void release_host(void* ptr) override { release(ptr); }
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                    CopyTicket* ticket) override {
+    if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+      return Status::invalid_argument("copy_async: dst and src must not be null");
+    }
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    if (ticket != nullptr) *ticket = CopyTicket{direction, 0};
+    return Status::ok_status();
+  }
+  Status wait_for_copy(const CopyTicket&) override { return Status::ok_status(); }
+  Status finish_copy(const CopyTicket&) override { return Status::ok_status(); }
+
+  Status adamw_step(const AdamWHyperparams& h, int64_t step, float grad_scale, float* params,
+                    const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    void* param_copy, DType copy_dtype) override {
+    if (param_copy == nullptr) {
+      return cpu_adamw_step(h, step, grad_scale, params, grads, exp_avg, exp_avg_sq, n);
+    }
+    return cpu_adamw_step_copy(h, step, grad_scale, params, grads, exp_avg, exp_avg_sq, n,
+                               param_copy, copy_dtype);
+  }
+  Status sum_squares(const float* data, int64_t n, SumSquares* out) override {
+    if (n < 0 || (n > 0 && data == nullptr)) {
+      return Status::invalid_argument("sum_squares: data must hold n >= 0 floats");
+    }
+    *out = train::sum_squares(data, n);
+    return Status::ok_status();
+  }
+  Status scale_in_place(float* data, int64_t n, float factor) override {
+    if (n < 0 || (n > 0 && data == nullptr)) {
+      return Status::invalid_argument("scale_in_place: data must hold n >= 0 floats");
+    }
+    train::scale_in_place(data, n, factor);
+    return Status::ok_status();
+  }
+  Status cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) override {
+    for (DType t : {src_dtype, dst_dtype}) {
+      if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
+        return Status::invalid_argument(std::string("cast: dtypes must be f32, f16 or bf16; got ") +
+                                        dtype_name(t));
+      }
+    }
+    if (n < 0 || (n > 0 && (src == nullptr || dst == nullptr))) {
+      return Status::invalid_argument("cast: src and dst must hold n >= 0 elements");
+    }
+    if (src_dtype == dst_dtype) {
+      std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(src_dtype));
+      return Status::ok_status();
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      store_from_float(dst, dst_dtype, i, load_as_float(src, src_dtype, i));
+    }
+    return Status::ok_status();
+  }
 
   Status embedding_forward(const EmbeddingParams& p) override {
     const char* call = "embedding_forward";

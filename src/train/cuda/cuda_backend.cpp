@@ -5,14 +5,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/train/cuda_backend.h"
+#include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/layers_cuda.h"
 #include "train/cuda/matmul_cublaslt.h"
 
@@ -92,10 +96,23 @@ class CudaBackendImpl final : public CudaBackend {
   ~CudaBackendImpl() override {
     DeviceGuard guard(options_.device);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (cudaStream_t s : copy_streams_) {
+      if (s != nullptr) cudaStreamSynchronize(s);
+    }
     indexes_.clear();
     cudaFree(scratch_);
     cudaFree(matmul_workspace_);
     cudaFree(bad_tokens_);
+    cudaFree(norm_workspace_);
+    for (auto& pool : copy_events_) {
+      for (cudaEvent_t e : pool) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    }
+    if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+    for (cudaStream_t s : copy_streams_) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
     if (own_stream_ && stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -114,6 +131,21 @@ class CudaBackendImpl final : public CudaBackend {
                               "allocating cuBLASLt's workspace"));
     SCIATTN_TRY(device_status(cudaMalloc(&bad_tokens_, kTokenChecks * sizeof(unsigned long long)),
                               "allocating the token check"));
+    count_device_bytes(options_.matmul_workspace_bytes + kTokenChecks * sizeof(unsigned long long));
+    // The copy streams (one per direction, so that offloading and prefetching run at once on the
+    // two copy engines) and their events.
+    for (cudaStream_t& s : copy_streams_) {
+      SCIATTN_TRY(device_status(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                                "creating a copy stream"));
+    }
+    SCIATTN_TRY(device_status(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming),
+                              "creating an event"));
+    for (auto& pool : copy_events_) {
+      for (cudaEvent_t& e : pool) {
+        SCIATTN_TRY(device_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                  "creating an event"));
+      }
+    }
     SCIATTN_TRY(reset_token_checks());
     SCIATTN_TRY(device_status(cudaStreamSynchronize(stream_), "initialising the back end"));
     cudaDeviceProp prop{};
@@ -157,14 +189,24 @@ class CudaBackendImpl final : public CudaBackend {
     if (!s.ok()) {
       cudaFree(*ptr);
       *ptr = nullptr;
+      return s;
     }
+    allocations_[*ptr] = rounded;
+    count_device_bytes(rounded);
     return s;
   }
   void release(void* ptr) override {
     if (ptr == nullptr) return;
     DeviceGuard guard(options_.device);
-    cudaStreamSynchronize(stream_);  // queued work may still use it
+    // Queued work may still use it, a copy included.
+    cudaStreamSynchronize(stream_);
+    for (cudaStream_t s : copy_streams_) cudaStreamSynchronize(s);
     cudaFree(ptr);
+    auto it = allocations_.find(ptr);
+    if (it != allocations_.end()) {
+      device_bytes_ -= it->second;
+      allocations_.erase(it);
+    }
   }
   Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     DeviceGuard guard(options_.device);
@@ -198,6 +240,115 @@ class CudaBackendImpl final : public CudaBackend {
     return check_tokens_reported();
   }
   size_t scratch_bytes() const override { return scratch_bytes_ + options_.matmul_workspace_bytes; }
+  uint64_t peak_device_bytes() const override { return peak_device_bytes_; }
+
+  // ---- host memory and the copy streams ----
+
+  Status allocate_host(size_t bytes, void** ptr) override {
+    *ptr = nullptr;
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    const size_t rounded = align_up(std::max<size_t>(bytes, 1));
+    const cudaError_t e = cudaHostAlloc(ptr, rounded, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      *ptr = nullptr;
+      return Status(StatusCode::kDeviceError,
+                    "cannot allocate " + std::to_string(bytes) +
+                        " bytes of page-locked host memory: " + cudaGetErrorString(e));
+    }
+    zero_host(*ptr, rounded);
+    return Status::ok_status();
+  }
+  void release_host(void* ptr) override {
+    if (ptr == nullptr) return;
+    DeviceGuard guard(options_.device);
+    for (cudaStream_t s : copy_streams_) cudaStreamSynchronize(s);
+    cudaFreeHost(ptr);
+  }
+
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyDirection direction,
+                    CopyTicket* ticket) override {
+    const char* call = "copy_async";
+    if (ticket != nullptr) *ticket = CopyTicket{direction, 0};
+    if (bytes == 0) return Status::ok_status();
+    if (dst == nullptr || src == nullptr) {
+      return Status::invalid_argument("copy_async: dst and src must not be null");
+    }
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    const int d = direction == CopyDirection::kToHost ? 0 : 1;
+    cudaStream_t copy = copy_streams_[d];
+    // After everything queued on the compute stream so far.
+    SCIATTN_TRY(device_status(cudaEventRecord(compute_done_, stream_), call));
+    SCIATTN_TRY(device_status(cudaStreamWaitEvent(copy, compute_done_, 0), call));
+    SCIATTN_TRY(device_status(
+        cudaMemcpyAsync(dst, src, bytes, d == 0 ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice,
+                        copy),
+        call));
+    const uint64_t id = ++copy_ids_[d];
+    const size_t slot = static_cast<size_t>(id % kCopyEvents);
+    SCIATTN_TRY(device_status(cudaEventRecord(copy_events_[d][slot], copy), call));
+    copy_event_ids_[d][slot] = id;
+    if (ticket != nullptr) ticket->id = id;
+    return Status::ok_status();
+  }
+  Status wait_for_copy(const CopyTicket& ticket) override {
+    cudaEvent_t e = nullptr;
+    SCIATTN_TRY(ticket_event("wait_for_copy", ticket, &e));
+    if (e == nullptr) return Status::ok_status();
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    return device_status(cudaStreamWaitEvent(stream_, e, 0), "wait_for_copy");
+  }
+  Status finish_copy(const CopyTicket& ticket) override {
+    cudaEvent_t e = nullptr;
+    SCIATTN_TRY(ticket_event("finish_copy", ticket, &e));
+    if (e == nullptr) return Status::ok_status();
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    return device_status(cudaEventSynchronize(e), "finish_copy");
+  }
+
+  // ---- the optimizer step's elementwise work (cuda_optimizer.h, on the back end's stream) ----
+
+  Status adamw_step(const AdamWHyperparams& h, int64_t step, float grad_scale, float* params,
+                    const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                    void* param_copy, DType copy_dtype) override {
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    return cuda_adamw_step(h, step, grad_scale, params, grads, exp_avg, exp_avg_sq, n, param_copy,
+                           copy_dtype, Stream{stream_});
+  }
+  Status sum_squares(const float* data, int64_t n, SumSquares* out) override {
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    const size_t ws = cuda_sum_squares_workspace(n);
+    if (ws > norm_workspace_bytes_) {
+      SCIATTN_TRY(device_status(cudaStreamSynchronize(stream_), "sum_squares"));
+      cudaFree(norm_workspace_);
+      device_bytes_ -= norm_workspace_bytes_;
+      norm_workspace_ = nullptr;
+      norm_workspace_bytes_ = 0;
+      SCIATTN_TRY(
+          device_status(cudaMalloc(&norm_workspace_, ws), "allocating the norm's workspace"));
+      norm_workspace_bytes_ = ws;
+      count_device_bytes(ws);
+    }
+    SCIATTN_TRY(
+        cuda_sum_squares(data, n, norm_workspace_, norm_workspace_bytes_, Stream{stream_}, out));
+    return check_tokens_reported();
+  }
+  Status scale_in_place(float* data, int64_t n, float factor) override {
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    return cuda_scale_in_place(data, n, factor, Stream{stream_});
+  }
+  Status cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) override {
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    return cuda_cast(src, src_dtype, dst, dst_dtype, n, Stream{stream_});
+  }
 
   // ---- layers ----
 
@@ -821,6 +972,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (bytes <= scratch_bytes_) return Status::ok_status();
     SCIATTN_TRY(device_status(cudaStreamSynchronize(stream_), "growing the scratch"));
     cudaFree(scratch_);
+    device_bytes_ -= scratch_bytes_;
     scratch_ = nullptr;
     scratch_bytes_ = 0;
     const size_t rounded = align_up(bytes);
@@ -832,6 +984,48 @@ class CudaBackendImpl final : public CudaBackend {
                                                   " bytes of scratch: " + cudaGetErrorString(e));
     }
     scratch_bytes_ = rounded;
+    count_device_bytes(rounded);
+    return Status::ok_status();
+  }
+
+  // Device bytes now held, and the peak.
+  void count_device_bytes(size_t added) {
+    device_bytes_ += added;
+    peak_device_bytes_ = std::max(peak_device_bytes_, device_bytes_);
+  }
+
+  // Zeroes page-locked memory; large buffers (checkpoints of long sequences: tens of GiB) with a
+  // few threads, since one thread writes about 10 GB/s.
+  static void zero_host(void* ptr, size_t bytes) {
+    constexpr size_t kPerThread = size_t{1} << 30;
+    const size_t threads = std::min<size_t>(
+        std::max<size_t>(1, std::thread::hardware_concurrency()), bytes / kPerThread + 1);
+    if (threads <= 1) {
+      std::memset(ptr, 0, bytes);
+      return;
+    }
+    const size_t part = (bytes + threads - 1) / threads;
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t) {
+      const size_t begin = t * part, end = std::min(bytes, begin + part);
+      if (begin >= end) break;
+      pool.emplace_back([=] { std::memset(static_cast<std::byte*>(ptr) + begin, 0, end - begin); });
+    }
+    for (std::thread& t : pool) t.join();
+  }
+
+  // The event of a ticket: null for "no copy"; a later copy's event when the ticket's slot has
+  // been reused (copies of one direction finish in order, so that one finishing implies it).
+  Status ticket_event(const char* call, const CopyTicket& ticket, cudaEvent_t* out) const {
+    *out = nullptr;
+    if (ticket.id == 0) return Status::ok_status();
+    const int d = ticket.direction == CopyDirection::kToHost ? 0 : 1;
+    const size_t slot = static_cast<size_t>(ticket.id % kCopyEvents);
+    if (ticket.id > copy_ids_[d] || copy_event_ids_[d][slot] < ticket.id) {
+      return Status::invalid_argument(std::string(call) + ": ticket " + std::to_string(ticket.id) +
+                                      " was not issued here");
+    }
+    *out = copy_events_[d][slot];
     return Status::ok_status();
   }
 
@@ -870,6 +1064,17 @@ class CudaBackendImpl final : public CudaBackend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   unsigned long long* bad_tokens_ = nullptr;  // [kTokenChecks] device
+  void* norm_workspace_ = nullptr;
+  size_t norm_workspace_bytes_ = 0;
+  std::map<void*, size_t> allocations_;  // allocate()'s, for the byte count
+  uint64_t device_bytes_ = 0, peak_device_bytes_ = 0;
+  // Copy streams and events, [0] device to host, [1] host to device.
+  static constexpr uint64_t kCopyEvents = 256;
+  std::array<cudaStream_t, 2> copy_streams_{};
+  cudaEvent_t compute_done_ = nullptr;
+  std::array<std::array<cudaEvent_t, kCopyEvents>, 2> copy_events_{};
+  std::array<std::array<uint64_t, kCopyEvents>, 2> copy_event_ids_{};
+  std::array<uint64_t, 2> copy_ids_{};
   int64_t token_vocab_[kTokenChecks] = {};
   std::map<const BlockSparseIndex*, std::unique_ptr<UploadedIndex>> indexes_;
 };
