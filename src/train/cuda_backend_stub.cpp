@@ -26,6 +26,12 @@ Status make_cuda_backend(const CudaBackendOptions&, std::unique_ptr<Backend>* ou
   return no_cuda("make_cuda_backend");
 }
 
+Status cuda_device_memory(int, uint64_t* free_bytes, uint64_t* total_bytes) {
+  if (free_bytes != nullptr) *free_bytes = 0;
+  if (total_bytes != nullptr) *total_bytes = 0;
+  return no_cuda("cuda_device_memory");
+}
+
 Status cuda_adamw_step(const AdamWHyperparams&, int64_t, float, float*, const float*, float*,
                        float*, int64_t, void*, DType, Stream) {
   return no_cuda("cuda_adamw_step");

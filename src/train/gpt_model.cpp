@@ -185,6 +185,7 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   m->token_chunk_ = backend->token_chunk();
   m->layout_ = gpt_parameter_layout(config);
   SCIATTN_TRY(plan_attention(config, sparse, &m->attention_));
+  SCIATTN_TRY(backend->prepare_index(&m->attention_.index));
   SCIATTN_TRY(m->plan_and_allocate(true));
   *out = std::move(m);
   return Status::ok_status();

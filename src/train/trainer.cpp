@@ -538,6 +538,7 @@ Status Trainer::step(StepReport* report) {
   report->optimizer_seconds = seconds_since(t1);
   report->seconds = seconds_since(t0);
   report->peak_rss_bytes = peak_resident_bytes();
+  report->peak_device_bytes = backend_->peak_device_bytes();
   return Status::ok_status();
 }
 

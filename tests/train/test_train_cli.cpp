@@ -1,6 +1,8 @@
 // `sciattn train` and `sciattn data` run as a user would: the demo's loss falls; a run from a
-// text file writes its log, plot and checkpoint and resumes; bad input gets a message naming what
-// the user wrote and a non-zero exit. Test layer (cpu).
+// text file writes its log, plot and checkpoint and resumes; the offload flags give the same
+// losses; --plan prints the memory arithmetic; bad input gets a message naming what the user wrote
+// and a non-zero exit. These runs name --device cpu (the default is cuda on a GPU machine). Test
+// layer (cpu).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -60,7 +62,7 @@ struct Files {
 };
 
 TEST(TrainCli, DemoLossFalls) {
-  const Result r = run("train --demo --threads 2");
+  const Result r = run("train --demo --threads 2 --device cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_contains(r, "loss fell from");
   expect_contains(r, "step 60/60");
@@ -73,8 +75,9 @@ TEST(TrainCli, TextRunLogsPlotsSavesAndResumes) {
   expect_contains(r, "60 documents");
   expect_contains(r, "documents shuffled with seed 3");
   const std::string log = dir() + "run.jsonl", plot = dir() + "loss.png", ckpt = dir() + "run.ckpt";
-  const std::string base = "train --config " + f.config + " --model " + f.model + " --data " +
-                           f.tokens + " --lr 1e-3 --token-chunk 8 --lm-head-tile-tokens 16 ";
+  const std::string base = "train --device cpu --config " + f.config + " --model " + f.model +
+                           " --data " + f.tokens +
+                           " --lr 1e-3 --token-chunk 8 --lm-head-tile-tokens 16 ";
   r = run(base + "--steps 3 --save " + ckpt + " --log " + log + " --plot " + plot +
           " --memory --inject-overflow 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -103,6 +106,57 @@ TEST(TrainCli, TextRunLogsPlotsSavesAndResumes) {
   expect_contains(r, "step 4/5");
   expect_contains(r, "step 5/5");
   EXPECT_EQ(r.output.find("step 3/5"), std::string::npos) << r.output;
+}
+
+// The offloads on the CPU path run the GPU's order of copies and the host AdamW; the losses of
+// every step equal the plain run's exactly.
+TEST(TrainCli, OffloadFlagsGiveTheSameLosses) {
+  Files f;
+  ASSERT_EQ(run("data --text " + f.text + " --lines --out " + f.tokens).exit_code, 0);
+  const std::string base = "train --device cpu --config " + f.config + " --model " + f.model +
+                           " --data " + f.tokens + " --lr 1e-3 --token-chunk 8 --steps 4 --log ";
+  const std::string plain = dir() + "plain.jsonl", offloaded = dir() + "offloaded.jsonl";
+  Result r = run(base + plain);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run(base + offloaded + " --offload-checkpoints --offload-optimizer --memory");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "checkpointing on, offloaded to host memory");
+  expect_contains(r, "optimizer offloaded (CPU AdamW");
+  expect_contains(r, "offloaded checkpoints (layer inputs 0 .. L-2)");
+  std::ifstream a(plain), b(offloaded);
+  std::string la, lb;
+  int steps = 0;
+  while (std::getline(a, la) && std::getline(b, lb)) {
+    const nlohmann::json ja = nlohmann::json::parse(la), jb = nlohmann::json::parse(lb);
+    EXPECT_EQ(ja["loss"], jb["loss"]) << "step " << ja["step"];
+    EXPECT_EQ(ja["grad_norm"], jb["grad_norm"]) << "step " << ja["step"];
+    ++steps;
+  }
+  EXPECT_EQ(steps, 4);
+}
+
+TEST(TrainCli, PlanPrintsTheArithmeticAndTheLongestSequence) {
+  Files f;
+  const Result r = run("train --plan --device cuda --config " + f.config + " --model " + f.model +
+                       " --lr 1e-3 --steps 10 --device-memory-gib 0.25 --host-memory-gib 0.5 "
+                       "--plan-max-tokens 1048576 "
+                       "--plan-granularity 64 --mlp-tile-tokens 4096 --lm-head-tile-tokens 4096");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "memory plan: GPT");
+  expect_contains(r, "24 tokens x micro-batch 2, f16 on cuda");
+  expect_contains(r, "back end: cuBLASLt workspace");
+  expect_contains(r, "): fits");
+  expect_contains(r, "the longest sequence per technique");
+  expect_contains(r, "+ checkpoint offload + optimizer offload");
+}
+
+TEST(TrainCli, CudaWithoutAGpuSaysSoAtOnce) {
+  Files f;
+  const Result r = run("train --device cuda --demo --steps 1");
+  if (r.exit_code == 0) GTEST_SKIP() << "this machine trains on a GPU";
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "--device cuda: ");
+  EXPECT_EQ(r.output.find("step 1"), std::string::npos) << r.output;
 }
 
 TEST(TrainCli, FastaBecomesCodons) {

@@ -229,6 +229,10 @@ class Backend {
   virtual Status gelu_forward(const GeluParams& p) = 0;
   virtual Status gelu_backward(const GeluBackwardParams& p) = 0;
   virtual Status rotary(const RotaryParams& p) = 0;
+  // Makes `index` readable by this back end's attention once, before the first attention call
+  // (CUDA: uploads it to the device, upload_block_sparse_index; the CPU: nothing), so that the
+  // back end need not keep a copy of its own.
+  virtual Status prepare_index(BlockSparseIndex* index) = 0;
   virtual Status attention_forward(const AttentionParams& p) = 0;
   virtual Status attention_backward(const AttentionBackwardParams& p) = 0;
   virtual Status add(const AddParams& p) = 0;

@@ -59,6 +59,10 @@ class CudaBackend : public Backend {
 // compute_dtype or a token_chunk that is not a positive multiple of 8, and kDeviceError when the
 // CUDA runtime or cuBLASLt fails.
 Status make_cuda_backend(const CudaBackendOptions& options, std::unique_ptr<CudaBackend>* out);
+
+// The free and total memory of CUDA device `device` (cudaMemGetInfo); kNotSupported without CUDA
+// or without that device.
+Status cuda_device_memory(int device, uint64_t* free_bytes, uint64_t* total_bytes);
 Status make_cuda_backend(const CudaBackendOptions& options, std::unique_ptr<Backend>* out);
 
 }  // namespace sciattn::train

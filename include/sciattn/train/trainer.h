@@ -84,6 +84,7 @@ struct StepReport {
   double optimizer_seconds = 0.0;
   double flops = 0.0;  // model FLOPs of the step (no recomputation counted)
   uint64_t peak_rss_bytes = 0;
+  uint64_t peak_device_bytes = 0;  // the back end's (0 on the CPU)
 };
 
 class Trainer {

@@ -303,6 +303,11 @@ class CpuBackend final : public Backend {
     return Status::ok_status();
   }
 
+  Status prepare_index(BlockSparseIndex* index) override {
+    if (index == nullptr) return Status::invalid_argument("prepare_index: index is null");
+    return Status::ok_status();
+  }
+
   Status attention_forward(const AttentionParams& p) override {
     Shape s;
     SCIATTN_TRY(attention_shape("attention_forward", p.index, p.qkv, p.out, p.lse, &s));

@@ -552,6 +552,16 @@ class CudaBackendImpl final : public CudaBackend {
                                        p.inverse, stream_));
   }
 
+  Status prepare_index(BlockSparseIndex* index) override {
+    if (index == nullptr) return Status::invalid_argument("prepare_index: index is null");
+    if (index->device != nullptr) return Status::ok_status();
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    Status s = upload_block_sparse_index(index, options_.device);
+    if (!s.ok()) return Status(s.code(), "prepare_index: uploading the index: " + s.message());
+    return Status::ok_status();
+  }
+
   Status attention_forward(const AttentionParams& p) override {
     const char* call = "attention_forward";
     Shape s;
@@ -1108,6 +1118,23 @@ Status make_cuda_backend(const CudaBackendOptions& options, std::unique_ptr<Cuda
   auto backend = std::make_unique<CudaBackendImpl>(options);
   SCIATTN_TRY(backend->init());
   *out = std::move(backend);
+  return Status::ok_status();
+}
+
+Status cuda_device_memory(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  *free_bytes = 0;
+  *total_bytes = 0;
+  const int devices = cuda_device_count();
+  if (device < 0 || device >= devices) {
+    return Status::not_supported("no CUDA device " + std::to_string(device) +
+                                 " (this machine has " + std::to_string(devices) + ")");
+  }
+  DeviceGuard guard(device);
+  SCIATTN_TRY(guard.status());
+  size_t free = 0, total = 0;
+  SCIATTN_TRY(device_status(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
+  *free_bytes = free;
+  *total_bytes = total;
   return Status::ok_status();
 }
 

@@ -1,0 +1,79 @@
+// Memory planning for long sequences: what the trainer allocates for a model, a DeepSpeed config
+// and a set of memory techniques, where (the device or host memory) and in which phases, checked
+// against a device and a host budget; and the longest sequence that fits. Public API of the
+// trainer (plain C++17); `sciattn train --plan` prints it.
+//
+// The plan is the model's own buffer plan (plan_gpt_memory: exactly what GptModel::create
+// allocates) and the optimizer's (add_optimizer_memory: what Trainer::create allocates), plus
+// estimates of what the back end holds beside them, category "back end":
+//   - its scratch, grown to the largest call's need: the attention backward's dq, dk, dv
+//     (3 B Lp C elements of the compute dtype) and, when the length is padded to the block, the
+//     padded copies of qkv, out and dout (5 B Lp C); the embedding backward's sort (24 bytes per
+//     token); cuBLASLt's workspace (32 MiB) on CUDA;
+//   - the attention index: 40 bytes per stored block in host memory (BlockSparseIndex's arrays),
+//     and on CUDA 36 bytes per stored block on the device (its packed upload, measured: 9.0 int32
+//     per block for dense causal layouts of block 64). Dense causal stores n (n + 1) / 2 blocks
+//     for n = Lp / block; a sparse layout's blocks are counted by building its index.
+// What it leaves out: the CUDA context and cuBLASLt's handle (about 0.5-1 GiB, which the default
+// budget reserves), the sparse attention op's workspace for split lines (fp32 partials: none for
+// dense causal, whose lines are never split), and the memory allocator's rounding.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sciattn/block_sparse.h"
+#include "sciattn/device.h"
+#include "sciattn/dtype.h"
+#include "sciattn/status.h"
+#include "sciattn/train/gpt.h"
+#include "sciattn/train/memory_ledger.h"
+
+namespace sciattn::train {
+
+struct PlanInput {
+  GptConfig model;                       // its sequence_length is the length planned
+  std::optional<SparsityConfig> sparse;  // the config's sparse_attention section, if any
+  int64_t micro_batch = 1;
+  MemoryOptions memory;
+  bool offload_optimizer = false;
+  DType compute_dtype = DType::kBF16;
+  int64_t token_chunk = 4096;
+  Device device = Device::kCuda;
+};
+
+struct MemoryPlan {
+  MemoryLedger ledger;        // every buffer, the back end's estimates included
+  uint64_t device_bytes = 0;  // on input.device (0 when that is the CPU: all is host memory)
+  uint64_t host_bytes = 0;    // host memory (everything, on the CPU)
+};
+
+// Plans `input`. Fails, naming the field, when the model or the settings are invalid.
+Status plan_training_memory(const PlanInput& input, MemoryPlan* out);
+
+// Whether a plan fits: device_bytes <= device_budget and host_bytes <= host_budget.
+bool plan_fits(const MemoryPlan& plan, uint64_t device_budget, uint64_t host_budget);
+
+// The longest sequence_length, a multiple of `granularity` in [granularity, max_length], whose
+// plan fits both budgets (learned position tables grow with it); 0 when even `granularity` does
+// not. Plans grow with the length, so this is a bisection (about 20 plans).
+Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
+                        int64_t granularity, int64_t max_length, int64_t* out);
+
+// The table `sciattn train --plan` prints: for each technique switched on in turn (none;
+// per-layer checkpointing; + MLP and LM-head tiles; + checkpoint offload; + optimizer offload;
+// and checkpoint offload without optimizer offload's), the longest sequence that fits and the
+// device and host bytes there. `input` gives the model, config, dtype and tile sizes (a tile
+// size of 0 becomes 16,384 tokens for the tiled rows).
+struct PlanRow {
+  std::string techniques;
+  PlanInput input;
+  int64_t longest = 0;
+  MemoryPlan plan;  // at `longest` (empty when 0)
+};
+Status plan_techniques(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
+                       int64_t granularity, int64_t max_length, std::vector<PlanRow>* rows);
+
+}  // namespace sciattn::train

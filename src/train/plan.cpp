@@ -1,0 +1,184 @@
+// Memory planning for long sequences (plan.h): the model's and the optimizer's buffer plans plus
+// the back end's estimated scratch and attention index, and the longest sequence that fits.
+// Trainer layer (host code).
+#include "sciattn/train/plan.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "sciattn/block_sparse_ops.h"
+#include "sciattn/train/trainer.h"
+
+namespace sciattn::train {
+namespace {
+
+#define SCIATTN_TRY(expr)              \
+  do {                                 \
+    Status status_ = (expr);           \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+// Bytes per stored block of the attention index: BlockSparseIndex's five int64 arrays (head,
+// row, col, col_rows, col_blocks) on the host, and the packed int32 upload on a GPU (measured
+// 9.0 int32 per block for dense causal layouts of block 64 at 65,536 and 262,144 tokens).
+constexpr uint64_t kIndexHostBytesPerBlock = 40;
+constexpr uint64_t kIndexDeviceBytesPerBlock = 36;
+// The embedding backward's sort on CUDA: keys and positions in and out (16 bytes per token) and
+// CUB's radix-sort temporaries (about as much again, rounded up).
+constexpr uint64_t kEmbeddingSortBytesPerToken = 24;
+constexpr uint64_t kMatmulWorkspaceBytes = uint64_t{32} << 20;
+constexpr int64_t kDefaultTileTokens = 16384;
+
+uint64_t align64(uint64_t x) {
+  return (x + 63) / 64 * 64;
+}
+
+// Stored blocks of the causal attention index (one head's lists when the heads share a layout).
+Status stored_blocks(const PlanInput& in, int64_t block, int64_t padded, uint64_t* out) {
+  const auto n = static_cast<uint64_t>(padded / block);
+  if (!in.sparse) {
+    *out = n * (n + 1) / 2;
+    return Status::ok_status();
+  }
+  SparsityConfig config = *in.sparse;
+  sparsity_common(config).num_heads = in.model.n_heads;
+  BlockSparseIndex index;
+  Status s = build_sparse_attention_index(config, padded, padded, &index);
+  if (!s.ok()) {
+    return Status::invalid_argument("sparse_attention: no layout for sequence_length " +
+                                    std::to_string(in.model.sequence_length) + ": " + s.message());
+  }
+  uint64_t causal = 0;
+  for (int64_t p = 0; p < index.stored_nnz(); ++p) {
+    causal += index.row[static_cast<size_t>(p)] >= index.col[static_cast<size_t>(p)] ? 1 : 0;
+  }
+  *out = causal;
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
+  if (in.compute_dtype != DType::kF32 && in.compute_dtype != DType::kBF16 &&
+      in.compute_dtype != DType::kF16) {
+    return Status::invalid_argument(std::string("compute_dtype must be f32, bf16 or f16; got ") +
+                                    dtype_name(in.compute_dtype));
+  }
+  MemoryPlan plan;
+  const SparsityConfig* sparse = in.sparse ? &*in.sparse : nullptr;
+  SCIATTN_TRY(plan_gpt_memory(in.model, sparse, in.micro_batch, in.memory, in.compute_dtype,
+                              in.token_chunk, in.device, &plan.ledger));
+  const ParameterLayout layout = gpt_parameter_layout(in.model);
+  add_optimizer_memory(layout.total, in.offload_optimizer, in.compute_dtype, in.device,
+                       &plan.ledger);
+
+  // The back end's scratch: the largest of its calls' needs.
+  int64_t block = 0, padded = 0;
+  SCIATTN_TRY(attention_padding(in.model, sparse, &block, &padded));
+  const auto es = static_cast<uint64_t>(dtype_size(in.compute_dtype));
+  const auto B = static_cast<uint64_t>(in.micro_batch);
+  const auto C = static_cast<uint64_t>(in.model.d_model);
+  const uint64_t n1 = align64(B * static_cast<uint64_t>(padded) * C * es);
+  const bool is_padded = padded != in.model.sequence_length;
+  const uint64_t attention = (is_padded ? 5 * n1 : 0) + 3 * n1;
+  const uint64_t tokens = B * static_cast<uint64_t>(in.model.sequence_length);
+  const uint64_t embedding = in.device == Device::kCuda ? kEmbeddingSortBytesPerToken * tokens : 0;
+  plan.ledger.add(std::string("back end: scratch (attention dq, dk, dv") +
+                      (is_padded ? " and padded copies" : "") + ")",
+                  "back end", in.device, std::max(attention, embedding),
+                  kPhaseForward | kPhaseBackward);
+  if (in.device == Device::kCuda) {
+    plan.ledger.add("back end: cuBLASLt workspace", "back end", in.device, kMatmulWorkspaceBytes,
+                    kPhaseAll);
+  }
+  uint64_t blocks = 0;
+  SCIATTN_TRY(stored_blocks(in, block, padded, &blocks));
+  plan.ledger.add("attention index (" + std::to_string(blocks) + " stored blocks)", "back end",
+                  Device::kCpu, kIndexHostBytesPerBlock * blocks, kPhaseAll);
+  if (in.device == Device::kCuda) {
+    plan.ledger.add("attention index, device copy", "back end", in.device,
+                    kIndexDeviceBytesPerBlock * blocks, kPhaseForward | kPhaseBackward);
+  }
+  plan.host_bytes = plan.ledger.total(Device::kCpu);
+  plan.device_bytes = in.device == Device::kCpu ? 0 : plan.ledger.total(in.device);
+  *out = std::move(plan);
+  return Status::ok_status();
+}
+
+bool plan_fits(const MemoryPlan& plan, uint64_t device_budget, uint64_t host_budget) {
+  return plan.device_bytes <= device_budget && plan.host_bytes <= host_budget;
+}
+
+Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
+                        int64_t granularity, int64_t max_length, int64_t* out) {
+  if (granularity < 1 || max_length < granularity) {
+    return Status::invalid_argument("longest_sequence: need 1 <= granularity <= max_length; got " +
+                                    std::to_string(granularity) + " and " +
+                                    std::to_string(max_length));
+  }
+  auto fits = [&](int64_t units, bool* result) -> Status {
+    PlanInput in = input;
+    in.model.sequence_length = units * granularity;
+    if (in.model.positions == PositionEncoding::kLearned) {
+      in.model.max_position_embeddings = in.model.sequence_length;
+    }
+    MemoryPlan plan;
+    SCIATTN_TRY(plan_training_memory(in, &plan));
+    *result = plan_fits(plan, device_budget, host_budget);
+    return Status::ok_status();
+  };
+  // Invariant: lo units fit (or lo = 0), hi units do not (or hi = the maximum + 1).
+  int64_t lo = 0, hi = max_length / granularity + 1;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    bool ok = false;
+    SCIATTN_TRY(fits(mid, &ok));
+    (ok ? lo : hi) = mid;
+  }
+  *out = lo * granularity;
+  return Status::ok_status();
+}
+
+Status plan_techniques(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
+                       int64_t granularity, int64_t max_length, std::vector<PlanRow>* rows) {
+  rows->clear();
+  PlanInput base = input;
+  base.memory = MemoryOptions{};
+  base.offload_optimizer = false;
+  const int64_t mlp =
+      input.memory.mlp_tile_tokens > 0 ? input.memory.mlp_tile_tokens : kDefaultTileTokens;
+  const int64_t lm =
+      input.memory.lm_head_tile_tokens > 0 ? input.memory.lm_head_tile_tokens : kDefaultTileTokens;
+  auto row = [&](std::string name, bool ckpt, bool tiles, bool offload_ckpt, bool offload_opt) {
+    PlanRow r;
+    r.techniques = std::move(name);
+    r.input = base;
+    r.input.memory.checkpoint_layers = ckpt;
+    r.input.memory.mlp_tile_tokens = tiles ? mlp : 0;
+    r.input.memory.lm_head_tile_tokens = tiles ? lm : 0;
+    r.input.memory.offload_checkpoints = offload_ckpt;
+    r.input.offload_optimizer = offload_opt;
+    rows->push_back(std::move(r));
+  };
+  row("none", false, false, false, false);
+  row("per-layer checkpointing", true, false, false, false);
+  row("+ MLP and LM-head tiles", true, true, false, false);
+  row("+ optimizer offload", true, true, false, true);
+  row("+ checkpoint offload (optimizer on the device)", true, true, true, false);
+  row("+ checkpoint offload + optimizer offload", true, true, true, true);
+  for (PlanRow& r : *rows) {
+    SCIATTN_TRY(
+        longest_sequence(r.input, device_budget, host_budget, granularity, max_length, &r.longest));
+    if (r.longest > 0) {
+      r.input.model.sequence_length = r.longest;
+      if (r.input.model.positions == PositionEncoding::kLearned) {
+        r.input.model.max_position_embeddings = r.longest;
+      }
+      SCIATTN_TRY(plan_training_memory(r.input, &r.plan));
+    }
+  }
+  return Status::ok_status();
+}
+
+}  // namespace sciattn::train
