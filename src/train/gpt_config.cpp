@@ -250,12 +250,17 @@ ParameterLayout gpt_parameter_layout(const GptConfig& c) {
 }
 
 void init_gpt_parameters(const GptConfig& c, const ParameterLayout& layout, float* params) {
-  Rng rng(c.seed);
   const double residual_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
-  for (int64_t i = 0; i < layout.total; ++i) params[i] = 0.0f;
+  const int64_t total = layout.total;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < total; ++i) params[i] = 0.0f;
+  // Slot k draws element i as normal_at(key_k, i): the values depend on the seed, the slot's
+  // position in the layout and the element only, so the slots fill in parallel.
+  Rng keys(c.seed);
   for (const TensorSlot& s : layout.slots) {
     float* p = params + s.offset;
     const std::string& n = s.name;
+    const uint64_t key = keys.next_u64();
     auto ends_with = [&n](const char* suffix) {
       const std::string x(suffix);
       return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
@@ -264,7 +269,11 @@ void init_gpt_parameters(const GptConfig& c, const ParameterLayout& layout, floa
       for (int64_t i = 0; i < s.numel; ++i) p[i] = 1.0f;
     } else if (s.shape.size() == 2) {
       const double std = ends_with("proj_w") ? residual_std : c.init_std;
-      for (int64_t i = 0; i < s.numel; ++i) p[i] = static_cast<float>(std * rng.normal());
+      const int64_t numel = s.numel;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < numel; ++i) {
+        p[i] = static_cast<float>(std * normal_at(key, static_cast<uint64_t>(i)));
+      }
     }
     // Biases stay 0.
   }

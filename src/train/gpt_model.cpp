@@ -162,7 +162,7 @@ GptModel::~GptModel() {
 
 Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
                         const MemoryOptions& memory, Backend* backend,
-                        std::unique_ptr<GptModel>* out) {
+                        std::unique_ptr<GptModel>* out, const float* initial_params) {
   SCIATTN_TRY(validate_gpt_config(config));
   if (batch < 1) {
     return Status::invalid_argument(
@@ -186,7 +186,7 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   m->layout_ = gpt_parameter_layout(config);
   SCIATTN_TRY(plan_attention(config, sparse, &m->attention_));
   SCIATTN_TRY(backend->prepare_index(&m->attention_.index));
-  SCIATTN_TRY(m->plan_and_allocate(true));
+  SCIATTN_TRY(m->plan_and_allocate(true, initial_params));
   *out = std::move(m);
   return Status::ok_status();
 }
@@ -215,7 +215,7 @@ Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, in
   return Status::ok_status();
 }
 
-Status GptModel::plan_and_allocate(bool allocate) {
+Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
   buffers_ = std::make_unique<Buffers>();
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
@@ -272,9 +272,13 @@ Status GptModel::plan_and_allocate(bool allocate) {
   if (allocate) {
     SCIATTN_TRY(backend_->allocate(weight_bytes, &weights_));
     SCIATTN_TRY(backend_->allocate(grad_bytes, reinterpret_cast<void**>(&grads_)));
-    std::vector<float> host(static_cast<size_t>(layout_.total));
-    init_gpt_parameters(c, layout_, host.data());
-    SCIATTN_TRY(set_weights(host.data()));
+    if (initial_params != nullptr) {
+      SCIATTN_TRY(set_weights(initial_params));
+    } else {
+      std::vector<float> host(static_cast<size_t>(layout_.total));
+      init_gpt_parameters(c, layout_, host.data());
+      SCIATTN_TRY(set_weights(host.data()));
+    }
   }
 
   // Tokens.

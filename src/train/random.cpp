@@ -53,4 +53,16 @@ double Rng::normal() {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
 }
 
+double normal_at(uint64_t key, uint64_t index) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  uint64_t x1 = key + 2 * index, x2 = key + 2 * index + 1;
+  // splitmix64 advances its state by the golden-ratio increment before finalising; starting
+  // one increment back makes these the draws of a splitmix64 stream positioned at the counter.
+  x1 -= 0x9e3779b97f4a7c15ULL;
+  x2 -= 0x9e3779b97f4a7c15ULL;
+  const double u1 = 1.0 - static_cast<double>(splitmix64(&x1) >> 11) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(splitmix64(&x2) >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+}
+
 }  // namespace sciattn::train

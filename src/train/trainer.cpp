@@ -353,8 +353,13 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   memory.offload_checkpoints = memory.offload_checkpoints || config.cpu_checkpointing;
   t->offload_ = options.offload_optimizer || config.offload_optimizer;
   const SparsityConfig* sparse = config.sparse_attention ? &*config.sparse_attention : nullptr;
+  SCIATTN_TRY(validate_gpt_config(model));
+  // The initial parameters, drawn once for the model's weights and the master weights (1.3B
+  // normal draws take tens of seconds).
+  std::vector<float> init(static_cast<size_t>(gpt_parameter_layout(model).total));
+  init_gpt_parameters(model, gpt_parameter_layout(model), init.data());
   SCIATTN_TRY(GptModel::create(model, sparse, config.micro_batch_size, memory, t->backend_.get(),
-                               &t->model_));
+                               &t->model_, init.data()));
   SCIATTN_TRY(DataLoader::create(data, model.sequence_length, config.micro_batch_size,
                                  model.vocab_size, options.shuffle, options.data_seed,
                                  &t->loader_));
@@ -362,7 +367,7 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
                                                                : LossScalerConfig{false, 1.0});
   SCIATTN_TRY(validate_grad_clip(config.clip));
   t->clipper_ = GradClipper(config.clip);
-  SCIATTN_TRY(t->allocate_optimizer_state());
+  SCIATTN_TRY(t->allocate_optimizer_state(init));
   t->ledger_ = t->model_->ledger();
   add_optimizer_memory(t->model_->layout().total, t->offload_, t->model_->weight_dtype(),
                        t->backend_->device(), &t->ledger_);
@@ -370,13 +375,11 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   return Status::ok_status();
 }
 
-Status Trainer::allocate_optimizer_state() {
+Status Trainer::allocate_optimizer_state(const std::vector<float>& init) {
   Backend& be = *backend_;
   GptModel& m = *model_;
   const size_t n = static_cast<size_t>(m.layout().total);
   const size_t bytes = n * sizeof(float);
-  std::vector<float> init(n);
-  init_gpt_parameters(model_config_, m.layout(), init.data());
   if (offload_) {
     // Host memory: the CPU AdamW's. (The model's weights were set from the same initialisation.)
     SCIATTN_TRY(be.allocate_host(bytes, reinterpret_cast<void**>(&master_)));

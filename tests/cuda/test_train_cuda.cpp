@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/lowp_backend.h"
 #include "cuda/train_cuda_test_util.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/train/adamw.h"
@@ -476,82 +477,6 @@ TEST_P(TrainCuda, Add) {
   }
 }
 
-// sciattn's sparse attention op on the CPU in `dtype`, on copies padded to the index's length as
-// the back ends pad them: lowp_ref of the attention (the op rounds what the GPU kernels round).
-struct AttentionResult {
-  std::vector<float> out, lse, dqkv;
-};
-AttentionResult cpu_attention_in(DType dtype, const BlockSparseIndex& index,
-                                 const std::vector<float>& qkv, const std::vector<float>& dout,
-                                 int64_t B, int64_t L, int64_t H, int64_t D) {
-  const int64_t C = H * D, Lp = index.num_row_blocks * index.block;
-  const size_t es = dtype_size(dtype);
-  auto buffer = [&](int64_t n) { return std::vector<std::byte>(static_cast<size_t>(n) * es); };
-  std::vector<std::byte> qkv_p = buffer(B * Lp * 3 * C), out_p = buffer(B * Lp * C),
-                         dout_p = buffer(B * Lp * C), dq = buffer(B * Lp * C),
-                         dk = buffer(B * Lp * C), dv = buffer(B * Lp * C);
-  std::vector<float> lse(static_cast<size_t>(B * H * Lp));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t l = 0; l < L; ++l) {
-      for (int64_t c = 0; c < 3 * C; ++c) {
-        store_from_float(qkv_p.data(), dtype, (b * Lp + l) * 3 * C + c,
-                         qkv[static_cast<size_t>((b * L + l) * 3 * C + c)]);
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        store_from_float(dout_p.data(), dtype, (b * Lp + l) * C + c,
-                         dout[static_cast<size_t>((b * L + l) * C + c)]);
-      }
-    }
-  }
-  auto bhld = [&](std::vector<std::byte>& v, int64_t offset, int64_t row) {
-    return TensorView::strided(v.data() + static_cast<size_t>(offset) * es, dtype, {B, H, Lp, D},
-                               {Lp * row, D, row, 1});
-  };
-  SparseAttentionForwardParams f;
-  f.index = &index;
-  f.options.causal = true;
-  f.q = bhld(qkv_p, 0, 3 * C);
-  f.k = bhld(qkv_p, C, 3 * C);
-  f.v = bhld(qkv_p, 2 * C, 3 * C);
-  f.out = bhld(out_p, 0, C);
-  f.lse = TensorView::contiguous(lse.data(), DType::kF32, {B, H, Lp});
-  std::vector<std::byte> ws(workspace_size(f));
-  Status s = run(f, ws.data(), ws.size());
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  SparseAttentionBackwardParams g;
-  g.index = &index;
-  g.options.causal = true;
-  g.q = f.q;
-  g.k = f.k;
-  g.v = f.v;
-  g.out = f.out;
-  g.lse = f.lse;
-  g.dout = bhld(dout_p, 0, C);
-  g.dq = bhld(dq, 0, C);
-  g.dk = bhld(dk, 0, C);
-  g.dv = bhld(dv, 0, C);
-  ws.assign(workspace_size(g), std::byte{0});
-  s = run(g, ws.data(), ws.size());
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  AttentionResult r;
-  r.out.resize(static_cast<size_t>(B * L * C));
-  r.dqkv.resize(static_cast<size_t>(B * L * 3 * C));
-  r.lse = lse;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t l = 0; l < L; ++l) {
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t from = (b * Lp + l) * C + c;
-        r.out[static_cast<size_t>((b * L + l) * C + c)] = load_as_float(out_p.data(), dtype, from);
-        float* d = r.dqkv.data() + (b * L + l) * 3 * C + c;
-        d[0] = load_as_float(dq.data(), dtype, from);
-        d[C] = load_as_float(dk.data(), dtype, from);
-        d[2 * C] = load_as_float(dv.data(), dtype, from);
-      }
-    }
-  }
-  return r;
-}
-
 TEST_P(TrainCuda, CausalAttention) {
   const int64_t B = 2, H = 2, D = 32, C = H * D;
   // 37: padded to 48 (block 16); 96: block 32, no padding.
@@ -603,45 +528,6 @@ TEST_P(TrainCuda, CausalAttention) {
       }
     }
   }
-}
-
-// lowp_ref of the LM head in a 16-bit dtype: the CPU's logits rounded to it (the GPU keeps its
-// logits in the compute dtype), the cross-entropy in fp64, the logits' gradient rounded, then the
-// CPU's products for din and dweight.
-struct LmResult {
-  std::vector<float> losses, din, dweight;
-};
-LmResult lm_head_lowp(Backend& cpu, DType dtype, std::vector<float> x, std::vector<float> w,
-                      const std::vector<int32_t>& targets, std::vector<float> dweight0, int64_t N,
-                      int64_t C, int64_t V, float grad_scale) {
-  std::vector<float> logits(static_cast<size_t>(N * V));
-  EXPECT_TRUE(
-      cpu.linear_forward({view(x, {N, C}), view(w, {V, C}), TensorView{}, view(logits, {N, V})})
-          .ok());
-  logits = rounded(logits, dtype);
-  LmResult r;
-  r.losses.resize(static_cast<size_t>(N));
-  for (int64_t t = 0; t < N; ++t) {
-    float* l = logits.data() + t * V;
-    double mx = -INFINITY;
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(l[v]));
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(l[v] - mx);
-    const double lse = mx + std::log(sum);
-    r.losses[static_cast<size_t>(t)] = static_cast<float>(lse - l[targets[static_cast<size_t>(t)]]);
-    for (int64_t v = 0; v < V; ++v) {
-      const double p = std::exp(l[v] - mx) / sum;
-      l[v] = round_to(dtype, static_cast<float>(
-                                 grad_scale * (v == targets[static_cast<size_t>(t)] ? p - 1 : p)));
-    }
-  }
-  r.din.resize(static_cast<size_t>(N * C));
-  r.dweight = std::move(dweight0);
-  EXPECT_TRUE(cpu.linear_backward({view(x, {N, C}), view(w, {V, C}), view(logits, {N, V}),
-                                   view(r.din, {N, C}), view(r.dweight, {V, C}), TensorView{}})
-                  .ok());
-  r.din = rounded(r.din, dtype);
-  return r;
 }
 
 TEST_P(TrainCuda, LmHeadTiledAgainstCpuAndUntiled) {

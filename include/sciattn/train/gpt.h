@@ -99,7 +99,9 @@ ParameterLayout gpt_parameter_layout(const GptConfig& config);
 
 // Fills `params` (layout.total floats) with GPT-2's initialisation from config.seed: weights
 // N(0, init_std^2), the two residual projections (proj_w, fcproj_w) N(0, (init_std /
-// sqrt(2 n_layers))^2), biases 0, LayerNorm weights 1, padding 0. Host memory.
+// sqrt(2 n_layers))^2), biases 0, LayerNorm weights 1, padding 0. Host memory. Slot k's element
+// i is normal_at(key_k, i) (random.h), key_k the k-th draw of Rng(seed): threaded, and the same
+// on every thread count.
 void init_gpt_parameters(const GptConfig& config, const ParameterLayout& layout, float* params);
 
 // The memory techniques; each changes what is kept, never the result (gradients are bitwise equal
@@ -179,10 +181,13 @@ class GptModel {
   GptModel& operator=(const GptModel&) = delete;
 
   // Plans and allocates everything for micro-batches of `batch` sequences. `sparse` may be null
-  // (dense causal attention). The parameters are initialised from config.seed.
+  // (dense causal attention). The weights are initialised from config.seed
+  // (init_gpt_parameters), or set from `initial_params` (fp32 host values, layout total) when
+  // given: a caller that also needs the fp32 values (the optimizer's master weights) draws them
+  // once.
   static Status create(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
                        const MemoryOptions& memory, Backend* backend,
-                       std::unique_ptr<GptModel>* out);
+                       std::unique_ptr<GptModel>* out, const float* initial_params = nullptr);
 
   const GptConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
@@ -223,8 +228,9 @@ class GptModel {
   friend Status plan_gpt_memory(const GptConfig&, const SparsityConfig*, int64_t,
                                 const MemoryOptions&, DType, int64_t, Device, MemoryLedger*);
   struct Buffers;
-  // Plans every buffer into the ledger; with `allocate`, also allocates them.
-  Status plan_and_allocate(bool allocate);
+  // Plans every buffer into the ledger; with `allocate`, also allocates them and sets the
+  // weights (from `initial_params`, or the initialisation).
+  Status plan_and_allocate(bool allocate, const float* initial_params = nullptr);
   Status layer_forward(int64_t layer, const void* in, void* out, bool keep, bool recompute);
   Status layer_backward(int64_t layer, const void* in);
   Status run_forward(const int32_t* inputs, const int32_t* targets, bool with_grad,

@@ -125,7 +125,7 @@ class Trainer {
  private:
   Trainer() = default;
   class Offload;
-  Status allocate_optimizer_state();
+  Status allocate_optimizer_state(const std::vector<float>& init);
   Status optimizer_step(float grad_scale, double lr);
   Status dump_gradients(float pending_scale, double mean_loss, const std::vector<int32_t>& inputs,
                         const std::vector<int32_t>& targets) const;
