@@ -6,7 +6,8 @@
 #   bench/compare/block_sparse.py).
 # Usage on the GPU machine:
 #   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|sass|bench|compare|sparse|sparse_compare|
-#                         sparse_sanitize|sparse_profile|python|train|train_sanitize|train_bench|all]...
+#                         sparse_sanitize|sparse_profile|python|train|train_sanitize|train_bench|
+#                         train_step|train_long|train_compare|all]...
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
 # `sparse` runs the block-sparse GPU test programs (test_sparse_attention_cuda,
@@ -14,15 +15,30 @@
 # `sparse_compare` runs bench/compare/block_sparse.py through the Python package (built with
 # --cuda first when the one in bindings/torch/python has no CUDA kernels).
 # `train`, `train_sanitize` and `train_bench` run the trainer's CUDA back end: test_train_cuda (every
-# layer against the CPU back end, the optimizer kernels), compute-sanitizer memcheck and racecheck
-# on it (all its cases are small), and bench_train_cuda (the layers at the 1.3B GPT's sizes). They
-# need, in .carry/train.tar.xz (or unpacked in .carry/), made on a CPU machine with:
-#   cmake --preset gpu && cmake --build build/gpu --target test_train_cuda bench_train_cuda
-#   mkdir -p .carry/train && cp build/gpu/tests/cuda/test_train_cuda build/gpu/bench/bench_train_cuda \
-#     .carry/train/ && cp -L /usr/lib/x86_64-linux-gnu/libopenblas.so.0 \
-#     /usr/lib/x86_64-linux-gnu/libgfortran.so.5 /usr/lib/x86_64-linux-gnu/libquadmath.so.0 \
-#     /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .carry/train/ &&
+# layer against the CPU back end, the optimizer kernels) and test_train_step_cuda (whole steps of a
+# tiny GPT against the CPU, the memory techniques on and off, the offloaded optimizer, resume),
+# compute-sanitizer memcheck and racecheck on small cases of both, and bench_train_cuda (the
+# layers at the 1.3B GPT's sizes). `train_step` runs `sciattn train` on the GPU: the fp16
+# stability demonstration (scripts/train_fp16_stability.sh, about a minute), then one step of the
+# 1.3B GPT at 32,768 tokens with every technique and --memory (the ledger, GPU and host), with the
+# plan of that configuration on this machine first. `train_long` shows the memory holding at long
+# lengths: the 1.3B configuration's plan, a step of the 1.3B GPT at 262,144 tokens, and a step of
+# a 2-layer model of the same width at 1,048,576 tokens (the per-layer working set of the full
+# model at 1M tokens; the other 22 layers add model states and host checkpoints, which the plan
+# counts). `train_compare` runs bench/compare/gpt_long_sequence.py (PyTorch recipes against
+# sciattn train) at 32,768 tokens (every recipe) and 131,072 tokens (the tiled and offloaded
+# recipes); TRAIN_COMPARE_ARGS replaces its arguments. The last three are not part of `all`.
+# They need, in .carry/train.tar.xz (or unpacked in .carry/), made on a CPU machine with:
+#   cmake --preset gpu -DBLAS_LIBRARIES=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a
+#   cmake --build build/gpu -j2 --target test_train_cuda test_train_step_cuda bench_train_cuda \
+#     sciattn_cli
+#   mkdir -p .carry/train && cp build/gpu/tests/cuda/test_train_cuda \
+#     build/gpu/tests/cuda/test_train_step_cuda build/gpu/bench/bench_train_cuda \
+#     build/gpu/tools/sciattn .carry/train/ && \
+#     cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .carry/train/ &&
 #   tar cJf .carry/train.tar.xz -C .carry train && rm -r .carry/train
+# (Linked against the shared OpenBLAS instead, also carry libopenblas.so.0, libgfortran.so.5 and
+# libquadmath.so.0 from /usr/lib/x86_64-linux-gnu.)
 # The trainer links OpenBLAS (Debian 12's libopenblas0-openmp: libopenblas.so.0, which needs
 # libgfortran.so.5 and libquadmath.so.0) and the Google Benchmark of Debian (libbenchmark.so.1debian);
 # the GPU machine has none of them, so they travel with the binaries. cuBLASLt (libcublasLt.so.13)
@@ -216,21 +232,117 @@ if want sparse_compare; then
     --out "$out" ${SPARSE_COMPARE_ARGS:---quick} 2>&1 | tee "$out/sparse_compare.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
-if [ -f "$bin/train.tar.xz" ] && { want train || want train_sanitize || want train_bench; }; then
+# Parts run only when named (long, or for the record).
+named() { for w in "${what[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+if [ -f "$bin/train.tar.xz" ] && { want train || want train_sanitize || want train_bench ||
+                                   named train_step || named train_long ||
+                                   named train_compare; }; then
   tar xJf "$bin/train.tar.xz" -C "$bin"
 fi
 train_bin=$bin/train
-if want train && [ -x "$train_bin/test_train_cuda" ]; then
-  echo "== trainer: CUDA back end against the CPU back end"
-  ldd "$train_bin/test_train_cuda" | grep "not found"  # a missing shared library shows here
-  "$train_bin/test_train_cuda" --gtest_brief=1 2>&1 | tee "$out/test_train_cuda.log" | tail -60
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if want train; then
+  for t in test_train_cuda test_train_step_cuda; do
+    [ -x "$train_bin/$t" ] || { echo "($t not in $train_bin)"; continue; }
+    echo "== trainer: $t"
+    ldd "$train_bin/$t" | grep "not found"  # a missing shared library shows here
+    "$train_bin/$t" --gtest_brief=1 2>&1 | tee "$out/$t.log" | tail -60
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 if want train_sanitize && [ -x "$train_bin/test_train_cuda" ]; then
-  # Every case of test_train_cuda is small (74 tokens, C 20 or 64, V 53, 100K AdamW elements).
+  # Every case of test_train_cuda is small (74 tokens, C 20 or 64, V 53, 100K AdamW elements);
+  # of test_train_step_cuda, a bf16 step with every memory technique (offloaded checkpoints:
+  # the copy streams and events) and the fp16 Trainer with a skipped step.
   for tool in memcheck racecheck; do
     sanitize "$tool" train/test_train_cuda '*'
+    if [ -x "$train_bin/test_train_step_cuda" ]; then
+      sanitize "$tool" train/test_train_step_cuda \
+        'Train/TrainStepCuda.MemoryTechniquesAreBitwiseOnTheGpu/bf16:TrainTrainerCuda.Fp16*'
+    fi
   done
+fi
+# The 1.3B GPT of the trainer issue (d 2048, 24 layers, 16 heads, vocabulary 50,304), bf16, with
+# sequence length $1 and $2 layers, into $3/gpt.json and ds.json; the token file $3/tokens.bin
+# holds random tokens for 2 steps.
+train_files() {
+  local tokens=$1 layers=$2 dir=$3
+  mkdir -p "$dir"
+  echo "{\"vocab_size\": 50304, \"d_model\": 2048, \"n_layers\": $layers, \"n_heads\": 16,
+    \"sequence_length\": $tokens, \"positions\": \"rotary\", \"seed\": 1}" > "$dir/gpt.json"
+  echo '{"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+    "bf16": {"enabled": true}, "gradient_clipping": 1.0, "wall_clock_breakdown": true,
+    "activation_checkpointing": {"cpu_checkpointing": true}}' > "$dir/ds.json"
+  python3 - "$dir/tokens.bin" "$tokens" <<'PY'
+import random, struct, sys
+path, tokens = sys.argv[1], int(sys.argv[2])
+count = 2 * tokens + 1
+rng = random.Random(tokens)
+with open(path, "wb") as f:
+    header = b"SCIATOKN" + struct.pack("<IIQQQII", 1, 2, 50304, count, 1, 0xFFFFFFFF, 0)
+    f.write(header + bytes(64 - len(header)))
+    for start in range(0, count, 1 << 16):
+        n = min(1 << 16, count - start)
+        f.write(struct.pack(f"<{n}H", *[rng.randrange(50304) for _ in range(n)]))
+PY
+}
+# One sciattn train run on the GPU: NAME TOKENS LAYERS STEPS TIMEOUT [flags...]; output in
+# $out/train_NAME.log, the step log in $out/train_NAME.jsonl.
+train_run() {
+  local name=$1 tokens=$2 layers=$3 steps=$4 limit=$5
+  shift 5
+  local dir
+  dir=$(mktemp -d)
+  train_files "$tokens" "$layers" "$dir"
+  echo "== sciattn train: $name ($tokens tokens, $layers layers, $steps step(s))"
+  timeout "$limit" "$train_bin/sciattn" train --device cuda --config "$dir/ds.json" \
+    --model "$dir/gpt.json" --data "$dir/tokens.bin" --steps "$steps" --no-shuffle \
+    --mlp-tile-tokens 16384 --lm-head-tile-tokens 16384 --log "$out/train_$name.jsonl" "$@" \
+    > "$out/train_$name.log" 2>&1
+  local rc=$?
+  grep -E "^sciattn train|^  |^step|peak|^cuda:|^cpu:|offloaded checkpoints|one layer|scratch|error" \
+    "$out/train_$name.log" | cut -c1-200 | tail -40
+  [ $rc -eq 0 ] || { echo "(exit $rc)"; status=1; }
+  rm -rf "$dir"
+}
+if named train_step && [ -x "$train_bin/sciattn" ]; then
+  echo "== fp16 stability: adaptive clipping at a learning rate raised 30%"
+  timeout 300 scripts/train_fp16_stability.sh "$train_bin/sciattn" "$out" 300 || status=1
+  dir=$(mktemp -d)
+  train_files 32768 24 "$dir"
+  echo "== the plan of the 1.3B GPT at 32,768 tokens on this machine"
+  "$train_bin/sciattn" train --plan --device cuda --config "$dir/ds.json" --model "$dir/gpt.json" \
+    --mlp-tile-tokens 16384 --lm-head-tile-tokens 16384 2>&1 | tee "$out/train_plan_32k.log" | tail -12
+  rm -rf "$dir"
+  train_run gpt13b_32k 32768 24 2 240 --memory
+fi
+if named train_long && [ -x "$train_bin/sciattn" ]; then
+  dir=$(mktemp -d)
+  train_files 1048576 24 "$dir"
+  echo "== the plan of the 1.3B GPT at 1,048,576 tokens on this machine"
+  "$train_bin/sciattn" train --plan --device cuda --config "$dir/ds.json" --model "$dir/gpt.json" \
+    --mlp-tile-tokens 16384 --lm-head-tile-tokens 16384 2>&1 | tee "$out/train_plan_1m.log" | tail -32
+  rm -rf "$dir"
+  train_run gpt13b_256k 262144 24 1 300 --memory
+  train_run layers2_1m 1048576 2 1 420 --memory
+fi
+if named train_compare && [ -x "$train_bin/sciattn" ]; then
+  echo "== PyTorch GPT recipes against sciattn train"
+  if [ -n "${TRAIN_COMPARE_ARGS:-}" ]; then
+    # shellcheck disable=SC2086  # a list of options
+    PYTHONUNBUFFERED=1 python3 bench/compare/gpt_long_sequence.py --sciattn "$train_bin/sciattn" \
+      --out "$out" $TRAIN_COMPARE_ARGS 2>&1 | tee "$out/train_compare.log" | tail -40
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    PYTHONUNBUFFERED=1 python3 bench/compare/gpt_long_sequence.py --sciattn "$train_bin/sciattn" \
+      --out "$out/compare_32k" --tokens 32768 --steps 2 --timeout 240 2>&1 | \
+      tee "$out/train_compare_32k.log" | tail -16
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    PYTHONUNBUFFERED=1 python3 bench/compare/gpt_long_sequence.py --sciattn "$train_bin/sciattn" \
+      --out "$out/compare_128k" --tokens 131072 --recipes ckpt_tiles,offload --steps 1 \
+      --timeout 300 2>&1 | tee "$out/train_compare_128k.log" | tail -12
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 if want train_bench && [ -x "$train_bin/bench_train_cuda" ]; then
   echo "== Google Benchmark (trainer layers, 1.3B sizes)"

@@ -213,12 +213,27 @@ TEST(TrainModel, SharedLayoutIndexIsStoredForOneHead) {
   c.d_model = 32;
   AttentionPlan plan;
   ASSERT_TRUE(plan_attention(c, nullptr, &plan).ok());
-  const int64_t n = 128 / 64;
+  const int64_t blocks = 128 / 64;
   EXPECT_EQ(plan.index.num_heads, 4);
   EXPECT_EQ(plan.index.layout_heads, 1);
-  EXPECT_EQ(plan.index.stored_nnz(), n * (n + 1) / 2);
-  EXPECT_EQ(plan.index.nnz, 4 * n * (n + 1) / 2);
+  EXPECT_EQ(plan.index.stored_nnz(), blocks * (blocks + 1) / 2);
+  EXPECT_EQ(plan.index.nnz, 4 * blocks * (blocks + 1) / 2);
   EXPECT_EQ(plan.index.block_head(plan.index.nnz - 1), 3);
+  // Long dense sequences take blocks of 128, so that 1M tokens over 16 heads stays below the GPU
+  // kernels' 2^31 blocks; shorter ones keep 64, and lengths 128 does not divide too.
+  int64_t block = 0, padded = 0;
+  c.sequence_length = int64_t{1} << 20;
+  ASSERT_TRUE(attention_padding(c, nullptr, &block, &padded).ok());
+  EXPECT_EQ(block, 128);
+  EXPECT_EQ(padded, c.sequence_length);
+  const int64_t n = padded / block;
+  EXPECT_LT(16 * n * (n + 1) / 2, (int64_t{1} << 31) - 1);
+  c.sequence_length = 32768;
+  ASSERT_TRUE(attention_padding(c, nullptr, &block, &padded).ok());
+  EXPECT_EQ(block, 64);
+  c.sequence_length = 65536 + 64;
+  ASSERT_TRUE(attention_padding(c, nullptr, &block, &padded).ok());
+  EXPECT_EQ(block, 64);
 }
 
 TEST(TrainModel, ResultsDoNotDependOnTheThreadCount) {

@@ -135,7 +135,8 @@ struct AttentionPlan {
   double density = 0.0;  // nonzero blocks / all blocks of the causal layout
 };
 // Dense causal attention: the largest block of 64, 32, 16 that divides the sequence length (16
-// with padding when none does) and a lower-triangular layout. With a sparse config (the
+// with padding when none does; from 65,536 tokens on, 128 when it divides the length) and a
+// lower-triangular layout. With a sparse config (the
 // "sparse_attention" section): its layout for the padded length, with the blocks above the
 // diagonal dropped (a GPT is causal; DeepSpeed's JSON builds bigbird and bslongformer
 // bidirectional). A layout every head shares is built and stored for one head (the index's
