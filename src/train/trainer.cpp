@@ -188,6 +188,13 @@ class Trainer::Offload final : public ParameterHooks {
     return Status::ok_status();
   }
 
+  // Makes the back end's later work wait for the gradient copies, so that nothing it writes into
+  // the gradients (ds_enhanced's unscaling, the next step's zeroing) races with them.
+  Status gradients_copied() {
+    for (const CopyTicket& c : grad_copies_) SCIATTN_TRY(t_->backend_->wait_for_copy(c));
+    return Status::ok_status();
+  }
+
   // Starts the update of an applied step: AdamW with `h` at `step` and `grad_scale`, after
   // multiplying the host gradients by `host_unscale` (1: nothing to do).
   Status start(const AdamWHyperparams& h, int64_t step, float grad_scale, float host_unscale) {
@@ -482,6 +489,7 @@ Status Trainer::step(StepReport* report) {
   }
   const int64_t n = model_->layout().total;
   const int64_t step_number = global_step_ + 1;
+  if (offload_state_ != nullptr) SCIATTN_TRY(offload_state_->gradients_copied());
   if (std::find(options_.inject_overflow_steps.begin(), options_.inject_overflow_steps.end(),
                 step_number) != options_.inject_overflow_steps.end()) {
     const float inf = std::numeric_limits<float>::infinity();
