@@ -541,6 +541,8 @@ Status Trainer::step(StepReport* report) {
                                         unscaled ? static_cast<float>(1.0 / loss_scale) : 1.0f));
     } else {
       SCIATTN_TRY(optimizer_step(update_scale, report->lr));
+      // The step's time includes its update (queued on a GPU).
+      SCIATTN_TRY(backend_->synchronize());
     }
     ++applied_steps_;
   }
