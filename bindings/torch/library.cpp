@@ -1,8 +1,9 @@
 // The sciattn torch library: TORCH_LIBRARY(sciattn) with the build query, and the op families'
 // kernels registered for CPU and CUDA tensors. The ops are defined by op family, each file with
 // its schemas (TORCH_LIBRARY_FRAGMENT) and kernels: evoformer_ops.cpp, block_sparse_ops.cpp,
-// layout_ops.cpp; autograd.cpp adds the attention ops' autograd and sciattn/_ops.py their fake
-// kernels for torch.compile. Binding layer.
+// layout_ops.cpp, and train_ops.cpp (the trainer's optimizer, loss scaler and clipper, for
+// sciattn.optim and sciattn.training); autograd.cpp adds the attention ops' autograd and
+// sciattn/_ops.py their fake kernels for torch.compile. Binding layer.
 #include <torch/library.h>
 
 #include "kernel_registry.h"
@@ -25,6 +26,7 @@ TORCH_LIBRARY(sciattn, m) {
 TORCH_LIBRARY_IMPL(sciattn, CPU, m) {
   sciattn::torch_ext::register_evoformer_kernels(m);
   sciattn::torch_ext::register_block_sparse_kernels(m);
+  sciattn::torch_ext::register_train_kernels(m);
 }
 
 #ifdef SCIATTN_TORCH_CUDA
