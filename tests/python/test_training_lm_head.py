@@ -121,6 +121,17 @@ def test_torch_compile(device, backend):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_double_backward_is_refused(device):
+    hidden, weight, targets = make(6, 4, 10, device)
+    h = hidden.requires_grad_()
+    (dh,) = torch.autograd.grad(tiled_lm_head_cross_entropy(h, weight, targets, tile_tokens=4), h,
+                                create_graph=True)
+    ref = torch.autograd.grad(untiled(h, weight, targets), h)[0]
+    assert_close_rule("dhidden", dh, ref, ref.double(), torch.float32)
+    with pytest.raises(RuntimeError, match="lm_head_ce_bwd.* no autograd formula"):
+        dh.sum().backward()
+
+
 def test_opcheck(device):
     hidden, weight, targets = make(9, 8, 20, device, ignore=2)
     h, w = hidden.requires_grad_(), weight.requires_grad_()

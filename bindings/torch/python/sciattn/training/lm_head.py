@@ -118,6 +118,8 @@ def _backward(ctx, dloss, dlse):
     need_dh, need_dw = bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])
     if not (need_dh or need_dw):
         return None, None, None, None, None
+    # lm_head_ce_bwd has no autograd formula: under create_graph=True, torch refuses to
+    # backpropagate through it (a RuntimeError) rather than leaving a second-derivative term out.
     dh, dw = torch.ops.sciattn.lm_head_ce_bwd(dloss, hidden, weight, targets, lse, *ctx.args,
                                               need_dh, need_dw)
     return (dh if need_dh else None), (dw if need_dw else None), None, None, None
