@@ -84,8 +84,8 @@ def test_autocast_bf16(device):
 
 
 def test_batched_shape_tied_weight_and_one_sided_gradients(device):
-    """hidden [B, L, C] with targets [B, L]; gradients for only one input; all-ignored mean is
-    NaN like F.cross_entropy's."""
+    """hidden [B, L, C] with targets [B, L]; a transposed (column-major) hidden; gradients for
+    only one input; all-ignored mean is NaN like F.cross_entropy's."""
     emb = torch.nn.Embedding(50, 16).to(device)
     tokens = torch.randint(0, 50, (3, 11), device=device)
     hidden = emb(tokens).detach()
@@ -97,6 +97,11 @@ def test_batched_shape_tied_weight_and_one_sided_gradients(device):
     assert_close_rule("loss", loss, ref, ref.double(), torch.float32)
     loss.sum().backward()  # only weight requires grad
     assert emb.weight.grad is not None
+    transposed = torch.randn(16, 33, device=device).T.requires_grad_()  # [33, 16], column-major
+    t = tokens.reshape(-1)
+    tiled_lm_head_cross_entropy(transposed, emb.weight.detach(), t, tile_tokens=5).backward()
+    want = torch.autograd.grad(untiled(transposed, emb.weight.detach(), t), transposed)[0]
+    assert_close_rule("dhidden (transposed)", transposed.grad, want, want.double(), torch.float32)
     ignored = torch.full((5,), -100, device=device)
     h = torch.randn(5, 16, device=device)
     assert torch.isnan(tiled_lm_head_cross_entropy(h, emb.weight, ignored))

@@ -72,7 +72,8 @@ def _lm_head_ce_bwd(dloss: torch.Tensor, hidden: torch.Tensor, weight: torch.Ten
     dlogits = (softmax(logits) - onehot(target)) * dloss, dhidden = dlogits @ weight and
     dweight += dlogits^T @ hidden. dweight accumulates in float32 across tiles."""
     n = hidden.shape[0]
-    dhidden = torch.empty_like(hidden) if need_dhidden else hidden.new_empty((0,))
+    # Row-major whatever hidden's strides, so that each tile's rows are one contiguous block.
+    dhidden = hidden.new_empty(hidden.shape) if need_dhidden else hidden.new_empty((0,))
     dweight32 = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
                  if need_dweight else None)
     with torch.autocast(hidden.device.type, enabled=False):
