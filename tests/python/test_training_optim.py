@@ -226,6 +226,22 @@ def test_state_dict_round_trip_continues_bit_for_bit(dtype):
             assert torch.equal(opt.state[a]["master_param"], opt2.state[b]["master_param"])
 
 
+def test_a_torch_adamw_state_dict_loads():
+    """Resuming from torch.optim.AdamW: the same state keys (its tensor step becomes an int), and
+    the group keys torch lacks take CPUAdamW's defaults."""
+    init, grads = torch.randn(50), [torch.randn(50) for _ in range(4)]
+    a = torch.nn.Parameter(init.clone())
+    ta = torch.optim.AdamW([a], lr=1e-2, weight_decay=0.1, foreach=False)
+    _train(ta, [a], [[g] for g in grads[:2]])
+    b = torch.nn.Parameter(a.detach().clone())
+    ours = CPUAdamW([b], adamw_mode=True)
+    ours.load_state_dict(copy.deepcopy(ta.state_dict()))
+    assert ours.state[b]["step"] == 2 and ours.param_groups[0]["bias_correction"] is True
+    _train(ta, [a], [[g] for g in grads[2:]])
+    _train(ours, [b], [[g] for g in grads[2:]])
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
 def test_isa_and_deepspeed_name():
     assert torch.ops.sciattn.cpu_adamw_isa() in ("avx512f", "avx2", "baseline")
     assert sciattn.optim.DeepSpeedCPUAdam is CPUAdamW

@@ -88,6 +88,18 @@ def test_loss_scaler_raises_at_the_minimum_like_deepspeed():
         scaler.update(True)
 
 
+def test_a_disabled_scaler_keeps_scale_one_and_still_counts_overflows():
+    scaler = DynamicLossScaler({"enabled": False, "initial_scale_power": 8})
+    p = torch.nn.Parameter(torch.randn(4))
+    p.grad = torch.tensor([1.0, 2.0, float("inf"), 3.0])
+    loss = torch.tensor(2.5)
+    assert scaler.scale(loss) == loss and scaler.loss_scale == 1.0
+    overflow = scaler.unscale_and_check([p])
+    assert overflow
+    scaler.update(overflow)
+    assert scaler.skipped_steps == 1 and scaler.loss_scale == 1.0 and not scaler.dynamic
+
+
 def test_loss_scaler_state_round_trip():
     a = DynamicLossScaler({"initial_scale_power": 5, "loss_scale_window": 4})
     for o in [True, False, True, True, False, False]:

@@ -120,6 +120,12 @@ class CPUAdamW(torch.optim.Optimizer):
         """torch's load_state_dict casts floating-point state to each parameter's dtype; the
         states (and the fp32 master of a 16-bit parameter) stay float32 here."""
         super().load_state_dict(state_dict)
+        # A state dict of DeepSpeedCPUAdam (adamw_mode is optimizer-wide there) or of
+        # torch.optim.AdamW (no bias_correction) lacks some of the group keys.
+        for group in self.param_groups:
+            group.setdefault("adamw_mode", self.adam_w_mode)
+            group.setdefault("bias_correction", True)
+            group.setdefault("amsgrad", False)
         saved = (p for g in state_dict["param_groups"] for p in g["params"])
         current = (p for g in self.param_groups for p in g["params"])
         for key, p in zip(saved, current):
@@ -201,7 +207,8 @@ class CPUAdamW(torch.optim.Optimizer):
                         lst.append(x)
             hyper = (float(group["lr"]), float(group["betas"][0]), float(group["betas"][1]),
                      float(group["eps"]), float(group["weight_decay"]),
-                     bool(group.get("adamw_mode", True)), bool(group["bias_correction"]),
+                     bool(group.get("adamw_mode", self.adam_w_mode)),
+                     bool(group.get("bias_correction", True)),
                      float(grad_scale))
             if plain[0]:
                 ops.cpu_adamw_step_(*plain, *hyper, [])
