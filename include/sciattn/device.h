@@ -36,5 +36,8 @@ Status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes);
 Status cuda_synchronize(Stream stream = {});
 // "NVIDIA H200 (sm_90, 132 SMs)" for the current device; empty without one.
 std::string cuda_device_description();
+// Free and total memory of the current device in bytes (the runtime's cudaMemGetInfo), for a
+// caller that wants to know whether its tensors will fit before it allocates them.
+Status cuda_memory_info(size_t* free_bytes, size_t* total_bytes);
 
 }  // namespace sciattn

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -333,6 +334,11 @@ Status parse_deepspeed_sparsity_text(std::string_view json_text, int64_t num_hea
 
 Status load_deepspeed_sparsity_file(const std::string& path, int64_t num_heads, uint64_t seed,
                                     SparsityConfig* out) {
+  // An ifstream opens a directory and then reads nothing, which would come out as malformed JSON.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return reject("\"" + path + "\" is a directory; give the path of a DeepSpeed JSON config file");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return reject("cannot read \"" + path + "\": " + std::strerror(errno));

@@ -70,4 +70,13 @@ std::string cuda_device_description() {
          std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
 }
 
+Status cuda_memory_info(size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = 0;
+  *total_bytes = 0;
+  if (cuda_device_count() == 0) {
+    return Status::not_supported("no CUDA device is visible on this machine");
+  }
+  return runtime_status(cudaMemGetInfo(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
 }  // namespace sciattn

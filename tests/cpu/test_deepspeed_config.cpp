@@ -170,6 +170,17 @@ TEST(DeepSpeedConfig, LoadsFromFile) {
       << s.message();
 }
 
+// A directory opens as a stream that reads nothing; the message says what it is instead of
+// calling it malformed JSON.
+TEST(DeepSpeedConfig, DirectoryIsNamed) {
+  const std::string dir = ::testing::TempDir();
+  SparsityConfig c;
+  const Status s = load_deepspeed_sparsity_config(dir, 3, &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"" + dir + "\" is a directory"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("malformed"), std::string::npos) << s.message();
+}
+
 // ---- errors ----
 
 TEST(DeepSpeedConfig, MalformedJson) {
