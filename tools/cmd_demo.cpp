@@ -48,13 +48,14 @@ std::vector<EvoformerRunConfig> demo_configs(DType dtype, int threads, Device de
 
 }  // namespace
 
-void add_demo_command(CLI::App& app) {
+void add_demo_command(CLI::App& app, const CommandOptions& options) {
   auto* cmd = app.add_subcommand(
       "demo",
       "Run the four Evoformer attention forms of OpenFold (MSA row with pair bias, MSA column,\n"
       "triangle start and end) at a small size, forward and backward, and compare each with the\n"
       "naive reference; then block-sparse self-attention (BigBird fused and composite, Fixed\n"
       "causal, BSLongformer with padding) at 512 tokens against the dense masked reference.");
+  cmd->option_defaults()->always_capture_default();
   auto dtype = std::make_shared<std::string>("auto");
   auto device = std::make_shared<std::string>(default_device_name());
   auto threads = std::make_shared<int>(0);
@@ -70,6 +71,8 @@ void add_demo_command(CLI::App& app) {
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
     const Device where = *device == "cuda" ? Device::kCuda : Device::kCpu;
+    require_usable_device(where);
+    if (options.check_only) return;
     const std::string dtype_used = *dtype != "auto"         ? *dtype
                                    : where == Device::kCuda ? "bf16"
                                                             : "f32";

@@ -9,11 +9,14 @@
 
 namespace sciattn::tools {
 
-void add_evoformer_command(CLI::App& app) {
+void add_evoformer_command(CLI::App& app, const CommandOptions& options) {
   auto* cmd = app.add_subcommand(
       "evoformer",
       "Run Evoformer attention (DS4Sci_EvoformerAttention math) once on random inputs:\n"
-      "Q, K, V [B, N, L, H, D], mask bias1 [B, N, 1, 1, L], pair bias2 [B, 1, H, L, L].");
+      "Q, K, V [B, N, L, H, D], mask bias1 [B, N, 1, 1, L], pair bias2 [B, 1, H, L, L].\n"
+      "Every size has a default (shown below): `sciattn evoformer` alone runs " +
+          shape_of(EvoformerRunConfig{}) + ".");
+  cmd->option_defaults()->always_capture_default();
   auto config = std::make_shared<EvoformerRunConfig>();
   auto dtype = std::make_shared<std::string>("f32");
   auto device = std::make_shared<std::string>(default_device_name());
@@ -42,8 +45,9 @@ void add_evoformer_command(CLI::App& app) {
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--threads", config->threads, "CPU threads (0 = all)")
       ->check(CLI::Range(0, 4096));
-  cmd->add_option("--seed", config->seed, "random seed of the inputs");
-  cmd->add_option("--scale", flags->scale, "softmax scale (default 1/sqrt(D))");
+  cmd->add_option("--seed", config->seed, "random seed of the inputs")->check(unsigned_integer());
+  cmd->add_option("--scale", flags->scale, "softmax scale (default 1/sqrt(D))")
+      ->always_capture_default(false);
   cmd->add_flag("--no-check", flags->no_check, "skip the naive reference and the error check");
   cmd->add_flag("--json", flags->json, "print JSON instead of a table");
   cmd->callback([=] {
@@ -58,11 +62,19 @@ void add_evoformer_command(CLI::App& app) {
       std::cerr << "error: --bool-mask needs bias1 (drop --no-bias1)\n";
       throw CLI::RuntimeError(2);
     }
+    require_usable_device(config->device);
     if (config->check && reference_too_large(*config)) {
-      std::cerr << "note: the naive reference would need " << human_bytes(reference_bytes(*config))
-                << "; skipping the error check (use a smaller shape to compare)\n";
+      std::cerr << "note: the naive reference would need " << reference_bytes(*config).to_string()
+                << " for its score matrices; skipping the error check (use a smaller shape to "
+                   "compare)\n";
       config->check = false;
     }
+    const Status fits = check_evoformer_memory(*config);
+    if (!fits.ok()) {
+      std::cerr << "error: evoformer: " << fits.message() << "\n";
+      throw CLI::RuntimeError(2);
+    }
+    if (options.check_only) return;
     const int code = report_runs({*config}, flags->json, std::cout, std::cerr);
     if (code != 0) throw CLI::RuntimeError(code);
   });

@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "layout_flags.h"
+#include "run_memory.h"
 #include "sciattn/block_sparse.h"
 
 namespace sciattn::tools {
@@ -97,25 +98,32 @@ void print_json(const LayoutArgs& a, const SparsityConfig& config, const Layout&
   j["seq_len"] = a.len;
   if (a.max_seq_length_opt->count() > 0) j["max_seq_length"] = a.max_seq_length;
   j["num_blocks"] = layout.num_row_blocks;
-  // [num_heads][rows][cols] of 0/1, loadable as a tensor as is.
-  nlohmann::json heads = nlohmann::json::array();
   std::vector<int64_t> per_head;
-  for (int64_t h = 0; h < layout.num_heads; ++h) {
-    nlohmann::json rows = nlohmann::json::array();
-    for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
-      nlohmann::json row = nlohmann::json::array();
-      for (int64_t c = 0; c < layout.num_col_blocks; ++c) row.push_back(layout.at(h, r, c));
-      rows.push_back(std::move(row));
-    }
-    heads.push_back(std::move(rows));
-    per_head.push_back(layout_head_nnz(layout, h));
-  }
-  j["layout"] = std::move(heads);
+  for (int64_t h = 0; h < layout.num_heads; ++h) per_head.push_back(layout_head_nnz(layout, h));
   j["nnz"] = layout_nnz(layout);
   j["nnz_per_head"] = per_head;
   j["density"] = layout_density(layout);
   j["max_row_nnz"] = layout_max_row_nnz(layout);
-  std::cout << j.dump() << "\n";
+  // "layout": [num_heads][rows][cols] of 0/1, loadable as a tensor as is. Written row by row: a
+  // JSON tree of it would take 16 bytes per block, which at 2^32 blocks is 64 GiB.
+  std::string head = j.dump();
+  head.pop_back();  // the closing brace
+  std::cout << head << ",\"layout\":[";
+  std::string row;
+  for (int64_t h = 0; h < layout.num_heads; ++h) {
+    std::cout << (h ? ",[" : "[");
+    for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
+      row.assign(r ? ",[" : "[");
+      for (int64_t c = 0; c < layout.num_col_blocks; ++c) {
+        if (c) row += ',';
+        row += layout.at(h, r, c) ? '1' : '0';
+      }
+      row += ']';
+      std::cout << row;
+    }
+    std::cout << "]";
+  }
+  std::cout << "]}\n";
 }
 
 void print_text(const LayoutArgs& a, const SparsityConfig& config, const Layout& layout) {
@@ -135,8 +143,32 @@ void print_text(const LayoutArgs& a, const SparsityConfig& config, const Layout&
             << "%)\n";
 }
 
-void run_layout(const LayoutArgs& a) {
+// Ends the command, saying what it needs and has, when the layout (one byte per block, and the
+// layout it is cropped from) and its printed grids would not fit in the memory available. A
+// layout past kMaxLayoutEntries, or a length that is not a multiple of the block, is left to
+// make_layout, whose message names the parameter.
+void check_layout_memory(const LayoutArgs& a, const SparsityConfig& config) {
+  const SparsityCommon& common = sparsity_common(config);
+  const bool crop = a.max_seq_length_opt->count() > 0;
+  const int64_t n = a.len / common.block, full = crop ? a.max_seq_length / common.block : n;
+  const ByteCount full_blocks = ByteCount::of_tensor({common.num_heads, full, full}, 1);
+  if (a.len % common.block != 0 || full_blocks > static_cast<uint64_t>(kMaxLayoutEntries)) return;
+  ByteCount needed = full_blocks;
+  if (crop) needed += ByteCount::of_tensor({common.num_heads, n, n}, 1);
+  // The text grids are built whole: a character per block and a newline per row.
+  if (!a.json) needed += ByteCount::of_tensor({common.num_heads, n, n + 1}, 1);
+  const Status s = check_fits("this layout ([num_heads, seq_len / block, seq_len / block] = [" +
+                                  std::to_string(common.num_heads) + ", " + std::to_string(n) +
+                                  ", " + std::to_string(n) + "])",
+                              needed, host_memory_available(), "host",
+                              "use a larger --block or a shorter --len");
+  if (!s.ok()) fail_bad_input(s.message());
+}
+
+void run_layout(const LayoutArgs& a, const CommandOptions& options) {
   const SparsityConfig config = config_from_flags(a.layout, a.seed);
+  check_layout_memory(a, config);
+  if (options.check_only) return;
   Layout layout;
   Status s = a.max_seq_length_opt->count() > 0
                  ? make_layout_for_length(config, a.max_seq_length, a.len, &layout)
@@ -151,7 +183,7 @@ void run_layout(const LayoutArgs& a) {
 
 }  // namespace
 
-void add_layout_command(CLI::App& app) {
+void add_layout_command(CLI::App& app, const CommandOptions& options) {
   auto args = std::make_shared<LayoutArgs>();
   LayoutArgs& a = *args;
   CLI::App* cmd = app.add_subcommand(
@@ -164,14 +196,15 @@ void add_layout_command(CLI::App& app) {
       ->required();
   cmd->add_option("--seed", a.seed,
                   "seed of the random blocks (variable, bigbird): the layout equals "
-                  "DeepSpeed's after random.seed(seed) (default 0)");
+                  "DeepSpeed's after random.seed(seed) (default 0)")
+      ->check(unsigned_integer());
   a.max_seq_length_opt = cmd->add_option(
       "--max-seq-length", a.max_seq_length,
       "print what SparseSelfAttention(max_seq_length) uses for --len: the top-left crop of the "
-      "layout built for this length");
+      "layout built for this length (default: none, the layout built for --len itself)");
   cmd->add_flag("--json", a.json, "print JSON instead of grids");
 
-  cmd->callback([args]() { run_layout(*args); });
+  cmd->callback([args, options]() { run_layout(*args, options); });
 }
 
 }  // namespace sciattn::tools

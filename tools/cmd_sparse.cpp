@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "device_mirror.h"
 #include "layout_flags.h"
+#include "run_memory.h"
 #include "run_support.h"
 #include "sciattn/block_sparse.h"
 #include "sciattn/block_sparse_ops.h"
@@ -65,8 +66,104 @@ double reference_work(const SparseRunConfig& c, int64_t padded_len) {
          static_cast<double>(c.dim) * (c.backward ? 4.0 : 1.0);
 }
 
+// The memory a run takes, added up before it allocates (run_memory.h), as run_sparse_config
+// makes its buffers: the random inputs and their padded copies, the outputs, the reference's
+// outputs and the copies compared (when it checks), on the GPU the device copies, and with the
+// index built, the library's workspaces. Without the index (before it is built) the workspaces
+// are left out. Checks the total against the memory available.
+Status check_sparse_memory(const SparseRunConfig& c, const BlockSparseIndex* index) {
+  const SparsityCommon& common = sparsity_common(c.sparsity);
+  const int64_t H = common.num_heads, B = c.batch, D = c.dim;
+  const int64_t L = c.len, Lp = L + block_pad_length(L, common.block);
+  const bool on_gpu = c.device == Device::kCuda, masked = Lp != L || c.masked_keys > 0;
+  const std::vector<int64_t> tokens = {B, H, L, D}, padded = {B, H, Lp, D}, rows = {B, H, Lp};
+  ViewPlanner host(Device::kCpu), device(Device::kCuda);
+  for (int i = 0; i < 4; ++i) host.view(c.dtype, tokens);  // q, k, v, dout
+  auto run_params = [&](ViewPlanner& at, SparseAttentionForwardParams* f,
+                        SparseAttentionBackwardParams* b) {
+    f->index = index;
+    f->q = at.view(c.dtype, padded);
+    f->k = at.view(c.dtype, padded);
+    f->v = at.view(c.dtype, padded);
+    f->key_padding_mask = at.view(DType::kF32, {B, Lp}, masked);
+    f->out = at.view(c.dtype, padded);
+    f->lse = at.view(DType::kF32, rows);
+    f->options.scale = c.scale;
+    f->options.causal = c.causal;
+    f->options.num_threads = c.threads;
+    f->options.algorithm = c.path;
+    b->index = index;
+    b->q = f->q;
+    b->k = f->k;
+    b->v = f->v;
+    b->key_padding_mask = f->key_padding_mask;
+    b->out = f->out;
+    b->lse = f->lse;
+    b->dout = at.view(c.dtype, padded);
+    b->options = f->options;
+    if (!c.backward) return;
+    b->dq = at.view(c.dtype, padded);
+    b->dk = at.view(c.dtype, padded);
+    b->dv = at.view(c.dtype, padded);
+  };
+  SparseAttentionForwardParams fwd, host_fwd;
+  SparseAttentionBackwardParams bwd, host_bwd;
+  run_params(host, &host_fwd, &host_bwd);
+  if (on_gpu) {
+    run_params(device, &fwd, &bwd);
+  } else {
+    fwd = host_fwd;
+    bwd = host_bwd;
+  }
+  const bool check = c.check && reference_work(c, Lp) <= kMaxReferenceWork;
+  SparseAttentionForwardParams ref_fwd = host_fwd;
+  SparseAttentionBackwardParams ref_bwd = host_bwd;
+  if (check) {
+    // The reference's outputs, and the unpadded copies of both sides that are compared.
+    ref_fwd.out = host.view(c.dtype, padded);
+    ref_fwd.lse = TensorView();
+    ref_fwd.options.algorithm = SparseAttentionAlgorithm::kReference;
+    for (int i = 0; i < 2; ++i) host.view(c.dtype, tokens);
+    if (c.backward) {
+      ref_bwd.dq = host.view(c.dtype, padded);
+      ref_bwd.dk = host.view(c.dtype, padded);
+      ref_bwd.dv = host.view(c.dtype, padded);
+      ref_bwd.options.algorithm = SparseAttentionAlgorithm::kReference;
+      for (int i = 0; i < 6; ++i) host.view(c.dtype, tokens);
+    }
+  }
+  ByteCount host_bytes = host.bytes(), device_bytes = device.bytes();
+  if (index != nullptr && host.fits_in_address_space() && device.fits_in_address_space()) {
+    auto workspace_of = [](const auto& p, ByteCount* bytes) {
+      std::string why;
+      const Status status = can_implement(p, &why);
+      if (status.ok()) *bytes = ByteCount(workspace_size(p));
+      return status;
+    };
+    ByteCount run_fwd, run_bwd, ref_fwd_ws, ref_bwd_ws;
+    Status status = workspace_of(fwd, &run_fwd);
+    if (status.ok() && c.backward) status = workspace_of(bwd, &run_bwd);
+    if (status.ok() && check) status = workspace_of(ref_fwd, &ref_fwd_ws);
+    if (status.ok() && check && c.backward) status = workspace_of(ref_bwd, &ref_bwd_ws);
+    if (!status.ok()) return status;
+    (on_gpu ? device_bytes : host_bytes) += run_fwd.bytes() > run_bwd.bytes() ? run_fwd : run_bwd;
+    host_bytes += ref_fwd_ws.bytes() > ref_bwd_ws.bytes() ? ref_fwd_ws : ref_bwd_ws;
+  }
+  const std::string what = "this run (shape [B, H, L, D] = [" + std::to_string(B) + ", " +
+                           std::to_string(H) + ", " + std::to_string(L) + ", " + std::to_string(D) +
+                           "])";
+  Status status = check_fits(what, host_bytes, host_memory_available(), "host",
+                             "use a smaller shape, or --no-check to leave out the reference");
+  if (status.ok() && on_gpu) {
+    status = check_fits(what, device_bytes, gpu_memory_available(), "GPU", "use a smaller shape");
+  }
+  return status;
+}
+
 Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   Status status = check_device_usable(c.device);
+  // The tensors first, then (below) with the index built, the workspaces too.
+  if (status.ok()) status = check_sparse_memory(c, nullptr);
   if (!status.ok()) return status;
   const bool on_gpu = c.device == Device::kCuda;
   // A timed call on the GPU includes waiting for its kernels.
@@ -91,6 +188,7 @@ Status run_sparse_config(const SparseRunConfig& c, SparseRunResult* r) {
   // The GPU ops read the index's device copy. The command's buffers live on the current device,
   // which is device 0 (the program never selects another).
   if (on_gpu) status = upload_block_sparse_index(&index, 0);
+  if (status.ok()) status = check_sparse_memory(c, &index);
   if (!status.ok()) return status;
   r->nnz = index.nnz;
   r->density = static_cast<double>(index.nnz) /
@@ -345,7 +443,7 @@ int report_sparse_runs(const std::vector<SparseRunConfig>& configs, bool json, s
 
 }  // namespace
 
-void add_sparse_command(CLI::App& app) {
+void add_sparse_command(CLI::App& app, const CommandOptions& options) {
   CLI::App* cmd = app.add_subcommand(
       "sparse",
       "Run block-sparse self-attention (DeepSpeed's SparseSelfAttention semantics) once on random\n"
@@ -385,13 +483,15 @@ void add_sparse_command(CLI::App& app) {
   cmd->add_flag("--causal", config->causal, "token-level causal masking inside diagonal blocks");
   cmd->add_option("--scale", config->scale, "softmax scale (default 1/sqrt(D))");
   cmd->add_option("--masked-keys", config->masked_keys,
-                  "remove the last N keys of every sequence with a key padding mask")
+                  "remove the last N keys of every sequence with a key padding mask, at most "
+                  "--len (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--repeat", config->repeat, "timed calls, median reported (default 3)")
       ->check(CLI::Range(1, 100000));
-  cmd->add_option("--threads", config->threads, "CPU threads (0 = all)")
+  cmd->add_option("--threads", config->threads, "CPU threads (default 0 = all)")
       ->check(CLI::Range(0, 4096));
-  cmd->add_option("--seed", config->seed, "seed of the inputs and of the random blocks");
+  cmd->add_option("--seed", config->seed, "seed of the inputs and of the random blocks (default 0)")
+      ->check(unsigned_integer());
   cmd->add_flag("--no-check", *no_check, "skip the dense reference and the error check");
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
@@ -404,6 +504,15 @@ void add_sparse_command(CLI::App& app) {
                                         : SparseAttentionAlgorithm::kFused;
     config->check = !*no_check;
     config->name = layout_name(*config);
+    if (config->masked_keys > config->len) {
+      fail_bad_input("--masked-keys " + std::to_string(config->masked_keys) +
+                     " is more than --len " + std::to_string(config->len) + ": a sequence of " +
+                     std::to_string(config->len) + " tokens has at most that many keys to mask");
+    }
+    require_usable_device(config->device);
+    const Status fits = check_sparse_memory(*config, nullptr);
+    if (!fits.ok()) fail_bad_input(fits.message());
+    if (options.check_only) return;
     const int64_t padded =
         config->len + block_pad_length(config->len, sparsity_common(config->sparsity).block);
     if (config->check && reference_work(*config, padded) > kMaxReferenceWork) {

@@ -1,6 +1,9 @@
 // Device copies of host buffers (see device_mirror.h). Tools layer.
 #include "device_mirror.h"
 
+#include <filesystem>
+#include <system_error>
+
 namespace sciattn::tools {
 
 Status DeviceMirror::upload(const HostBuffer& host) {
@@ -39,12 +42,37 @@ const char* default_device_name() {
   return built_with_cuda() && cuda_device_count() > 0 ? "cuda" : "cpu";
 }
 
+namespace {
+
+// Whether the machine has an NVIDIA GPU with its driver loaded, as far as a build without the CUDA
+// runtime can tell: the driver lists its GPUs under /proc/driver/nvidia/gpus.
+bool nvidia_gpu_present() {
+  std::error_code ec;
+  const std::filesystem::path gpus = "/proc/driver/nvidia/gpus";
+  return std::filesystem::is_directory(gpus, ec) &&
+         std::filesystem::directory_iterator(gpus, ec) != std::filesystem::directory_iterator();
+}
+
+}  // namespace
+
 Status check_device_usable(Device device) {
   if (device != Device::kCuda || cuda_device_count() > 0) return Status::ok_status();
-  return Status::not_supported(built_with_cuda()
-                                   ? "--device cuda: no CUDA device is visible on this machine"
-                                   : "--device cuda: this build of sciattn has no CUDA support "
-                                     "(build with scripts/setup.sh on a machine with nvcc)");
+  if (built_with_cuda()) {
+    return Status::not_supported(
+        "--device cuda: this build of sciattn has CUDA support, but no CUDA device is visible "
+        "(no NVIDIA GPU, or its driver is not loaded: `nvidia-smi` lists the GPUs the driver "
+        "sees); run on a machine with an NVIDIA Hopper GPU (sm_90), or use --device cpu");
+  }
+  if (nvidia_gpu_present()) {
+    return Status::not_supported(
+        "--device cuda: this build of sciattn has no CUDA support, but this machine has an NVIDIA "
+        "GPU; build the CUDA kernels with scripts/setup.sh (it builds the `gpu` preset when nvcc "
+        "and a GPU are present), or use --device cpu");
+  }
+  return Status::not_supported(
+      "--device cuda: this build of sciattn has no CUDA support, and this machine has no NVIDIA "
+      "GPU (its driver lists none); the CUDA kernels need a Hopper GPU (sm_90): run on a machine "
+      "with one, building sciattn there with scripts/setup.sh, or use --device cpu");
 }
 
 Status place_tensor(Device device, const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {

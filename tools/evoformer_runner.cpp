@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <random>
 #include <vector>
@@ -32,6 +33,126 @@ void fill(HostBuffer& t, const std::function<float()>& draw) {
 
 }  // namespace
 
+ByteCount reference_bytes(const EvoformerRunConfig& c) {
+  return ByteCount::of_tensor({c.batch, c.n, c.heads, c.len, c.len}, sizeof(float))
+      .times(c.backward ? 2 : 1);
+}
+
+bool reference_too_large(const EvoformerRunConfig& c) {
+  return reference_bytes(c) > (uint64_t{2} << 30);
+}
+
+Status estimate_evoformer_memory(const EvoformerRunConfig& c, EvoformerRunMemory* m) {
+  const bool on_gpu = c.device == Device::kCuda;
+  const std::vector<int64_t> qkv = {c.batch, c.n, c.len, c.heads, c.dim};
+  const std::vector<int64_t> bias1 = {c.batch, c.n, 1, 1, c.len};
+  const std::vector<int64_t> bias2 = {c.batch, 1, c.heads, c.len, c.len};
+  // A B*N past int64 saturates; q's byte count then says that the run cannot fit.
+  int64_t bn = 0;
+  if (__builtin_mul_overflow(c.batch, c.n, &bn)) bn = INT64_MAX;
+  const std::vector<int64_t> lse = {bn, c.heads, c.len};
+  const DType bias1_dtype = c.bool_mask ? DType::kBool : c.dtype;
+  const bool want_dbias1 = c.bias1 && !c.bool_mask;
+
+  // The run's tensors as run_evoformer_config makes them: every one on the host, and on the GPU a
+  // device copy of each as well. The library's Params are built on the copies it runs on.
+  ViewPlanner host(Device::kCpu), device(Device::kCuda);
+  auto params = [&](ViewPlanner& at, EvoformerForwardParams* f, EvoformerBackwardParams* b) {
+    f->q = at.view(c.dtype, qkv);
+    f->k = at.view(c.dtype, qkv);
+    f->v = at.view(c.dtype, qkv);
+    f->bias1 = at.view(bias1_dtype, bias1, c.bias1);
+    f->bias2 = at.view(c.dtype, bias2, c.bias2);
+    f->out = at.view(c.dtype, qkv);
+    f->lse = at.view(DType::kF32, lse);
+    f->options.scale = c.scale;
+    f->options.num_threads = c.threads;
+    if (!c.backward) return;
+    b->q = f->q;
+    b->k = f->k;
+    b->v = f->v;
+    b->bias1 = f->bias1;
+    b->bias2 = f->bias2;
+    b->out = f->out;
+    b->lse = f->lse;
+    b->dout = at.view(c.dtype, qkv);
+    b->dq = at.view(c.dtype, qkv);
+    b->dk = at.view(c.dtype, qkv);
+    b->dv = at.view(c.dtype, qkv);
+    b->dbias1 = at.view(c.dtype, bias1, want_dbias1);
+    b->dbias2 = at.view(c.dtype, bias2, c.bias2);
+    b->options = f->options;
+  };
+  EvoformerForwardParams fwd, host_fwd;
+  EvoformerBackwardParams bwd, host_bwd;
+  params(host, &host_fwd, &host_bwd);
+  if (on_gpu) {
+    params(device, &fwd, &bwd);
+  } else {
+    fwd = host_fwd;
+    bwd = host_bwd;
+  }
+  // The reference reads the host inputs and writes outputs of its own, compared with the run's.
+  EvoformerForwardParams ref_fwd = host_fwd;
+  EvoformerBackwardParams ref_bwd = host_bwd;
+  if (c.check) {
+    ref_fwd.out = host.view(c.dtype, qkv);
+    ref_fwd.lse = host.view(DType::kF32, lse);
+    ref_fwd.options.cpu_algorithm = EvoformerCpuAlgorithm::kReference;
+    if (c.backward) {
+      ref_bwd.dq = host.view(c.dtype, qkv);
+      ref_bwd.dk = host.view(c.dtype, qkv);
+      ref_bwd.dv = host.view(c.dtype, qkv);
+      ref_bwd.dbias1 = host.view(c.dtype, bias1, want_dbias1);
+      ref_bwd.dbias2 = host.view(c.dtype, bias2, c.bias2);
+      ref_bwd.options.cpu_algorithm = EvoformerCpuAlgorithm::kReference;
+    }
+  }
+  m->host = host.bytes();
+  m->device = device.bytes();
+  // Past the planner's range the views' addresses could wrap: the tensors alone already say that
+  // the run cannot fit, and the library is not asked about them.
+  if (!host.fits_in_address_space() || !device.fits_in_address_space()) return Status::ok_status();
+
+  // The library's workspaces: the run's (host bytes on the CPU, device bytes on the GPU) and the
+  // reference's (host bytes), each the larger of forward and backward since one buffer is reused.
+  auto workspace_of = [](const auto& p, ByteCount* bytes) {
+    std::string why;
+    const Status status = can_implement(p, &why);
+    if (status.ok()) *bytes = ByteCount(workspace_size(p));
+    return status;
+  };
+  ByteCount run_fwd, run_bwd, ref_fwd_ws, ref_bwd_ws;
+  Status status = workspace_of(fwd, &run_fwd);
+  if (status.ok() && c.backward) status = workspace_of(bwd, &run_bwd);
+  // A reference whose score matrices are out of all proportion is counted by them, not asked.
+  const bool ask_reference = c.check && !(reference_bytes(c) > (uint64_t{1} << 50));
+  if (status.ok() && ask_reference) status = workspace_of(ref_fwd, &ref_fwd_ws);
+  if (status.ok() && ask_reference && c.backward) status = workspace_of(ref_bwd, &ref_bwd_ws);
+  if (!status.ok()) return status;
+  if (c.check && !ask_reference) ref_fwd_ws = reference_bytes(c);
+  (on_gpu ? m->device : m->host) += run_fwd.bytes() > run_bwd.bytes() ? run_fwd : run_bwd;
+  m->host += ref_fwd_ws.bytes() > ref_bwd_ws.bytes() ? ref_fwd_ws : ref_bwd_ws;
+  return Status::ok_status();
+}
+
+Status check_evoformer_memory(const EvoformerRunConfig& c) {
+  EvoformerRunMemory m;
+  Status status = estimate_evoformer_memory(c, &m);
+  const char* advice = c.check
+                           ? "use a smaller shape, or --no-check to leave out the naive reference"
+                           : "use a smaller shape";
+  if (status.ok()) {
+    status = check_fits("this run (shape " + shape_of(c) + ")", m.host, host_memory_available(),
+                        "host", advice);
+  }
+  if (status.ok() && c.device == Device::kCuda) {
+    status = check_fits("this run (shape " + shape_of(c) + ")", m.device, gpu_memory_available(),
+                        "GPU", "use a smaller shape");
+  }
+  return status;
+}
+
 std::string shape_of(const EvoformerRunConfig& c) {
   return "[" + std::to_string(c.batch) + ", " + std::to_string(c.n) + ", " + std::to_string(c.len) +
          ", " + std::to_string(c.heads) + ", " + std::to_string(c.dim) + "]";
@@ -40,6 +161,7 @@ std::string shape_of(const EvoformerRunConfig& c) {
 Status run_evoformer_config(const EvoformerRunConfig& c, EvoformerRunResult* result) {
   const bool on_gpu = c.device == Device::kCuda;
   Status status = check_device_usable(c.device);
+  if (status.ok()) status = check_evoformer_memory(c);
   if (!status.ok()) return status;
   // On the GPU every tensor gets a device copy; the library runs on those and the results come
   // back into the host buffers, which the reference (always on the CPU) is compared with.

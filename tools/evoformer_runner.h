@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_memory.h"
 #include "run_support.h"
 #include "sciattn/evoformer.h"
 
@@ -32,6 +33,28 @@ struct EvoformerRunConfig {
 
 // Times, extra memory and errors (see run_support.h).
 struct EvoformerRunResult : RunMeasurements {};
+
+// What a run allocates, added up before it allocates anything: on the host its inputs, outputs,
+// the reference's outputs and workspace (when it checks) and, on the CPU, the library's workspace;
+// on the GPU the device copies of the tensors and the library's workspace there.
+struct EvoformerRunMemory {
+  ByteCount host, device;
+};
+
+// The score matrices the naive reference materialises ([B, N, H, L, L] in fp32, twice for the
+// backward): what decides whether a run is checked against it.
+ByteCount reference_bytes(const EvoformerRunConfig& config);
+// True when those are more than a comparison is worth (2 GiB).
+bool reference_too_large(const EvoformerRunConfig& config);
+
+// The run's memory, with the library's workspace_size() asked on views that are never touched
+// (run_memory.h's ViewPlanner). Fails with the library's message when it rejects the run's
+// Params (nothing is allocated then either).
+Status estimate_evoformer_memory(const EvoformerRunConfig& config, EvoformerRunMemory* memory);
+
+// OK when the run fits in the host memory (and on the GPU, the device memory) that is available;
+// otherwise a message saying how much the run needs and how much there is.
+Status check_evoformer_memory(const EvoformerRunConfig& config);
 
 // Runs the configuration; on failure returns the library's Status unchanged.
 Status run_evoformer_config(const EvoformerRunConfig& config, EvoformerRunResult* result);

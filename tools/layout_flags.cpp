@@ -146,8 +146,8 @@ void add_layout_flags(CLI::App* cmd, LayoutFlags* flags, int64_t default_heads) 
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   a.block_opt = cmd->add_option("--block", a.block, "block size: 16 (default), 32, 64 or 128");
   a.config_opt = cmd->add_option("--config", a.config_path,
-                                 "a DeepSpeed JSON config (its sparse_attention section); flags "
-                                 "given as well override its values");
+                                 "a DeepSpeed JSON config file (its sparse_attention section); "
+                                 "flags given as well override its values (default: none)");
   // DeepSpeed's parameters, named after them. The order matches apply_params.
   a.param_opts.push_back(cmd->add_flag("--different-layout-per-head", a.different_layout_per_head,
                                        "a different layout for each head (default false)"));

@@ -4,20 +4,6 @@
 #include <nlohmann/json.hpp>
 
 namespace sciattn::tools {
-
-size_t reference_bytes(const EvoformerRunConfig& c) {
-  // Two fp32 score tensors [B, N, H, L, L] dominate the naive backward.
-  const double scores = static_cast<double>(c.batch) * static_cast<double>(c.n) *
-                        static_cast<double>(c.heads) * static_cast<double>(c.len) *
-                        static_cast<double>(c.len);
-  const double bytes = scores * 4.0 * (c.backward ? 2.0 : 1.0);
-  return bytes > 1e18 ? static_cast<size_t>(1e18) : static_cast<size_t>(bytes);
-}
-
-bool reference_too_large(const EvoformerRunConfig& c) {
-  return reference_bytes(c) > (size_t{2} << 30);
-}
-
 namespace {
 
 std::string gflops(double flops, double ms) {

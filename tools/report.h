@@ -21,11 +21,6 @@ struct EvoformerFlags {
   std::optional<float> scale;
 };
 
-// Bytes the naive reference would take for this configuration (forward and backward).
-size_t reference_bytes(const EvoformerRunConfig& config);
-// True when the naive reference would need more memory than a comparison is worth (2 GiB).
-bool reference_too_large(const EvoformerRunConfig& config);
-
 // Runs each configuration and prints one table (or a JSON array). Returns 0, or 1 when a run
 // failed or an error exceeded its tolerance.
 int report_runs(const std::vector<EvoformerRunConfig>& configs, bool json, std::ostream& out,

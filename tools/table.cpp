@@ -47,7 +47,13 @@ std::string scientific(double value) {
 
 std::string human_bytes(size_t bytes) {
   const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024.0 * 1024.0) return fixed(b / (1024.0 * 1024.0 * 1024.0), 2) + " GiB";
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  // Run estimates reach far past what a machine has; they still print in the largest unit.
+  if (b >= kGiB * 1024.0 * 1024.0 * 1024.0)
+    return fixed(b / (kGiB * 1024.0 * 1024.0 * 1024.0), 2) + " EiB";
+  if (b >= kGiB * 1024.0 * 1024.0) return fixed(b / (kGiB * 1024.0 * 1024.0), 2) + " PiB";
+  if (b >= kGiB * 1024.0) return fixed(b / (kGiB * 1024.0), 2) + " TiB";
+  if (b >= kGiB) return fixed(b / kGiB, 2) + " GiB";
   if (b >= 1024.0 * 1024.0) return fixed(b / (1024.0 * 1024.0), 1) + " MiB";
   if (b >= 1024.0) return fixed(b / 1024.0, 0) + " KiB";
   return std::to_string(bytes) + " B";

@@ -23,7 +23,7 @@ class TextTable {
 std::string fixed(double value, int digits);
 // "1.2e-07".
 std::string scientific(double value);
-// "3.4 MiB", "812 KiB", "0 B".
+// "3.4 MiB", "812 KiB", "0 B", "2.50 TiB".
 std::string human_bytes(size_t bytes);
 
 }  // namespace sciattn::tools

@@ -15,8 +15,10 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-inline CommandResult run_cli(const std::string& args) {
-  const std::string command = std::string(SCIATTN_CLI_PATH) + " " + args + " 2>&1";
+// Runs `sciattn <args>` through the shell, stdout and stderr together; `prefix` runs first in the
+// same shell (e.g. "ulimit -v 4194304; ").
+inline CommandResult run_cli(const std::string& args, const std::string& prefix = "") {
+  const std::string command = prefix + std::string(SCIATTN_CLI_PATH) + " " + args + " 2>&1";
   CommandResult r;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -26,6 +28,11 @@ inline CommandResult run_cli(const std::string& args) {
   const int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// The same under an address-space limit of `kib` KiB (`ulimit -v`).
+inline CommandResult run_cli_limited(const std::string& args, unsigned long kib) {
+  return run_cli(args, "ulimit -v " + std::to_string(kib) + "; ");
 }
 
 }  // namespace sciattn::testing

@@ -2,6 +2,7 @@
 // answers bad flags with usage and a non-zero exit. Runs the built binary as a user would.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -11,6 +12,7 @@ namespace {
 
 using sciattn::testing::CommandResult;
 using sciattn::testing::run_cli;
+using sciattn::testing::run_cli_limited;
 
 // Output of a --json command may be preceded by notes on stderr; the JSON starts at '['.
 nlohmann::json parse_json_output(const std::string& output) {
@@ -192,20 +194,62 @@ TEST(Cli, SparseOnCudaRunsOrExplains) {
 }
 
 #ifndef SCIATTN_CLI_HAS_CUDA
-// In a build without CUDA, --device cuda fails at once with a message that says so, for every
-// command that takes it.
+// In a build without CUDA, --device cuda fails at once with one message that says so and how to
+// get CUDA (rebuild here, or run on a machine with a GPU), for every command that takes it: no
+// table, no repeated errors.
 TEST(Cli, DeviceCudaWithoutCudaBuildIsExplained) {
   for (const char* args : {"sparse --device cuda --len 64 --heads 1",
                            "evoformer --device cuda --n 2 --len 8", "demo --device cuda"}) {
     SCOPED_TRACE(args);
     const CommandResult r = run_cli(args);
-    EXPECT_NE(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("--device cuda: this build of sciattn has no CUDA support"),
-              std::string::npos)
-        << r.output;
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(r.output.find("--device cuda: this build of sciattn has no CUDA support"), 7u)
+        << r.output;  // after "error: ", the first and only line
+    EXPECT_EQ(r.output.find("error:", 1), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find("--device cpu"), std::string::npos) << r.output;
   }
 }
 #endif
+
+// `--help` shows every option's default: `sciattn evoformer` with no flags runs the shape its help
+// names.
+TEST(Cli, HelpShowsTheDefaults) {
+  const CommandResult evo = run_cli("evoformer --help");
+  ASSERT_EQ(evo.exit_code, 0) << evo.output;
+  for (const char* shown :
+       {"alone runs [1, 32, 64, 4, 32]", "-b,--batch INT:INT in [1 - 1099511627776]=1",
+        "-l,--len INT:INT in [1 - 1099511627776]=64", "{f32,f16,bf16}=f32",
+        "--repeat INT:INT in [1 - 100000]=3", "--seed UINT:UINT=0"}) {
+    EXPECT_NE(evo.output.find(shown), std::string::npos) << shown << "\n" << evo.output;
+  }
+  const CommandResult demo = run_cli("demo --help");
+  EXPECT_NE(demo.output.find("=auto"), std::string::npos) << demo.output;
+  const CommandResult sparse = run_cli("sparse --help");
+  for (const char* shown : {"(default 512)", "(default 64)", "(default 0)", "(default 3)"}) {
+    EXPECT_NE(sparse.output.find(shown), std::string::npos) << shown << "\n" << sparse.output;
+  }
+  const CommandResult layout = run_cli("layout --help");
+  for (const char* shown : {"fixed (default)", "(default 1)", "16 (default)", "(default: none)"}) {
+    EXPECT_NE(layout.output.find(shown), std::string::npos) << shown << "\n" << layout.output;
+  }
+}
+
+// Under an address-space limit (`ulimit -v`, which the memory check reads like a cgroup limit)
+// runs that do not fit are refused at once, saying what they need and what the limit leaves, and
+// never abort. Not under the sanitizers, whose shadow memory cannot live under such a limit.
+TEST(Cli, RunsBeyondAMemoryLimitAreRefused) {
+  for (const char* args : {"evoformer --len 50000", "evoformer --len 50000 --backward --no-check",
+                           "layout --len 1048576 --block 16", "layout --len 1048576 --json",
+                           "sparse --device cpu --len 65536 --dim 4096"}) {
+    SCOPED_TRACE(args);
+    const CommandResult r = run_cli_limited(args, 4u << 20);  // 4 GiB, in KiB
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("of host memory but"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("the address-space limit (ulimit -v) of 4.00 GiB"), std::string::npos)
+        << r.output;
+  }
+}
 
 // `sciattn layout` and `sciattn sparse` share their layout flags (tools/layout_flags.h): the same
 // flags work, and the same mistakes get the same message, in both.
