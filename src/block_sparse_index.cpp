@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "common/allocation_status.h"
 #include "common/block_sparse_index.h"
 #include "common/sparsity_layouts.h"
 #include "common/tensor_checks.h"
@@ -19,6 +20,24 @@ namespace {
 
 std::string str(int64_t v) {
   return std::to_string(v);
+}
+
+Status sparse_attention_index(const SparsityConfig& config, int64_t max_seq_length, int64_t seq_len,
+                              BlockSparseIndex* out) {
+  const int64_t block = sparsity_common(config).block;
+  if (sparsity_mode(config) == SparsityMode::kUser) {
+    // A user layout is given densely already: scanning it is the cheapest route.
+    Layout layout;
+    Status s = make_layout_for_length(config, max_seq_length, seq_len, &layout);
+    if (!s.ok()) return s;
+    return build_block_sparse_index(layout, block, out);
+  }
+  // The configs' painters write row lists directly: O(nnz + R) per head instead of a scan of the
+  // dense [H, R, C] layout (16.7 M entries at 65,536 tokens and block 64, under 1% of them set).
+  detail::SparseLayoutRows rows;
+  Status s = detail::build_sparse_layout_rows(config, max_seq_length, seq_len, &rows);
+  if (!s.ok()) return s;
+  return detail::index_from_rows(std::move(rows), block, out);
 }
 
 }  // namespace
@@ -47,7 +66,8 @@ Status build_block_sparse_index(const Layout& layout, int64_t block, BlockSparse
         "layout.blocks has " + std::to_string(layout.blocks.size()) +
         " entries but num_heads * num_row_blocks * num_col_blocks = " + str(entries));
   }
-  return detail::index_from_layout(layout, block, out);
+  return detail::status_of_allocating(
+      "build_block_sparse_index", [&] { return detail::index_from_layout(layout, block, out); });
 }
 
 int64_t default_split_blocks(const BlockSparseIndex& index) {
@@ -59,33 +79,25 @@ Status split_block_sparse_work(int64_t max_blocks, BlockSparseIndex* index) {
   if (max_blocks < 1) {
     return Status::invalid_argument("max_blocks must be >= 1; got " + str(max_blocks));
   }
-  detail::split_work(max_blocks, index);
-  return Status::ok_status();
+  return detail::status_of_allocating("split_block_sparse_work", [&] {
+    detail::split_work(max_blocks, index);
+    return Status::ok_status();
+  });
 }
 
 Status build_sparse_attention_index(const SparsityConfig& config, int64_t max_seq_length,
                                     int64_t seq_len, BlockSparseIndex* out) {
   if (out == nullptr) return Status::invalid_argument("out is a null pointer");
-  const int64_t block = sparsity_common(config).block;
-  if (sparsity_mode(config) == SparsityMode::kUser) {
-    // A user layout is given densely already: scanning it is the cheapest route.
-    Layout layout;
-    Status s = make_layout_for_length(config, max_seq_length, seq_len, &layout);
-    if (!s.ok()) return s;
-    return build_block_sparse_index(layout, block, out);
-  }
-  // The configs' painters write row lists directly: O(nnz + R) per head instead of a scan of the
-  // dense [H, R, C] layout (16.7 M entries at 65,536 tokens and block 64, under 1% of them set).
-  detail::SparseLayoutRows rows;
-  Status s = detail::build_sparse_layout_rows(config, max_seq_length, seq_len, &rows);
-  if (!s.ok()) return s;
-  return detail::index_from_rows(std::move(rows), block, out);
+  return detail::status_of_allocating("build_sparse_attention_index", [&] {
+    return sparse_attention_index(config, max_seq_length, seq_len, out);
+  });
 }
 
 Status upload_block_sparse_index(BlockSparseIndex* index, int device) {
   if (index == nullptr) return Status::invalid_argument("index is a null pointer");
 #ifdef SCIATTN_WITH_CUDA
-  return cuda::upload_block_sparse_index(index, device);
+  return detail::status_of_allocating(
+      "upload_block_sparse_index", [&] { return cuda::upload_block_sparse_index(index, device); });
 #else
   (void)device;
   return Status::not_supported(

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/allocation_status.h"
 #include "common/deepspeed_config.h"
 #include "common/sparsity_layouts.h"
 #include "sciattn/block_sparse.h"
@@ -70,21 +71,25 @@ std::string layout_to_string(const Layout& layout) {
 }
 
 Status make_layout(const SparsityConfig& config, int64_t seq_len, Layout* out) {
-  return detail::build_layout(config, seq_len, detail::LayoutBuildOptions{}, out);
+  return detail::status_of_allocating("make_layout", [&] {
+    return detail::build_layout(config, seq_len, detail::LayoutBuildOptions{}, out);
+  });
 }
 
 Status crop_layout(const Layout& full, int64_t block, int64_t seq_len, Layout* out) {
   Status valid = detail::check_crop(full.num_row_blocks, full.num_col_blocks, block, seq_len);
   if (!valid.ok()) return valid;
   const int64_t n = seq_len / block;
-  Layout crop = Layout::zeros(full.num_heads, n, n);
-  for (int64_t h = 0; h < full.num_heads; ++h) {
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < n; ++c) crop.at(h, r, c) = full.at(h, r, c);
+  return detail::status_of_allocating("crop_layout", [&] {
+    Layout crop = Layout::zeros(full.num_heads, n, n);
+    for (int64_t h = 0; h < full.num_heads; ++h) {
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t c = 0; c < n; ++c) crop.at(h, r, c) = full.at(h, r, c);
+      }
     }
-  }
-  *out = std::move(crop);
-  return Status::ok_status();
+    *out = std::move(crop);
+    return Status::ok_status();
+  });
 }
 
 Status make_layout_for_length(const SparsityConfig& config, int64_t max_seq_length, int64_t seq_len,
@@ -99,12 +104,16 @@ Status make_layout_for_length(const SparsityConfig& config, int64_t max_seq_leng
 
 Status parse_deepspeed_sparsity_config(std::string_view json_text, int64_t num_heads,
                                        SparsityConfig* out, uint64_t seed) {
-  return detail::parse_deepspeed_sparsity_text(json_text, num_heads, seed, out);
+  return detail::status_of_allocating("parse_deepspeed_sparsity_config", [&] {
+    return detail::parse_deepspeed_sparsity_text(json_text, num_heads, seed, out);
+  });
 }
 
 Status load_deepspeed_sparsity_config(const std::string& path, int64_t num_heads,
                                       SparsityConfig* out, uint64_t seed) {
-  return detail::load_deepspeed_sparsity_file(path, num_heads, seed, out);
+  return detail::status_of_allocating("load_deepspeed_sparsity_config", [&] {
+    return detail::load_deepspeed_sparsity_file(path, num_heads, seed, out);
+  });
 }
 
 }  // namespace sciattn

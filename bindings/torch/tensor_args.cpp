@@ -32,7 +32,7 @@ std::string_view as_std(c10::string_view s) {
 }  // namespace
 
 // TORCH_CHECK_VALUE raises ValueError, TORCH_CHECK_TYPE TypeError, TORCH_CHECK_NOT_IMPLEMENTED
-// NotImplementedError (a RuntimeError) in Python.
+// NotImplementedError (a RuntimeError) and OutOfMemoryError torch.OutOfMemoryError in Python.
 void check_status(const Status& s, const char* op) {
   if (s.ok()) return;
   switch (s.code()) {
@@ -40,6 +40,8 @@ void check_status(const Status& s, const char* op) {
       TORCH_CHECK_VALUE(false, "sciattn.", op, ": ", s.message());
     case StatusCode::kNotSupported:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "sciattn.", op, ": ", s.message());
+    case StatusCode::kOutOfMemory:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "sciattn.", op, ": ", s.message());
     default:
       TORCH_CHECK(false, "sciattn.", op, ": ", s.to_string());
   }

@@ -27,7 +27,8 @@ namespace sciattn::torch_ext {
 using OptTensor = std::optional<at::Tensor>;
 
 // Raises the Python exception of a failed Status: ValueError for invalid arguments,
-// NotImplementedError for what this build or device cannot run, RuntimeError otherwise. The
+// NotImplementedError for what this build or device cannot run, torch.OutOfMemoryError when the
+// host ran out of memory, RuntimeError otherwise. The
 // library's messages already name the argument (its Params field names are the Python argument
 // names) and say what is accepted.
 void check_status(const Status& s, const char* op);

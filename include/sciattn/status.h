@@ -15,6 +15,8 @@ enum class StatusCode {
   kNotSupported,       // valid input that this build or device cannot run (e.g. no CUDA build)
   kDeviceError,        // an error reported by the device runtime
   kInternal,           // a bug in sciattn: please report it
+  kOutOfMemory,        // the host could not allocate what a call that allocates (a layout, an
+                       // index) needs; ops themselves never allocate
 };
 
 // Human-readable name of a status code ("invalid argument", ...).

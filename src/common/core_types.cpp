@@ -21,6 +21,8 @@ const char* status_code_name(StatusCode code) {
       return "device error";
     case StatusCode::kInternal:
       return "internal error";
+    case StatusCode::kOutOfMemory:
+      return "out of memory";
   }
   return "unknown status";
 }

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "common/allocation_status.h"
 #include "test_sparsity_util.h"
 
 namespace sciattn {
@@ -87,6 +89,18 @@ TEST(SparsityValidation, LayoutTooLarge) {
   expect_rejected(c, int64_t{16} << 20, {"kMaxLayoutEntries", "[64, 1048576, 1048576]"});
   // And a length whose N * N overflows int64.
   expect_rejected(c, int64_t{16} << 40, {"kMaxLayoutEntries"});
+}
+
+// A public function that allocates returns kOutOfMemory, naming itself, where the allocation
+// fails: std::bad_alloc never leaves the library.
+TEST(SparsityValidation, AllocationFailureBecomesAStatus) {
+  const Status s =
+      detail::status_of_allocating("make_layout", []() -> Status { throw std::bad_alloc(); });
+  EXPECT_EQ(s.code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(s.message().rfind("make_layout: the host is out of memory", 0), 0u) << s.message();
+  EXPECT_EQ(s.to_string().rfind("out of memory: make_layout", 0), 0u) << s.to_string();
+  const Status ok = detail::status_of_allocating("x", [] { return Status::ok_status(); });
+  EXPECT_TRUE(ok.ok());
 }
 
 TEST(SparsityValidation, AttentionOutOfRange) {
