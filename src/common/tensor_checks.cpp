@@ -53,8 +53,13 @@ Status check_tensor(const TensorView& t, const char* name, const char* symbolic,
                     const std::vector<int64_t>& sizes, std::initializer_list<DType> dtypes,
                     Device device) {
   const std::string n = name;
-  if (t.data == nullptr) return Status::invalid_argument(n + " is required but is a null pointer");
   const int rank = static_cast<int>(sizes.size());
+  // A tensor without elements (a sparse tensor of a layout without blocks) needs no memory, so a
+  // null pointer is a valid view of it; its rank and sizes are still checked below.
+  const bool empty = std::find(sizes.begin(), sizes.end(), int64_t{0}) != sizes.end();
+  if (t.data == nullptr && !(empty && t.rank == rank)) {
+    return Status::invalid_argument(n + " is required but is a null pointer");
+  }
   if (t.rank != rank) {
     return Status::invalid_argument(
         n + " must have rank " + std::to_string(rank) + " " + symbolic + "; got rank " +
@@ -116,6 +121,7 @@ Status check_workspace(size_t needed, const void* workspace, size_t workspace_by
 }
 
 Status check_non_overlapping(const TensorView& t, const char* name) {
+  if (t.numel() == 0) return Status::ok_status();  // no element, no shared address
   // Sort the dimensions that have more than one element by |stride|; the tensor has no two
   // elements at one address when each stride exceeds the extent of all smaller dimensions.
   std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
@@ -152,7 +158,10 @@ ByteExtent byte_extent(const TensorView& t) {
 
 Status check_disjoint(const TensorView& out, const char* out_name, const TensorView& other,
                       const char* other_name) {
-  if (!out.present() || !other.present() || out.device != other.device) return Status::ok_status();
+  if (!out.present() || !other.present() || out.device != other.device || out.numel() == 0 ||
+      other.numel() == 0) {
+    return Status::ok_status();
+  }
   const ByteExtent a = byte_extent(out), b = byte_extent(other);
   if (a.lo < b.hi && b.lo < a.hi) {
     return Status::invalid_argument(std::string(out_name) + " overlaps " + other_name +

@@ -22,9 +22,10 @@ struct ByteExtent {
   intptr_t hi = 0;
 };
 
-// Checks for a view named `name`: present, rank and sizes equal `sizes` (printed with the
-// symbolic shape `symbolic`), dtype among `dtypes`, device, unit stride on the last dim, and that
-// the addressed range does not overflow int64. Returns ok or kInvalidArgument naming `name`.
+// Checks for a view named `name`: present (a view of no elements may have a null pointer), rank
+// and sizes equal `sizes` (printed with the symbolic shape `symbolic`), dtype among `dtypes`,
+// device, unit stride on the last dim, and that the addressed range does not overflow int64.
+// Returns ok or kInvalidArgument naming `name`.
 Status check_tensor(const TensorView& t, const char* name, const char* symbolic,
                     const std::vector<int64_t>& sizes, std::initializer_list<DType> dtypes,
                     Device device);

@@ -281,5 +281,99 @@ TEST(MatMul, AttentionShapedProductsOnBigBirdLayout) {
   EXPECT_LE(e.max_err, 1e-5 * std::max(1.0, e.max_ref));
 }
 
+// A layout without any block is valid (docs/block_sparse_ops.md): sdd gives an empty sparse
+// result, dsd and dds give zeros, and the Softmax has nothing to do. The empty sparse tensors may
+// come with a null pointer (nothing to address) or a real one.
+TEST(MatMul, EmptyLayoutGivesEmptyOrZeroResults) {
+  const Layout layout = Layout::zeros(2, 3, 2);
+  const BlockSparseIndex ix = make_index(layout, 16);
+  ASSERT_EQ(ix.nnz, 0);
+  std::mt19937_64 rng(kBaseSeed + 91);
+  HostTensor a = HostTensor::packed(DType::kF32, {2, 2, 48, 8});
+  HostTensor b = HostTensor::packed(DType::kF32, {2, 2, 8, 32});
+  test::fill_normal(a, rng);
+  test::fill_normal(b, rng);
+  for (const bool null_sparse : {true, false}) {
+    SCOPED_TRACE(null_sparse ? "null sparse pointers" : "real sparse pointers");
+    HostTensor sparse_storage = HostTensor::packed(DType::kF32, {2, 0, 16, 16});
+    TensorView sparse = sparse_storage.view();
+    if (null_sparse) sparse.data = nullptr;
+    BlockSparseMatMulParams sdd;
+    sdd.index = &ix;
+    sdd.mode = BlockSparseMatMulMode::kSdd;
+    sdd.a = a.view();
+    sdd.b = b.view();
+    sdd.c = sparse;
+    Status s = run_op(sdd);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+
+    HostTensor dsd_out = HostTensor::packed(DType::kF32, {2, 2, 48, 5});
+    HostTensor y = HostTensor::packed(DType::kF32, {2, 2, 32, 5});
+    test::fill_normal(y, rng);
+    BlockSparseMatMulParams dsd;
+    dsd.index = &ix;
+    dsd.mode = BlockSparseMatMulMode::kDsd;
+    dsd.a = sparse;
+    dsd.b = y.view();
+    dsd.c = dsd_out.view();  // poisoned with NaN: every element must be written
+    s = run_op(dsd);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (double v : dsd_out.values()) ASSERT_EQ(v, 0.0);
+
+    HostTensor x = HostTensor::packed(DType::kF32, {2, 2, 7, 48});
+    HostTensor dds_out = HostTensor::packed(DType::kF32, {2, 2, 7, 32});
+    test::fill_normal(x, rng);
+    BlockSparseMatMulParams dds;
+    dds.index = &ix;
+    dds.mode = BlockSparseMatMulMode::kDds;
+    dds.a = x.view();
+    dds.b = sparse;
+    dds.c = dds_out.view();
+    s = run_op(dds);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (double v : dds_out.values()) ASSERT_EQ(v, 0.0);
+
+    // The backward of dsd: dS is empty, d op(B) = op(S)^T dC is zero.
+    HostTensor db = HostTensor::packed(DType::kF32, {2, 2, 32, 5});
+    BlockSparseMatMulBackwardParams bwd;
+    bwd.index = &ix;
+    bwd.mode = BlockSparseMatMulMode::kDsd;
+    bwd.a = sparse;
+    bwd.b = y.view();
+    bwd.dc = dsd_out.view();
+    bwd.db = db.view();
+    s = run_op(bwd);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    for (double v : db.values()) ASSERT_EQ(v, 0.0);
+
+    BlockSparseSoftmaxParams sm;
+    sm.index = &ix;
+    sm.x = sparse;
+    sm.y = sparse;
+    s = run_op(sm);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    BlockSparseSoftmaxBackwardParams smb;
+    smb.index = &ix;
+    smb.y = sparse;
+    smb.dy = sparse;
+    smb.dx = sparse;
+    s = run_op(smb);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+  // A null pointer stands only for an empty tensor: with blocks it is still an error naming it.
+  Layout one = Layout::zeros(2, 3, 2);
+  one.at(0, 0, 0) = 1;
+  const BlockSparseIndex ix1 = make_index(one, 16);
+  BlockSparseMatMulParams bad;
+  bad.index = &ix1;
+  bad.mode = BlockSparseMatMulMode::kSdd;
+  bad.a = a.view();
+  bad.b = b.view();
+  bad.c = TensorView::contiguous(nullptr, DType::kF32, {2, 1, 16, 16});
+  std::string why;
+  EXPECT_EQ(can_implement(bad, &why).code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(why.find("c is required but is a null pointer"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace sciattn

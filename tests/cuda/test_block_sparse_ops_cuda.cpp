@@ -1055,6 +1055,64 @@ TEST(BlockSparseCudaSmall, DsdOfAnEmptyLineWritesZeros) {
     }
 }
 
+// A layout without any block (docs/block_sparse_ops.md: valid): sdd has nothing to write, dsd
+// and dds write zeros, the Softmax forward and backward do nothing; the empty sparse tensors have
+// null pointers. The index of an empty layout uploads too.
+TEST(BlockSparseCudaSmall, EmptyLayoutGivesEmptyOrZeroResults) {
+  SKIP_WITHOUT_GPU();
+  BlockSparseIndex ix = make_index(Layout::zeros(2, 3, 2), 32);
+  ASSERT_EQ(ix.nnz, 0);
+  upload(ix);
+  std::mt19937_64 rng(kBaseSeed + 2711);
+  const TensorView sparse =
+      TensorView::contiguous(nullptr, DType::kBF16, {2, 0, 32, 32}, Device::kCuda);
+  HostTensor a = HostTensor::packed(DType::kBF16, {2, 2, 96, 8});
+  HostTensor b = HostTensor::packed(DType::kBF16, {2, 2, 8, 64});
+  HostTensor y = HostTensor::packed(DType::kBF16, {2, 2, 64, 5});
+  HostTensor x = HostTensor::packed(DType::kBF16, {2, 2, 7, 96});
+  for (HostTensor* t : {&a, &b, &y, &x}) test::fill_normal(*t, rng);
+  HostTensor dsd_out = HostTensor::packed(DType::kBF16, {2, 2, 96, 5});  // NaN-poisoned
+  HostTensor dds_out = HostTensor::packed(DType::kBF16, {2, 2, 7, 64});
+  DeviceCopy da(a), db(b), dy(y), dx(x), d_dsd(dsd_out), d_dds(dds_out);
+
+  BlockSparseMatMulParams sdd;
+  sdd.index = &ix;
+  sdd.mode = BlockSparseMatMulMode::kSdd;
+  sdd.a = da.view();
+  sdd.b = db.view();
+  sdd.c = sparse;
+  Status st = run_gpu(sdd);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  st = run_gpu(dsd_params(ix, sparse, dy.view(), d_dsd.view()));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  BlockSparseMatMulParams dds;
+  dds.index = &ix;
+  dds.mode = BlockSparseMatMulMode::kDds;
+  dds.a = dx.view();
+  dds.b = sparse;
+  dds.c = d_dds.view();
+  st = run_gpu(dds);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  d_dsd.copy_to(dsd_out);
+  d_dds.copy_to(dds_out);
+  for (double v : dsd_out.values()) ASSERT_EQ(v, 0.0);
+  for (double v : dds_out.values()) ASSERT_EQ(v, 0.0);
+
+  BlockSparseSoftmaxParams sm;
+  sm.index = &ix;
+  sm.x = sparse;
+  sm.y = sparse;
+  st = run_gpu(sm);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  BlockSparseSoftmaxBackwardParams smb;
+  smb.index = &ix;
+  smb.y = sparse;
+  smb.dy = sparse;
+  smb.dx = sparse;
+  st = run_gpu(smb);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+}
+
 // A dsd whose index splits a line asks for the partial sums' workspace (none without a split)
 // and refuses a smaller one, naming the workspace, before launching anything.
 TEST(BlockSparseCudaSmall, DsdWithSplitLinesNeedsItsWorkspace) {
