@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "common/workspace_layout.h"
+#include "cpu/softmax_row.h"
 #include "cpu/strided_access.h"
 
 namespace sciattn::cpu {
@@ -77,11 +78,11 @@ Acc add_terms(Acc x, Acc scale, const TensorView& rpe, const TensorView& kpm, Ma
 }
 
 // In place: row becomes its softmax; returns the log-sum-exp. A row of all -inf becomes zeros
-// with lse -inf: a fully masked row gives 0, not NaN.
+// with lse -inf: a fully masked row gives 0, not NaN; a row with a NaN score becomes NaN
+// (softmax_row.h).
 template <typename Acc>
 Acc softmax_in_place(Acc* row, int64_t n) {
-  Acc max = -kInf<Acc>;
-  for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  const Acc max = softmax_row_max(row, n);
   if (max == -kInf<Acc>) {
     std::fill(row, row + n, Acc(0));
     return -kInf<Acc>;
@@ -233,7 +234,7 @@ void reference_softmax(const BlockSparseSoftmaxParams& p, Acc* y) {
         // row + (q - begin) * b * b. They hold the scores first, then the probabilities.
         Acc* row = y + ((z * ix.nnz + begin) * b + r) * b;
         Acc max = -kInf<Acc>;
-        for (int64_t q = begin; q < end; ++q)
+        for (int64_t q = begin; q < end; ++q) {
           for (int64_t cc = 0; cc < b; ++cc) {
             const int64_t j = ix.block_col(q) * b + cc;
             const Acc x = load<Acc>(p.x, off4(p.x, z, q, r, cc));
@@ -241,8 +242,11 @@ void reference_softmax(const BlockSparseSoftmaxParams& p, Acc* y) {
                                          p.key_padding_mask_mode, p.attn_mask, p.attn_mask_mode,
                                          p.causal, z, h, i, j);
             row[(q - begin) * b * b + cc] = v;
-            max = std::max(max, v);
           }
+          // The row's entries in this block are b apart from the next block's: one block at a
+          // time, NaN kept (softmax_row.h).
+          max = running_softmax_max(max, softmax_row_max(row + (q - begin) * b * b, b));
+        }
         if (max == -kInf<Acc>) {
           for (int64_t q = begin; q < end; ++q)
             for (int64_t cc = 0; cc < b; ++cc) row[(q - begin) * b * b + cc] = 0;

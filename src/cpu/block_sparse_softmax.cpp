@@ -10,6 +10,7 @@
 
 #include "common/workspace_layout.h"
 #include "cpu/block_sparse_cpu.h"
+#include "cpu/softmax_row.h"
 
 namespace sciattn::cpu {
 namespace {
@@ -79,8 +80,7 @@ SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorVie
       load_row(x, off4(x, z, p, r, 0), x.strides[3], b, v);
       terms.apply(z, h, i, ix.col[static_cast<size_t>(p - shift)] * b, b, v, tmp);
     }
-    float max = kNegInf;
-    for (int64_t c = 0; c < width; ++c) max = std::max(max, vals[c]);
+    const float max = softmax_row_max(vals, width);  // NaN for a row with NaN scores
     float row_lse = kNegInf;
     if (max == kNegInf) {
       // Fully masked: 0 rather than DeepSpeed's NaN from exp(-inf - (-inf)) (Decision 4).

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/workspace_layout.h"
+#include "cpu/softmax_row.h"
 #include "cpu/strided_access.h"
 
 namespace sciattn::cpu {
@@ -55,14 +56,14 @@ void compute_scores(const TensorView& q, const TensorView& k, const TensorView& 
 }
 
 // In place: each score row becomes its softmax; lse (if given) gets log(sum exp). A row of all
-// -inf becomes zeros with lse -inf, which is what makes fully masked rows give 0, not NaN.
+// -inf becomes zeros with lse -inf, which is what makes fully masked rows give 0, not NaN; a row
+// with a NaN score becomes NaN (softmax_row.h).
 template <typename Acc>
 void softmax_rows(const detail::EvoformerShape& s, Acc* scores, Acc* lse) {
   const int64_t rows = s.batch * s.n * s.heads * s.len;
   for (int64_t r = 0; r < rows; ++r) {
     Acc* row = scores + r * s.len;
-    Acc max = -std::numeric_limits<Acc>::infinity();
-    for (int64_t j = 0; j < s.len; ++j) max = std::max(max, row[j]);
+    const Acc max = softmax_row_max(row, s.len);
     if (max == -std::numeric_limits<Acc>::infinity()) {
       for (int64_t j = 0; j < s.len; ++j) row[j] = 0;
       if (lse) lse[r] = -std::numeric_limits<Acc>::infinity();

@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "common/evoformer_cpu_tiling.h"
+#include "cpu/softmax_row.h"
 #include "cpu/strided_access.h"
 
 namespace sciattn::cpu {
@@ -132,9 +133,8 @@ void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, floa
       score_tile(tile, s, scores);
       for (int64_t r = 0; r < tq; ++r) {
         float* srow = scores + r * kCpuKeyTile;
-        float tile_max = kNegInf;
-        for (int64_t c = 0; c < tk; ++c) tile_max = std::max(tile_max, srow[c]);
-        const float new_max = std::max(row_max[r], tile_max);
+        // NaN once a score is NaN, -inf while every key so far is masked (softmax_row.h).
+        const float new_max = running_softmax_max(row_max[r], softmax_row_max(srow, tk));
         // Every key so far is masked: nothing to add, and no -inf - -inf = NaN to compute.
         if (new_max == kNegInf) continue;
         const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first unmasked tile
@@ -143,12 +143,19 @@ void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, floa
           srow[c] = std::exp(srow[c] - new_max);
           tile_sum += srow[c];
         }
-        row_sum[r] = row_sum[r] * rescale + tile_sum;
+        // The accumulator holds the output so far divided by the running sum: a weighted mean of
+        // V's rows, whose weights add up to at most 1, so it stays finite wherever the result is.
+        // Accumulating exp(s - max) v unnormalised reaches L * max|v|, which overflows fp32 for
+        // |v| above FLT_MAX / L although the output itself is at most max|v|.
+        const float kept = row_sum[r] * rescale;
+        const float new_sum = kept + tile_sum;  // >= 1: the maximum's own term is exp(0)
+        const float inv = 1.0f / new_sum;
+        for (int64_t c = 0; c < tk; ++c) srow[c] *= inv;
+        row_sum[r] = new_sum;
         row_max[r] = new_max;
         float* o = out_acc + r * s.dim;
-        if (rescale != 1.0f) {
-          for (int64_t d = 0; d < s.dim; ++d) o[d] *= rescale;
-        }
+        const float keep = kept * inv;
+        for (int64_t d = 0; d < s.dim; ++d) o[d] *= keep;
         for (int64_t c = 0; c < tk; ++c) {
           const float prob = srow[c];
           if (prob == 0.0f) continue;
@@ -159,13 +166,12 @@ void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, floa
     }
 
     for (int64_t r = 0; r < tq; ++r) {
-      float* o = out_acc + r * s.dim;
-      // A fully masked row has row_sum 0: its output is 0 and its lse -inf.
-      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-      for (int64_t d = 0; d < s.dim; ++d) o[d] *= inv;
+      // out_acc is normalised already. A fully masked row has row_sum 0: its output stayed 0 and
+      // its lse is -inf; a row with a NaN score has a NaN sum, output and lse.
+      const float* o = out_acc + r * s.dim;
       store_row(p.out, offset5(p.out, b, n, i0 + r, h, 0), 1, s.dim, o);
       if (p.lse.present()) {
-        const float lse = row_sum[r] > 0.0f ? row_max[r] + std::log(row_sum[r]) : kNegInf;
+        const float lse = row_sum[r] == 0.0f ? kNegInf : row_max[r] + std::log(row_sum[r]);
         static_cast<float*>(p.lse.data)[(b * s.n + n) * p.lse.strides[0] + h * p.lse.strides[1] +
                                         (i0 + r) * p.lse.strides[2]] = lse;
       }

@@ -15,6 +15,7 @@
 
 #include "common/workspace_layout.h"
 #include "cpu/block_sparse_cpu.h"
+#include "cpu/softmax_row.h"
 
 namespace sciattn::cpu {
 namespace {
@@ -92,9 +93,8 @@ SCIATTN_CPU_CLONES void forward_task(const SparseAttentionForwardParams& p, cons
     // Online softmax: scores become exp(s - running max), earlier sums and outputs are rescaled.
     for (int64_t r = 0; r < b; ++r) {
       float* srow = scores + r * b;
-      float block_max = kNegInf;
-      for (int64_t c = 0; c < b; ++c) block_max = std::max(block_max, srow[c]);
-      const float new_max = std::max(row_max[r], block_max);
+      // NaN once a score is NaN, -inf while every key so far is masked (softmax_row.h).
+      const float new_max = running_softmax_max(row_max[r], softmax_row_max(srow, b));
       if (new_max == kNegInf) {
         // Every key so far is masked: no probability, and no exp(-inf - (-inf)) = NaN.
         std::fill(srow, srow + b, 0.0f);
@@ -106,24 +106,28 @@ SCIATTN_CPU_CLONES void forward_task(const SparseAttentionForwardParams& p, cons
         srow[c] = std::exp(srow[c] - new_max);
         block_sum += srow[c];
       }
-      row_sum[r] = row_sum[r] * rescale + block_sum;
+      // acc holds the output so far divided by the running sum, a weighted mean of V's rows with
+      // weights adding up to at most 1: it stays finite wherever the result is, where the
+      // unnormalised sum of exp(s - max) v overflows fp32 for |v| above FLT_MAX / L.
+      const float kept = row_sum[r] * rescale;
+      const float new_sum = kept + block_sum;  // >= 1: the maximum's own term is exp(0)
+      const float inv = 1.0f / new_sum;
+      for (int64_t c = 0; c < b; ++c) srow[c] *= inv;
+      row_sum[r] = new_sum;
       row_max[r] = new_max;
-      if (rescale != 1.0f) {
-        float* o = acc + r * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] *= rescale;
-      }
+      float* o = acc + r * dim;
+      const float keep = kept * inv;
+      for (int64_t d = 0; d < dim; ++d) o[d] *= keep;
     }
-    gemm_acc(b, dim, b, scores, b, v_blk, dim, acc, dim);  // O_I += P V_J
+    gemm_acc(b, dim, b, scores, b, v_blk, dim, acc, dim);  // O_I += (P / sum) V_J
   }
-  for (int64_t r = 0; r < b; ++r) {
-    // A row without any unmasked key (or an empty block row) has sum 0: output 0, lse -inf.
-    const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-    float* o = acc + r * dim;
-    for (int64_t d = 0; d < dim; ++d) o[d] *= inv;
-    if (p.lse.present()) {
+  // acc is normalised already. A row without any unmasked key (or an empty block row) has sum 0:
+  // output 0, lse -inf; a row with a NaN score has a NaN sum, output and lse.
+  if (p.lse.present()) {
+    for (int64_t r = 0; r < b; ++r) {
       static_cast<float*>(p.lse.data)[z * p.lse.strides[0] + h * p.lse.strides[1] +
                                       (i_blk * b + r) * p.lse.strides[2]] =
-          row_sum[r] > 0.0f ? row_max[r] + std::log(row_sum[r]) : kNegInf;
+          row_sum[r] == 0.0f ? kNegInf : row_max[r] + std::log(row_sum[r]);
     }
   }
   store_tile(p.out, z, h, i_blk * b, b, 0, dim, acc, dim);
