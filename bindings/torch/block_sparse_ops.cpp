@@ -55,10 +55,13 @@ at::Tensor bsmm(at::Tensor a, at::Tensor b, const at::Tensor& layout, int64_t bl
   p.trans_a = trans_a;
   p.trans_b = trans_b;
   // Dense operands may have any strides (a transposed view needs no copy); sparse ones need
-  // stride 1 on the last dimension.
-  p.a = view_of(a, "a", /*any_strides=*/mode != BlockSparseMatMulMode::kDsd);
-  p.b = view_of(b, "b", /*any_strides=*/mode != BlockSparseMatMulMode::kDds);
-  p.c = view_of(c, "c");
+  // stride 1 on the last dimension, and are empty for a layout without blocks.
+  const bool sparse_a = mode == BlockSparseMatMulMode::kDsd;
+  const bool sparse_b = mode == BlockSparseMatMulMode::kDds;
+  const bool sparse_c = mode == BlockSparseMatMulMode::kSdd;
+  p.a = view_of(a, "a", /*any_strides=*/!sparse_a, /*allow_empty=*/sparse_a);
+  p.b = view_of(b, "b", /*any_strides=*/!sparse_b, /*allow_empty=*/sparse_b);
+  p.c = view_of(c, "c", /*any_strides=*/false, /*allow_empty=*/sparse_c);
   p.num_threads = num_threads();
   run_op(p, a, "MatMul");
   return c;
@@ -82,11 +85,14 @@ std::tuple<at::Tensor, at::Tensor> bsmm_bwd(at::Tensor dc, at::Tensor a, at::Ten
   p.mode = mode;
   p.trans_a = trans_a;
   p.trans_b = trans_b;
-  p.a = view_of(a, "a", /*any_strides=*/mode != BlockSparseMatMulMode::kDsd);
-  p.b = view_of(b, "b", /*any_strides=*/mode != BlockSparseMatMulMode::kDds);
-  p.dc = view_of(dc, "dc", /*any_strides=*/mode != BlockSparseMatMulMode::kSdd);
-  if (need_da) p.da = view_of(da, "da");
-  if (need_db) p.db = view_of(db, "db");
+  const bool sparse_a = mode == BlockSparseMatMulMode::kDsd;
+  const bool sparse_b = mode == BlockSparseMatMulMode::kDds;
+  const bool sparse_c = mode == BlockSparseMatMulMode::kSdd;
+  p.a = view_of(a, "a", /*any_strides=*/!sparse_a, /*allow_empty=*/sparse_a);
+  p.b = view_of(b, "b", /*any_strides=*/!sparse_b, /*allow_empty=*/sparse_b);
+  p.dc = view_of(dc, "dc", /*any_strides=*/!sparse_c, /*allow_empty=*/sparse_c);
+  if (need_da) p.da = view_of(da, "da", false, /*allow_empty=*/sparse_a);
+  if (need_db) p.db = view_of(db, "db", false, /*allow_empty=*/sparse_b);
   p.num_threads = num_threads();
   run_op(p, a, "MatMul (backward)");
   return {da, db};
@@ -110,8 +116,8 @@ at::Tensor bs_softmax(at::Tensor x, const at::Tensor& layout, int64_t block, int
   at::Tensor y = at::empty(x.sizes(), x.options());
   BlockSparseSoftmaxParams p;
   p.index = index.get();
-  p.x = view_of(x, "x");
-  p.y = view_of(y, "y");
+  p.x = view_of(x, "x", false, /*allow_empty=*/true);  // empty for a layout without blocks
+  p.y = view_of(y, "y", false, /*allow_empty=*/true);
   p.scale = *scale_of(scale);
   p.rpe = optional_view(rpe, "rpe", true);
   p.key_padding_mask = optional_view(key_padding_mask, "key_padding_mask", true);
@@ -133,9 +139,9 @@ at::Tensor bs_softmax_bwd(at::Tensor dy, at::Tensor y, const at::Tensor& layout,
   at::Tensor dx = at::empty(y.sizes(), y.options());
   BlockSparseSoftmaxBackwardParams p;
   p.index = index.get();
-  p.y = view_of(y, "y");
-  p.dy = view_of(dy, "dy");
-  p.dx = view_of(dx, "dx");
+  p.y = view_of(y, "y", false, /*allow_empty=*/true);
+  p.dy = view_of(dy, "dy", false, /*allow_empty=*/true);
+  p.dx = view_of(dx, "dx", false, /*allow_empty=*/true);
   p.scale = *scale_of(scale);
   p.num_threads = num_threads();
   run_op(p, y, "Softmax (backward)");

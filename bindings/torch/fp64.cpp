@@ -77,6 +77,14 @@ std::tuple<at::Tensor, at::Tensor> evoformer_probs(const at::Tensor& q, const at
   return safe_softmax(s);
 }
 
+// The incoming gradient as a packed tensor. ATen picks its product and reduction kernels by
+// strides, and the stride-0 gradient that out.sum().backward() hands over took kernels whose bits
+// changed with the thread count; a packed copy takes the kernels of every other gradient, whose
+// bits do not (docs/python.md promises that for every dtype; test_nan_and_edges.py checks it).
+at::Tensor packed_gradient(const at::Tensor& g) {
+  return g.contiguous();
+}
+
 // ---- block-sparse helpers ----
 
 struct Blocks {
@@ -176,9 +184,10 @@ std::tuple<at::Tensor, at::Tensor> evoformer_fwd(const at::Tensor& q, const at::
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> evoformer_bwd(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& dout_in, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const OptTensor& bias1, const OptTensor& bias2, const at::Tensor&, const at::Tensor&,
     std::optional<double> scale, bool need_dbias1, bool need_dbias2) {
+  const at::Tensor dout = packed_gradient(dout_in);
   check_evoformer(q, k, v, bias1, bias2);
   check_f64(dout, "dout");
   check_shape(dout, q.sizes(), "dout");
@@ -204,10 +213,11 @@ at::Tensor bsmm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layo
   return mode == BlockSparseMatMulMode::kSdd ? to_sparse(c, bl, block) : c.contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor> bsmm_bwd(const at::Tensor& dc, const at::Tensor& a,
+std::tuple<at::Tensor, at::Tensor> bsmm_bwd(const at::Tensor& dc_in, const at::Tensor& a,
                                             const at::Tensor& b, const at::Tensor& layout,
                                             int64_t block, BlockSparseMatMulMode mode, bool trans_a,
                                             bool trans_b, bool need_da, bool need_db) {
+  const at::Tensor dc = packed_gradient(dc_in);
   const Blocks bl = blocks_of(layout, a.device());
   auto [A, B] = matmul_operands(a, b, bl, block, mode, trans_a, trans_b);
   check_f64(dc, "dc");
@@ -243,8 +253,9 @@ at::Tensor bs_softmax(const at::Tensor& x, const at::Tensor& layout, int64_t blo
   return to_sparse(std::get<0>(safe_softmax(v)), bl, block);
 }
 
-at::Tensor bs_softmax_bwd(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& layout,
+at::Tensor bs_softmax_bwd(const at::Tensor& dy_in, const at::Tensor& y, const at::Tensor& layout,
                           int64_t block, double scale) {
+  const at::Tensor dy = packed_gradient(dy_in);
   check_f64(y, "y");
   check_f64(dy, "dy");
   const Blocks bl = blocks_of(layout, y.device());
@@ -268,10 +279,11 @@ std::tuple<at::Tensor, at::Tensor> sparse_attention_fwd(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_bwd(
-    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& dout_in, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& layout, int64_t block, const OptTensor& rpe,
     const OptTensor& key_padding_mask, const OptTensor& attn_mask, std::optional<double> scale,
     bool causal, MaskMode key_padding_mask_mode, MaskMode attn_mask_mode) {
+  const at::Tensor dout = packed_gradient(dout_in);
   const Blocks bl = blocks_of(layout, q.device());
   check_f64(v, "value");
   check_f64(dout, "dout");

@@ -47,11 +47,12 @@ void check_status(const Status& s, const char* op) {
   }
 }
 
-TensorView view_of(at::Tensor& t, const char* name, bool any_strides) {
+TensorView view_of(at::Tensor& t, const char* name, bool any_strides, bool allow_empty) {
   TensorView v;
   TORCH_CHECK_VALUE(t.dim() >= 1 && t.dim() <= TensorView::kMaxRank, name, " must have 1 to ",
                     TensorView::kMaxRank, " dimensions; got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.numel() > 0, name, " must not be empty; got shape ", t.sizes());
+  TORCH_CHECK_VALUE(allow_empty || t.numel() > 0, name, " must not be empty; got shape ",
+                    t.sizes());
   if (!any_strides && t.stride(-1) != 1) t = t.contiguous();
   v.dtype = to_dtype(t, name);
   if (t.is_cuda()) {

@@ -35,8 +35,10 @@ void check_status(const Status& s, const char* op);
 
 // A view of t. Tensors whose last dimension is not unit-stride are copied first (unless
 // any_strides): autograd hands out expanded (stride 0) gradients, and the library wants stride 1
-// on the innermost dimension.
-TensorView view_of(at::Tensor& t, const char* name, bool any_strides = false);
+// on the innermost dimension. An empty tensor is an error naming `name`, except where the op takes
+// one (allow_empty: the sparse tensors of a layout without blocks).
+TensorView view_of(at::Tensor& t, const char* name, bool any_strides = false,
+                   bool allow_empty = false);
 TensorView optional_view(OptTensor& t, const char* name, bool any_strides = false);
 
 // Every tensor argument on q's device (the library only knows cpu vs cuda).

@@ -58,6 +58,12 @@ def ndim(x, name, n, pattern):
                          f"got {list(x.shape)}")
 
 
+def not_empty(x, name, pattern):
+    if x.numel() == 0:
+        raise ValueError(f"{name} must not be empty: got shape {list(x.shape)} ({pattern}); every "
+                         "size must be at least 1")
+
+
 def scale(value, name="scale"):
     if value is None:
         return None

@@ -92,6 +92,7 @@ class SparseSelfAttention(nn.Module):
         _checks.float_dtype(query, "query")
         _checks.supported_device(query, "query")
         _checks.ndim(query, "query", 4, "[B, H, L, D]")
+        _checks.not_empty(query, "query", "[B, H, L, D]")
         B, H, L, _ = query.shape
         _checks.ndim(key, "key", 4, "[B, H, L, D]")
         key = self.transpose_key_for_scores(key, L)
