@@ -9,13 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "evoformer_test_util.h"
-#include "nan_semantics_util.h"
+#include "evoformer_nan_checks.h"
 
 namespace sciattn {
 namespace {
 
 using namespace sciattn::test;
+constexpr int64_t kB = EvoNanSpot::kB, kN = EvoNanSpot::kN, kI = EvoNanSpot::kI,
+                  kH = EvoNanSpot::kH;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -31,60 +32,17 @@ std::string name_of(const NanCase& c) {
 
 class EvoformerNan : public ::testing::TestWithParam<NanCase> {};
 
-// [B, N, L, H, D] = [2, 2, 150, 2, 8]: L spans two key tiles of the tiled path and is not a
-// multiple of either tile. Both biases are present, so dbias1 and dbias2 are checked too.
-EvoConfig nan_config(DType dtype) {
-  EvoConfig cfg;
-  cfg.shape = {2, 2, 150, 2, 8};
-  cfg.dtype = dtype;
-  cfg.bias1 = Bias1Kind::kSameAsQ;
-  cfg.bias2 = Bias2Kind::kSameAsQ;
-  cfg.seed = kBaseSeed + 3800;
-  return cfg;
-}
-
-// The spot that gets the NaN: q[b=1, n=0, i=77, h=1, d=3].
-constexpr int64_t kB = 1, kN = 0, kI = 77, kH = 1;
-
 TEST_P(EvoformerNan, NanInQReachesItsRowAndNothingElse) {
   const NanCase c = GetParam();
-  EvoInputs in = make_inputs(nan_config(c.dtype));
-  const EvoShape& s = in.cfg.shape;
-  in.q.set(static_cast<int64_t>(qkv_at(s, kB, kN, kI, kH, 3)), kNaN);
+  EvoInputs in = make_inputs(evoformer_nan_config(c.dtype));
+  put_nan_in_q(in);
   const ForwardRun f = run_forward(in, c.algo);
   ASSERT_TRUE(f.status.ok()) << f.status.to_string();
-  EXPECT_TRUE(nan_exactly_where("out", f.out.values(), [&](int64_t i) {
-    const auto x = unravel(i, s.qkv());
-    return x[0] == kB && x[1] == kN && x[2] == kI && x[3] == kH;
-  }));
-  EXPECT_TRUE(nan_exactly_where("lse", f.lse.values(), [&](int64_t i) {
-    const auto x = unravel(i, s.lse());
-    return x[0] == kB * s.N + kN && x[1] == kH && x[2] == kI;
-  }));
-
+  expect_forward_nan_in_row(in.cfg.shape, f.out.values(), f.lse.values());
   const BackwardRun g = run_backward(in, f.out, f.lse, c.algo, 0, true, true);
   ASSERT_TRUE(g.status.ok()) << g.status.to_string();
-  auto in_slice = [&](const std::vector<int64_t>& x) {
-    return x[0] == kB && x[1] == kN && x[3] == kH;
-  };
-  // dQ of the row; dK and dV of every key of the slice (each is attended by the NaN row).
-  EXPECT_TRUE(nan_exactly_where("dq", g.dq.values(), [&](int64_t i) {
-    const auto x = unravel(i, s.qkv());
-    return in_slice(x) && x[2] == kI;
-  }));
-  EXPECT_TRUE(nan_exactly_where("dk", g.dk.values(),
-                                [&](int64_t i) { return in_slice(unravel(i, s.qkv())); }));
-  EXPECT_TRUE(nan_exactly_where("dv", g.dv.values(),
-                                [&](int64_t i) { return in_slice(unravel(i, s.qkv())); }));
-  // dbias1 sums dS over heads and rows of (b, n); dbias2 sums it over n for (b, h, i).
-  EXPECT_TRUE(nan_exactly_where("dbias1", g.dbias1.values(), [&](int64_t i) {
-    const auto x = unravel(i, s.bias1());
-    return x[0] == kB && x[1] == kN;
-  }));
-  EXPECT_TRUE(nan_exactly_where("dbias2", g.dbias2.values(), [&](int64_t i) {
-    const auto x = unravel(i, s.bias2());
-    return x[0] == kB && x[2] == kH && x[3] == kI;
-  }));
+  expect_backward_nan_from_row(in.cfg.shape, g.dq.values(), g.dk.values(), g.dv.values(),
+                               g.dbias1.values(), g.dbias2.values());
 }
 
 // A fully masked (b, n) (bias1 -inf on every key) still gives 0 and lse -inf with zero
@@ -92,10 +50,10 @@ TEST_P(EvoformerNan, NanInQReachesItsRowAndNothingElse) {
 // apart.
 TEST_P(EvoformerNan, FullyMaskedRowsStayZeroBesideANan) {
   const NanCase c = GetParam();
-  EvoInputs in = make_inputs(nan_config(c.dtype));
+  EvoInputs in = make_inputs(evoformer_nan_config(c.dtype));
   const EvoShape& s = in.cfg.shape;
   for (int64_t j = 0; j < s.L; ++j) in.bias1.set(j, -std::numeric_limits<double>::infinity());
-  in.q.set(static_cast<int64_t>(qkv_at(s, kB, kN, kI, kH, 3)), kNaN);
+  put_nan_in_q(in);
   const ForwardRun f = run_forward(in, c.algo);
   ASSERT_TRUE(f.status.ok()) << f.status.to_string();
   const std::vector<double> out = f.out.values(), lse = f.lse.values();
@@ -121,7 +79,7 @@ TEST_P(EvoformerNan, NanInKVAndBias2Propagate) {
   const NanCase c = GetParam();
   for (const char* where : {"k", "v", "bias2"}) {
     SCOPED_TRACE(where);
-    EvoInputs in = make_inputs(nan_config(c.dtype));
+    EvoInputs in = make_inputs(evoformer_nan_config(c.dtype));
     const EvoShape& s = in.cfg.shape;
     const std::string w = where;
     if (w == "k") in.k.set(static_cast<int64_t>(qkv_at(s, kB, kN, 5, kH, 0)), kNaN);

@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cpu/block_sparse_test_util.h"
+#include "cpu/nan_semantics_util.h"
 #include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
 
@@ -1111,6 +1113,55 @@ TEST(BlockSparseCudaSmall, EmptyLayoutGivesEmptyOrZeroResults) {
   smb.dx = sparse;
   st = run_gpu(smb);
   ASSERT_TRUE(st.ok()) << st.to_string();
+}
+
+// The Softmax kernel's merge of the lanes' (max, sum) pairs must not take a row of NaN scores
+// (max -inf, sum NaN) for a fully masked one (max -inf, sum 0): a NaN score makes its row NaN,
+// and only its row; a fully masked row is still 0 (cpu/nan_semantics_util.h).
+TEST(BlockSparseCudaSmall, SoftmaxNanScoreReachesItsRowOnly) {
+  SKIP_WITHOUT_GPU();
+  Layout layout = Layout::zeros(2, 3, 3);
+  layout.at(0, 0, 0) = layout.at(0, 1, 0) = layout.at(0, 1, 1) = layout.at(0, 2, 2) = 1;
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t c = 0; c < 3; ++c) layout.at(1, r, c) = 1;
+  BlockSparseIndex ix = make_index(layout, 16);
+  upload(ix);
+  const int64_t L = 48;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::mt19937_64 rng(kBaseSeed + 2712);
+    HostTensor x = HostTensor::packed(dtype, {2, ix.nnz, 16, 16});
+    test::fill_normal(x, rng);
+    // Batch 1: every score of row 4 of head 0's block row 1 (blocks 1 and 2) is NaN, so no lane
+    // sees a finite score; and one score of its row 9, beside finite ones.
+    for (int64_t c = 0; c < 16; ++c) {
+      x.set(((1 * ix.nnz + 1) * 16 + 4) * 16 + c, std::numeric_limits<double>::quiet_NaN());
+      x.set(((1 * ix.nnz + 2) * 16 + 4) * 16 + c, std::numeric_limits<double>::quiet_NaN());
+    }
+    x.set(((1 * ix.nnz + 1) * 16 + 9) * 16 + 2, std::numeric_limits<double>::quiet_NaN());
+    HostTensor kpm = HostTensor::packed(DType::kF32, {2, L});
+    for (int64_t j = 0; j < 2 * L; ++j) kpm.set(j, j < L ? -kInf : 0.0);  // batch 0 masked
+    HostTensor y = HostTensor::packed(dtype, {2, ix.nnz, 16, 16});
+    DeviceCopy dx(x), dkpm(kpm), dy(y);
+    BlockSparseSoftmaxParams p;
+    p.index = &ix;
+    p.x = dx.view();
+    p.y = dy.view();
+    p.key_padding_mask = dkpm.view();
+    const Status st = run_gpu(p);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    dy.copy_to(y);
+    const std::vector<int64_t> sizes = {2, ix.nnz, 16, 16};
+    EXPECT_TRUE(test::nan_exactly_where("y", y.values(), [&](int64_t e) {
+      const auto at = test::unravel(e, sizes);
+      // Rows 4 and 9 of the blocks of head 0's block row 1 (blocks 1 and 2), batch 1.
+      return at[0] == 1 && (at[1] == 1 || at[1] == 2) && (at[2] == 4 || at[2] == 9);
+    }));
+    const std::vector<double> got = y.values();
+    for (int64_t e = 0; e < ix.nnz * 256; ++e) {
+      ASSERT_EQ(got[static_cast<size_t>(e)], 0.0) << "batch 0 is fully masked; element " << e;
+    }
+  }
 }
 
 // A dsd whose index splits a line asks for the partial sums' workspace (none without a split)

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 #include "common/evoformer_cuda_plan.h"
+#include "cpu/evoformer_nan_checks.h"
 #include "cpu/evoformer_test_util.h"
 #include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
@@ -175,6 +177,28 @@ TEST(EvoformerCudaEdges, FullyMaskedRowsGiveZeroNotNaN) {
     c.mask_false_fraction = 0.97;
     c.seed = kBaseSeed + 70002;
     check_case(c);
+  }
+}
+
+// A NaN in q reaches its row's output, lse and gradients and nothing else, as on the CPU
+// (cpu/evoformer_nan_checks.h), in every dtype: the kernels' fully-masked test must not take a
+// NaN row for a masked one. Head dim 32 (the warpgroup kernels for 16-bit, in CI's instantiation
+// list) and 24 (padded: the mma.sync kernels, in the gpu preset's lists).
+TEST(EvoformerCudaEdges, NanInQReachesItsRowAndNothingElse) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t dim : {32, 24}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(dim));
+      EvoInputs in = make_inputs(evoformer_nan_config(dt, dim));
+      put_nan_in_q(in);
+      const GpuResult r = run_gpu(in, true, true);
+      if (r.forward_status.code() == StatusCode::kNotSupported) continue;  // not instantiated
+      ASSERT_TRUE(r.forward_status.ok()) << r.forward_status.to_string();
+      ASSERT_TRUE(r.backward_status.ok()) << r.backward_status.to_string();
+      expect_forward_nan_in_row(in.cfg.shape, r.out.values(), r.lse.values());
+      expect_backward_nan_from_row(in.cfg.shape, r.dq.values(), r.dk.values(), r.dv.values(),
+                                   r.dbias1.values(), r.dbias2.values());
+    }
   }
 }
 

@@ -11,12 +11,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cpu/block_sparse_test_util.h"
+#include "cpu/nan_semantics_util.h"
 #include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
 
@@ -649,6 +651,58 @@ auto case_name = [](const ::testing::TestParamInfo<GpuCase>& info) { return info
 
 INSTANTIATE_TEST_SUITE_P(Small, SparseAttentionCuda, ::testing::ValuesIn(small_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Large, SparseAttentionCuda, ::testing::ValuesIn(large_cases()), case_name);
+
+// ---- NaN ------------------------------------------------------------------------------------
+
+// A NaN in q reaches its row's output, lse and dQ, and dK / dV of the keys the row attends;
+// nothing of another (batch, head) (cpu/nan_semantics_util.h; keys of the same head that the row
+// does not attend may go either way). The kernels' fully-masked tests must not take a NaN row for
+// a masked one: whole rows, split rows merged by the combine kernel, and the fp32 kernels; head
+// dim 32 (mma.sync) and 64 (warpgroup MMA), blocks 16 (packed) and 64 (whole tiles).
+TEST(SparseAttentionCudaSmall, NanInQReachesItsRowAndWhatItAttends) {
+  SKIP_WITHOUT_GPU();
+  struct Variant {
+    DType dtype;
+    int64_t block, D, split;
+  };
+  for (const Variant& var : {Variant{DType::kBF16, 16, 32, 0}, Variant{DType::kBF16, 64, 64, 0},
+                             Variant{DType::kF16, 16, 64, 1}, Variant{DType::kBF16, 64, 32, 1},
+                             Variant{DType::kF32, 16, 32, 0}}) {
+    GpuCase c;
+    c.dtype = var.dtype;
+    c.block = var.block;
+    c.D = var.D;
+    c.N = 8;
+    c.config = Config::kGlobalLines;
+    c.split_blocks = var.split;
+    c.seed = kBaseSeed + 3950;
+    SCOPED_TRACE(c.name());
+    Problem p = make_problem(c);
+    const int64_t L = c.L(), z = 1, h = 1, i = L / 2 + 3;
+    p.q.set(((z * c.H + h) * L + i) * c.D + 5, std::numeric_limits<double>::quiet_NaN());
+    const GpuRun r = run_gpu(p);
+    if (r.forward_status.code() == StatusCode::kNotSupported) continue;  // not instantiated
+    ASSERT_TRUE(r.forward_status.ok()) << r.forward_status.to_string();
+    ASSERT_TRUE(r.backward_status.ok()) << r.backward_status.to_string();
+    const std::vector<int64_t> qkv = {c.B, c.H, L, c.D};
+    auto the_row = [&](int64_t e) {
+      const auto x = test::unravel(e, qkv);
+      return x[0] == z && x[1] == h && x[2] == i;
+    };
+    EXPECT_TRUE(test::nan_exactly_where("out", r.out.values(), the_row));
+    EXPECT_TRUE(test::nan_exactly_where("lse", r.lse.values(),
+                                        [&](int64_t e) { return e == (z * c.H + h) * L + i; }));
+    EXPECT_TRUE(test::nan_exactly_where("dq", r.dq.values(), the_row));
+    auto key_grad = [&](int64_t e) {
+      const auto x = test::unravel(e, qkv);
+      if (x[0] != z || x[1] != h) return test::Expect::kFinite;
+      return p.layout.at(h, i / c.block, x[2] / c.block) ? test::Expect::kNaN
+                                                         : test::Expect::kEither;
+    };
+    EXPECT_TRUE(test::nan_where("dk", r.dk.values(), key_grad));
+    EXPECT_TRUE(test::nan_where("dv", r.dv.values(), key_grad));
+  }
+}
 
 // ---- rejections -----------------------------------------------------------------------------
 

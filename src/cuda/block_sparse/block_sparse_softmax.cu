@@ -171,14 +171,17 @@ __global__ void __launch_bounds__(kThreads) softmax_forward_kernel(const Forward
       const float s2 = __shfl_xor_sync(0xffffffffu, s, off);
       const float mm = fmaxf(m, m2);
       if (mm == kMinusInf) {
-        s = 0.0f;
+        // Both lanes saw only masked keys (sum 0) or NaN scores (sum NaN; fmaxf drops NaN from
+        // the max): keep the NaN.
+        s = s + s2;
       } else {
         s = s * expf(m - mm) + s2 * expf(m2 - mm);
       }
       m = mm;
     }
-    // Pass 2: write y. A fully masked row (max = -inf) gets 0, not DeepSpeed's NaN.
-    const bool masked = m == kMinusInf;
+    // Pass 2: write y. A fully masked row (max = -inf, sum 0) gets 0, not DeepSpeed's NaN; a row
+    // of NaN scores (max -inf, sum NaN) gets NaN.
+    const bool masked = m == kMinusInf && s == 0.0f;
     for (int64_t e = lane; e < width; e += 32) {
       const int64_t p = rp.begin + (e >> a.w.log2_block);
       const int64_t c = e & (a.w.block - 1);

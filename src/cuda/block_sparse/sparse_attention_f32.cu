@@ -137,11 +137,12 @@ __global__ void __launch_bounds__(kF32Threads)
       for (int64_t d = 0; d < p.dim; ++d) o[d] = o[d] * rescale + pj * vj[d * p.v_stride[3]];
       m = new_m;
     });
-    // A row without any unmasked key: output 0, lse -inf.
-    store_row_f32(p.out, p.out_stride, b, h, i, p.dim, o, l > 0.0f ? 1.0f / l : 0.0f);
+    // A row without any unmasked key: output 0, lse -inf; a NaN score made l NaN (fmaxf dropped
+    // it from m, not from the sum), which gives NaN.
+    store_row_f32(p.out, p.out_stride, b, h, i, p.dim, o, l != 0.0f ? 1.0f / l : 0.0f);
     if (p.lse != nullptr) {
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-          l > 0.0f ? m + logf(l) : kNegInf;
+          l != 0.0f ? m + logf(l) : kNegInf;
     }
   }
 }

@@ -138,9 +138,10 @@ __device__ __forceinline__ void finish_forward_rows(
   }
   // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf. The sum
   // is at least 1 otherwise (the row's largest term is exp(0)), so the fast reciprocal and log
-  // are accurate to ~2^-22.
-  const float inv[2] = {row_sum[0] > 0.0f ? __fdividef(1.0f, row_sum[0]) : 0.0f,
-                        row_sum[1] > 0.0f ? __fdividef(1.0f, row_sum[1]) : 0.0f};
+  // are accurate to ~2^-22; a row with a NaN score has a NaN sum (fmaxf drops NaN from the max,
+  // but exp of the score does not), which must give NaN: the tests are != 0, not > 0.
+  const float inv[2] = {row_sum[0] != 0.0f ? __fdividef(1.0f, row_sum[0]) : 0.0f,
+                        row_sum[1] != 0.0f ? __fdividef(1.0f, row_sum[1]) : 0.0f};
   store_slice_rows<T, kOutTiles>(o_acc, inv, p.out, p.out_stride, b, h, my_rows, p.len, p.dim, t,
                                  p.out_paired);
   if (p.lse != nullptr && t == 0) {
@@ -148,7 +149,7 @@ __device__ __forceinline__ void finish_forward_rows(
     for (int r = 0; r < 2; ++r) {
       if (my_rows[r] >= p.len) continue;
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] =
-          row_sum[r] > 0.0f ? row_max[r] + __logf(row_sum[r]) : kNegInf;
+          row_sum[r] != 0.0f ? row_max[r] + __logf(row_sum[r]) : kNegInf;
     }
   }
 }
@@ -261,10 +262,16 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
   constexpr int64_t kSlot = kOut + 2 * SparseTile::kSize;
   const float* first = p.fwd_partial + at.first_slot * kSlot;
   const int r = at.tile_row;
+  // A piece with a NaN score has max -inf (fmaxf drops NaN) but a NaN sum: merge unless every
+  // piece's sum is 0 (a fully masked row), so that the NaN reaches O and lse.
   float m = kNegInf;
-  for (int q = 0; q < at.pieces; ++q) m = fmaxf(m, first[q * kSlot + kOut + r]);
+  bool any_key = false;
+  for (int q = 0; q < at.pieces; ++q) {
+    m = fmaxf(m, first[q * kSlot + kOut + r]);
+    any_key = any_key || first[q * kSlot + kOut + SparseTile::kSize + r] != 0.0f;
+  }
   float sum = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (m != kNegInf) {
+  if (any_key) {
     for (int q = 0; q < at.pieces; ++q) {
       const float* slot = first + q * kSlot;
       const float f = exp2f((slot[kOut + r] - m) * kLog2e);
@@ -276,13 +283,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
       o[3] += x.w * f;
     }
   }
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;
   for (float& x : o) x *= inv;
   T* out = static_cast<T*>(p.out) + at.b * p.out_stride[0] + at.h * p.out_stride[1];
   store_four(out + at.row * p.out_stride[2], at.d, p.dim, o);
   if (at.d == 0 && p.lse != nullptr) {
     p.lse[at.b * p.lse_stride[0] + at.h * p.lse_stride[1] + at.row * p.lse_stride[2]] =
-        sum > 0.0f ? m + logf(sum) : kNegInf;
+        sum != 0.0f ? m + logf(sum) : kNegInf;
   }
 }
 

@@ -150,12 +150,13 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
       row_max = new_max;
     }
     const float sum = warp_sum(lane_sum);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    // Sum 0: a fully masked row (output 0, lse -inf); a NaN sum (a NaN score) gives NaN.
+    const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;
     float* out = const_cast<float*>(f32_row(p.out, p.out_stride, r.b, r.n, r.i, r.h));
     store_lane_row(out, o, inv, p.dim, lane);
     if (p.lse != nullptr && lane == 0) {
       p.lse[r.bn * p.lse_stride[0] + r.h * p.lse_stride[1] + r.i * p.lse_stride[2]] =
-          sum > 0.0f ? row_max + logf(sum) : kNegInf;
+          sum != 0.0f ? row_max + logf(sum) : kNegInf;
     }
   }
 }

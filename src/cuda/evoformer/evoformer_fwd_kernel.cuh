@@ -130,8 +130,10 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     const int64_t row = my_rows[r];
     if (row >= p.len) continue;
     // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 1 otherwise (the
-    // row's largest term is exp2(0)), so the fast reciprocal and log are accurate to ~2^-22.
-    const float inv = row_sum[r] > 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
+    // row's largest term is exp2(0)), so the fast reciprocal and log are accurate to ~2^-22; a
+    // row with a NaN score has a NaN sum (fmaxf drops NaN from the max, but exp2 of the score
+    // does not), which must give NaN, not the masked row's 0 and -inf: the tests are != 0.
+    const float inv = row_sum[r] != 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
     T* out_row = out + row * p.out_stride[2];
     if (pairs_aligned) {
 #pragma unroll
@@ -158,7 +160,7 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
       }
     }
     if (p.lse != nullptr && t == 0) {
-      const float lse = row_sum[r] > 0.0f ? (row_max[r] + __log2f(row_sum[r])) * kLn2 : kNegInf;
+      const float lse = row_sum[r] != 0.0f ? (row_max[r] + __log2f(row_sum[r])) * kLn2 : kNegInf;
       p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
     }
   }
