@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -343,10 +342,19 @@ Status load_deepspeed_sparsity_file(const std::string& path, int64_t num_heads, 
   if (!file) {
     return reject("cannot read \"" + path + "\": " + std::strerror(errno));
   }
-  std::ostringstream text;
-  text << file.rdbuf();
+  // A config is a few KiB. The read stops past a cap, so that a path such as /dev/zero (or a
+  // huge file given by mistake) is refused instead of read until memory runs out; pipes
+  // (`--config <(...)`) still work.
+  constexpr std::streamsize kMaxConfigBytes = std::streamsize{16} << 20;
+  std::string text(static_cast<size_t>(kMaxConfigBytes) + 1, '\0');
+  file.read(text.data(), kMaxConfigBytes + 1);
   if (file.bad()) return reject("cannot read \"" + path + "\": " + std::strerror(errno));
-  return parse_text(text.str(), "\"" + path + "\"", num_heads, seed, out);
+  if (file.gcount() > kMaxConfigBytes) {
+    return reject("\"" + path +
+                  "\" holds more than 16 MiB; a DeepSpeed config is a small JSON file");
+  }
+  text.resize(static_cast<size_t>(file.gcount()));
+  return parse_text(text, "\"" + path + "\"", num_heads, seed, out);
 }
 
 }  // namespace detail

@@ -181,6 +181,16 @@ TEST(DeepSpeedConfig, DirectoryIsNamed) {
   EXPECT_EQ(s.message().find("malformed"), std::string::npos) << s.message();
 }
 
+// A path that never ends (/dev/zero) or a huge file is refused after 16 MiB, not read until
+// memory runs out.
+TEST(DeepSpeedConfig, EndlessFileIsRefused) {
+  SparsityConfig c;
+  const Status s = load_deepspeed_sparsity_config("/dev/zero", 3, &c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"/dev/zero\" holds more than 16 MiB"), std::string::npos)
+      << s.message();
+}
+
 // ---- errors ----
 
 TEST(DeepSpeedConfig, MalformedJson) {
