@@ -2,10 +2,12 @@
 # Runs the whole sciattn test suite on this machine, as CI does:
 #   1. the `cpu` preset: build, then every cpu-labelled test (library suites, the examples, the
 #      command-line program), then `sciattn demo` and `sciattn train --demo` (seconds);
-#   2. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
+#   2. the C++ package: `cmake --install` of the cpu build into a temporary prefix, then examples/
+#      built as a separate CMake project against it (find_package(sciattn CONFIG)) and run;
+#   3. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
 #      skipped with a message when nvcc is absent);
-#   3. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
-#   4. the Python package (label python): installs .venv and the package (scripts/setup.sh
+#   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
+#   5. the Python package (label python): installs .venv and the package (scripts/setup.sh
 #      --python), then runs pytest tests/python on the CPU.
 # Installs missing build dependencies first (scripts/setup.sh --deps).
 set -euo pipefail
@@ -33,6 +35,15 @@ build/cpu/tools/sciattn demo
 
 stage "sciattn train --demo"
 build/cpu/tools/sciattn train --demo
+
+stage "installed package: cmake --install, then examples/ as a project of its own"
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build/cpu --prefix "$prefix/install" >/dev/null
+cmake -S examples -B "$prefix/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix/install" >/dev/null
+cmake --build "$prefix/examples" -j "$jobs"
+ctest --test-dir "$prefix/examples" -j "$jobs"
 
 stage "cuda preset: compile the kernels, GPU tests and GPU benchmark (runs nothing)"
 if command -v nvcc >/dev/null 2>&1; then
