@@ -44,3 +44,16 @@ list(GET torch_query 2 SCIATTN_TORCH_VERSION)
 message(STATUS "sciattn: torch ${SCIATTN_TORCH_VERSION} at ${SCIATTN_TORCH_DIR}")
 
 add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${SCIATTN_TORCH_CXX11_ABI})
+
+# The C++ standard the extension is compiled with follows what torch's headers require: ATen.h
+# stops with "#error C++<NN> or later compatible compiler is required to use ATen." (C++20 for
+# torch 2.15; C++17 where the line names 17 or is absent). The library itself stays C++17; its
+# public headers compile as either.
+set(SCIATTN_TORCH_CXX_STANDARD 17)
+file(STRINGS "${SCIATTN_TORCH_DIR}/include/ATen/ATen.h" torch_std_line
+     REGEX "C\\+\\+[0-9]+ or later compatible compiler is required")
+if(torch_std_line MATCHES "C\\+\\+([0-9]+) or later")
+  set(SCIATTN_TORCH_CXX_STANDARD ${CMAKE_MATCH_1})
+endif()
+message(STATUS "sciattn: the extension is compiled as C++${SCIATTN_TORCH_CXX_STANDARD}, as torch "
+               "${SCIATTN_TORCH_VERSION} requires")
