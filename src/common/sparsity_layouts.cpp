@@ -468,6 +468,8 @@ class SparseLayoutSink final : public LayoutSink {
   static void sort_by_start(Range* first, Range* last) {
     constexpr std::ptrdiff_t kInsertionSortMax = 16;
     auto by_start = [](const Range& x, const Range& y) { return x.c0 < y.c0; };
+    // An empty row may come as two null pointers, and first + 1 must not be formed from null.
+    if (last - first < 2) return;
     if (last - first > kInsertionSortMax) {
       if (!std::is_sorted(first, last, by_start)) std::sort(first, last, by_start);
       return;
