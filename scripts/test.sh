@@ -7,7 +7,9 @@
 #   3. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
 #      skipped with a message when nvcc is absent);
 #   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
-#   5. the Python package (label python): installs .venv and the package (scripts/setup.sh
+#   5. the libFuzzer targets (scripts/fuzz.sh): each for 45 s from its seed corpus, failing on
+#      any crash, leak or sanitizer report;
+#   6. the Python package (label python): installs .venv and the package (scripts/setup.sh
 #      --python), then runs pytest tests/python on the CPU.
 # Installs missing build dependencies first (scripts/setup.sh --deps).
 set -euo pipefail
@@ -57,6 +59,9 @@ stage "asan preset: build and test"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
+
+stage "fuzz: each libFuzzer target for 45 s"
+scripts/fuzz.sh 45
 
 stage "python: install the package into .venv and run pytest tests/python"
 scripts/setup.sh --python

@@ -165,7 +165,8 @@ void check_layout_memory(const LayoutArgs& a, const SparsityConfig& config) {
   if (!s.ok()) fail_bad_input(s.message());
 }
 
-void run_layout(const LayoutArgs& a, const CommandOptions& options) {
+void run_layout(LayoutArgs& a, const CommandOptions& options) {
+  a.layout.read_config_file = options.read_config_files;
   const SparsityConfig config = config_from_flags(a.layout, a.seed);
   check_layout_memory(a, config);
   if (options.check_only) return;

@@ -495,6 +495,7 @@ void add_sparse_command(CLI::App& app, const CommandOptions& options) {
   cmd->add_flag("--no-check", *no_check, "skip the dense reference and the error check");
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
+    flags->read_config_file = options.read_config_files;
     config->sparsity = config_from_flags(*flags, config->seed);
     config->device = *device == "cuda" ? Device::kCuda : Device::kCpu;
     config->dtype = *parse_dtype(*dtype != "auto"                  ? *dtype

@@ -16,6 +16,9 @@ struct CommandOptions {
   // Stop once the flags and the memory the run needs are checked, running nothing (the argument
   // fuzz target).
   bool check_only = false;
+  // Read the files that --config names. The argument fuzz target turns it off: a generated path
+  // such as /dev/stdin would block, and the JSON parser has a fuzz target of its own.
+  bool read_config_files = true;
 };
 
 void add_demo_command(CLI::App& app, const CommandOptions& options = {});

@@ -198,7 +198,7 @@ SparsityConfig config_from_flags(const LayoutFlags& a, uint64_t seed) {
           a.mode + "\"");
     }
   }
-  if (a.config_opt->count() > 0) {
+  if (a.config_opt->count() > 0 && a.read_config_file) {
     Status s = load_deepspeed_sparsity_config(a.config_path, a.heads, &config, seed);
     if (!s.ok()) fail_bad_input(s.message());
     if (mode && *mode != sparsity_mode(config)) {

@@ -26,6 +26,9 @@ struct LayoutFlags {
   int64_t heads = 1;
   int64_t block = kDefaultBlock;
   std::string config_path;
+  // CommandOptions::read_config_files: false in the argument fuzz target, whose --config paths
+  // are not read.
+  bool read_config_file = true;
 
   bool different_layout_per_head = false;
   int64_t num_local_blocks = 0;

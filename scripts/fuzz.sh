@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (the `fuzz` preset: clang 14 with AddressSanitizer and UBSan) and
+# runs each for a bounded time from its seed corpus in tests/fuzz/corpus/<target>/. Fails on the
+# first crash, leak, timeout or sanitizer report; the input that caused it is kept under
+# build/fuzz/artifacts/ (replay it with `build/fuzz/tests/fuzz/<target> <file>`).
+#
+#   scripts/fuzz.sh            # 60 seconds per target
+#   scripts/fuzz.sh 45         # what scripts/test.sh (CI) runs
+#   scripts/fuzz.sh 300        # longer runs while changing a parser
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+# clang 14 with libFuzzer and the sanitizer runtimes, and its OpenMP (the library's loops), from
+# Debian; only those missing.
+missing=()
+for p in clang-14 libclang-rt-14-dev libomp-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "fuzz: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+cmake --preset fuzz >/dev/null
+# The build preset names only the three targets: the library and the commands they link, nothing
+# else (no tests, benchmarks or program).
+cmake --build --preset fuzz -j "$(nproc)"
+mkdir -p build/fuzz/artifacts
+for target in fuzz_deepspeed_config fuzz_sparsity_layout fuzz_cli_args; do
+  # New inputs go to a scratch corpus; the seeds in the repository are only read.
+  scratch=build/fuzz/corpus/$target
+  mkdir -p "$scratch"
+  echo "fuzz: $target for ${seconds} s"
+  log=build/fuzz/$target.log
+  status=0
+  build/fuzz/tests/fuzz/$target -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
+    -print_final_stats=1 -artifact_prefix=build/fuzz/artifacts/$target- \
+    "$scratch" "tests/fuzz/corpus/$target" >"$log" 2>&1 || status=$?
+  grep -E "stat::number_of_executed_units|INFO: seed corpus|Done [0-9]+ runs" "$log" || true
+  if [ "$status" -ne 0 ]; then
+    # The report: the sanitizer's or the expectation's message and the stack.
+    grep -E -A40 "^==[0-9]+==ERROR|fuzz expectation failed|^SUMMARY|deadly signal|timeout" "$log" |
+      head -80 || true
+    echo "fuzz: $target failed (exit $status); log $log, inputs in build/fuzz/artifacts/"
+    exit 1
+  fi
+done
+echo "fuzz: every target ran ${seconds} s without a finding"
