@@ -2,7 +2,8 @@
 # (find_package(sciattn CONFIG)) with the targets
 #   sciattn::sciattn   the library (CPU path; the CUDA kernels too when built, through sciattn::cuda)
 #   sciattn::cuda      the CUDA kernels (SCIATTN_WITH_CUDA builds; linked by sciattn::sciattn)
-#   sciattn::train     the GPT trainer (when SCIATTN_BUILD_TRAINER is on)
+#   sciattn::train     the GPT trainer (when SCIATTN_BUILD_TRAINER is on), with
+#   sciattn::train_core  its BLAS-free optimizer parts (AdamW, loss scaling, clipping)
 # and the components `cuda` and `train` for find_package(sciattn CONFIG COMPONENTS ...). The
 # Python package's build (pip) installs only its extension: SCIATTN_INSTALL is off there.
 # Included last by the top-level CMakeLists.txt.
@@ -16,8 +17,10 @@ if(TARGET sciattn_cuda)
   list(APPEND sciattn_export_targets sciattn_cuda)
 endif()
 if(TARGET sciattn_train)
+  # sciattn_train links sciattn_train_core (AdamW, loss scaling, clipping) publicly.
   set_target_properties(sciattn_train PROPERTIES EXPORT_NAME train)
-  list(APPEND sciattn_export_targets sciattn_train)
+  set_target_properties(sciattn_train_core PROPERTIES EXPORT_NAME train_core)
+  list(APPEND sciattn_export_targets sciattn_train sciattn_train_core)
 endif()
 # sciattn_warnings (compile options only) rides along because the static libraries name it as a
 # link-only dependency; linking it adds nothing to a consumer's build.
