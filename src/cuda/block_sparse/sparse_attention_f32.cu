@@ -125,21 +125,28 @@ __global__ void __launch_bounds__(kF32Threads)
     float q[kF32MaxDim], o[kF32MaxDim];
     load_row_f32(q, p.q, p.q_stride, b, h, i, p.dim);
     for (int64_t d = 0; d < p.dim; ++d) o[d] = 0.0f;
+    // o holds the probability-weighted mean of the V rows seen so far (each key divides by the
+    // running sum), so |o| never exceeds max |v|: summing unnormalised rows would overflow fp32 at
+    // (keys) * max |v| although the output itself is finite.
     float m = kNegInf, l = 0.0f;
     for_each_key(p, b, h, i, q, [&](int64_t j, float s) {
       if (s == kNegInf) return;  // contributes exp(-inf) = 0
       const float new_m = fmaxf(m, s);
-      const float rescale = expf(m - new_m);  // 0 for the first key (m = -inf)
+      const float kept = l * expf(m - new_m);  // 0 for the first key (m = -inf)
       const float pj = expf(s - new_m);
-      l = l * rescale + pj;
+      const float new_l = kept + pj;
+      // new_l > 0 here (pj = 1 at the maximum) unless a NaN score made it NaN: o becomes NaN.
+      const float inv = 1.0f / new_l;
+      const float keep = kept * inv, w = pj * inv;
       const float* vj = static_cast<const float*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1] +
                         j * p.v_stride[2];
-      for (int64_t d = 0; d < p.dim; ++d) o[d] = o[d] * rescale + pj * vj[d * p.v_stride[3]];
+      for (int64_t d = 0; d < p.dim; ++d) o[d] = o[d] * keep + w * vj[d * p.v_stride[3]];
       m = new_m;
+      l = new_l;
     });
     // A row without any unmasked key: output 0, lse -inf; a NaN score made l NaN (fmaxf dropped
     // it from m, not from the sum), which gives NaN.
-    store_row_f32(p.out, p.out_stride, b, h, i, p.dim, o, l != 0.0f ? 1.0f / l : 0.0f);
+    store_row_f32(p.out, p.out_stride, b, h, i, p.dim, o, 1.0f);
     if (p.lse != nullptr) {
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
           l != 0.0f ? m + logf(l) : kNegInf;

@@ -128,7 +128,10 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
     const RowIndex r = decode_row(row, p);
     float q[kF32PerLane], o[kF32PerLane] = {0.0f, 0.0f, 0.0f, 0.0f};
     load_lane_row(q, f32_row(p.q, p.q_stride, r.b, r.n, r.i, r.h), p.dim, lane);
-    float row_max = kNegInf, lane_sum = 0.0f;
+    // o holds the probability-weighted mean of the V rows seen so far (every step divides by the
+    // running sum), so |o| never exceeds max |v|: summing unnormalised rows would overflow fp32 at
+    // L * max |v| although the output itself is finite.
+    float row_max = kNegInf, total = 0.0f;
     for (int64_t j0 = 0; j0 < p.len; j0 += 32) {
       const int64_t j = j0 + lane;
       const bool valid = j < p.len;
@@ -138,25 +141,27 @@ __global__ void __launch_bounds__(kF32WarpsPerBlock * 32)
       const float new_max = fmaxf(row_max, warp_max(s));
       // While every key so far is masked the max is -inf; shift by 0 then (exp(-inf) = 0).
       const float shift = new_max == kNegInf ? 0.0f : new_max;
-      const float rescale = expf(row_max - shift);
       const float prob = expf(s - shift);
-      lane_sum = fmaf(lane_sum, rescale, prob);
+      const float kept = total * expf(row_max - shift);  // the old keys' sum in the new shift
+      const float new_total = kept + warp_sum(prob);
+      // A sum of 0 (every key so far masked) keeps o at 0; a NaN sum (a NaN score) makes o NaN.
+      const float inv = new_total != 0.0f ? 1.0f / new_total : 0.0f;
+      const float keep = kept * inv;
 #pragma unroll
-      for (int c = 0; c < kF32PerLane; ++c) o[c] *= rescale;
+      for (int c = 0; c < kF32PerLane; ++c) o[c] *= keep;
       const int count = static_cast<int>(p.len - j0 < 32 ? p.len - j0 : 32);
       add_weighted_rows(
-          o, prob, count, [&](int k) { return f32_row(p.v, p.v_stride, r.b, r.n, j0 + k, r.h); },
-          p.dim, lane);
+          o, prob * inv, count,
+          [&](int k) { return f32_row(p.v, p.v_stride, r.b, r.n, j0 + k, r.h); }, p.dim, lane);
       row_max = new_max;
+      total = new_total;
     }
-    const float sum = warp_sum(lane_sum);
-    // Sum 0: a fully masked row (output 0, lse -inf); a NaN sum (a NaN score) gives NaN.
-    const float inv = sum != 0.0f ? 1.0f / sum : 0.0f;
+    // A fully masked row: output 0, lse -inf.
     float* out = const_cast<float*>(f32_row(p.out, p.out_stride, r.b, r.n, r.i, r.h));
-    store_lane_row(out, o, inv, p.dim, lane);
+    store_lane_row(out, o, 1.0f, p.dim, lane);
     if (p.lse != nullptr && lane == 0) {
       p.lse[r.bn * p.lse_stride[0] + r.h * p.lse_stride[1] + r.i * p.lse_stride[2]] =
-          sum != 0.0f ? row_max + logf(sum) : kNegInf;
+          total != 0.0f ? row_max + logf(total) : kNegInf;
     }
   }
 }
