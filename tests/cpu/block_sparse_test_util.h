@@ -245,49 +245,6 @@ inline Vec stored_gradient(const Dense4& d_op, bool sparse, bool trans, const La
   return sparse ? sparse_blocks(d, layout, block) : d.v;
 }
 
-// The tensors of a suite's MatMul problem `p` for its case p.c (mode, ta, tb, dtype, Z, H, R, C,
-// block, and `extra`: K for sdd, N for dsd, M for dds) on its index p.ix: the dense operands and
-// a dense dC made by dense(dtype, sizes) (the suite's storage), the sparse ones packed
-// [Z, nnz, b, b]; sets which are sparse (p.a_sparse, p.b_sparse, p.c_sparse) and the output's
-// sizes (p.c_sizes), and fills A, B and dC from rng.
-template <class Problem, class DenseTensor>
-void make_matmul_tensors(Problem& p, const DenseTensor& dense, std::mt19937_64& rng) {
-  const auto& c = p.c;
-  const int64_t rb = c.R * c.block, cb = c.C * c.block, b = c.block;
-  const std::vector<int64_t> sparse = {c.Z, p.ix.nnz, b, b};
-  const auto dims = [](std::initializer_list<int64_t> d) { return std::vector<int64_t>(d); };
-  switch (c.mode) {
-    case BlockSparseMatMulMode::kSdd: {
-      const int64_t k = c.extra;
-      p.a = dense(c.dtype, c.ta ? dims({c.Z, c.H, k, rb}) : dims({c.Z, c.H, rb, k}));
-      p.b = dense(c.dtype, c.tb ? dims({c.Z, c.H, cb, k}) : dims({c.Z, c.H, k, cb}));
-      p.c_sparse = true;
-      p.c_sizes = sparse;
-      break;
-    }
-    case BlockSparseMatMulMode::kDsd: {
-      const int64_t n = c.extra, kin = c.ta ? rb : cb, m = c.ta ? cb : rb;
-      p.a = HostTensor::packed(c.dtype, sparse);
-      p.a_sparse = true;
-      p.b = dense(c.dtype, c.tb ? dims({c.Z, c.H, n, kin}) : dims({c.Z, c.H, kin, n}));
-      p.c_sizes = {c.Z, c.H, m, n};
-      break;
-    }
-    case BlockSparseMatMulMode::kDds: {
-      const int64_t m = c.extra, kin = c.tb ? cb : rb, n = c.tb ? rb : cb;
-      p.a = dense(c.dtype, c.ta ? dims({c.Z, c.H, kin, m}) : dims({c.Z, c.H, m, kin}));
-      p.b = HostTensor::packed(c.dtype, sparse);
-      p.b_sparse = true;
-      p.c_sizes = {c.Z, c.H, m, n};
-      break;
-    }
-  }
-  p.dc = p.c_sparse ? HostTensor::packed(c.dtype, p.c_sizes) : dense(c.dtype, p.c_sizes);
-  test::fill_normal(p.a, rng);
-  test::fill_normal(p.b, rng);
-  test::fill_normal(p.dc, rng);
-}
-
 struct MatMulOracle {
   Vec c, da, db;  // in the stored shapes of c, a and b
 };

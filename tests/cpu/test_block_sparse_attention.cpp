@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "block_sparse_test_util.h"
+#include "block_sparse_problems.h"
 #include "cpu/block_sparse_reference.h"
 
 namespace sciattn {
@@ -24,12 +24,6 @@ constexpr SparseAttentionAlgorithm kFused = SparseAttentionAlgorithm::kFused;
 constexpr SparseAttentionAlgorithm kComposite = SparseAttentionAlgorithm::kComposite;
 constexpr SparseAttentionAlgorithm kReference = SparseAttentionAlgorithm::kReference;
 
-enum class RpeKind { kNone, kF32, kBroadcast };
-// kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer (heads interleaved, as a projection
-// reshaped without a transpose gives them). kKeyT: K and V stored [B, H, D, L] (DeepSpeed's
-// pre-transposed key), viewed as [B, H, L, D] with a non-unit stride on D.
-enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
-
 struct ATCase {
   DType dtype = DType::kF32;
   int64_t block = 16, B = 2, H = 2, N = 3, D = 8;  // L = N * block
@@ -38,19 +32,17 @@ struct ATCase {
   RpeKind rpe = RpeKind::kNone;
   bool causal = false;
   std::optional<float> scale;
-  Storage storage = Storage::kPacked;
+  QkvStorage storage = QkvStorage::kPacked;
   uint64_t seed = kBaseSeed;
 
   int64_t L() const { return N * block; }
   std::string name() const {
     static const char* layouts[] = {"random", "bigbird", "fixeduni"};
-    static const char* rpes[] = {"none", "f32", "bcast"};
-    static const char* storages[] = {"packed", "padded", "blhd", "keyt"};
     std::string s = std::string(dtype_name(dtype)) + "_b" + std::to_string(block) + "_B" +
                     std::to_string(B) + "H" + std::to_string(H) + "L" + std::to_string(L()) + "D" +
                     std::to_string(D) + "_" + layouts[static_cast<int>(layout)] + "_kpm" +
-                    mask_name(kpm) + "_attn" + mask_name(attn) + "_rpe" +
-                    rpes[static_cast<int>(rpe)] + "_" + storages[static_cast<int>(storage)];
+                    mask_name(kpm) + "_attn" + mask_name(attn) + "_rpe" + rpe_name(rpe) + "_" +
+                    qkv_storage_name(storage);
     if (causal) s += "_causal";
     if (scale) s += "_scaled";
     return s + "_s" + std::to_string(seed - kBaseSeed);
@@ -61,69 +53,10 @@ void PrintTo(const ATCase& c, std::ostream* os) {
   *os << c.name() << " " << seed_note(c.seed);
 }
 
-HostTensor qkv_tensor(const ATCase& c, bool key_or_value = false) {
-  const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
-  if (c.storage == Storage::kKeyT && key_or_value) {
-    return HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2});
-  }
-  switch (c.storage) {
-    case Storage::kPadded:
-      return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
-    case Storage::kBLHD:
-      return HostTensor::permuted(c.dtype, sizes, {0, 2, 1, 3});
-    case Storage::kKeyT:
-    case Storage::kPacked:
-      break;
-  }
-  return HostTensor::packed(c.dtype, sizes);
-}
-
-struct ATProblem {
-  ATCase c;
-  Layout layout;
-  BlockSparseIndex ix;
-  HostTensor q, k, v, dout, rpe, kpm, attn;
-};
+using ATProblem = AttentionSuiteProblem<ATCase>;
 
 ATProblem make_problem(const ATCase& c) {
-  ATProblem p;
-  p.c = c;
-  std::mt19937_64 rng(c.seed);
-  p.layout = attention_case_layout(c.layout, c.H, c.N, c.block, c.seed, rng);
-  p.layout = maybe_shared_heads(p.layout, c.seed);
-  p.ix = make_index(p.layout, c.block);
-  p.q = qkv_tensor(c);
-  p.k = qkv_tensor(c, /*key_or_value=*/true);
-  p.v = qkv_tensor(c, /*key_or_value=*/true);
-  p.dout = qkv_tensor(c);
-  test::fill_normal(p.q, rng);
-  test::fill_normal(p.k, rng);
-  test::fill_normal(p.v, rng);
-  test::fill_normal(p.dout, rng);
-  const int64_t L = c.L();
-  if (c.rpe == RpeKind::kF32) p.rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
-  if (c.rpe == RpeKind::kBroadcast) {
-    p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
-  }
-  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, 0.15, rng);
-  p.attn = make_mask(c.attn, c.dtype, {L, L}, 0.15, rng);
-  if (p.attn.present() && L > 2) {
-    // Query 2 sees no key at all: a fully masked row (0 output, -inf lse, zero gradient).
-    for (int64_t j = 0; j < L; ++j) p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
-  }
-  return p;
-}
-
-SparseAttentionOptions options_of(const ATCase& c, SparseAttentionAlgorithm alg, int threads) {
-  SparseAttentionOptions o;
-  o.scale = c.scale;
-  o.causal = c.causal;
-  o.key_padding_mask_mode = mode_of(c.kpm);
-  o.attn_mask_mode = mode_of(c.attn);
-  o.num_threads = threads;
-  o.algorithm = alg;
-  return o;
+  return make_attention_problem(c, /*removed=*/0.15);
 }
 
 struct Fwd {
@@ -134,19 +67,10 @@ struct Fwd {
 Fwd run_forward(const ATProblem& p, SparseAttentionAlgorithm alg, int threads = 0) {
   Fwd r;
   r.out = qkv_tensor(p.c);
-  r.lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
-  SparseAttentionForwardParams f;
-  f.index = &p.ix;
-  f.q = p.q.view();
-  f.k = p.k.view();
-  f.v = p.v.view();
-  f.rpe = p.rpe.view();
-  f.key_padding_mask = p.kpm.view();
-  f.attn_mask = p.attn.view();
-  f.out = r.out.view();
-  f.lse = r.lse.view();
-  f.options = options_of(p.c, alg, threads);
-  r.status = run_op(f, /*misalign=*/true);
+  r.lse = lse_tensor(p.c);
+  r.status = run_op(attention_forward_params(p.ix, host_views(p), r.out.view(), r.lse.view(),
+                                             attention_options(p.c, alg, threads)),
+                    /*misalign=*/true);
   return r;
 }
 
@@ -161,22 +85,9 @@ Bwd run_backward(const ATProblem& p, const Fwd& fwd, SparseAttentionAlgorithm al
   r.dq = qkv_tensor(p.c);
   r.dk = qkv_tensor(p.c);
   r.dv = qkv_tensor(p.c);
-  SparseAttentionBackwardParams g;
-  g.index = &p.ix;
-  g.q = p.q.view();
-  g.k = p.k.view();
-  g.v = p.v.view();
-  g.rpe = p.rpe.view();
-  g.key_padding_mask = p.kpm.view();
-  g.attn_mask = p.attn.view();
-  g.out = fwd.out.view();
-  g.lse = fwd.lse.view();
-  g.dout = p.dout.view();
-  g.dq = r.dq.view();
-  g.dk = r.dk.view();
-  g.dv = r.dv.view();
-  g.options = options_of(p.c, alg, threads);
-  r.status = run_op(g);
+  r.status = run_op(attention_backward_params(p.ix, host_views(p), fwd.out.view(), fwd.lse.view(),
+                                              r.dq.view(), r.dk.view(), r.dv.view(),
+                                              attention_options(p.c, alg, threads)));
   return r;
 }
 
@@ -234,16 +145,16 @@ std::vector<ATCase> all_cases() {
   add(c);
   // Strided tensors.
   c = ATCase();
-  c.storage = Storage::kPadded;
+  c.storage = QkvStorage::kPadded;
   c.dtype = DType::kBF16;
   c.kpm = MaskKind::kBool;
   add(c);
   c = ATCase();
-  c.storage = Storage::kBLHD;
+  c.storage = QkvStorage::kBLHD;
   c.H = 3;
   add(c);
   c = ATCase();
-  c.storage = Storage::kKeyT;
+  c.storage = QkvStorage::kKeyT;
   c.dtype = DType::kF16;
   c.kpm = MaskKind::kAdd;
   add(c);
@@ -274,15 +185,8 @@ TEST_P(AttentionCases, ForwardWithinToleranceOfFp64) {
   ASSERT_TRUE(ref.status.ok()) << ref.status.to_string();
   // The library's reference in fp64 is the oracle up to summation order.
   {
-    SparseAttentionForwardParams f;
-    f.index = &p.ix;
-    f.q = p.q.view();
-    f.k = p.k.view();
-    f.v = p.v.view();
-    f.rpe = p.rpe.view();
-    f.key_padding_mask = p.kpm.view();
-    f.attn_mask = p.attn.view();
-    f.options = options_of(p.c, kReference, 0);
+    const SparseAttentionForwardParams f = attention_forward_params(
+        p.ix, host_views(p), TensorView{}, TensorView{}, attention_options(p.c, kReference));
     detail::AttentionShape s{p.c.B, p.c.H, p.c.L(), p.c.D};
     Vec out(o.out.v.size()), lse(o.lse.size()), row(static_cast<size_t>(p.c.L()));
     cpu::reference_attention_forward<double>(f, s, out.data(), lse.data(), row.data());

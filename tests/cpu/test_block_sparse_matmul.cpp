@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "block_sparse_test_util.h"
+#include "block_sparse_problems.h"
 #include "cpu/block_sparse_reference.h"
 
 namespace sciattn {
@@ -16,102 +16,16 @@ namespace {
 
 using namespace sciattn::bstest;
 
-// How the dense operands and outputs are stored.
-enum class Storage { kPacked, kPadded, kPermuted };
-
-struct MMCase {
-  BlockSparseMatMulMode mode = BlockSparseMatMulMode::kSdd;
-  bool ta = false, tb = false;
-  DType dtype = DType::kF32;
-  int64_t block = 16, Z = 2, H = 2, R = 3, C = 2;
-  int64_t extra = 24;  // K for sdd, N for dsd, M for dds
-  Storage storage = Storage::kPacked;
-  uint64_t seed = kBaseSeed;
-
-  std::string name() const {
-    std::string s = std::string(matmul_mode_name(mode)) + (ta ? "_ta" : "") + (tb ? "_tb" : "") +
-                    "_" + dtype_name(dtype) + "_b" + std::to_string(block) + "_Z" +
-                    std::to_string(Z) + "H" + std::to_string(H) + "R" + std::to_string(R) + "C" +
-                    std::to_string(C) + "x" + std::to_string(extra);
-    if (storage == Storage::kPadded) s += "_padded";
-    if (storage == Storage::kPermuted) s += "_permuted";
-    return s + "_s" + std::to_string(seed - kBaseSeed);
-  }
-};
-
-// GoogleTest prints a failing case's parameter with this.
-void PrintTo(const MMCase& c, std::ostream* os) {
-  *os << c.name() << " " << seed_note(c.seed);
-}
-
-HostTensor dense_tensor(DType dt, std::vector<int64_t> sizes, Storage st) {
-  switch (st) {
-    case Storage::kPadded:
-      return test::make_tensor(dt, sizes, test::Layout::kPadded);
-    // The last two dimensions swapped in memory: a stride-1 dimension that is not the last.
-    case Storage::kPermuted:
-      return HostTensor::permuted(dt, sizes, {0, 1, 3, 2});
-    case Storage::kPacked:
-      break;
-  }
-  return HostTensor::packed(dt, sizes);
-}
-
-struct MMProblem {
-  MMCase c;
-  Layout layout;
-  BlockSparseIndex ix;
-  HostTensor a, b, dc;
-  bool a_sparse = false, b_sparse = false, c_sparse = false;
-  std::vector<int64_t> c_sizes;
-};
-
-MMProblem make_problem(const MMCase& c) {
-  MMProblem p;
-  p.c = c;
-  std::mt19937_64 rng(c.seed);
-  p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
-  p.layout = maybe_shared_heads(p.layout, c.seed);
-  p.ix = make_index(p.layout, c.block);
-  make_matmul_tensors(
-      p,
-      [&](DType dtype, const std::vector<int64_t>& sizes) {
-        return dense_tensor(dtype, sizes, c.storage);
-      },
-      rng);
-  return p;
-}
-
-HostTensor make_output(const MMProblem& p, const std::vector<int64_t>& sizes, bool sparse) {
-  return sparse ? HostTensor::packed(p.c.dtype, sizes)
-                : dense_tensor(p.c.dtype, sizes, p.c.storage);
-}
-
 BlockSparseMatMulParams forward_params(const MMProblem& p, const HostTensor& c, int threads = 0) {
-  BlockSparseMatMulParams f;
-  f.index = &p.ix;
-  f.mode = p.c.mode;
-  f.trans_a = p.c.ta;
-  f.trans_b = p.c.tb;
-  f.a = p.a.view();
-  f.b = p.b.view();
-  f.c = c.view();
+  BlockSparseMatMulParams f = matmul_forward_params(p, p.a.view(), p.b.view(), c.view());
   f.num_threads = threads;
   return f;
 }
 
 BlockSparseMatMulBackwardParams backward_params(const MMProblem& p, const HostTensor& da,
                                                 const HostTensor& db, int threads = 0) {
-  BlockSparseMatMulBackwardParams g;
-  g.index = &p.ix;
-  g.mode = p.c.mode;
-  g.trans_a = p.c.ta;
-  g.trans_b = p.c.tb;
-  g.a = p.a.view();
-  g.b = p.b.view();
-  g.dc = p.dc.view();
-  g.da = da.view();
-  g.db = db.view();
+  BlockSparseMatMulBackwardParams g =
+      matmul_backward_params(p, p.a.view(), p.b.view(), p.dc.view(), da.view(), db.view());
   g.num_threads = threads;
   return g;
 }
@@ -155,11 +69,11 @@ std::vector<MMCase> all_cases() {
       c.seed = seed++;
       cases.push_back(c);
     }
-    for (Storage st : {Storage::kPadded, Storage::kPermuted}) {
+    for (DenseStorage st : {DenseStorage::kPadded, DenseStorage::kPermuted}) {
       MMCase c;
       c.mode = mode;
       c.storage = st;
-      c.ta = st == Storage::kPermuted;
+      c.ta = st == DenseStorage::kPermuted;
       c.dtype = DType::kF16;
       c.seed = seed++;
       cases.push_back(c);
@@ -171,9 +85,9 @@ std::vector<MMCase> all_cases() {
 class MatMulCases : public ::testing::TestWithParam<MMCase> {};
 
 TEST_P(MatMulCases, ForwardWithinToleranceOfFp64) {
-  const MMProblem p = make_problem(GetParam());
+  const MMProblem p = make_matmul_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  HostTensor c = make_output(p, p.c_sizes, p.c_sparse);
+  HostTensor c = matmul_output(p, p.c_sizes, p.c_sparse);
   const BlockSparseMatMulParams f = forward_params(p, c);
   const Status s = run_op(f, /*misalign=*/true);
   ASSERT_TRUE(s.ok()) << s.to_string();
@@ -195,10 +109,10 @@ TEST_P(MatMulCases, ForwardWithinToleranceOfFp64) {
 }
 
 TEST_P(MatMulCases, BackwardWithinToleranceOfFp64) {
-  const MMProblem p = make_problem(GetParam());
+  const MMProblem p = make_matmul_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  HostTensor da = make_output(p, p.a.sizes(), p.a_sparse);
-  HostTensor db = make_output(p, p.b.sizes(), p.b_sparse);
+  HostTensor da = matmul_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor db = matmul_output(p, p.b.sizes(), p.b_sparse);
   const BlockSparseMatMulBackwardParams g = backward_params(p, da, db);
   const Status s = run_op(g);
   ASSERT_TRUE(s.ok()) << s.to_string();
@@ -219,26 +133,26 @@ TEST_P(MatMulCases, BackwardWithinToleranceOfFp64) {
   EXPECT_EQ(db.touched_outside_view(), 0);
 
   // Each gradient alone gives the same bits as both together.
-  HostTensor da_only = make_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor da_only = matmul_output(p, p.a.sizes(), p.a_sparse);
   ASSERT_TRUE(run_op(backward_params(p, da_only, HostTensor())).ok());
   EXPECT_TRUE(da_only.same_bytes(da));
-  HostTensor db_only = make_output(p, p.b.sizes(), p.b_sparse);
+  HostTensor db_only = matmul_output(p, p.b.sizes(), p.b_sparse);
   ASSERT_TRUE(run_op(backward_params(p, HostTensor(), db_only)).ok());
   EXPECT_TRUE(db_only.same_bytes(db));
 }
 
 TEST_P(MatMulCases, SameBitsForAnyThreadCount) {
-  const MMProblem p = make_problem(GetParam());
+  const MMProblem p = make_matmul_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
-  HostTensor c1 = make_output(p, p.c_sizes, p.c_sparse);
-  HostTensor da1 = make_output(p, p.a.sizes(), p.a_sparse);
-  HostTensor db1 = make_output(p, p.b.sizes(), p.b_sparse);
+  HostTensor c1 = matmul_output(p, p.c_sizes, p.c_sparse);
+  HostTensor da1 = matmul_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor db1 = matmul_output(p, p.b.sizes(), p.b_sparse);
   ASSERT_TRUE(run_op(forward_params(p, c1, 1)).ok());
   ASSERT_TRUE(run_op(backward_params(p, da1, db1, 1)).ok());
   for (int threads : {2, 7}) {
-    HostTensor c = make_output(p, p.c_sizes, p.c_sparse);
-    HostTensor da = make_output(p, p.a.sizes(), p.a_sparse);
-    HostTensor db = make_output(p, p.b.sizes(), p.b_sparse);
+    HostTensor c = matmul_output(p, p.c_sizes, p.c_sparse);
+    HostTensor da = matmul_output(p, p.a.sizes(), p.a_sparse);
+    HostTensor db = matmul_output(p, p.b.sizes(), p.b_sparse);
     ASSERT_TRUE(run_op(forward_params(p, c, threads)).ok());
     ASSERT_TRUE(run_op(backward_params(p, da, db, threads)).ok());
     EXPECT_TRUE(c.same_bytes(c1)) << threads << " threads: c differs";

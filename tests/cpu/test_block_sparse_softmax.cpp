@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "block_sparse_test_util.h"
+#include "block_sparse_problems.h"
 #include "cpu/block_sparse_reference.h"
 
 namespace sciattn {
@@ -17,21 +17,6 @@ namespace {
 
 using namespace sciattn::bstest;
 
-enum class RpeKind { kNone, kSameDtype, kF32, kBroadcast };
-
-const char* rpe_name(RpeKind k) {
-  switch (k) {
-    case RpeKind::kNone:
-      return "none";
-    case RpeKind::kSameDtype:
-      return "dtype";
-    case RpeKind::kF32:
-      return "f32";
-    case RpeKind::kBroadcast:
-      return "bcast";
-  }
-  return "?";
-}
 struct SMCase {
   DType dtype = DType::kF32;
   int64_t block = 16, Z = 2, H = 2, R = 3, C = 3;
@@ -58,63 +43,38 @@ void PrintTo(const SMCase& c, std::ostream* os) {
   *os << c.name() << " " << seed_note(c.seed);
 }
 
-struct SMProblem {
-  SMCase c;
-  Layout layout;
-  BlockSparseIndex ix;
-  HostTensor x, rpe, kpm, attn, dy;
-};
+using SMProblem = SoftmaxSuiteProblem<SMCase>;
 
-SMProblem make_problem(const SMCase& c) {
-  SMProblem p;
-  p.c = c;
-  std::mt19937_64 rng(c.seed);
-  p.layout = random_layout(c.H, c.R, c.C, 0.6, rng, /*empty_row=*/true);
-  p.layout = maybe_shared_heads(p.layout, c.seed);
-  p.ix = make_index(p.layout, c.block);
+// rpe in the scores' dtype or in f32, packed, or broadcast: strides 0 on Z and H.
+HostTensor rpe_tensor(const SMCase& c) {
   const int64_t rows = c.R * c.block, cols = c.C * c.block;
-  p.x = HostTensor::packed(c.dtype, {c.Z, p.ix.nnz, c.block, c.block});
-  p.dy = HostTensor::packed(c.dtype, {c.Z, p.ix.nnz, c.block, c.block});
-  test::fill_normal(p.x, rng, 2.0);
-  test::fill_normal(p.dy, rng);
   switch (c.rpe) {
     case RpeKind::kNone:
       break;
     case RpeKind::kSameDtype:
     case RpeKind::kF32:
-      p.rpe = HostTensor::packed(c.rpe == RpeKind::kF32 ? DType::kF32 : c.dtype,
-                                 {c.Z, c.H, rows, cols});
-      break;
+      return HostTensor::packed(c.rpe == RpeKind::kF32 ? DType::kF32 : c.dtype,
+                                {c.Z, c.H, rows, cols});
     case RpeKind::kBroadcast:
-      // One [rows, cols] table shared by every batch and head: strides 0 on Z and H.
-      p.rpe =
-          HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, cols, 1}, 0, rows * cols);
-      break;
+      return HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, cols, 1}, 0,
+                                     rows * cols);
   }
-  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.Z, cols}, 0.2, rng);
-  p.attn = make_mask(c.attn, c.dtype, {rows, cols}, 0.2, rng);
-  // Make query row 1 fully masked when there is an attention mask to do it with.
-  if (p.attn.present()) {
-    for (int64_t j = 0; j < cols; ++j) {
-      p.attn.set(cols + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
-    }
-  }
-  return p;
+  return HostTensor();
+}
+
+// Packed sparse tensors, masks in x's dtype.
+SMProblem make_problem(const SMCase& c) {
+  return make_softmax_problem(
+      c,
+      [&](int64_t nnz) {
+        return HostTensor::packed(c.dtype, {c.Z, nnz, c.block, c.block});
+      },
+      [&] { return rpe_tensor(c); }, c.dtype, /*strided_masks=*/false);
 }
 
 BlockSparseSoftmaxParams forward_params(const SMProblem& p, const HostTensor& y, int threads = 0) {
-  BlockSparseSoftmaxParams f;
-  f.index = &p.ix;
-  f.x = p.c.in_place ? y.view() : p.x.view();
-  f.y = y.view();
-  f.scale = p.c.scale;
-  f.rpe = p.rpe.view();
-  f.key_padding_mask = p.kpm.view();
-  f.attn_mask = p.attn.view();
-  f.key_padding_mask_mode = mode_of(p.c.kpm);
-  f.attn_mask_mode = mode_of(p.c.attn);
-  f.causal = p.c.causal;
+  BlockSparseSoftmaxParams f =
+      softmax_forward_params(p, p.x.view(), y.view(), p.rpe.view(), p.kpm.view(), p.attn.view());
   f.num_threads = threads;
   return f;
 }
@@ -228,12 +188,8 @@ TEST_P(SoftmaxCases, BackwardWithinToleranceOfFp64) {
   ASSERT_TRUE(run_op(forward_params(p, y)).ok());
   // dx in place into a copy of dy when the case is in place (DeepSpeed's call).
   HostTensor dx = p.c.in_place ? p.dy : HostTensor::packed(p.c.dtype, p.x.sizes());
-  BlockSparseSoftmaxBackwardParams g;
-  g.index = &p.ix;
-  g.y = y.view();
-  g.dy = p.c.in_place ? dx.view() : p.dy.view();
-  g.dx = dx.view();
-  g.scale = p.c.scale;
+  const BlockSparseSoftmaxBackwardParams g =
+      softmax_backward_params(p, y.view(), p.c.in_place ? dx.view() : p.dy.view(), dx.view());
   BlockSparseSoftmaxBackwardParams ref_params = g;
   ref_params.dy = p.dy.view();
   ref_params.dx = p.dy.view();  // unused by the reference

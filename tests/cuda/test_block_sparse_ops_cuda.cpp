@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/block_sparse_test_util.h"
+#include "cpu/block_sparse_problems.h"
 #include "cpu/nan_semantics_util.h"
 #include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
@@ -58,115 +58,10 @@ void upload(BlockSparseIndex& ix) {
 // MatMul
 // =================================================================================================
 
-// How the dense operands and outputs are stored: packed, a view into a padded buffer (every
-// stride differs from the packed one, unaligned start), or with the last two dimensions swapped
-// in memory (last stride != 1).
-enum class Storage { kPacked, kPadded, kPermuted };
-
-struct MMCase {
-  BlockSparseMatMulMode mode = BlockSparseMatMulMode::kSdd;
-  bool ta = false, tb = false;
-  DType dtype = DType::kF32;
-  int64_t block = 16, Z = 2, H = 2, R = 3, C = 2;
-  int64_t extra = 24;  // K for sdd, N for dsd, M for dds
-  Storage storage = Storage::kPacked;
-  bool small = false;  // part of the sanitizer subset
-  // > 0: the index's work split re-made with pieces of at most this many blocks
-  // (split_block_sparse_work), so that dsd / dds combine split lines from partial sums.
-  int64_t split = 0;
-  uint64_t seed = kBaseSeed;
-
-  std::string name() const {
-    static const char* storages[] = {"", "_padded", "_permuted"};
-    return std::string(small ? "Small_" : "") + matmul_mode_name(mode) + (ta ? "_ta" : "") +
-           (tb ? "_tb" : "") + "_" + dtype_name(dtype) + "_b" + std::to_string(block) + "_Z" +
-           std::to_string(Z) + "H" + std::to_string(H) + "R" + std::to_string(R) + "C" +
-           std::to_string(C) + "x" + std::to_string(extra) + storages[static_cast<int>(storage)] +
-           (split > 0 ? "_split" + std::to_string(split) : "") + "_s" +
-           std::to_string(seed - kBaseSeed);
-  }
-};
-
-void PrintTo(const MMCase& c, std::ostream* os) {
-  *os << c.name() << " " << seed_note(c.seed);
-}
-
-HostTensor dense_tensor(DType dt, const std::vector<int64_t>& sizes, Storage st) {
-  switch (st) {
-    case Storage::kPadded:
-      return test::make_tensor(dt, sizes, test::Layout::kPadded);
-    case Storage::kPermuted:
-      return HostTensor::permuted(dt, sizes, {0, 1, 3, 2});
-    case Storage::kPacked:
-      break;
-  }
-  return HostTensor::packed(dt, sizes);
-}
-
-struct MMProblem {
-  MMCase c;
-  Layout layout;
-  BlockSparseIndex ix;
-  HostTensor a, b, dc;
-  bool a_sparse = false, b_sparse = false, c_sparse = false;
-  std::vector<int64_t> c_sizes;
-};
-
 MMProblem make_mm_problem(const MMCase& c) {
-  MMProblem p;
-  p.c = c;
-  std::mt19937_64 rng(c.seed);
-  // A per-head layout with an empty block row (head 0) and an empty block column (last head):
-  // their dense outputs must come out as zeros.
-  p.layout = random_layout(c.H, c.R, c.C, 0.5, rng, /*empty_row=*/true, /*empty_col=*/true);
-  p.layout = maybe_shared_heads(p.layout, c.seed);
-  p.ix = make_index(p.layout, c.block);
-  if (c.split > 0) {
-    EXPECT_TRUE(split_block_sparse_work(c.split, &p.ix).ok());
-  }
+  MMProblem p = make_matmul_problem(c);
   upload(p.ix);
-  make_matmul_tensors(
-      p,
-      [&](DType dtype, const std::vector<int64_t>& sizes) {
-        return dense_tensor(dtype, sizes, c.storage);
-      },
-      rng);
   return p;
-}
-
-// A fresh (poisoned) output of these sizes: sparse packed, dense in the case's storage.
-HostTensor mm_output(const MMProblem& p, const std::vector<int64_t>& sizes, bool sparse) {
-  return sparse ? HostTensor::packed(p.c.dtype, sizes)
-                : dense_tensor(p.c.dtype, sizes, p.c.storage);
-}
-
-BlockSparseMatMulParams mm_forward(const MMProblem& p, const TensorView& a, const TensorView& b,
-                                   const TensorView& c) {
-  BlockSparseMatMulParams f;
-  f.index = &p.ix;
-  f.mode = p.c.mode;
-  f.trans_a = p.c.ta;
-  f.trans_b = p.c.tb;
-  f.a = a;
-  f.b = b;
-  f.c = c;
-  return f;
-}
-
-BlockSparseMatMulBackwardParams mm_backward(const MMProblem& p, const TensorView& a,
-                                            const TensorView& b, const TensorView& dc,
-                                            const TensorView& da, const TensorView& db) {
-  BlockSparseMatMulBackwardParams g;
-  g.index = &p.ix;
-  g.mode = p.c.mode;
-  g.trans_a = p.c.ta;
-  g.trans_b = p.c.tb;
-  g.a = a;
-  g.b = b;
-  g.dc = dc;
-  g.da = da;
-  g.db = db;
-  return g;
 }
 
 std::vector<MMCase> mm_cases() {
@@ -211,15 +106,15 @@ std::vector<MMCase> mm_cases() {
       c.seed = seed++;
       cases.push_back(c);
     }
-    for (Storage st : {Storage::kPadded, Storage::kPermuted}) {
+    for (DenseStorage st : {DenseStorage::kPadded, DenseStorage::kPermuted}) {
       for (int t = 0; t < 4; ++t) {
         MMCase c;
         c.mode = mode;
         c.storage = st;
         c.ta = (t & 1) != 0;
         c.tb = (t & 2) != 0;
-        c.dtype = st == Storage::kPadded ? DType::kF16 : DType::kBF16;
-        c.block = st == Storage::kPadded ? 32 : 16;
+        c.dtype = st == DenseStorage::kPadded ? DType::kF16 : DType::kBF16;
+        c.block = st == DenseStorage::kPadded ? 32 : 16;
         c.extra = 33;
         c.small = t == 3;
         c.seed = seed++;
@@ -245,7 +140,7 @@ std::vector<MMCase> mm_cases() {
       c.extra = t == 1 ? 70 : 24;
       c.split = 1 + split_rot % 2;
       c.small = t == 0;
-      c.storage = t == 2 ? Storage::kPadded : Storage::kPacked;
+      c.storage = t == 2 ? DenseStorage::kPadded : DenseStorage::kPacked;
       c.seed = seed++;
       ++split_rot;
       cases.push_back(c);
@@ -260,18 +155,18 @@ TEST_P(MatMulCuda, ForwardMatchesOracleAndIsDeterministic) {
   const MMProblem p = make_mm_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
   const MatMulOracle o = matmul_oracle(p);
-  HostTensor cpu = mm_output(p, p.c_sizes, p.c_sparse);
-  ASSERT_TRUE(run_op(mm_forward(p, p.a.view(), p.b.view(), cpu.view())).ok());
+  HostTensor cpu = matmul_output(p, p.c_sizes, p.c_sparse);
+  ASSERT_TRUE(run_op(matmul_forward_params(p, p.a.view(), p.b.view(), cpu.view())).ok());
 
   DeviceCopy a(p.a), b(p.b);
-  HostTensor got = mm_output(p, p.c_sizes, p.c_sparse), again = got;
+  HostTensor got = matmul_output(p, p.c_sizes, p.c_sparse), again = got;
   DeviceCopy c(got), c2(again);
-  const Status s = run_gpu(mm_forward(p, a.view(), b.view(), c.view()));
+  const Status s = run_gpu(matmul_forward_params(p, a.view(), b.view(), c.view()));
   ASSERT_TRUE(s.ok()) << s.to_string();
   c.copy_to(got);
   EXPECT_TRUE(within_tolerance("c", got.values(), cpu.values(), o.c, p.c.dtype));
   EXPECT_EQ(got.touched_outside_view(), 0) << "c written outside its view";
-  ASSERT_TRUE(run_gpu(mm_forward(p, a.view(), b.view(), c2.view())).ok());
+  ASSERT_TRUE(run_gpu(matmul_forward_params(p, a.view(), b.view(), c2.view())).ok());
   c2.copy_to(again);
   EXPECT_TRUE(same_storage(got, again)) << "a second run gave different bits";
 }
@@ -281,18 +176,19 @@ TEST_P(MatMulCuda, BackwardMatchesOracle) {
   const MMProblem p = make_mm_problem(GetParam());
   SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
   const MatMulOracle o = matmul_oracle(p);
-  HostTensor cpu_da = mm_output(p, p.a.sizes(), p.a_sparse);
-  HostTensor cpu_db = mm_output(p, p.b.sizes(), p.b_sparse);
-  ASSERT_TRUE(
-      run_op(mm_backward(p, p.a.view(), p.b.view(), p.dc.view(), cpu_da.view(), cpu_db.view()))
-          .ok());
+  HostTensor cpu_da = matmul_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor cpu_db = matmul_output(p, p.b.sizes(), p.b_sparse);
+  ASSERT_TRUE(run_op(matmul_backward_params(p, p.a.view(), p.b.view(), p.dc.view(), cpu_da.view(),
+                                            cpu_db.view()))
+                  .ok());
 
   DeviceCopy a(p.a), b(p.b), dc(p.dc);
-  HostTensor da = mm_output(p, p.a.sizes(), p.a_sparse);
-  HostTensor db = mm_output(p, p.b.sizes(), p.b_sparse);
+  HostTensor da = matmul_output(p, p.a.sizes(), p.a_sparse);
+  HostTensor db = matmul_output(p, p.b.sizes(), p.b_sparse);
   HostTensor da_only = da, db_only = db;
   DeviceCopy d_da(da), d_db(db), d_da_only(da_only), d_db_only(db_only);
-  const Status s = run_gpu(mm_backward(p, a.view(), b.view(), dc.view(), d_da.view(), d_db.view()));
+  const Status s =
+      run_gpu(matmul_backward_params(p, a.view(), b.view(), dc.view(), d_da.view(), d_db.view()));
   ASSERT_TRUE(s.ok()) << s.to_string();
   d_da.copy_to(da);
   d_db.copy_to(db);
@@ -302,10 +198,12 @@ TEST_P(MatMulCuda, BackwardMatchesOracle) {
   EXPECT_EQ(db.touched_outside_view(), 0);
 
   // Each gradient alone gives the same bits as both together.
-  ASSERT_TRUE(
-      run_gpu(mm_backward(p, a.view(), b.view(), dc.view(), d_da_only.view(), TensorView{})).ok());
-  ASSERT_TRUE(
-      run_gpu(mm_backward(p, a.view(), b.view(), dc.view(), TensorView{}, d_db_only.view())).ok());
+  ASSERT_TRUE(run_gpu(matmul_backward_params(p, a.view(), b.view(), dc.view(), d_da_only.view(),
+                                             TensorView{}))
+                  .ok());
+  ASSERT_TRUE(run_gpu(matmul_backward_params(p, a.view(), b.view(), dc.view(), TensorView{},
+                                             d_db_only.view()))
+                  .ok());
   d_da_only.copy_to(da_only);
   d_db_only.copy_to(db_only);
   EXPECT_TRUE(same_storage(da_only, da));
@@ -360,8 +258,6 @@ TEST(MatMulCudaSmall, AttentionShapedProductsOnBigBirdLayout) {
 // Softmax
 // =================================================================================================
 
-enum class RpeKind { kNone, kSameDtype, kF32, kBroadcast };
-
 struct SMCase {
   DType dtype = DType::kF32;
   int64_t block = 16, Z = 2, H = 2, R = 3, C = 3;
@@ -373,12 +269,11 @@ struct SMCase {
   uint64_t seed = kBaseSeed;
 
   std::string name() const {
-    static const char* rpes[] = {"none", "dtype", "f32", "bcast"};
     std::string s = std::string(small ? "Small_" : "") + dtype_name(dtype) + "_b" +
                     std::to_string(block) + "_Z" + std::to_string(Z) + "H" + std::to_string(H) +
-                    "R" + std::to_string(R) + "C" + std::to_string(C) + "_rpe" +
-                    rpes[static_cast<int>(rpe)] + "_kpm" + mask_name(kpm) + "_attn" +
-                    mask_name(attn) + "_m" + dtype_name(mask_dtype);
+                    "R" + std::to_string(R) + "C" + std::to_string(C) + "_rpe" + rpe_name(rpe) +
+                    "_kpm" + mask_name(kpm) + "_attn" + mask_name(attn) + "_m" +
+                    dtype_name(mask_dtype);
     if (scale != 1.0f) s += "_scaled";
     if (causal) s += "_causal";
     if (in_place) s += "_inplace";
@@ -391,12 +286,7 @@ void PrintTo(const SMCase& c, std::ostream* os) {
   *os << c.name() << " " << seed_note(c.seed);
 }
 
-struct SMProblem {
-  SMCase c;
-  Layout layout;
-  BlockSparseIndex ix;
-  HostTensor x, rpe, kpm, attn, dy;
-};
+using SMProblem = SoftmaxSuiteProblem<SMCase>;
 
 // A sparse tensor of the problem: packed, or with padded strides on Z, nnz and the block rows.
 HostTensor sparse_tensor(const SMCase& c, int64_t nnz) {
@@ -405,63 +295,30 @@ HostTensor sparse_tensor(const SMCase& c, int64_t nnz) {
                    : HostTensor::packed(c.dtype, sizes);
 }
 
-SMProblem make_sm_problem(const SMCase& c) {
-  SMProblem p;
-  p.c = c;
-  std::mt19937_64 rng(c.seed);
-  p.layout = random_layout(c.H, c.R, c.C, 0.6, rng, /*empty_row=*/true);
-  p.layout = maybe_shared_heads(p.layout, c.seed);
-  p.ix = make_index(p.layout, c.block);
-  upload(p.ix);
+HostTensor rpe_tensor(const SMCase& c) {
   const int64_t rows = c.R * c.block, cols = c.C * c.block;
-  p.x = sparse_tensor(c, p.ix.nnz);
-  p.dy = sparse_tensor(c, p.ix.nnz);
-  test::fill_normal(p.x, rng, 2.0);
-  test::fill_normal(p.dy, rng);
   switch (c.rpe) {
     case RpeKind::kNone:
       break;
     case RpeKind::kSameDtype:
-      p.rpe = test::make_tensor(c.dtype, {c.Z, c.H, rows, cols}, test::Layout::kPadded);
-      break;
+      return test::make_tensor(c.dtype, {c.Z, c.H, rows, cols}, test::Layout::kPadded);
     case RpeKind::kF32:
-      p.rpe = HostTensor::packed(DType::kF32, {c.Z, c.H, rows, cols});
-      break;
+      return HostTensor::packed(DType::kF32, {c.Z, c.H, rows, cols});
     case RpeKind::kBroadcast:
       // One [rows, cols] table shared by every batch and head, stored transposed: strides
       // (0, 0, 1, rows).
-      p.rpe =
-          HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, 1, rows}, 0, rows * cols);
-      break;
+      return HostTensor::with_layout(c.dtype, {c.Z, c.H, rows, cols}, {0, 0, 1, rows}, 0,
+                                     rows * cols);
   }
-  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  const DType mdt = c.mask_dtype == DType::kF32 ? DType::kF32 : c.dtype;
-  p.kpm = make_mask(c.kpm, mdt, {c.Z, cols}, 0.2, rng, c.strided);
-  p.attn = make_mask(c.attn, mdt, {rows, cols}, 0.2, rng, c.strided);
-  // Query row 1 fully masked when there is an attention mask to do it with: y = 0, not NaN.
-  if (p.attn.present()) {
-    for (int64_t j = 0; j < cols; ++j) {
-      p.attn.set(cols + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
-    }
-  }
-  return p;
+  return HostTensor();
 }
 
-BlockSparseSoftmaxParams sm_forward(const SMProblem& p, const TensorView& x, const TensorView& y,
-                                    const TensorView& rpe, const TensorView& kpm,
-                                    const TensorView& attn) {
-  BlockSparseSoftmaxParams f;
-  f.index = &p.ix;
-  f.x = p.c.in_place ? y : x;
-  f.y = y;
-  f.scale = p.c.scale;
-  f.rpe = rpe;
-  f.key_padding_mask = kpm;
-  f.attn_mask = attn;
-  f.key_padding_mask_mode = mode_of(p.c.kpm);
-  f.attn_mask_mode = mode_of(p.c.attn);
-  f.causal = p.c.causal;
-  return f;
+SMProblem make_sm_problem(const SMCase& c) {
+  SMProblem p = make_softmax_problem(
+      c, [&](int64_t nnz) { return sparse_tensor(c, nnz); }, [&] { return rpe_tensor(c); },
+      c.mask_dtype == DType::kF32 ? DType::kF32 : c.dtype, c.strided);
+  upload(p.ix);
+  return p;
 }
 
 // sparse_logical reads a packed tensor; a strided one goes through a packed copy of its values.
@@ -563,20 +420,22 @@ TEST_P(SoftmaxCuda, ForwardMatchesOracleAndIsDeterministic) {
   const Vec want = sparse_blocks(softmax_oracle(op), p.layout, p.c.block);
 
   HostTensor cpu = p.c.in_place ? p.x : sparse_tensor(p.c, p.ix.nnz);
-  ASSERT_TRUE(
-      run_op(sm_forward(p, p.x.view(), cpu.view(), p.rpe.view(), p.kpm.view(), p.attn.view()))
-          .ok());
+  ASSERT_TRUE(run_op(softmax_forward_params(p, p.x.view(), cpu.view(), p.rpe.view(), p.kpm.view(),
+                                            p.attn.view()))
+                  .ok());
 
   DeviceCopy x(p.x), rpe(p.rpe), kpm(p.kpm), attn(p.attn);
   HostTensor got = p.c.in_place ? p.x : sparse_tensor(p.c, p.ix.nnz), again = got;
   DeviceCopy y(got), y2(again);
-  const Status s = run_gpu(sm_forward(p, x.view(), y.view(), rpe.view(), kpm.view(), attn.view()));
+  const Status s =
+      run_gpu(softmax_forward_params(p, x.view(), y.view(), rpe.view(), kpm.view(), attn.view()));
   ASSERT_TRUE(s.ok()) << s.to_string();
   y.copy_to(got);
   EXPECT_TRUE(within_tolerance("y", got.values(), cpu.values(), want, p.c.dtype));
   EXPECT_EQ(got.touched_outside_view(), 0);
   ASSERT_TRUE(
-      run_gpu(sm_forward(p, x.view(), y2.view(), rpe.view(), kpm.view(), attn.view())).ok());
+      run_gpu(softmax_forward_params(p, x.view(), y2.view(), rpe.view(), kpm.view(), attn.view()))
+          .ok());
   y2.copy_to(again);
   EXPECT_TRUE(same_storage(got, again)) << "a second run gave different bits";
 }
@@ -589,31 +448,24 @@ TEST_P(SoftmaxCuda, BackwardMatchesOracle) {
   HostTensor y = sparse_tensor(p.c, p.ix.nnz);
   SMProblem fwd_p = p;
   fwd_p.c.in_place = false;
-  ASSERT_TRUE(
-      run_op(sm_forward(fwd_p, p.x.view(), y.view(), p.rpe.view(), p.kpm.view(), p.attn.view()))
-          .ok());
+  ASSERT_TRUE(run_op(softmax_forward_params(fwd_p, p.x.view(), y.view(), p.rpe.view(), p.kpm.view(),
+                                            p.attn.view()))
+                  .ok());
   const Dense4 y_log = sparse_logical(packed_copy(y), p.layout, p.c.block);
   const Dense4 dy_log = sparse_logical(packed_copy(p.dy), p.layout, p.c.block);
   const Vec want = sparse_blocks(
       softmax_backward_oracle(p.layout, p.c.block, p.c.scale, y_log, dy_log), p.layout, p.c.block);
 
-  auto params = [&](const TensorView& yv, const TensorView& dyv, const TensorView& dxv) {
-    BlockSparseSoftmaxBackwardParams g;
-    g.index = &p.ix;
-    g.y = yv;
-    g.dy = dyv;
-    g.dx = dxv;
-    g.scale = p.c.scale;
-    return g;
-  };
   HostTensor cpu = p.c.in_place ? p.dy : sparse_tensor(p.c, p.ix.nnz);
-  ASSERT_TRUE(run_op(params(y.view(), p.c.in_place ? cpu.view() : p.dy.view(), cpu.view())).ok());
+  ASSERT_TRUE(run_op(softmax_backward_params(p, y.view(), p.c.in_place ? cpu.view() : p.dy.view(),
+                                             cpu.view()))
+                  .ok());
 
   DeviceCopy dy_dev(p.dy), y_dev(y);
   HostTensor got = p.c.in_place ? p.dy : sparse_tensor(p.c, p.ix.nnz);
   DeviceCopy dx(got);
-  const Status s =
-      run_gpu(params(y_dev.view(), p.c.in_place ? dx.view() : dy_dev.view(), dx.view()));
+  const Status s = run_gpu(softmax_backward_params(
+      p, y_dev.view(), p.c.in_place ? dx.view() : dy_dev.view(), dx.view()));
   ASSERT_TRUE(s.ok()) << s.to_string();
   dx.copy_to(got);
   EXPECT_TRUE(within_tolerance("dx", got.values(), cpu.values(), want, p.c.dtype));
@@ -628,10 +480,6 @@ INSTANTIATE_TEST_SUITE_P(BlockSparse, SoftmaxCuda, ::testing::ValuesIn(sm_cases(
 // =================================================================================================
 // Composite sparse attention
 // =================================================================================================
-
-// kKeyT: K and V stored [B, H, D, L] (DeepSpeed's pre-transposed key) viewed as [B, H, L, D];
-// kPadded: every input and output a view into a padded buffer.
-enum class QkvStorage { kPacked, kPadded, kKeyT };
 
 struct ATCase {
   DType dtype = DType::kF32;
@@ -648,14 +496,11 @@ struct ATCase {
   int64_t L() const { return N * block; }
   std::string name() const {
     static const char* layouts[] = {"random", "bigbird", "fixeduni"};
-    static const char* rpes[] = {"none", "dtype", "f32", "bcast"};
-    static const char* storages[] = {"packed", "padded", "keyt"};
     std::string s = std::string(small ? "Small_" : "") + dtype_name(dtype) + "_b" +
                     std::to_string(block) + "_B" + std::to_string(B) + "H" + std::to_string(H) +
                     "L" + std::to_string(L()) + "D" + std::to_string(D) + "_" +
                     layouts[static_cast<int>(layout)] + "_kpm" + mask_name(kpm) + "_attn" +
-                    mask_name(attn) + "_rpe" + rpes[static_cast<int>(rpe)] + "_" +
-                    storages[static_cast<int>(storage)];
+                    mask_name(attn) + "_rpe" + rpe_name(rpe) + "_" + qkv_storage_name(storage);
     if (causal) s += "_causal";
     if (scale) s += "_scaled";
     if (split > 0) s += "_split" + std::to_string(split);
@@ -667,110 +512,29 @@ void PrintTo(const ATCase& c, std::ostream* os) {
   *os << c.name() << " " << seed_note(c.seed);
 }
 
-HostTensor qkv_tensor(const ATCase& c, bool key_or_value = false) {
-  const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
-  if (c.storage == QkvStorage::kKeyT && key_or_value) {
-    return HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2});
-  }
-  if (c.storage == QkvStorage::kPadded) {
-    return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
-  }
-  return HostTensor::packed(c.dtype, sizes);
-}
-
-struct ATProblem {
-  ATCase c;
-  Layout layout;
-  BlockSparseIndex ix;
-  HostTensor q, k, v, dout, rpe, kpm, attn;
-};
+using ATProblem = AttentionSuiteProblem<ATCase>;
 
 ATProblem make_at_problem(const ATCase& c) {
-  ATProblem p;
-  p.c = c;
-  std::mt19937_64 rng(c.seed);
-  p.layout = attention_case_layout(c.layout, c.H, c.N, c.block, c.seed, rng);
-  p.layout = maybe_shared_heads(p.layout, c.seed);
-  p.ix = make_index(p.layout, c.block);
+  ATProblem p = make_attention_problem(c, /*removed=*/0.2);
   if (c.split > 0) {
     EXPECT_TRUE(split_block_sparse_work(c.split, &p.ix).ok());
   }
   upload(p.ix);
-  p.q = qkv_tensor(c);
-  p.k = qkv_tensor(c, true);
-  p.v = qkv_tensor(c, true);
-  p.dout = qkv_tensor(c);
-  test::fill_normal(p.q, rng);
-  test::fill_normal(p.k, rng);
-  test::fill_normal(p.v, rng);
-  test::fill_normal(p.dout, rng);
-  const int64_t L = c.L();
-  if (c.rpe == RpeKind::kF32) p.rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
-  if (c.rpe == RpeKind::kSameDtype) p.rpe = HostTensor::packed(c.dtype, {c.B, c.H, L, L});
-  if (c.rpe == RpeKind::kBroadcast) {
-    p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
-  }
-  if (p.rpe.present()) test::fill_normal(p.rpe, rng);
-  p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, 0.2, rng);
-  p.attn = make_mask(c.attn, c.dtype, {L, L}, 0.2, rng);
-  if (p.attn.present() && L > 2) {
-    // Query 2 sees no key: out 0, lse -inf, zero gradients.
-    for (int64_t j = 0; j < L; ++j) p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
-  }
   return p;
 }
 
-SparseAttentionOptions at_options(const ATCase& c) {
-  SparseAttentionOptions o;
-  o.scale = c.scale;
-  o.causal = c.causal;
-  o.key_padding_mask_mode = mode_of(c.kpm);
-  o.attn_mask_mode = mode_of(c.attn);
-  o.algorithm = SparseAttentionAlgorithm::kComposite;
-  return o;
-}
-
-// The tensors of one attention call (host or device views of the problem's inputs).
-struct AttnViews {
-  TensorView q, k, v, rpe, kpm, attn, dout;
-};
-
 SparseAttentionForwardParams at_forward(const ATProblem& p, const AttnViews& in,
                                         const TensorView& out, const TensorView& lse) {
-  SparseAttentionForwardParams f;
-  f.index = &p.ix;
-  f.q = in.q;
-  f.k = in.k;
-  f.v = in.v;
-  f.rpe = in.rpe;
-  f.key_padding_mask = in.kpm;
-  f.attn_mask = in.attn;
-  f.out = out;
-  f.lse = lse;
-  f.options = at_options(p.c);
-  return f;
+  return attention_forward_params(p.ix, in, out, lse,
+                                  attention_options(p.c, SparseAttentionAlgorithm::kComposite));
 }
 
 SparseAttentionBackwardParams at_backward(const ATProblem& p, const AttnViews& in,
                                           const TensorView& out, const TensorView& lse,
                                           const TensorView& dq, const TensorView& dk,
                                           const TensorView& dv) {
-  SparseAttentionBackwardParams g;
-  g.index = &p.ix;
-  g.q = in.q;
-  g.k = in.k;
-  g.v = in.v;
-  g.rpe = in.rpe;
-  g.key_padding_mask = in.kpm;
-  g.attn_mask = in.attn;
-  g.out = out;
-  g.lse = lse;
-  g.dout = in.dout;
-  g.dq = dq;
-  g.dk = dk;
-  g.dv = dv;
-  g.options = at_options(p.c);
-  return g;
+  return attention_backward_params(p.ix, in, out, lse, dq, dk, dv,
+                                   attention_options(p.c, SparseAttentionAlgorithm::kComposite));
 }
 
 std::vector<ATCase> at_cases() {
@@ -780,7 +544,9 @@ std::vector<ATCase> at_cases() {
     c.seed = seed++;
     cases.push_back(c);
   };
-  // Each dtype at each block, with the masks, rpe and layouts rotating through the cases.
+  // Each dtype at each block, with the masks, rpe, layouts and storages rotating through the
+  // cases.
+  const QkvStorage storages[] = {QkvStorage::kPacked, QkvStorage::kPadded, QkvStorage::kKeyT};
   int rot = 0;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int64_t block : {16, 32, 64, 128}) {
@@ -794,7 +560,7 @@ std::vector<ATCase> at_cases() {
       c.kpm = static_cast<MaskKind>(rot % 4);
       c.attn = static_cast<MaskKind>((rot + 2) % 4);
       c.rpe = static_cast<RpeKind>(rot % 4);
-      c.storage = static_cast<QkvStorage>(rot % 3);
+      c.storage = storages[rot % 3];
       c.causal = rot % 5 == 1;
       if (rot % 3 == 2) c.scale = 0.3f;
       ++rot;
@@ -872,10 +638,9 @@ TEST_P(CompositeCuda, ForwardAndBackwardMatchOracleAndAreDeterministic) {
   const AttnGrads og = attention_backward_oracle(a, dense_op(p.dout, false));
 
   // lowp_ref: the CPU composite on the same inputs.
-  const AttnViews host{p.q.view(),   p.k.view(),    p.v.view(),   p.rpe.view(),
-                       p.kpm.view(), p.attn.view(), p.dout.view()};
+  const AttnViews host = host_views(p);
   HostTensor out_cpu = qkv_tensor(p.c);
-  HostTensor lse_cpu = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  HostTensor lse_cpu = lse_tensor(p.c);
   ASSERT_TRUE(run_op(at_forward(p, host, out_cpu.view(), lse_cpu.view())).ok());
   HostTensor dq_cpu = qkv_tensor(p.c), dk_cpu = qkv_tensor(p.c), dv_cpu = qkv_tensor(p.c);
   ASSERT_TRUE(run_op(at_backward(p, host, out_cpu.view(), lse_cpu.view(), dq_cpu.view(),
@@ -886,7 +651,7 @@ TEST_P(CompositeCuda, ForwardAndBackwardMatchOracleAndAreDeterministic) {
   const AttnViews dev{q.view(),   k.view(),    v.view(),   rpe.view(),
                       kpm.view(), attn.view(), dout.view()};
   HostTensor out = qkv_tensor(p.c);
-  HostTensor lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  HostTensor lse = lse_tensor(p.c);
   HostTensor dq = qkv_tensor(p.c), dk = qkv_tensor(p.c), dv = qkv_tensor(p.c);
   HostTensor out2 = out, lse2 = lse, dq2 = dq, dk2 = dk, dv2 = dv;
   {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/block_sparse_test_util.h"
+#include "cpu/block_sparse_problems.h"
 #include "cpu/nan_semantics_util.h"
 #include "cuda/cuda_test_util.h"
 #include "sciattn/device.h"
@@ -43,11 +43,6 @@ enum class Config {
   kGlobalLines,
   kFixedHorizontal  // Fixed, bidirectional, its global rows attending every column
 };
-enum class RpeKind { kNone, kF32, kSameAsQ, kBroadcast };
-// kBLHD: [B, H, L, D] views of a packed [B, L, H, D] buffer. kKeyT: K and V stored [B, H, D, L]
-// (DeepSpeed's pre-transposed key), element loads. kPadded: padded strides and an unaligned
-// start for every tensor, outputs included (element loads).
-enum class Storage { kPacked, kPadded, kBLHD, kKeyT };
 
 const char* config_name(Config c) {
   static const char* names[] = {"random",       "dense", "fixed",       "variable", "bigbird",
@@ -63,20 +58,20 @@ struct GpuCase {
   RpeKind rpe = RpeKind::kNone;
   bool causal = false;
   std::optional<float> scale;
-  Storage storage = Storage::kPacked;
+  QkvStorage storage = QkvStorage::kPacked;  // kPadded and kKeyT take the element loads
   int64_t split_blocks = 0;  // > 0: split_block_sparse_work(split_blocks) before the upload
   bool masked_row = false;   // query 2 sees no key (fully masked row)
   uint64_t seed = kBaseSeed;
 
   int64_t L() const { return N * block; }
   std::string name() const {
-    static const char* rpes[] = {"none", "f32", "same", "bcast"};
-    static const char* storages[] = {"packed", "padded", "blhd", "keyt"};
+    // This suite's names call the rpe in q's dtype "same".
+    static const char* rpes[] = {"none", "same", "f32", "bcast"};
     std::string s = std::string(dtype_name(dtype)) + "_b" + std::to_string(block) + "_B" +
                     std::to_string(B) + "H" + std::to_string(H) + "L" + std::to_string(L()) + "D" +
                     std::to_string(D) + "_" + config_name(config) + "_kpm" + mask_name(kpm) +
                     "_attn" + mask_name(attn) + "_rpe" + rpes[static_cast<int>(rpe)] + "_" +
-                    storages[static_cast<int>(storage)];
+                    qkv_storage_name(storage);
     if (causal) s += "_causal";
     if (scale) s += "_scaled";
     if (split_blocks) s += "_split" + std::to_string(split_blocks);
@@ -87,22 +82,6 @@ struct GpuCase {
 
 void PrintTo(const GpuCase& c, std::ostream* os) {
   *os << c.name() << " " << seed_note(c.seed);
-}
-
-HostTensor qkv_tensor(const GpuCase& c, bool key_or_value, bool output) {
-  const std::vector<int64_t> sizes = {c.B, c.H, c.L(), c.D};
-  switch (c.storage) {
-    case Storage::kPadded:
-      return test::make_tensor(c.dtype, sizes, test::Layout::kPadded);
-    case Storage::kBLHD:
-      return HostTensor::permuted(c.dtype, sizes, {0, 2, 1, 3});
-    case Storage::kKeyT:
-      if (key_or_value && !output) return HostTensor::permuted(c.dtype, sizes, {0, 1, 3, 2});
-      break;
-    case Storage::kPacked:
-      break;
-  }
-  return HostTensor::packed(c.dtype, sizes);
 }
 
 sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
@@ -180,12 +159,7 @@ sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
   return layout;
 }
 
-struct Problem {
-  GpuCase c;
-  sciattn::Layout layout;
-  BlockSparseIndex ix;
-  HostTensor q, k, v, dout, rpe, kpm, attn;
-};
+using Problem = AttentionSuiteProblem<GpuCase>;
 
 Problem make_problem(const GpuCase& c) {
   Problem p;
@@ -198,47 +172,18 @@ Problem make_problem(const GpuCase& c) {
     EXPECT_TRUE(split_block_sparse_work(c.split_blocks, &p.ix).ok());
   }
   EXPECT_TRUE(upload_block_sparse_index(&p.ix, 0).ok());
-  p.q = qkv_tensor(c, false, false);
-  p.k = qkv_tensor(c, true, false);
-  p.v = qkv_tensor(c, true, false);
-  p.dout = qkv_tensor(c, false, false);
-  test::fill_normal(p.q, rng);
-  test::fill_normal(p.k, rng);
-  test::fill_normal(p.v, rng);
-  test::fill_normal(p.dout, rng);
+  make_qkv_inputs(p, rng);
   const int64_t L = c.L();
-  switch (c.rpe) {
-    case RpeKind::kNone:
-      break;
-    case RpeKind::kF32:
-      p.rpe = HostTensor::packed(DType::kF32, {c.B, c.H, L, L});
-      break;
-    case RpeKind::kSameAsQ:
-      p.rpe = HostTensor::packed(c.dtype, {c.B, c.H, L, L});
-      break;
-    case RpeKind::kBroadcast:
-      p.rpe = HostTensor::with_layout(c.dtype, {c.B, c.H, L, L}, {0, 0, L, 1}, 0, L * L);
-      break;
-  }
+  p.rpe = attention_rpe(c.rpe, c.dtype, c.B, c.H, L);
   if (p.rpe.present()) test::fill_normal(p.rpe, rng, 0.5);
   p.kpm = make_mask(c.kpm, c.dtype, {c.B, L}, 0.15, rng);
   p.attn = make_mask(c.attn, c.dtype, {L, L}, 0.15, rng);
-  if (c.masked_row && p.attn.present() && L > 2) {
-    for (int64_t j = 0; j < L; ++j) {
-      p.attn.set(2 * L + j, c.attn == MaskKind::kAdd ? -kInf : 0.0);
-    }
-  }
+  if (c.masked_row && p.attn.present() && L > 2) mask_query_row(p.attn, c.attn, 2);
   return p;
 }
 
 SparseAttentionOptions options_of(const GpuCase& c) {
-  SparseAttentionOptions o;
-  o.scale = c.scale;
-  o.causal = c.causal;
-  o.key_padding_mask_mode = mode_of(c.kpm);
-  o.attn_mask_mode = mode_of(c.attn);
-  o.algorithm = SparseAttentionAlgorithm::kFused;
-  return o;
+  return attention_options(c, SparseAttentionAlgorithm::kFused);
 }
 
 // The CPU fused path (lowp_ref): out / lse, then dq / dk / dv from that out and lse.
@@ -248,40 +193,17 @@ struct CpuRun {
 
 CpuRun run_cpu(const Problem& p) {
   CpuRun r;
-  r.out = qkv_tensor(p.c, false, true);
-  r.lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
-  SparseAttentionForwardParams f;
-  f.index = &p.ix;
-  f.q = p.q.view();
-  f.k = p.k.view();
-  f.v = p.v.view();
-  f.rpe = p.rpe.view();
-  f.key_padding_mask = p.kpm.view();
-  f.attn_mask = p.attn.view();
-  f.out = r.out.view();
-  f.lse = r.lse.view();
-  f.options = options_of(p.c);
-  Status s = run_op(f);
+  const AttnViews in = host_views(p);
+  r.out = qkv_tensor(p.c);
+  r.lse = lse_tensor(p.c);
+  Status s =
+      run_op(attention_forward_params(p.ix, in, r.out.view(), r.lse.view(), options_of(p.c)));
   EXPECT_TRUE(s.ok()) << s.to_string();
-  r.dq = qkv_tensor(p.c, false, true);
-  r.dk = qkv_tensor(p.c, false, true);
-  r.dv = qkv_tensor(p.c, false, true);
-  SparseAttentionBackwardParams g;
-  g.index = &p.ix;
-  g.q = f.q;
-  g.k = f.k;
-  g.v = f.v;
-  g.rpe = f.rpe;
-  g.key_padding_mask = f.key_padding_mask;
-  g.attn_mask = f.attn_mask;
-  g.out = r.out.view();
-  g.lse = r.lse.view();
-  g.dout = p.dout.view();
-  g.dq = r.dq.view();
-  g.dk = r.dk.view();
-  g.dv = r.dv.view();
-  g.options = f.options;
-  s = run_op(g);
+  r.dq = qkv_tensor(p.c);
+  r.dk = qkv_tensor(p.c);
+  r.dv = qkv_tensor(p.c);
+  s = run_op(attention_backward_params(p.ix, in, r.out.view(), r.lse.view(), r.dq.view(),
+                                       r.dk.view(), r.dv.view(), options_of(p.c)));
   EXPECT_TRUE(s.ok()) << s.to_string();
   return r;
 }
@@ -296,20 +218,13 @@ struct GpuRun {
 GpuRun run_gpu(const Problem& p) {
   GpuRun r;
   DeviceCopy q(p.q), k(p.k), v(p.v), dout(p.dout), rpe(p.rpe), kpm(p.kpm), attn(p.attn);
-  r.out = qkv_tensor(p.c, false, true);
-  r.lse = HostTensor::packed(DType::kF32, {p.c.B, p.c.H, p.c.L()});
+  const AttnViews in{q.view(),   k.view(),    v.view(),   rpe.view(),
+                     kpm.view(), attn.view(), dout.view()};
+  r.out = qkv_tensor(p.c);
+  r.lse = lse_tensor(p.c);
   DeviceCopy out(r.out), lse(r.lse);
-  SparseAttentionForwardParams f;
-  f.index = &p.ix;
-  f.q = q.view();
-  f.k = k.view();
-  f.v = v.view();
-  f.rpe = rpe.view();
-  f.key_padding_mask = kpm.view();
-  f.attn_mask = attn.view();
-  f.out = out.view();
-  f.lse = lse.view();
-  f.options = options_of(p.c);
+  const SparseAttentionForwardParams f =
+      attention_forward_params(p.ix, in, out.view(), lse.view(), options_of(p.c));
   {
     const size_t bytes = workspace_size(f);
     DeviceBuffer ws(bytes, /*poison=*/true);
@@ -320,25 +235,12 @@ GpuRun run_gpu(const Problem& p) {
   lse.copy_to(r.lse);
   if (!r.forward_status.ok()) return r;
 
-  r.dq = qkv_tensor(p.c, false, true);
-  r.dk = qkv_tensor(p.c, false, true);
-  r.dv = qkv_tensor(p.c, false, true);
+  r.dq = qkv_tensor(p.c);
+  r.dk = qkv_tensor(p.c);
+  r.dv = qkv_tensor(p.c);
   DeviceCopy dq(r.dq), dk(r.dk), dv(r.dv);
-  SparseAttentionBackwardParams g;
-  g.index = &p.ix;
-  g.q = f.q;
-  g.k = f.k;
-  g.v = f.v;
-  g.rpe = f.rpe;
-  g.key_padding_mask = f.key_padding_mask;
-  g.attn_mask = f.attn_mask;
-  g.out = f.out;
-  g.lse = f.lse;
-  g.dout = dout.view();
-  g.dq = dq.view();
-  g.dk = dk.view();
-  g.dv = dv.view();
-  g.options = f.options;
+  const SparseAttentionBackwardParams g =
+      attention_backward_params(p.ix, in, f.out, f.lse, dq.view(), dk.view(), dv.view(), f.options);
   {
     const size_t bytes = workspace_size(g);
     DeviceBuffer ws(bytes, /*poison=*/true);
@@ -415,6 +317,7 @@ std::vector<GpuCase> small_cases() {
     }
   }
   // Every mask mode on both masks, with a fully masked row, and rpe of each kind.
+  const RpeKind rpes[] = {RpeKind::kF32, RpeKind::kSameDtype, RpeKind::kBroadcast};
   rot = 0;
   for (MaskKind m : {MaskKind::kAdd, MaskKind::kMul, MaskKind::kBool}) {
     for (DType dt : dtypes) {
@@ -425,7 +328,7 @@ std::vector<GpuCase> small_cases() {
       c.kpm = m;
       c.attn = m == MaskKind::kBool ? MaskKind::kMul : m;
       c.masked_row = true;
-      c.rpe = static_cast<RpeKind>(1 + rot % 3);
+      c.rpe = rpes[rot % 3];
       ++rot;
       add(c);
     }
@@ -440,11 +343,11 @@ std::vector<GpuCase> small_cases() {
   c.dtype = DType::kF16;
   add(c);
   // Strided inputs: padded (element loads, unaligned), heads interleaved, pre-transposed K/V.
-  for (Storage st : {Storage::kPadded, Storage::kBLHD, Storage::kKeyT}) {
+  for (QkvStorage st : {QkvStorage::kPadded, QkvStorage::kBLHD, QkvStorage::kKeyT}) {
     c = GpuCase();
     c.storage = st;
     c.kpm = MaskKind::kAdd;
-    c.D = st == Storage::kBLHD ? 64 : 32;
+    c.D = st == QkvStorage::kBLHD ? 64 : 32;
     add(c);
   }
   // Odd head dims (padded columns, element loads for D % 8 != 0) and the single block.
@@ -515,7 +418,7 @@ std::vector<GpuCase> small_cases() {
   c.D = 64;
   c.dtype = DType::kF16;
   c.causal = true;
-  c.storage = Storage::kBLHD;
+  c.storage = QkvStorage::kBLHD;
   add(c);
   // Block lines with equal long lists sharing tile lines (blocks of 16 and 32): their keys and
   // queries are gathered, not consecutive, so the key padding mask, causal rule, rpe and outputs
@@ -591,7 +494,7 @@ std::vector<GpuCase> small_cases() {
     c.masked_row = true;
     c.rpe = RpeKind::kBroadcast;
     c.causal = b == 16;
-    c.storage = b == 16 ? Storage::kKeyT : Storage::kPacked;
+    c.storage = b == 16 ? QkvStorage::kKeyT : QkvStorage::kPacked;
     add(c);
   }
   return cases;
@@ -714,8 +617,8 @@ struct Tensors {
   std::unique_ptr<DeviceCopy> q, k, v, out, lse;
   SparseAttentionForwardParams f;
   explicit Tensors(GpuCase gc) : c(gc), p(make_problem(gc)) {
-    out_h = qkv_tensor(c, false, true);
-    lse_h = HostTensor::packed(DType::kF32, {c.B, c.H, c.L()});
+    out_h = qkv_tensor(c);
+    lse_h = lse_tensor(c);
     q = std::make_unique<DeviceCopy>(p.q);
     k = std::make_unique<DeviceCopy>(p.k);
     v = std::make_unique<DeviceCopy>(p.v);
