@@ -7,11 +7,13 @@
 // the algorithm's own FLOPs (4 * B * nnz * b^2 * D forward, 10x backward; dense: 4 * B * H * L^2 *
 // D), dense-equivalent GFLOP/s (the dense FLOPs over the time: a speed-up over dense shows as a
 // rate above dense's own), the layout's density and the call's extra memory (its workspace).
-// BM_BuildIndex times building the index of a 65,536-token layout; BM_BuildIndexFromConfig
+// BM_SparseAttentionSmall times short sequences with one and two threads. BM_BuildIndex times
+// building the index of a 65,536-token layout; BM_BuildIndexFromConfig
 // times building it from a config (build_sparse_attention_index), the dense route's steps and
 // the tile index the GPU upload builds from it.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <random>
 #include <vector>
@@ -216,6 +218,39 @@ BENCHMARK(BM_SparseAttention)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.5);
+
+// Short sequences, where a call's work is a few milliseconds of one core or less and what a
+// thread costs to start and to join shows: the Fixed layout at L 64 (dense at block 16), 128 and
+// 512, fused and composite, with one and two threads, forward and forward + backward.
+// Arguments: L, path (0 fused, 1 composite), threads, direction (0 forward, 1 forward + backward).
+void BM_SparseAttentionSmall(benchmark::State& state) {
+  Problem prob(state.range(0), kFixed);
+  const auto path = static_cast<Path>(state.range(1));
+  SparseAttentionForwardParams f = prob.forward(path);
+  SparseAttentionBackwardParams b = prob.backward(path);
+  f.options.num_threads = b.options.num_threads = static_cast<int>(state.range(2));
+  const bool backward = state.range(3) != 0;
+  std::vector<std::byte> workspace(std::max(workspace_size(f), workspace_size(b)));
+  for (auto _ : state) {
+    Status s = run(f, workspace.data(), workspace.size());
+    if (s.ok() && backward) s = run(b, workspace.data(), workspace.size());
+    if (!s.ok()) {
+      state.SkipWithError(s.message().c_str());
+      return;
+    }
+  }
+  const double flops =
+      sparse_attention_forward_flops(f) + (backward ? sparse_attention_backward_flops(b) : 0.0);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_SparseAttentionSmall)
+    ->ArgNames({"L", "path", "threads", "bwd"})
+    ->ArgsProduct({{64, 128, 512}, {kFused, kComposite}, {1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.2);
 
 // Building the index (enumeration, CSR, CSC and the work splits) of the largest layouts:
 // 65,536 tokens, 16 heads, BigBird and BSLongformer with block 64 and 16 (DeepSpeed's BERT
