@@ -43,7 +43,8 @@ void add_evoformer_command(CLI::App& app, const CommandOptions& options) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--repeat", config->repeat, "timed calls (median reported)")
       ->check(CLI::Range(1, 100000));
-  cmd->add_option("--threads", config->threads, "CPU threads (0 = all)")
+  cmd->add_option("--threads", config->threads,
+                  "most CPU threads (0 = all; calls with little work use fewer)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--seed", config->seed, "random seed of the inputs")->check(unsigned_integer());
   cmd->add_option("--scale", flags->scale, "softmax scale (default 1/sqrt(D))")

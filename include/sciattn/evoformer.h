@@ -35,7 +35,10 @@ enum class EvoformerCpuAlgorithm : int {
 struct EvoformerOptions {
   // Multiplies <q, k>; std::nullopt means 1 / sqrt(D).
   std::optional<float> scale;
-  // CPU only: threads to use; 0 means all hardware threads. Results do not depend on it.
+  // CPU only: the most threads to use; 0 means all hardware threads. The tiled path uses fewer
+  // when the call has less work than keeps them busy (one thread below a few milliseconds of
+  // work), since on a busy machine a thread can cost more to wait for than it saves. Results do
+  // not depend on it.
   int num_threads = 0;
   EvoformerCpuAlgorithm cpu_algorithm = EvoformerCpuAlgorithm::kTiled;
 };

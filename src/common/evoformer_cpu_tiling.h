@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/cpu_threads.h"
 #include "common/evoformer_checks.h"
 #include "common/workspace_layout.h"
 
@@ -72,6 +73,43 @@ inline CpuBackwardScratch plan_cpu_backward_scratch(const EvoformerShape& s, Wor
 
 inline int64_t cpu_dbias2_chunks(const EvoformerShape& s) {
   return std::min<int64_t>(s.n, kMaxDbias2Chunks);
+}
+
+// The work of the tiled path in cpu_threads.h's units, S = B*N*H*L*L scores: the forward's
+// 4*S*D FLOP and one exponential per score; the backward's 10*S*D FLOP and one exponential per
+// score (it recomputes P from the lse).
+inline double cpu_scores(const EvoformerShape& s) {
+  return static_cast<double>(s.batch * s.n * s.heads) * static_cast<double>(s.len) *
+         static_cast<double>(s.len);
+}
+inline double cpu_forward_work(const EvoformerShape& s) {
+  return cpu_scores(s) * (4.0 * static_cast<double>(s.dim) + kCpuExpFlops);
+}
+inline double cpu_backward_work(const EvoformerShape& s) {
+  return cpu_scores(s) * (10.0 * static_cast<double>(s.dim) + kCpuExpFlops);
+}
+// The rate of the tiled path on one core in those units. Fits on the 2-core CPU machine: forward
+// 5.8 ns per score + 0.185 ns per score and head-dim element (21.6 per ns), backward 6 ns +
+// 0.48 ns (20.9 per ns at D 64, 21.1 at D 8).
+constexpr double kCpuTiledFlopsPerNs = 20.0;
+
+// Threads of the tiled forward, one task per (b, n, h), given at most `limit`.
+inline int cpu_forward_threads(int limit, const EvoformerShape& s) {
+  return cpu_loop_threads(limit, s.batch * s.n * s.heads, cpu_forward_work(s), kCpuTiledFlopsPerNs);
+}
+
+// The tiled backward has one task per (b, h, chunk of N). With dbias2, N is cut into
+// cpu_dbias2_chunks(s) chunks, each summing its own dbias2 partial; without it nothing is summed
+// over N, so every n is its own chunk.
+inline int64_t cpu_backward_chunks(const EvoformerShape& s, bool dbias2) {
+  return dbias2 ? cpu_dbias2_chunks(s) : s.n;
+}
+// Threads of the tiled backward's main loop, given at most `limit`. The bias-gradient sums that
+// follow it stream their partials (kCpuFloatMoveFlops + 1 per element) and choose their own
+// count, no more than this.
+inline int cpu_backward_threads(int limit, const EvoformerShape& s, bool dbias2) {
+  return cpu_loop_threads(limit, s.batch * s.heads * cpu_backward_chunks(s, dbias2),
+                          cpu_backward_work(s), kCpuTiledFlopsPerNs);
 }
 
 }  // namespace sciattn::detail

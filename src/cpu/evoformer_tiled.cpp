@@ -304,19 +304,13 @@ struct BackwardPlan {
   int threads = 1;
 };
 
-int64_t backward_tasks(const EvoformerShape& s, int64_t chunks) {
-  return s.batch * s.heads * chunks;
-}
-
 BackwardPlan plan_backward(const EvoformerBackwardParams& p, const EvoformerShape& s) {
   BackwardPlan r;
   WorkspaceLayout per_thread;
   r.scratch_plan = detail::plan_cpu_backward_scratch(s, &per_thread);
   r.scratch_bytes = per_thread.used_bytes();
-  // Without dbias2 nothing is summed over N, so every (b, n, h) can be its own task.
-  r.chunks = p.dbias2.present() ? detail::cpu_dbias2_chunks(s) : s.n;
-  r.threads = static_cast<int>(
-      std::min<int64_t>(tiled_thread_count(p.options), backward_tasks(s, r.chunks)));
+  r.chunks = detail::cpu_backward_chunks(s, p.dbias2.present());
+  r.threads = detail::cpu_backward_threads(tiled_thread_count(p.options), s, p.dbias2.present());
   r.scratch = r.layout.add<std::byte>(static_cast<int64_t>(r.scratch_bytes) * r.threads);
   if (p.dbias1.present()) r.dbias1_partial = r.layout.add<float>(s.batch * s.n * s.heads * s.len);
   if (p.dbias2.present()) {
@@ -338,8 +332,7 @@ ForwardPlan plan_forward(const EvoformerForwardParams& p, const EvoformerShape& 
   WorkspaceLayout per_thread;
   r.scratch_plan = detail::plan_cpu_forward_scratch(s, &per_thread);
   r.scratch_bytes = per_thread.used_bytes();
-  r.threads =
-      static_cast<int>(std::min<int64_t>(tiled_thread_count(p.options), s.batch * s.n * s.heads));
+  r.threads = detail::cpu_forward_threads(tiled_thread_count(p.options), s);
   r.scratch = r.layout.add<std::byte>(static_cast<int64_t>(r.scratch_bytes) * r.threads);
   return r;
 }
@@ -380,7 +373,7 @@ void run_tiled_backward(const EvoformerBackwardParams& p, const EvoformerShape& 
       p.dbias1.present() ? plan.layout.at<float>(workspace, plan.dbias1_partial) : nullptr;
   float* dbias2_partial =
       p.dbias2.present() ? plan.layout.at<float>(workspace, plan.dbias2_partial) : nullptr;
-  const int64_t tasks = backward_tasks(s, plan.chunks);
+  const int64_t tasks = s.batch * s.heads * plan.chunks;
   const int64_t ll = s.len * s.len;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(plan.threads)
@@ -405,8 +398,14 @@ void run_tiled_backward(const EvoformerBackwardParams& p, const EvoformerShape& 
 
   // dbias1[b, n, j] = sum over heads of the per-head partials, heads in order.
   if (dbias1_partial != nullptr) {
-#pragma omp parallel for schedule(static) num_threads(plan.threads)
-    for (int64_t bn = 0; bn < s.batch * s.n; ++bn) {
+    const int64_t bns = s.batch * s.n;
+    // Each element reads one partial and adds it.
+    const int threads = detail::cpu_loop_threads(
+        plan.threads, bns,
+        static_cast<double>(bns * s.heads * s.len) * (detail::kCpuFloatMoveFlops + 1.0),
+        detail::kCpuTiledFlopsPerNs);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t bn = 0; bn < bns; ++bn) {
       float* sum = dbias1_partial + bn * s.heads * s.len;  // head 0's partial becomes the sum
       for (int64_t h = 1; h < s.heads; ++h) {
         const float* part = sum + h * s.len;
@@ -420,7 +419,11 @@ void run_tiled_backward(const EvoformerBackwardParams& p, const EvoformerShape& 
   if (dbias2_partial != nullptr) {
     const int64_t rows = s.batch * s.heads * s.len;
     const int64_t chunk_stride = s.batch * s.heads * ll;
-#pragma omp parallel for schedule(static) num_threads(plan.threads)
+    const int threads = detail::cpu_loop_threads(
+        plan.threads, rows,
+        static_cast<double>(rows * plan.chunks * s.len) * (detail::kCpuFloatMoveFlops + 1.0),
+        detail::kCpuTiledFlopsPerNs);
+#pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t row = 0; row < rows; ++row) {
       float* sum = dbias2_partial + row * s.len;  // chunk 0's row becomes the sum
       for (int64_t c = 1; c < plan.chunks; ++c) {

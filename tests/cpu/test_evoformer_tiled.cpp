@@ -3,10 +3,12 @@
 // across thread counts and runs, and bitwise equality of equivalent masks. Test layer (tests/cpu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "common/evoformer_cpu_tiling.h"  // internal: the thread count the calls choose
 #include "evoformer_test_util.h"
 
 namespace sciattn {
@@ -112,11 +114,28 @@ std::vector<EvoConfig> determinism_cases() {
   add({1, 5, 33, 3, 16}, DType::kF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPadded);
   add({1, 1, 150, 2, 32}, DType::kF32, Bias1Kind::kBool, Bias2Kind::kF32);
   add({3, 1, 9, 1, 8}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kF32);
+  // The cases above have too little work for a second thread (common/cpu_threads.h), so they run
+  // on one whatever num_threads says. These have enough for two threads in the forward and
+  // three in the backward, so the split of the work over threads is exercised as well.
+  add({1, 8, 136, 4, 32}, DType::kF32, Bias1Kind::kF32, Bias2Kind::kF32);
+  add({1, 8, 136, 4, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ);
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Evoformer, EvoformerTiledDeterminism,
                          ::testing::ValuesIn(determinism_cases()), CaseName());
+
+// The determinism cases include calls that really run on several threads.
+TEST(EvoformerTiled, DeterminismCasesIncludeThreadedCalls) {
+  int most_forward = 1, most_backward = 1;
+  for (const EvoConfig& c : determinism_cases()) {
+    const detail::EvoformerShape s{c.shape.B, c.shape.N, c.shape.L, c.shape.H, c.shape.D};
+    most_forward = std::max(most_forward, detail::cpu_forward_threads(7, s));
+    most_backward = std::max(most_backward, detail::cpu_backward_threads(7, s, true));
+  }
+  EXPECT_GE(most_forward, 2);
+  EXPECT_GE(most_backward, 3);
+}
 
 // ---- Equivalent masks give identical bits. ----
 
