@@ -67,7 +67,9 @@ void add_demo_command(CLI::App& app, const CommandOptions& options) {
   cmd->add_option("--device", *device,
                   "where to run (default: cuda when a GPU and the CUDA build are present)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--threads", *threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--threads", *threads,
+                  "most CPU threads (0 = all; calls with little work use fewer)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_flag("--json", *json, "print JSON instead of a table");
   cmd->callback([=] {
     const Device where = *device == "cuda" ? Device::kCuda : Device::kCpu;

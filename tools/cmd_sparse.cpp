@@ -488,7 +488,8 @@ void add_sparse_command(CLI::App& app, const CommandOptions& options) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--repeat", config->repeat, "timed calls, median reported (default 3)")
       ->check(CLI::Range(1, 100000));
-  cmd->add_option("--threads", config->threads, "CPU threads (default 0 = all)")
+  cmd->add_option("--threads", config->threads,
+                  "most CPU threads (default 0 = all; calls with little work use fewer)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--seed", config->seed, "seed of the inputs and of the random blocks (default 0)")
       ->check(unsigned_integer());

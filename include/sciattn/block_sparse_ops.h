@@ -212,7 +212,10 @@ struct BlockSparseMatMulParams {
   TensorView a;  // see the shapes above
   TensorView b;
   TensorView c;         // written; must not overlap a or b
-  int num_threads = 0;  // CPU threads; 0 = all. Results do not depend on it.
+  // CPU only: the most threads to use; 0 means all hardware threads. Each loop of the call uses
+  // fewer when it has less work than keeps them busy (one thread below a few milliseconds of
+  // work). Results do not depend on it. The other ops' num_threads mean the same.
+  int num_threads = 0;
 };
 
 // The gradients of C = op(A) * op(B) (spec 2.2, "Backward"): dA and dB from dC. A gradient of a
@@ -329,7 +332,9 @@ struct SparseAttentionOptions {
   // SparseSelfAttention's defaults: key_padding_mask_mode 'add', attn_mask_mode 'mul'.
   MaskMode key_padding_mask_mode = MaskMode::kAdd;
   MaskMode attn_mask_mode = MaskMode::kMul;
-  int num_threads = 0;  // CPU threads; 0 = all. Results do not depend on it.
+  // CPU only: the most threads to use, 0 = all; fewer for calls with little work (as for
+  // BlockSparseMatMulParams). Results do not depend on it.
+  int num_threads = 0;
   SparseAttentionAlgorithm algorithm = SparseAttentionAlgorithm::kFused;
 };
 

@@ -118,7 +118,9 @@ void sdd(const BlockSparseIndex& ix, const TensorView& x, const TensorView& y, c
   const ThreadScratch scratch = scratch_of(plan.layout, threads);
   const int64_t rows = ix.num_heads * ix.num_row_blocks;  // (h, I) pairs
   const int64_t tasks = x.sizes[0] * rows;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  const int used = block_loop_threads(threads, tasks, x.sizes[0] * ix.nnz, ix.block,
+                                      2.0 * static_cast<double>(x.sizes[3]));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(used)
   for (int64_t t = 0; t < tasks; ++t) {
     sdd_task(ix, x, y, c, plan, scratch.mine(workspace), t / rows, t % rows);
   }
@@ -176,7 +178,9 @@ void dsd(const BlockSparseIndex& ix, const TensorView& s, bool trans_s, const Te
   const int64_t n_tiles = ceil_div(n, kDenseTile);
   const int64_t per_z = ix.num_heads * out_blocks * n_tiles;
   const int64_t tasks = s.sizes[0] * per_z;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  const int used = block_loop_threads(threads, tasks, s.sizes[0] * ix.nnz, ix.block,
+                                      2.0 * static_cast<double>(n));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(used)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t z = t / per_z, rest = t % per_z;
     const int64_t h = rest / (out_blocks * n_tiles);
@@ -237,7 +241,9 @@ void dds(const BlockSparseIndex& ix, const TensorView& x, const TensorView& s, b
   const int64_t m_tiles = ceil_div(m, kDenseTile);
   const int64_t per_z = ix.num_heads * out_blocks * m_tiles;
   const int64_t tasks = x.sizes[0] * per_z;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  const int used = block_loop_threads(threads, tasks, x.sizes[0] * ix.nnz, ix.block,
+                                      2.0 * static_cast<double>(m));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(used)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t z = t / per_z, rest = t % per_z;
     const int64_t h = rest / (out_blocks * m_tiles);

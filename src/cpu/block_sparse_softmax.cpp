@@ -142,7 +142,9 @@ void softmax_forward(const BlockSparseIndex& ix, int64_t batch, const TensorView
   const ThreadScratch scratch = scratch_of(plan, threads);
   const int64_t rows = ix.num_heads * ix.num_row_blocks;
   const int64_t tasks = batch * rows;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  const int used =
+      block_loop_threads(threads, tasks, batch * ix.nnz, ix.block, detail::kCpuExpFlops);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(used)
   for (int64_t t = 0; t < tasks; ++t) {
     softmax_task(ix, x, y, terms, lse, plan, scratch.mine(workspace), t / rows, t % rows);
   }
@@ -155,7 +157,11 @@ void softmax_backward(const BlockSparseIndex& ix, int64_t batch, const TensorVie
   const ThreadScratch scratch = scratch_of(plan, threads);
   const int64_t rows = ix.num_heads * ix.num_row_blocks;
   const int64_t tasks = batch * rows;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  // dx = y * (dy - sum(y * dy)) * scale: no exponential; three floats moved and about four FLOP
+  // per element.
+  const int used = block_loop_threads(threads, tasks, batch * ix.nnz, ix.block,
+                                      3.0 * detail::kCpuFloatMoveFlops + 4.0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(used)
   for (int64_t t = 0; t < tasks; ++t) {
     softmax_backward_task(ix, y, dy, dx, scale, plan, scratch.mine(workspace), t / rows, t % rows);
   }

@@ -355,7 +355,10 @@ void fused_forward(const SparseAttentionForwardParams& p, const AttentionShape& 
       p.options, detail::attention_scale(p.options, s.dim), p.rpe, p.key_padding_mask, p.attn_mask);
   const int64_t rows = ix.num_heads * ix.num_row_blocks;
   const int64_t tasks = s.batch * rows;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  // Per score: 4*D FLOP (Q K^T and P V) and an exponential.
+  const int used = block_loop_threads(threads, tasks, s.batch * ix.nnz, ix.block,
+                                      4.0 * static_cast<double>(s.dim) + detail::kCpuExpFlops);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(used)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t z = t / rows, hr = t % rows;
     forward_task(p, terms, plan, scratch.mine(workspace), s.dim, z, hr / ix.num_row_blocks,
@@ -380,20 +383,32 @@ void fused_backward(const SparseAttentionBackwardParams& p, const AttentionShape
   const BackwardCall call{&p, &terms, delta_all, &s, scale};
   const int64_t R = ix.num_row_blocks, C = ix.num_col_blocks;
   const int64_t row_tasks = s.batch * s.heads * R, col_tasks = s.batch * s.heads * C;
+  const int64_t blocks = s.batch * ix.nnz;
+  const double dim = static_cast<double>(s.dim);
+  // D_i = <dO_i, O_i>: 2*D FLOP per row.
+  const int delta_threads = detail::cpu_loop_threads(
+      threads, row_tasks, 2.0 * dim * static_cast<double>(row_tasks * ix.block),
+      kBlockSparseFlopsPerNs);
+  // Per score, both passes recompute S (2*D FLOP) and P (an exponential); the key-block pass adds
+  // dV, dP and dK (6*D), the query-block pass dP and dQ (4*D).
+  const int key_threads =
+      block_loop_threads(threads, col_tasks, blocks, ix.block, 8.0 * dim + detail::kCpuExpFlops);
+  const int query_threads =
+      block_loop_threads(threads, row_tasks, blocks, ix.block, 6.0 * dim + detail::kCpuExpFlops);
 
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(delta_threads)
   for (int64_t t = 0; t < row_tasks; ++t) {
     const int64_t zh = t / R;
     delta_task(call, plan.scratch_plan, plan.scratch.mine(thread_region), zh / s.heads,
                zh % s.heads, t % R, delta_all);
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(key_threads)
   for (int64_t t = 0; t < col_tasks; ++t) {
     const int64_t zh = t / C;
     key_block_task(call, plan.scratch_plan, plan.scratch.mine(thread_region), zh / s.heads,
                    zh % s.heads, t % C);
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(query_threads)
   for (int64_t t = 0; t < row_tasks; ++t) {
     const int64_t zh = t / R;
     query_block_task(call, plan.scratch_plan, plan.scratch.mine(thread_region), zh / s.heads,

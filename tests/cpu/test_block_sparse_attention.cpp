@@ -14,6 +14,7 @@
 
 #include "block_sparse_problems.h"
 #include "cpu/block_sparse_reference.h"
+#include "cpu/block_sparse_tiles.h"  // block_loop_threads: the thread count the calls choose
 
 namespace sciattn {
 namespace {
@@ -227,19 +228,14 @@ TEST_P(AttentionCases, BackwardWithinToleranceOfFp64) {
   }
 }
 
-TEST_P(AttentionCases, SameBitsForAnyThreadCount) {
-  const ATProblem p = make_problem(GetParam());
-  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+// `counts`: the thread counts compared with one.
+void expect_same_bits_for_any_thread_count(const ATProblem& p, const std::vector<int>& counts) {
   for (SparseAttentionAlgorithm alg : {kFused, kComposite}) {
     SCOPED_TRACE(sparse_attention_algorithm_name(alg));
     const Fwd f1 = run_forward(p, alg, 1);
     ASSERT_TRUE(f1.status.ok());
     const Bwd b1 = run_backward(p, f1, alg, 1);
     ASSERT_TRUE(b1.status.ok());
-    // 7 threads (more than the test machines' cores, and not a divisor of the work) for the
-    // first few cases only: oversubscribed OpenMP barriers make each call slow.
-    std::vector<int> counts = {2};
-    if (p.c.seed < kBaseSeed + 503) counts.push_back(7);
     for (int threads : counts) {
       const Fwd f = run_forward(p, alg, threads);
       const Bwd g = run_backward(p, f1, alg, threads);
@@ -250,6 +246,35 @@ TEST_P(AttentionCases, SameBitsForAnyThreadCount) {
       EXPECT_TRUE(g.dv.same_bytes(b1.dv)) << threads << " threads: dv";
     }
   }
+}
+
+TEST_P(AttentionCases, SameBitsForAnyThreadCount) {
+  const ATProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  // 7 threads (more than the test machines' cores, and not a divisor of the work) for the first
+  // few cases only: oversubscribed OpenMP barriers make each call slow.
+  std::vector<int> counts = {2};
+  if (p.c.seed < kBaseSeed + 503) counts.push_back(7);
+  expect_same_bits_for_any_thread_count(p, counts);
+}
+
+// The cases above have too little work for a second thread (common/cpu_threads.h) and run on one
+// whatever num_threads says; this one has enough for two in the fused forward and backward and in
+// the composite path's products and softmax, so the split over threads is exercised.
+TEST(SparseAttention, SameBitsForAnyThreadCountOnSeveralThreads) {
+  ATCase c;
+  c.block = 64;
+  c.N = 24;
+  c.D = 64;
+  c.kpm = MaskKind::kAdd;
+  c.seed = kBaseSeed + 640;
+  const ATProblem p = make_problem(c);
+  SCOPED_TRACE(c.name() + " " + seed_note(c.seed));
+  const int64_t tasks = c.B * c.H * c.N, blocks = c.B * p.ix.nnz;
+  // The composite path's products (2 * D FLOP per element) and softmax have the least work.
+  ASSERT_GE(cpu::block_loop_threads(7, tasks, blocks, c.block, 2.0 * 64), 2);
+  ASSERT_GE(cpu::block_loop_threads(7, tasks, blocks, c.block, detail::kCpuExpFlops), 2);
+  expect_same_bits_for_any_thread_count(p, {2, 7});
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSparse, AttentionCases, ::testing::ValuesIn(all_cases()),

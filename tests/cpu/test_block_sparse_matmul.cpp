@@ -10,6 +10,7 @@
 
 #include "block_sparse_problems.h"
 #include "cpu/block_sparse_reference.h"
+#include "cpu/block_sparse_tiles.h"  // block_loop_threads: the thread count the calls choose
 
 namespace sciattn {
 namespace {
@@ -141,9 +142,7 @@ TEST_P(MatMulCases, BackwardWithinToleranceOfFp64) {
   EXPECT_TRUE(db_only.same_bytes(db));
 }
 
-TEST_P(MatMulCases, SameBitsForAnyThreadCount) {
-  const MMProblem p = make_matmul_problem(GetParam());
-  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+void expect_same_bits_for_any_thread_count(const MMProblem& p) {
   HostTensor c1 = matmul_output(p, p.c_sizes, p.c_sparse);
   HostTensor da1 = matmul_output(p, p.a.sizes(), p.a_sparse);
   HostTensor db1 = matmul_output(p, p.b.sizes(), p.b_sparse);
@@ -158,6 +157,34 @@ TEST_P(MatMulCases, SameBitsForAnyThreadCount) {
     EXPECT_TRUE(c.same_bytes(c1)) << threads << " threads: c differs";
     EXPECT_TRUE(da.same_bytes(da1)) << threads << " threads: da differs";
     EXPECT_TRUE(db.same_bytes(db1)) << threads << " threads: db differs";
+  }
+}
+
+TEST_P(MatMulCases, SameBitsForAnyThreadCount) {
+  const MMProblem p = make_matmul_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  expect_same_bits_for_any_thread_count(p);
+}
+
+// The cases above have too little work for a second thread (common/cpu_threads.h) and run on one
+// whatever num_threads says; these have enough for two in every product, so the split over
+// threads is exercised.
+TEST(MatMul, SameBitsForAnyThreadCountOnSeveralThreads) {
+  uint64_t seed = kBaseSeed + 95;
+  for (BlockSparseMatMulMode mode :
+       {BlockSparseMatMulMode::kSdd, BlockSparseMatMulMode::kDsd, BlockSparseMatMulMode::kDds}) {
+    MMCase c;
+    c.mode = mode;
+    c.block = 32;
+    c.R = c.C = 20;
+    c.extra = 384;
+    c.seed = seed++;
+    const MMProblem p = make_matmul_problem(c);
+    SCOPED_TRACE(c.name() + " " + seed_note(c.seed));
+    // Every product of the forward and the backward has an inner or outer size of c.extra or more
+    // and at least Z * H * R tasks.
+    ASSERT_GE(cpu::block_loop_threads(7, c.Z * c.H * c.R, c.Z * p.ix.nnz, c.block, 2.0 * 384), 2);
+    expect_same_bits_for_any_thread_count(p);
   }
 }
 

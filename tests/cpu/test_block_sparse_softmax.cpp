@@ -11,6 +11,7 @@
 
 #include "block_sparse_problems.h"
 #include "cpu/block_sparse_reference.h"
+#include "cpu/block_sparse_tiles.h"  // block_loop_threads: the thread count the calls choose
 
 namespace sciattn {
 namespace {
@@ -215,9 +216,7 @@ TEST_P(SoftmaxCases, BackwardWithinToleranceOfFp64) {
   }
 }
 
-TEST_P(SoftmaxCases, SameBitsForAnyThreadCount) {
-  const SMProblem p = make_problem(GetParam());
-  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+void expect_same_bits_for_any_thread_count(const SMProblem& p) {
   HostTensor y1 = output_for(p);
   ASSERT_TRUE(run_op(forward_params(p, y1, 1)).ok());
   for (int threads : {2, 7}) {
@@ -225,6 +224,28 @@ TEST_P(SoftmaxCases, SameBitsForAnyThreadCount) {
     ASSERT_TRUE(run_op(forward_params(p, y, threads)).ok());
     EXPECT_TRUE(y.same_bytes(y1)) << threads << " threads";
   }
+}
+
+TEST_P(SoftmaxCases, SameBitsForAnyThreadCount) {
+  const SMProblem p = make_problem(GetParam());
+  SCOPED_TRACE(p.c.name() + " " + seed_note(p.c.seed));
+  expect_same_bits_for_any_thread_count(p);
+}
+
+// The cases above have too little work for a second thread (common/cpu_threads.h) and run on one
+// whatever num_threads says; this one has enough for two, so the split over threads is exercised.
+TEST(Softmax, SameBitsForAnyThreadCountOnSeveralThreads) {
+  SMCase c;
+  c.block = 64;
+  c.Z = 4;
+  c.R = c.C = 16;
+  c.kpm = MaskKind::kAdd;
+  c.seed = kBaseSeed + 395;
+  const SMProblem p = make_problem(c);
+  SCOPED_TRACE(c.name() + " " + seed_note(c.seed));
+  const int64_t tasks = c.Z * c.H * c.R;
+  ASSERT_GE(cpu::block_loop_threads(7, tasks, c.Z * p.ix.nnz, c.block, detail::kCpuExpFlops), 2);
+  expect_same_bits_for_any_thread_count(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSparse, SoftmaxCases, ::testing::ValuesIn(all_cases()),

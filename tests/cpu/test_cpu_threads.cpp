@@ -8,6 +8,7 @@
 
 #include "common/cpu_threads.h"
 #include "common/evoformer_cpu_tiling.h"
+#include "cpu/block_sparse_tiles.h"
 
 namespace sciattn::detail {
 namespace {
@@ -76,6 +77,19 @@ TEST(EvoformerCpuThreads, BackwardTasksFollowTheDbias2Chunks) {
   // Without dbias2 every (b, n, h) is a task: 512, and the work decides.
   EXPECT_EQ(cpu_backward_chunks(s, false), 64);
   EXPECT_EQ(cpu_backward_threads(1000, s, false), 250);
+}
+
+TEST(BlockSparseCpuThreads, ThreadsFollowTheBlocks) {
+  // `sciattn sparse --len 64 --dim 32`: the Fixed layout of 4 heads is dense at 4 x 4 blocks of 16,
+  // 64 blocks; the fused forward's 4*32 FLOP and an exponential per element are 4.2 M FLOP: one
+  // thread.
+  const double fused = 4.0 * 32 + kCpuExpFlops;
+  EXPECT_EQ(cpu::block_loop_threads(2, 16, 64, 16, fused), 1);
+  // 1024 blocks of 64 (L 4096, 4 heads, density 1/16): 1.07 G FLOP at 60 per ns, 17.9 ms: work
+  // for 5 threads, so the limit, the work or the tasks decide.
+  EXPECT_EQ(cpu::block_loop_threads(2, 256, 1024, 64, fused), 2);
+  EXPECT_EQ(cpu::block_loop_threads(64, 256, 1024, 64, fused), 5);
+  EXPECT_EQ(cpu::block_loop_threads(64, 4, 1024, 64, fused), 4);
 }
 
 }  // namespace
