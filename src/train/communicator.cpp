@@ -1,13 +1,73 @@
-// The single-rank communicator. Trainer layer (host code).
+// The single-rank communicator and the argument checks every communicator shares. Trainer layer
+// (host code).
 #include "sciattn/train/communicator.h"
 
+#include <cstring>
 #include <string>
 
 namespace sciattn::train {
 
-Status SingleRankCommunicator::all_reduce_mean(float*, int64_t n) {
-  if (n < 0) return Status::invalid_argument("all_reduce_mean: n must be >= 0");
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::kSum ? "sum" : "mean";
+}
+
+Status check_collective(const char* name, int64_t count, int world_size, DType dtype, int root) {
+  if (count < 0) {
+    return Status::invalid_argument(std::string(name) + ": the count must be >= 0; got " +
+                                    std::to_string(count));
+  }
+  if (root < 0 || root >= world_size) {
+    return Status::invalid_argument(std::string(name) + ": root must be in [0, " +
+                                    std::to_string(world_size) + "); got " + std::to_string(root));
+  }
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
+    return Status::invalid_argument(std::string(name) + ": dtype must be f32, f16 or bf16; got " +
+                                    dtype_name(dtype));
+  }
   return Status::ok_status();
+}
+
+namespace {
+
+// One rank's out-of-place collective is a copy (host memory); in place it touches nothing, so
+// the single-rank trainer may pass device memory.
+void copy_if_apart(void* dst, const void* src, int64_t n, DType dtype) {
+  if (dst != src && n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(dtype));
+}
+
+}  // namespace
+
+Status SingleRankCommunicator::all_reduce_mean(float*, int64_t n) {
+  return check_collective("all_reduce_mean", n, 1, DType::kF32);
+}
+
+Status SingleRankCommunicator::reduce_scatter(const float* send, float* recv, int64_t shard,
+                                              ReduceOp) {
+  Status s = check_collective("reduce_scatter", shard, 1, DType::kF32);
+  if (s.ok()) copy_if_apart(recv, send, shard, DType::kF32);
+  return s;
+}
+
+Status SingleRankCommunicator::reduce(float*, int64_t n, int root, ReduceOp) {
+  return check_collective("reduce", n, 1, DType::kF32, root);
+}
+
+Status SingleRankCommunicator::all_gather(const void* send, void* recv, int64_t shard,
+                                          DType dtype) {
+  Status s = check_collective("all_gather", shard, 1, dtype);
+  if (s.ok()) copy_if_apart(recv, send, shard, dtype);
+  return s;
+}
+
+Status SingleRankCommunicator::all_to_all(const void* send, void* recv, int64_t chunk,
+                                          DType dtype) {
+  Status s = check_collective("all_to_all", chunk, 1, dtype);
+  if (s.ok()) copy_if_apart(recv, send, chunk, dtype);
+  return s;
+}
+
+Status SingleRankCommunicator::broadcast(void*, int64_t n, DType dtype, int root) {
+  return check_collective("broadcast", n, 1, dtype, root);
 }
 
 }  // namespace sciattn::train

@@ -1,33 +1,79 @@
-// The collective operations the trainer's gradient path goes through, and the single-rank
-// implementation it runs with today. Public API of the trainer (plain C++17).
+// The collective operations the trainer's multi-rank paths go through, and the single-rank
+// implementation. Public API of the trainer (plain C++17).
 //
 // Every cross-rank step of a training step is a call here, so that a multi-rank trainer (NCCL on
-// GPUs, threads in one process for CPU tests) replaces this object and nothing else in the order
-// of operations: fp16 "ds_enhanced" scaling happens per rank before all_reduce_mean (see
-// reduce_gradients in gradients.h), and the overflow flag is combined with all_reduce_max.
+// GPUs; ThreadCommunicator, threads in one process, for CPU tests) replaces this object and
+// nothing else in the order of operations: fp16 "ds_enhanced" scaling happens per rank before the
+// reduction (see reduce_gradients in gradients.h and ZeroOptimizer in zero.h), and the overflow
+// flag is combined with all_reduce_max.
+//
+// Rules every implementation keeps:
+//   - Collectives are called by every rank of the group, in the same order, with the same counts
+//     (and the same root); a rank that skips one leaves the others waiting (the thread back end
+//     turns that into an error instead).
+//   - Buffers live where the caller's tensors live: the Backend's memory of the rank (host memory
+//     for the CPU back end; device memory for a GPU communicator). Pointers are the rank's own.
+//   - The call returns when this rank's outputs are written and its inputs may be reused.
+//   - Reductions over ranks are formed in rank order (((x_0 + x_1) + x_2) + ...), so every rank
+//     gets the same bits; a mean divides that sum by world_size() once.
+//   - A count of 0 is allowed and moves nothing; negative counts and a root outside
+//     [0, world_size()) are refused with kInvalidArgument naming the argument.
 #pragma once
 
 #include <cstdint>
 
+#include "sciattn/dtype.h"
 #include "sciattn/status.h"
 
 namespace sciattn::train {
+
+enum class ReduceOp {
+  kSum,
+  kMean,  // the sum divided by world_size()
+};
+const char* reduce_op_name(ReduceOp op);  // "sum", "mean"
 
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // data[i] <- (sum over ranks of data[i]) / world_size, on every rank. data lives where the
-  // gradients live (host memory for the CPU path).
+
+  // data[i] <- (sum over ranks of data[i]) / world_size, on every rank (n floats, in place).
   virtual Status all_reduce_mean(float* data, int64_t n) = 0;
   // *value <- max over ranks of *value, on every rank (overflow flags, norms).
   virtual Status all_reduce_max(double* value) = 0;
-  // *value <- sum over ranks of *value (squared norms of gradient shards).
+  // *value <- sum over ranks of *value, on every rank (squared norms of gradient shards, losses).
   virtual Status all_reduce_sum(double* value) = 0;
+
+  // Reduce-scatter into equal shards. Each rank passes `send`, world_size() * shard floats, seen
+  // as world_size() consecutive chunks of `shard` floats; rank r gets in `recv` (shard floats) the
+  // sum (or mean) over ranks of chunk r. recv may be send + rank() * shard (in place); otherwise
+  // the two must not overlap. send is not modified (except through an in-place recv).
+  virtual Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) = 0;
+  // Reduce to one rank: on `root`, data (n floats) <- sum (or mean) over ranks of data; the other
+  // ranks' data is left as it is. ZeRO stage 2 sends each piece of a gradient bucket to the rank
+  // that owns it this way (NCCL: ncclReduce).
+  virtual Status reduce(float* data, int64_t n, int root, ReduceOp op) = 0;
+  // All-gather of equal shards: each rank passes `shard` elements of `dtype` in send; every rank
+  // gets in recv (world_size() * shard elements) rank r's shard at element r * shard. send may be
+  // recv + rank() * shard elements (in place); otherwise the two must not overlap.
+  virtual Status all_gather(const void* send, void* recv, int64_t shard, DType dtype) = 0;
+  // All-to-all of equal chunks: each rank passes world_size() chunks of `chunk` elements of
+  // `dtype` in send, chunk q going to rank q; recv (the same size) gets at chunk q what rank q
+  // sent to this rank. send and recv must not overlap. (Ulysses sequence parallelism turns a
+  // token split into a head split with it.)
+  virtual Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) = 0;
+  // Broadcast: every rank's data (n elements of dtype) <- root's data.
+  virtual Status broadcast(void* data, int64_t n, DType dtype, int root) = 0;
+  // Returns when every rank has called it.
+  virtual Status barrier() = 0;
 };
 
-// One rank: every collective leaves its data as it is.
+// One rank: every collective leaves the data as it is, or copies send to recv when they differ
+// (with memcpy: out-of-place calls need host memory; in-place calls touch nothing, so the
+// single-rank trainer passes device memory too). The trainer runs the same order of operations
+// with one rank and with several.
 class SingleRankCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -35,6 +81,16 @@ class SingleRankCommunicator final : public Communicator {
   Status all_reduce_mean(float*, int64_t n) override;
   Status all_reduce_max(double*) override { return Status::ok_status(); }
   Status all_reduce_sum(double*) override { return Status::ok_status(); }
+  Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) override;
+  Status reduce(float* data, int64_t n, int root, ReduceOp op) override;
+  Status all_gather(const void* send, void* recv, int64_t shard, DType dtype) override;
+  Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override;
+  Status broadcast(void* data, int64_t n, DType dtype, int root) override;
+  Status barrier() override { return Status::ok_status(); }
 };
+
+// The checks every implementation applies to its arguments (count >= 0, root in range, dtype
+// one of f32, f16, bf16); the message names the collective and the argument.
+Status check_collective(const char* name, int64_t count, int world_size, DType dtype, int root = 0);
 
 }  // namespace sciattn::train

@@ -1,0 +1,73 @@
+// A test back end of the Communicator interface: N ranks as N threads of one process. It exists
+// to test the trainer's multi-rank logic (ZeRO, sequence parallelism) in CI, on the CPU; it is not
+// a back end for users (NCCL is). Public API of the trainer (plain C++17).
+//
+// The ranks of a group share one rendezvous object. A collective is two barriers: each rank
+// publishes its buffer pointers and waits for the others; then each rank reads the other ranks'
+// inputs and writes only its own outputs; the second barrier keeps every input alive until all
+// ranks have read it. Reductions add in rank order (x_0 + x_1, then + x_2, ...) in the buffer's
+// dtype (float; double for the scalar calls), and a mean divides that sum by N once, so every
+// rank gets the same bits, and a sum over ranks equals one rank's sequential sum over the
+// concatenated data when that sum goes in the same order. Buffers are host memory.
+//
+// Errors do not deadlock: a rank that leaves run_thread_ranks' function with an error poisons the
+// group, and every rank waiting in (or later entering) a collective gets an error Status naming
+// the failed rank; a rank that returns ok while others still wait in a collective also fails
+// them, with a message that says so.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "sciattn/status.h"
+#include "sciattn/train/communicator.h"
+
+namespace sciattn::train {
+
+class ThreadRendezvous;
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  // The communicators of one group of `world_size` ranks (>= 1), rank r at index r. Each is to
+  // be used by one thread.
+  static Status create_group(int world_size, std::vector<std::unique_ptr<ThreadCommunicator>>* out);
+  ~ThreadCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override;
+
+  Status all_reduce_mean(float* data, int64_t n) override;
+  Status all_reduce_max(double* value) override;
+  Status all_reduce_sum(double* value) override;
+  Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) override;
+  Status reduce(float* data, int64_t n, int root, ReduceOp op) override;
+  Status all_gather(const void* send, void* recv, int64_t shard, DType dtype) override;
+  Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override;
+  Status broadcast(void* data, int64_t n, DType dtype, int root) override;
+  Status barrier() override;
+
+  // Marks this rank as finished with `status` (run_thread_ranks calls it): an error poisons the
+  // group; ok makes the collectives that still wait for this rank fail.
+  void leave(const Status& status);
+
+  // How many collectives this rank has entered (tests check that a code path communicates).
+  int64_t collectives() const { return collectives_; }
+
+ private:
+  ThreadCommunicator(std::shared_ptr<ThreadRendezvous> group, int rank);
+  // The two-barrier protocol around `body`, which may read every rank's published pointers.
+  Status run(const char* name, const void* a, const void* b, const std::function<void()>& body);
+
+  std::shared_ptr<ThreadRendezvous> group_;
+  int rank_ = 0;
+  int64_t collectives_ = 0;
+};
+
+// Runs fn(comm) for ranks 0 .. world_size - 1 on one thread each, with a fresh group, and returns
+// each rank's Status (index = rank). A rank whose fn fails poisons the group (see above), so the
+// others return too. world_size < 1 gives one kInvalidArgument status.
+std::vector<Status> run_thread_ranks(int world_size,
+                                     const std::function<Status(Communicator& comm)>& fn);
+
+}  // namespace sciattn::train
