@@ -74,16 +74,10 @@ const std::map<std::string, const char*>& top_level_not_applicable() {
   return keys;
 }
 
-// zero_optimization keys beyond stage and offload_optimizer: they shape ZeRO's communication
-// across ranks, of which one rank has none, or belong to stage 3.
+// zero_optimization keys beyond those ZeroConfig honours and offload_optimizer: they tune
+// DeepSpeed's own implementation of ZeRO, or belong to stage 3.
 const std::vector<std::string>& zero_not_applicable() {
-  static const std::vector<std::string> keys = {"contiguous_gradients",
-                                                "overlap_comm",
-                                                "reduce_bucket_size",
-                                                "allgather_bucket_size",
-                                                "allgather_partitions",
-                                                "reduce_scatter",
-                                                "round_robin_gradients",
+  static const std::vector<std::string> keys = {"round_robin_gradients",
                                                 "load_from_fp32_weights",
                                                 "elastic_checkpoint",
                                                 "sub_group_size",
@@ -202,7 +196,11 @@ Status Parser::batch(ObjectReader& top, TrainConfig* c) {
       if (!top.has(keys[i]) && fills[i]) values[i] = *fills[i];
     }
   }
-  Status s = resolve_batch_sizes(values[0], values[1], values[2], 1, c);
+  if (autos_.data_parallel_size < 1) {
+    return Status::invalid_argument(prefix_ + "the data-parallel size must be >= 1; got " +
+                                    std::to_string(autos_.data_parallel_size));
+  }
+  Status s = resolve_batch_sizes(values[0], values[1], values[2], autos_.data_parallel_size, c);
   if (!s.ok()) return Status::invalid_argument(prefix_ + s.message());
   return Status::ok_status();
 }
@@ -563,16 +561,33 @@ Status Parser::zero(ObjectReader& top, TrainConfig* c) {
   SCIATTN_TRY(top.get_object("zero_optimization", &z));
   int64_t stage = 0;
   SCIATTN_TRY(z.get_int("stage", &stage, 0));
-  if (stage > 3) return z.error("stage", "must be 0, 1, 2 or 3; got " + std::to_string(stage));
-  if (stage == 3) {
-    return z.error("stage", "3 (parameter partitioning) is not supported; use 0, 1 or 2");
+  if (stage > 2) {
+    return z.error("stage", std::to_string(stage) +
+                                (stage == 3 ? " (parameter partitioning)" : "") +
+                                " is not supported; the supported stages are 0, 1 and 2");
   }
-  c->zero_stage = static_cast<int>(stage);
-  if (stage > 0) {
-    warn(z.path("stage"), std::to_string(stage) + " partitions optimizer states" +
-                              (stage == 2 ? " and gradients" : "") +
-                              " across data-parallel ranks; one rank has nothing to partition; "
-                              "ignored");
+  ZeroConfig& zc = c->zero;
+  zc.stage = static_cast<int>(stage);
+  SCIATTN_TRY(z.get_int("reduce_bucket_size", &zc.reduce_bucket_size, 1));
+  SCIATTN_TRY(z.get_int("allgather_bucket_size", &zc.allgather_bucket_size, 1));
+  SCIATTN_TRY(z.get_bool("reduce_scatter", &zc.reduce_scatter));
+  SCIATTN_TRY(z.get_bool("allgather_partitions", &zc.allgather_partitions));
+  SCIATTN_TRY(z.get_bool("overlap_comm", &zc.overlap_comm));
+  SCIATTN_TRY(z.get_bool("contiguous_gradients", &zc.contiguous_gradients));
+  if (autos_.data_parallel_size == 1) {
+    // One rank: nothing to partition or communicate; the keys are read (and checked) but act
+    // only with several ranks.
+    if (stage > 0) {
+      warn(z.path("stage"), std::to_string(stage) + " partitions optimizer states" +
+                                (stage == 2 ? " and gradients" : "") +
+                                " across data-parallel ranks; one rank has nothing to "
+                                "partition; ignored");
+    }
+    for (const char* key : {"overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+                            "allgather_bucket_size", "allgather_partitions", "reduce_scatter"}) {
+      if (z.has(key))
+        warn(z.path(key), "shapes ZeRO's cross-rank communication; one rank has none; ignored");
+    }
   }
   if (z.has("offload_optimizer")) {
     ObjectReader o;
@@ -599,9 +614,9 @@ Status Parser::zero(ObjectReader& top, TrainConfig* c) {
                         "pipeline_write", "pipeline"},
                        "tunes DeepSpeed's NVMe offload", "device, pin_memory"));
   }
-  return finish(z, zero_not_applicable(),
-                "shapes ZeRO's cross-rank communication or stage 3; one rank has none",
-                "stage, offload_optimizer");
+  return finish(z, zero_not_applicable(), "tunes DeepSpeed's own ZeRO or belongs to stage 3",
+                "stage, reduce_bucket_size, allgather_bucket_size, reduce_scatter, "
+                "allgather_partitions, overlap_comm, contiguous_gradients, offload_optimizer");
 }
 
 Status Parser::parse(const Json& doc, int64_t num_heads, TrainConfig* out) {
@@ -620,8 +635,8 @@ Status Parser::parse(const Json& doc, int64_t num_heads, TrainConfig* out) {
   if (c.sequence_parallel_size > 1) {
     return top.error("sequence_parallel_size",
                      "is " + std::to_string(c.sequence_parallel_size) +
-                         ": sequence parallelism needs several ranks, and this trainer runs one; "
-                         "set it to 1");
+                         ": sequence parallelism is not built into this trainer yet; set it to "
+                         "1");
   }
   if (top.has("sparse_attention")) {
     top.mark_read("sparse_attention");

@@ -82,7 +82,7 @@ TEST(TrainConfig, SpecExampleParsesWithDeepSpeedSemantics) {
   EXPECT_EQ(c.clip.mode, ClipMode::kAdaptive);
   EXPECT_EQ(c.clip.history_window, 1000);
   EXPECT_TRUE(c.activation_checkpointing);
-  EXPECT_EQ(c.zero_stage, 2);
+  EXPECT_EQ(c.zero.stage, 2);
   EXPECT_TRUE(c.offload_optimizer);
   ASSERT_TRUE(c.sparse_attention.has_value());
   EXPECT_EQ(sparsity_mode(*c.sparse_attention), SparsityMode::kBigBird);
@@ -100,6 +100,44 @@ TEST(TrainConfig, SpecExampleParsesWithDeepSpeedSemantics) {
   }
   EXPECT_EQ(w.size(), 11u);
   for (const std::string& line : w) EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+}
+
+// With several data-parallel ranks the ZeRO keys act: no warnings for them, their values kept,
+// and the batch arithmetic multiplies by the ranks.
+TEST(TrainConfig, ZeroKeysActWithSeveralRanks) {
+  AutoValues autos;
+  autos.data_parallel_size = 4;
+  std::vector<std::string> w;
+  const std::string json = R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {"stage": 1, "overlap_comm": true, "contiguous_gradients": false,
+      "reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8, "reduce_scatter": false,
+      "allgather_partitions": false}})";
+  const TrainConfig c = parse_ok(json, &w, autos);
+  EXPECT_TRUE(w.empty()) << w.front();
+  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
+  EXPECT_FALSE(c.zero.reduce_scatter);
+  EXPECT_FALSE(c.zero.allgather_partitions);
+  EXPECT_TRUE(c.zero.overlap_comm);
+  EXPECT_FALSE(c.zero.contiguous_gradients);
+  EXPECT_EQ(c.data_parallel_size, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 8);  // 64 / (2 x 4)
+  // Defaults are DeepSpeed's.
+  const TrainConfig d =
+      parse_ok(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})", &w, autos);
+  EXPECT_EQ(d.zero.stage, 2);
+  EXPECT_EQ(d.zero.reduce_bucket_size, 500000000);
+  EXPECT_TRUE(d.zero.reduce_scatter);
+  EXPECT_TRUE(d.zero.allgather_partitions);
+  EXPECT_EQ(d.micro_batch_size, 2);  // 8 / 4 ranks, accumulation 1
+  // The spec's example (16 = 1 x 16 x ranks) does not fit four ranks: the error shows why.
+  expect_error(kSpecExample,
+               {"train_batch_size 16 != train_micro_batch_size_per_gpu 1",
+                "x gradient_accumulation_steps 16 x data-parallel ranks 4 = 64"},
+               autos);
+  autos.data_parallel_size = 0;
+  expect_error(R"({"train_batch_size": 8})", {"data-parallel size must be >= 1; got 0"}, autos);
 }
 
 TEST(TrainConfig, BatchSizeArithmetic) {
@@ -226,7 +264,21 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreErrorsNamingTheKey) {
   expect_error(R"({"train_batch_size": 4, "gradient_clipping": [1]})",
                {"gradient_clipping must be a number or an object"});
   expect_error(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3}})",
-               {"zero_optimization.stage", "3"});
+               {"zero_optimization.stage", "3 (parameter partitioning) is not supported",
+                "the supported stages are 0, 1 and 2"});
+  expect_error(R"({"train_batch_size": 4, "zero_optimization": {"stage": 4}})",
+               {"zero_optimization.stage", "the supported stages are 0, 1 and 2"});
+  expect_error(R"({"train_batch_size": 4, "zero_optimization": {"stage": -1}})",
+               {"zero_optimization.stage must be >= 0"});
+  expect_error(R"({"train_batch_size": 4, "zero_optimization": {"reduce_bucket_size": 0}})",
+               {"zero_optimization.reduce_bucket_size must be >= 1"});
+  expect_error(R"({"train_batch_size": 4, "zero_optimization": {"allgather_bucket_size": 1.5}})",
+               {"zero_optimization.allgather_bucket_size must be an integer"});
+  expect_error(R"({"train_batch_size": 4, "zero_optimization": {"reduce_scatter": "yes"}})",
+               {"zero_optimization.reduce_scatter must be true or false"});
+  expect_error(R"({"train_batch_size": 4, "zero_optimization": {"allgather_partition": true}})",
+               {"zero_optimization.allgather_partition is not a key DeepSpeed knows here",
+                "allgather_partitions"});
   expect_error(
       R"({"train_batch_size": 4, "zero_optimization": {"offload_optimizer": {"device": "gpu"}}})",
       {"zero_optimization.offload_optimizer.device must be"});

@@ -32,6 +32,9 @@ struct AutoValues {
   std::optional<int64_t> total_num_steps;   // scheduler.params.total_num_steps
   std::optional<int64_t> warmup_num_steps;  // scheduler.params.warmup_num_steps
   std::optional<bool> fp16, bf16;           // fp16.enabled, bf16.enabled (the CPU fills false)
+  // The data-parallel ranks the trainer runs with (the launcher's world size): the batch-size
+  // arithmetic multiplies by it, and zero_optimization's keys act only with more than one.
+  int data_parallel_size = 1;
   // Where the trainer will run, for the warnings that depend on it: on the CPU, fp16 / bf16
   // compute in fp32, and cpu_checkpointing and offload_optimizer move nothing (host memory is the
   // back end's; they still run, which is how their logic is tested without a GPU).
@@ -39,6 +42,25 @@ struct AutoValues {
 };
 
 enum class Precision { kFp32, kFp16, kBf16 };
+
+// The zero_optimization keys the multi-rank trainer honours, with DeepSpeed's defaults.
+struct ZeroConfig {
+  int stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded; 2: also the gradients
+  // Stage 2: gradients are reduced in buckets of this many elements as the backward finishes
+  // them ("reduce_bucket_size").
+  int64_t reduce_bucket_size = 500000000;
+  // The updated parameters' all-gather: read and validated; the gather is one call per step.
+  int64_t allgather_bucket_size = 500000000;
+  // true: each piece of a bucket is reduced to the rank that owns it (stage 1: one
+  // reduce-scatter); false: buckets are all-reduced and each rank keeps its shard.
+  bool reduce_scatter = true;
+  // true: the parameters are all-gathered; false: each rank broadcasts its shard in turn.
+  bool allgather_partitions = true;
+  // Accepted with DeepSpeed's meaning; on the CPU path the bucket reductions run in the
+  // backward's thread between layers, and the gradients are always one contiguous buffer.
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+};
 const char* precision_name(Precision p);  // "fp32", "fp16", "bf16"
 
 struct TrainConfig {
@@ -66,7 +88,8 @@ struct TrainConfig {
   bool partition_activations = false;
   std::optional<int64_t> number_checkpoints;
 
-  int zero_stage = 0;
+  // zero_optimization (DeepSpeed's ZeRO; zero.h implements stages 1 and 2 over a Communicator).
+  ZeroConfig zero;
   bool offload_optimizer = false;  // zero_optimization.offload_optimizer.device == "cpu"
   bool offload_pin_memory = false;
 
