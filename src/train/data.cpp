@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -338,6 +339,21 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
     file_->read(sample * L, L + 1, window_.data());
     std::memcpy(inputs + b * length_, window_.data(), L * sizeof(int32_t));
     std::memcpy(targets + b * length_, window_.data() + 1, L * sizeof(int32_t));
+  }
+}
+
+void DataLoader::skip(int64_t micro_batches) {
+  uint64_t left =
+      static_cast<uint64_t>(std::max<int64_t>(micro_batches, 0)) * static_cast<uint64_t>(batch_);
+  while (left > 0) {
+    if (position_.cursor == samples_) {
+      ++position_.epoch;
+      position_.cursor = 0;
+      start_epoch();
+    }
+    const uint64_t take = std::min(left, samples_ - position_.cursor);
+    position_.cursor += take;
+    left -= take;
   }
 }
 

@@ -194,7 +194,7 @@ int64_t ParameterLayout::matmul_parameter_count() const {
   return n;
 }
 
-ParameterLayout gpt_parameter_layout(const GptConfig& c) {
+ParameterLayout gpt_parameter_layout(const GptConfig& c, int64_t total_multiple) {
   ParameterLayout layout;
   const int64_t C = c.d_model, F = c.mlp_width(), V = c.vocab_size;
   auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, bool matmul) {
@@ -232,6 +232,9 @@ ParameterLayout gpt_parameter_layout(const GptConfig& c) {
   add("lnf_w", {C}, false, false);
   add("lnf_b", {C}, false, false);
   if (!c.tie_embeddings) add("lm_head", {V, C}, true, true);
+  if (total_multiple > 1) {
+    layout.total = (layout.total + total_multiple - 1) / total_multiple * total_multiple;
+  }
   // The groups: each starts at its first slot and ends where the next begins (padding included).
   std::vector<std::pair<std::string, std::string>> firsts = {{"embeddings", "wte"}};
   for (int64_t l = 0; l < c.n_layers; ++l) {

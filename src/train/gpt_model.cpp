@@ -180,6 +180,10 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
     return Status::invalid_argument("tile sizes must be >= 0 (0 = untiled)");
   }
+  if (memory.parameter_multiple < 1) {
+    return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
+                                    std::to_string(memory.parameter_multiple));
+  }
   if (backend == nullptr) return Status::invalid_argument("GptModel::create: no back end");
   std::unique_ptr<GptModel> m(new GptModel());
   m->config_ = config;
@@ -190,7 +194,7 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   m->act_ = backend->compute_dtype();
   m->device_ = backend->device();
   m->token_chunk_ = backend->token_chunk();
-  m->layout_ = gpt_parameter_layout(config);
+  m->layout_ = gpt_parameter_layout(config, memory.parameter_multiple);
   SCIATTN_TRY(plan_attention(config, sparse, &m->attention_));
   SCIATTN_TRY(backend->prepare_index(&m->attention_.index));
   SCIATTN_TRY(m->plan_and_allocate(true, initial_params));
@@ -207,6 +211,10 @@ Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, in
   if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
     return Status::invalid_argument("tile sizes must be >= 0 (0 = untiled)");
   }
+  if (memory.parameter_multiple < 1) {
+    return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
+                                    std::to_string(memory.parameter_multiple));
+  }
   GptModel m;
   m.config_ = config;
   m.memory_ = memory;
@@ -215,7 +223,7 @@ Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, in
   m.act_ = compute_dtype;
   m.device_ = device;
   m.token_chunk_ = token_chunk;
-  m.layout_ = gpt_parameter_layout(config);
+  m.layout_ = gpt_parameter_layout(config, memory.parameter_multiple);
   SCIATTN_TRY(attention_padding(config, sparse, &m.attention_.block, &m.attention_.padded_length));
   SCIATTN_TRY(m.plan_and_allocate(false));
   *out = m.ledger_;

@@ -330,7 +330,10 @@ void add_optimizer_memory(int64_t layout_total, bool offload_optimizer, DType co
 Trainer::~Trainer() {
   // The worker reads the buffers below; the model's hooks point at it.
   offload_state_.reset();
-  if (backend_ != nullptr) {
+  // With ZeRO the optimizer's state is the ZeroOptimizer's.
+  const bool own_state = zero_ == nullptr;
+  zero_.reset();
+  if (backend_ != nullptr && own_state) {
     if (offload_) {
       backend_->release_host(master_);
       backend_->release_host(exp_avg_);
@@ -355,16 +358,40 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   t->config_ = config;
   t->options_ = options;
   t->backend_ = std::move(backend);
+  if (options.communicator != nullptr) t->comm_ = options.communicator;
+  const int world = t->comm_->world_size();
+  if (config.data_parallel_size != world) {
+    return Status::invalid_argument(
+        "the train config was resolved for " + std::to_string(config.data_parallel_size) +
+        " data-parallel rank(s) (train_batch_size = micro x accumulation x ranks), but the "
+        "communicator has " +
+        std::to_string(world) +
+        "; parse it with AutoValues::data_parallel_size = " + std::to_string(world));
+  }
+  t->offload_ = options.offload_optimizer || config.offload_optimizer;
+  if (world > 1 && t->offload_) {
+    return Status::not_supported(
+        "zero_optimization.offload_optimizer with several data-parallel ranks is not built yet; "
+        "set its device to \"none\" or run one rank");
+  }
+  if (world > 1 && !options.dump_gradients_path.empty()) {
+    return Status::not_supported(
+        "gradient dumps with several data-parallel ranks are not built "
+        "yet; run one rank");
+  }
+  const bool zero = config.zero.stage > 0 && world > 1;
   MemoryOptions memory = options.memory;
   memory.checkpoint_layers = memory.checkpoint_layers || config.activation_checkpointing;
   memory.offload_checkpoints = memory.offload_checkpoints || config.cpu_checkpointing;
-  t->offload_ = options.offload_optimizer || config.offload_optimizer;
+  // ZeRO splits the flat parameter space into equal shards: the layout is padded for them.
+  if (zero) memory.parameter_multiple = zero_parameter_multiple(world);
   const SparsityConfig* sparse = config.sparse_attention ? &*config.sparse_attention : nullptr;
   SCIATTN_TRY(validate_gpt_config(model));
   // The initial parameters, drawn once for the model's weights and the master weights (1.3B
-  // normal draws take tens of seconds).
-  std::vector<float> init(static_cast<size_t>(gpt_parameter_layout(model).total));
-  init_gpt_parameters(model, gpt_parameter_layout(model), init.data());
+  // normal draws take tens of seconds). Every rank draws the same values from the model's seed.
+  const ParameterLayout layout = gpt_parameter_layout(model, memory.parameter_multiple);
+  std::vector<float> init(static_cast<size_t>(layout.total));
+  init_gpt_parameters(model, layout, init.data());
   SCIATTN_TRY(GptModel::create(model, sparse, config.micro_batch_size, memory, t->backend_.get(),
                                &t->model_, init.data()));
   SCIATTN_TRY(DataLoader::create(data, model.sequence_length, config.micro_batch_size,
@@ -374,10 +401,18 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
                                                                : LossScalerConfig{false, 1.0});
   SCIATTN_TRY(validate_grad_clip(config.clip));
   t->clipper_ = GradClipper(config.clip);
-  SCIATTN_TRY(t->allocate_optimizer_state(init));
   t->ledger_ = t->model_->ledger();
-  add_optimizer_memory(t->model_->layout().total, t->offload_, t->model_->weight_dtype(),
-                       t->backend_->device(), &t->ledger_);
+  if (zero) {
+    SCIATTN_TRY(
+        ZeroOptimizer::create(config.zero, t->comm_, t->model_.get(), init.data(), &t->zero_));
+    // Stage 2 reduces gradient buckets as the backward finishes parameter groups.
+    if (config.zero.stage == 2) t->model_->set_parameter_hooks(t->zero_.get());
+    t->zero_->add_memory(&t->ledger_);
+  } else {
+    SCIATTN_TRY(t->allocate_optimizer_state(init));
+    add_optimizer_memory(t->model_->layout().total, t->offload_, t->model_->weight_dtype(),
+                         t->backend_->device(), &t->ledger_);
+  }
   *out = std::move(t);
   return Status::ok_status();
 }
@@ -454,6 +489,7 @@ Status Trainer::state_from_host(const std::vector<float>& src, float* dst) {
 }
 
 Status Trainer::master_parameters(std::vector<float>* out) {
+  if (zero_ != nullptr) return zero_->gather_master(out);
   SCIATTN_TRY(finish_update());
   return state_to_host(master_, out);
 }
@@ -468,7 +504,24 @@ Status Trainer::step(StepReport* report) {
   const float grad_scale =
       static_cast<float>(loss_scale / static_cast<double>(tokens_per_micro * gas));
 
+  const int world = comm_->world_size(), rank = comm_->rank();
+  const int64_t n = model_->layout().total;
+  const int64_t step_number = global_step_ + 1;
+  const bool inject =
+      std::find(options_.inject_overflow_steps.begin(), options_.inject_overflow_steps.end(),
+                step_number) != options_.inject_overflow_steps.end();
+  const Fp16Scaling scaling = config_.precision == Precision::kFp16 && config_.ds_enhanced
+                                  ? Fp16Scaling::kDsEnhanced
+                                  : Fp16Scaling::kStandard;
   SCIATTN_TRY(model_->zero_grads());
+  if (zero_ != nullptr) {
+    SCIATTN_TRY(zero_->begin_step(scaling, loss_scale));
+    // Stage 2 has reduced the gradients by the time the backward returns: the Inf goes in
+    // before its bucket is reduced.
+    if (inject && zero_->stage() == 2) zero_->inject_overflow(n / 2);
+  }
+  // Rank r's micro-batches are r * gas .. (r + 1) * gas - 1 of the global batch.
+  if (world > 1) loader_->skip(rank * gas);
   std::vector<int32_t> inputs(static_cast<size_t>(tokens_per_micro));
   std::vector<int32_t> targets(inputs.size());
   std::vector<int32_t> all_inputs, all_targets;  // kept for a gradient dump
@@ -478,6 +531,7 @@ Status Trainer::step(StepReport* report) {
     // With the optimizer offloaded, the last micro-batch's backward copies the finished
     // gradients to host memory as it goes.
     if (offload_state_ != nullptr) offload_state_->set_capture(micro == gas - 1);
+    if (zero_ != nullptr) zero_->begin_micro_batch(micro, gas);
     loader_->next(inputs.data(), targets.data());
     if (dumping) {
       all_inputs.insert(all_inputs.end(), inputs.begin(), inputs.end());
@@ -487,24 +541,26 @@ Status Trainer::step(StepReport* report) {
     SCIATTN_TRY(model_->forward_backward(inputs.data(), targets.data(), grad_scale, &r));
     loss_sum += r.loss_sum;
   }
-  const int64_t n = model_->layout().total;
-  const int64_t step_number = global_step_ + 1;
+  if (world > 1) loader_->skip(static_cast<int64_t>(world - 1 - rank) * gas);
   if (offload_state_ != nullptr) SCIATTN_TRY(offload_state_->gradients_copied());
-  if (std::find(options_.inject_overflow_steps.begin(), options_.inject_overflow_steps.end(),
-                step_number) != options_.inject_overflow_steps.end()) {
+  if (inject && !(zero_ != nullptr && zero_->stage() == 2)) {
     const float inf = std::numeric_limits<float>::infinity();
     SCIATTN_TRY(backend_->copy_to_device(model_->grads() + n / 2, &inf, sizeof inf));
   }
   report->forward_backward_seconds = seconds_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
 
-  // The gradient path: reduction across ranks (one here), overflow, unscaling, norm.
+  // The gradient path: reduction across ranks (replicated or sharded), overflow, unscaling, norm.
   ReducedGradients reduced;
-  const Fp16Scaling scaling = config_.precision == Precision::kFp16 && config_.ds_enhanced
-                                  ? Fp16Scaling::kDsEnhanced
-                                  : Fp16Scaling::kStandard;
-  SCIATTN_TRY(
-      reduce_gradients(comm_, *backend_, scaling, loss_scale, model_->grads(), n, &reduced));
+  if (zero_ != nullptr) {
+    SCIATTN_TRY(zero_->reduce(&reduced));
+  } else {
+    SCIATTN_TRY(
+        reduce_gradients(*comm_, *backend_, scaling, loss_scale, model_->grads(), n, &reduced));
+  }
+  // The step's loss and tokens are the global batch's (every rank reports the same).
+  const int64_t step_tokens = tokens_per_micro * gas * world;
+  if (world > 1) SCIATTN_TRY(comm_->all_reduce_sum(&loss_sum));
   if (dumping) {
     SCIATTN_TRY(dump_gradients(reduced.pending_scale,
                                loss_sum / static_cast<double>(tokens_per_micro * gas), all_inputs,
@@ -514,9 +570,9 @@ Status Trainer::step(StepReport* report) {
   if (config_.precision == Precision::kFp16) SCIATTN_TRY(scaler_.update(reduced.overflow));
 
   report->step = step_number;
-  report->loss = loss_sum / static_cast<double>(tokens_per_micro * gas);
+  report->loss = loss_sum / static_cast<double>(step_tokens);
   report->loss_scale = loss_scale;
-  report->tokens = tokens_per_micro * gas;
+  report->tokens = step_tokens;
   report->flops = model_->flops_per_micro_batch() * static_cast<double>(gas);
   // The k-th applied step runs with DeepSpeed's get_lr() at last_batch_iteration k - 2.
   report->lr = learning_rate(config_.schedule, applied_steps_ - 1);
@@ -539,6 +595,11 @@ Status Trainer::step(StepReport* report) {
       h.lr = static_cast<float>(report->lr);
       SCIATTN_TRY(offload_state_->start(h, applied_steps_ + 1, update_scale,
                                         unscaled ? static_cast<float>(1.0 / loss_scale) : 1.0f));
+    } else if (zero_ != nullptr) {
+      AdamWHyperparams h = config_.optimizer;
+      h.lr = static_cast<float>(report->lr);
+      SCIATTN_TRY(zero_->update(h, applied_steps_ + 1, update_scale));
+      SCIATTN_TRY(backend_->synchronize());
     } else {
       SCIATTN_TRY(optimizer_step(update_scale, report->lr));
       // The step's time includes its update (queued on a GPU).
@@ -589,6 +650,11 @@ Status Trainer::dump_gradients(float pending_scale, double mean_loss,
 }
 
 Status Trainer::save_checkpoint(const std::string& path) {
+  if (comm_->world_size() > 1) {
+    return Status::not_supported(
+        "checkpoints of a run with several data-parallel ranks (sharded "
+        "or replicated) are not built yet");
+  }
   SCIATTN_TRY(finish_update());
   std::vector<float> params, m, v;
   SCIATTN_TRY(state_to_host(master_, &params));
@@ -684,6 +750,11 @@ Status read_checkpoint(const std::string& path, std::string* header_json,
 }
 
 Status Trainer::load_checkpoint(const std::string& path) {
+  if (comm_->world_size() > 1) {
+    return Status::not_supported(
+        "resuming a run with several data-parallel ranks is not built "
+        "yet");
+  }
   SCIATTN_TRY(finish_update());
   std::string text;
   std::vector<CheckpointTensor> tensors;

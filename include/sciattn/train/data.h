@@ -128,6 +128,10 @@ class DataLoader {
 
   // The next micro-batch: inputs and targets [B, L] each.
   void next(int32_t* inputs, int32_t* targets);
+  // Moves past `micro_batches` micro-batches without reading them (the position ends where that
+  // many next() calls would leave it): a data-parallel rank skips the other ranks' micro-batches
+  // of the global batch, so every rank walks the same sequence.
+  void skip(int64_t micro_batches);
 
  private:
   DataLoader() = default;

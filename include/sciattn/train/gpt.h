@@ -95,7 +95,9 @@ struct ParameterLayout {
   int64_t parameter_count() const;
   int64_t matmul_parameter_count() const;
 };
-ParameterLayout gpt_parameter_layout(const GptConfig& config);
+// total_multiple > 1 rounds the total up to a multiple of it, the zeros at the end belonging to
+// the last group: ZeRO splits the flat space into equal shards, one per rank.
+ParameterLayout gpt_parameter_layout(const GptConfig& config, int64_t total_multiple = 1);
 
 // Fills `params` (layout.total floats) with GPT-2's initialisation from config.seed: weights
 // N(0, init_std^2), the two residual projections (proj_w, fcproj_w) N(0, (init_std /
@@ -120,6 +122,9 @@ struct MemoryOptions {
   // Run the LM head and cross-entropy over tiles of this many tokens, never holding [T, V]
   // logits; 0 = untiled (all logits kept from the forward to the backward). Rounded up as above.
   int64_t lm_head_tile_tokens = 0;
+  // The flat parameter and gradient buffers' length is rounded up to a multiple of this
+  // (gpt_parameter_layout's total_multiple; zeros that no layer reads): ZeRO's equal shards.
+  int64_t parameter_multiple = 1;
 };
 
 // The attention block and padded length for a model and an optional sparse config, without

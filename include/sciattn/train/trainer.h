@@ -30,6 +30,7 @@
 #include "sciattn/train/gpt.h"
 #include "sciattn/train/grad_clip.h"
 #include "sciattn/train/loss_scaler.h"
+#include "sciattn/train/zero.h"
 
 namespace sciattn::train {
 
@@ -59,6 +60,15 @@ struct TrainerOptions {
   // A test hook: these global steps (1-based) get an Inf added to one gradient after the backward,
   // as an fp16 overflow would, so the skip and loss-scale logic can be exercised on fp32.
   std::vector<int64_t> inject_overflow_steps;
+  // The data-parallel group this trainer is one rank of (not owned; it must outlive the
+  // trainer); null: one rank. Each rank runs its own Trainer with the same model file, config and
+  // data file; rank r takes micro-batches r * gas .. (r + 1) * gas - 1 of every global batch of
+  // world_size * gas micro-batches (gas = gradient_accumulation_steps), and the gradients are
+  // averaged across ranks: replicated (zero_optimization.stage 0) or sharded (ZeRO stages 1
+  // and 2, zero.h). The config must have been parsed for the same number of ranks
+  // (AutoValues::data_parallel_size). Not built yet with several ranks: the optimizer offload,
+  // gradient dumps and checkpoints (they are refused with a message).
+  Communicator* communicator = nullptr;
 };
 
 // The optimizer's share of the memory ledger, what Trainer::create allocates beside the model's
@@ -70,7 +80,7 @@ void add_optimizer_memory(int64_t layout_total, bool offload_optimizer, DType co
 // One optimizer step, as the progress line and the JSON log show it.
 struct StepReport {
   int64_t step = 0;        // global step, 1-based (skipped steps count, as in DeepSpeed)
-  double loss = 0.0;       // mean loss per token over the step's micro-batches
+  double loss = 0.0;       // mean loss per token over the step's micro-batches (all ranks')
   double lr = 0.0;         // the rate this step used
   double grad_norm = 0.0;  // global L2 norm of the unscaled gradients (before clipping)
   double clip_coefficient = 1.0;
@@ -78,11 +88,11 @@ struct StepReport {
   double loss_scale = 1.0;      // the scale this step's backward used
   bool skipped = false;         // the gradients overflowed: no update
   int64_t skipped_total = 0;
-  int64_t tokens = 0;  // tokens in the step
+  int64_t tokens = 0;  // tokens in the step (all ranks')
   double seconds = 0.0;
   double forward_backward_seconds = 0.0;
   double optimizer_seconds = 0.0;
-  double flops = 0.0;  // model FLOPs of the step (no recomputation counted)
+  double flops = 0.0;  // model FLOPs of this rank's share of the step (no recomputation)
   uint64_t peak_rss_bytes = 0;
   uint64_t peak_device_bytes = 0;  // the back end's (0 on the CPU)
 };
@@ -110,8 +120,12 @@ class Trainer {
   bool optimizer_offloaded() const { return offload_; }
   Backend& backend() { return *backend_; }
 
-  // The fp32 master parameters (layout total floats), as host values.
+  // The fp32 master parameters (layout total floats), as host values. With ZeRO a collective:
+  // every rank calls it (the shards are all-gathered).
   Status master_parameters(std::vector<float>* out);
+  Communicator& communicator() { return *comm_; }
+  // The ZeRO optimizer (stage 1 or 2 with several ranks), or null.
+  ZeroOptimizer* zero() { return zero_.get(); }
   // Waits for an offloaded optimizer update still running on host threads (a step returns while
   // the CPU AdamW of its later parameter groups runs on; the next forward waits for each group as
   // it reaches it). Saving and loading checkpoints call it.
@@ -140,7 +154,9 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<DataLoader> loader_;
-  SingleRankCommunicator comm_;
+  SingleRankCommunicator single_rank_;
+  Communicator* comm_ = &single_rank_;
+  std::unique_ptr<ZeroOptimizer> zero_;
   LossScaler scaler_;
   GradClipper clipper_;
   MemoryLedger ledger_;

@@ -1,0 +1,133 @@
+// ZeRO stages 1 and 2 (DeepSpeed's ZeRO data parallelism) for the trainer: the flat fp32
+// parameter and gradient space split into equal shards, one per data-parallel rank; each rank
+// keeps the fp32 master weights and AdamW's m and v of its shard only, runs AdamW on its shard,
+// and the updated parameters are all-gathered. Public API of the trainer (plain C++17); it talks
+// to the other ranks only through a Communicator and to memory only through the Backend.
+//
+// One step, on every rank (N ranks, rank r owns elements [r S, (r + 1) S) of the layout, whose
+// total the model pads to N S with zeros):
+//   stage 1: the backward accumulates the full local gradients over the micro-batches; then the
+//            gradients are reduce-scattered (mean over ranks) so that rank r holds its shard of
+//            the averaged gradients (in place, in the model's gradient buffer).
+//   stage 2: as the backward of each micro-batch finishes parameter groups (ParameterHooks), the
+//            finished range is cut into buckets of reduce_bucket_size elements, from the end of
+//            the flat space down; each bucket is reduced (mean) piece by piece to the rank that
+//            owns the piece, which adds it to its gradient shard, and the bucket's local
+//            gradients are zeroed for the next micro-batch. Only the shard outlives the backward.
+//   both:    the overflow flag (fp16) is combined with all_reduce_max and the squared norm of
+//            each rank's shard with all_reduce_sum, so every rank takes the same skip and
+//            clipping decision; AdamW runs over the shard; the parameters are all-gathered.
+// fp16 "ds_enhanced": each rank checks its own scaled local gradients for Inf/NaN and unscales
+// them before any reduction (stage 2: bucket by bucket); standard: the reduced shard is checked.
+//
+// Reductions are elementwise and in rank order, so the result does not depend on the bucket size
+// or on reduce_scatter / allgather_partitions, and with one micro-batch per rank it equals the
+// replicated data-parallel trainer (stage 0) bit for bit; with several micro-batches per rank,
+// stage 2 adds each micro-batch's reduced gradients (DeepSpeed's order), which rounds otherwise.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "sciattn/status.h"
+#include "sciattn/train/adamw.h"
+#include "sciattn/train/communicator.h"
+#include "sciattn/train/config.h"
+#include "sciattn/train/gpt.h"
+#include "sciattn/train/gradients.h"
+#include "sciattn/train/memory_ledger.h"
+
+namespace sciattn::train {
+
+// The multiple a layout's total is padded to for `world_size` ranks: equal shards that each start
+// on 64 bytes (world_size * kSlotAlign elements).
+inline int64_t zero_parameter_multiple(int world_size) {
+  return static_cast<int64_t>(world_size) * kSlotAlign;
+}
+
+// Calls fn(begin, end, decays) for the runs of [begin, end) that have one weight-decay flag, in
+// order: slots are cut at the range's ends, and the padding after a slot belongs to it (zeros,
+// which AdamW keeps at zero).
+Status for_each_decay_range(const ParameterLayout& layout, int64_t begin, int64_t end,
+                            const std::function<Status(int64_t, int64_t, bool)>& fn);
+
+class ZeroOptimizer final : public ParameterHooks {
+ public:
+  // `model` must have been created with MemoryOptions::parameter_multiple a multiple of
+  // zero_parameter_multiple(comm->world_size()); init holds the layout's fp32 initial parameters
+  // (host memory, the same on every rank). config.stage must be 1 or 2. comm and model must
+  // outlive the optimizer. Allocates the shard's state in the model's back end.
+  static Status create(const ZeroConfig& config, Communicator* comm, GptModel* model,
+                       const float* init, std::unique_ptr<ZeroOptimizer>* out);
+  ~ZeroOptimizer() override;
+
+  int stage() const { return config_.stage; }
+  int64_t shard_size() const { return shard_; }
+  int64_t shard_begin() const { return begin_; }  // this rank's first element
+
+  // Before the step's first micro-batch: zeroes the stage-2 gradient shard and the local
+  // overflow flag; `scaling` and `loss_scale` are the step's.
+  Status begin_step(Fp16Scaling scaling, double loss_scale);
+  // Before the backward of micro-batch `micro` (0-based) of the step's `count`.
+  void begin_micro_batch(int64_t micro, int64_t count);
+  // A test hook for stage 2 (stage 1 sees the trainer's own injection): this step's last
+  // micro-batch gets +Inf at flat element `index` of this rank's local gradients just before the
+  // bucket holding it is checked and reduced, as an fp16 overflow in the backward would.
+  void inject_overflow(int64_t index) { inject_ = index; }
+
+  // ParameterHooks: stage 2's bucket reductions.
+  Status before_forward(int64_t) override { return Status::ok_status(); }
+  Status after_backward(int64_t group) override;
+
+  // After the last micro-batch: stage 1's reduce-scatter; for both stages the overflow flag
+  // across ranks and the global norm of the unscaled gradients from the shards (ReducedGradients
+  // as reduce_gradients fills it).
+  Status reduce(ReducedGradients* out);
+  // AdamW over the shard (h.lr the step's rate, h.weight_decay the configured decay, applied to
+  // the slots that decay), then the parameters gathered into the model's weights on every rank.
+  Status update(const AdamWHyperparams& h, int64_t step, float grad_scale);
+
+  // The buckets stage 2 reduced in the current or last step (all its micro-batches).
+  int64_t buckets_last_step() const { return buckets_; }
+
+  // This rank's shard of the state, as host values (shard_size() floats each): the fp32 master
+  // weights, AdamW's m and v, and the reduced gradients of the last step.
+  enum class State { kMaster, kExpAvg, kExpAvgSq, kGradients };
+  Status shard_to_host(State which, std::vector<float>* out) const;
+  // The full fp32 master weights on every rank (a collective: every rank calls it).
+  Status gather_master(std::vector<float>* out);
+
+  // The optimizer's share of the memory ledger on this rank.
+  void add_memory(MemoryLedger* ledger) const;
+
+ private:
+  ZeroOptimizer() = default;
+  // Stage 2: checks (ds_enhanced), unscales and reduces flat range [lo, hi) of the local
+  // gradients into the owners' shards, then zeroes it.
+  Status reduce_bucket(int64_t lo, int64_t hi);
+  const float* gradient_shard() const;
+
+  ZeroConfig config_;
+  Communicator* comm_ = nullptr;
+  GptModel* model_ = nullptr;
+  Backend* backend_ = nullptr;
+  int64_t shard_ = 0, begin_ = 0, total_ = 0;
+  bool master_is_weights_ = false;
+  float* master_ = nullptr;      // [shard] (the weights' own shard when they are fp32)
+  float* exp_avg_ = nullptr;     // [shard]
+  float* exp_avg_sq_ = nullptr;  // [shard]
+  float* grad_shard_ = nullptr;  // [shard] stage 2's reduced gradients
+
+  Fp16Scaling scaling_ = Fp16Scaling::kStandard;
+  double loss_scale_ = 1.0;
+  bool local_overflow_ = false;
+  bool last_micro_ = false;
+  bool first_micro_ = true;
+  int64_t reduced_lo_ = 0;  // stage 2: [reduced_lo_, total_) is reduced in this micro-batch
+  int64_t buckets_ = 0;
+  int64_t inject_ = -1;
+};
+
+}  // namespace sciattn::train

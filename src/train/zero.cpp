@@ -1,0 +1,305 @@
+// ZeRO stages 1 and 2 over a Communicator (zero.h). Trainer layer (host code): the shard's state
+// lives in the model's back end and is touched only through Backend calls.
+#include "sciattn/train/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+
+#include "sciattn/train/backend.h"
+
+namespace sciattn::train {
+namespace {
+
+#define SCIATTN_TRY(expr)              \
+  do {                                 \
+    Status status_ = (expr);           \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+TensorView flat(const float* p, int64_t n, Device device) {
+  return TensorView::contiguous(p, DType::kF32, {1, n}, device);
+}
+
+}  // namespace
+
+Status for_each_decay_range(const ParameterLayout& layout, int64_t begin, int64_t end,
+                            const std::function<Status(int64_t, int64_t, bool)>& fn) {
+  int64_t run_begin = -1, run_end = -1;
+  bool run_decays = false;
+  for (size_t i = 0; i < layout.slots.size(); ++i) {
+    const int64_t slot_begin = layout.slots[i].offset;
+    const int64_t slot_end =
+        i + 1 < layout.slots.size() ? layout.slots[i + 1].offset : layout.total;
+    const int64_t b = std::max(slot_begin, begin), e = std::min(slot_end, end);
+    if (b >= e) continue;
+    const bool decays = layout.slots[i].weight_decay;
+    if (run_begin >= 0 && decays == run_decays && run_end == b) {
+      run_end = e;
+      continue;
+    }
+    if (run_begin >= 0) SCIATTN_TRY(fn(run_begin, run_end, run_decays));
+    run_begin = b;
+    run_end = e;
+    run_decays = decays;
+  }
+  if (run_begin >= 0) SCIATTN_TRY(fn(run_begin, run_end, run_decays));
+  return Status::ok_status();
+}
+
+Status ZeroOptimizer::create(const ZeroConfig& config, Communicator* comm, GptModel* model,
+                             const float* init, std::unique_ptr<ZeroOptimizer>* out) {
+  if (config.stage != 1 && config.stage != 2) {
+    return Status::invalid_argument("ZeroOptimizer: zero_optimization.stage must be 1 or 2; got " +
+                                    std::to_string(config.stage));
+  }
+  if (comm == nullptr || model == nullptr || init == nullptr) {
+    return Status::invalid_argument("ZeroOptimizer: comm, model and init are required");
+  }
+  if (config.reduce_bucket_size < 1) {
+    return Status::invalid_argument("zero_optimization.reduce_bucket_size must be >= 1; got " +
+                                    std::to_string(config.reduce_bucket_size));
+  }
+  const int world = comm->world_size();
+  const int64_t total = model->layout().total;
+  if (total % zero_parameter_multiple(world) != 0) {
+    return Status::invalid_argument("ZeroOptimizer: the parameter layout's total " +
+                                    std::to_string(total) + " is not a multiple of " +
+                                    std::to_string(zero_parameter_multiple(world)) +
+                                    " (create the model with MemoryOptions::parameter_multiple = "
+                                    "zero_parameter_multiple(world_size))");
+  }
+  std::unique_ptr<ZeroOptimizer> z(new ZeroOptimizer());
+  z->config_ = config;
+  z->comm_ = comm;
+  z->model_ = model;
+  z->backend_ = &model->backend();
+  z->total_ = total;
+  z->shard_ = total / world;
+  z->begin_ = z->shard_ * comm->rank();
+  Backend& be = *z->backend_;
+  const size_t bytes = static_cast<size_t>(z->shard_) * sizeof(float);
+  SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&z->exp_avg_)));
+  SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&z->exp_avg_sq_)));
+  if (config.stage == 2) SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&z->grad_shard_)));
+  if (model->weight_dtype() == DType::kF32) {
+    // The fp32 weights' own shard is the master shard: AdamW updates it in place and the gather
+    // leaves it where it is.
+    z->master_is_weights_ = true;
+    z->master_ = static_cast<float*>(model->weights()) + z->begin_;
+  } else {
+    SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&z->master_)));
+    SCIATTN_TRY(be.copy_to_device(z->master_, init + z->begin_, bytes));
+  }
+  *out = std::move(z);
+  return Status::ok_status();
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  if (backend_ == nullptr) return;
+  backend_->release(exp_avg_);
+  backend_->release(exp_avg_sq_);
+  if (grad_shard_ != nullptr) backend_->release(grad_shard_);
+  if (!master_is_weights_) backend_->release(master_);
+}
+
+Status ZeroOptimizer::begin_step(Fp16Scaling scaling, double loss_scale) {
+  if (!(loss_scale > 0.0) || !std::isfinite(loss_scale)) {
+    return Status::invalid_argument("ZeroOptimizer: loss_scale must be a finite number > 0");
+  }
+  scaling_ = scaling;
+  loss_scale_ = loss_scale;
+  local_overflow_ = false;
+  buckets_ = 0;
+  if (grad_shard_ != nullptr) {
+    SCIATTN_TRY(backend_->fill_zero(grad_shard_, static_cast<size_t>(shard_) * sizeof(float)));
+  }
+  return Status::ok_status();
+}
+
+void ZeroOptimizer::begin_micro_batch(int64_t micro, int64_t count) {
+  first_micro_ = micro == 0;
+  last_micro_ = micro + 1 == count;
+  reduced_lo_ = total_;
+}
+
+Status ZeroOptimizer::after_backward(int64_t group) {
+  if (config_.stage != 2) return Status::ok_status();
+  // The backward finishes groups from the last to the first, so [ready, total) is final for this
+  // micro-batch; full buckets are cut from the top of what is not reduced yet, and the first
+  // group (the embeddings, which the tied LM head also writes) flushes the rest.
+  const int64_t ready = model_->layout().groups[static_cast<size_t>(group)].begin;
+  const int64_t bucket = config_.reduce_bucket_size;
+  while (reduced_lo_ - ready >= bucket) {
+    SCIATTN_TRY(reduce_bucket(reduced_lo_ - bucket, reduced_lo_));
+    reduced_lo_ -= bucket;
+  }
+  if (group == 0 && reduced_lo_ > 0) {
+    SCIATTN_TRY(reduce_bucket(0, reduced_lo_));
+    reduced_lo_ = 0;
+  }
+  return Status::ok_status();
+}
+
+Status ZeroOptimizer::reduce_bucket(int64_t lo, int64_t hi) {
+  Backend& be = *backend_;
+  float* grads = model_->grads();
+  ++buckets_;
+  if (last_micro_ && inject_ >= lo && inject_ < hi) {
+    const float inf = std::numeric_limits<float>::infinity();
+    SCIATTN_TRY(be.copy_to_device(grads + inject_, &inf, sizeof inf));
+    inject_ = -1;
+  }
+  if (scaling_ == Fp16Scaling::kDsEnhanced) {
+    // This rank's own scaled gradients, before any reduction.
+    SumSquares local;
+    SCIATTN_TRY(be.sum_squares(grads + lo, hi - lo, &local));
+    local_overflow_ = local_overflow_ || !local.finite;
+    if (loss_scale_ != 1.0) {
+      SCIATTN_TRY(be.scale_in_place(grads + lo, hi - lo, static_cast<float>(1.0 / loss_scale_)));
+    }
+  }
+  const int world = comm_->world_size(), me = comm_->rank();
+  if (!config_.reduce_scatter) SCIATTN_TRY(comm_->all_reduce_mean(grads + lo, hi - lo));
+  for (int r = 0; r < world; ++r) {
+    const int64_t a = std::max(lo, shard_ * r), b = std::min(hi, shard_ * (r + 1));
+    if (a >= b) continue;
+    if (config_.reduce_scatter) SCIATTN_TRY(comm_->reduce(grads + a, b - a, r, ReduceOp::kMean));
+    if (r != me) continue;
+    // The owner keeps its piece. The first micro-batch copies (so that a -0 stays -0, as in
+    // stage 1); later ones add, in micro-batch order.
+    float* dst = grad_shard_ + (a - begin_);
+    if (first_micro_) {
+      SCIATTN_TRY(be.cast(grads + a, DType::kF32, dst, DType::kF32, b - a));
+    } else {
+      const Device d = be.device();
+      SCIATTN_TRY(be.add({flat(dst, b - a, d), flat(grads + a, b - a, d), flat(dst, b - a, d)}));
+    }
+  }
+  // The next micro-batch's backward accumulates into zeros again.
+  return be.fill_zero(grads + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+}
+
+const float* ZeroOptimizer::gradient_shard() const {
+  return config_.stage == 2 ? grad_shard_ : model_->grads() + begin_;
+}
+
+Status ZeroOptimizer::reduce(ReducedGradients* out) {
+  *out = ReducedGradients{};
+  Backend& be = *backend_;
+  const bool enhanced = scaling_ == Fp16Scaling::kDsEnhanced;
+  if (config_.stage == 2 && reduced_lo_ != 0) {
+    return Status(StatusCode::kInternal,
+                  "ZeroOptimizer: the backward did not finish every parameter group (reduced "
+                  "down to element " +
+                      std::to_string(reduced_lo_) + ")");
+  }
+  if (config_.stage == 1) {
+    float* grads = model_->grads();
+    if (enhanced) {
+      SumSquares local;
+      SCIATTN_TRY(be.sum_squares(grads, total_, &local));
+      local_overflow_ = !local.finite;
+    }
+  }
+  if (enhanced) {
+    // Every rank learns whether any rank overflowed before anything else crosses ranks.
+    double overflow = local_overflow_ ? 1.0 : 0.0;
+    SCIATTN_TRY(comm_->all_reduce_max(&overflow));
+    out->overflow = overflow != 0.0;
+    if (out->overflow) return Status::ok_status();
+  }
+  if (config_.stage == 1) {
+    float* grads = model_->grads();
+    if (enhanced && loss_scale_ != 1.0) {
+      SCIATTN_TRY(be.scale_in_place(grads, total_, static_cast<float>(1.0 / loss_scale_)));
+    }
+    if (config_.reduce_scatter) {
+      SCIATTN_TRY(comm_->reduce_scatter(grads, grads + begin_, shard_, ReduceOp::kMean));
+    } else {
+      SCIATTN_TRY(comm_->all_reduce_mean(grads, total_));
+    }
+  }
+  SumSquares shard;
+  SCIATTN_TRY(be.sum_squares(gradient_shard(), shard_, &shard));
+  if (!enhanced) {
+    // Standard order: the reduced (still scaled) shards are checked; one rank's Inf reaches the
+    // owner of its element through the reduction, and the max tells everyone.
+    double overflow = shard.finite ? 0.0 : 1.0;
+    SCIATTN_TRY(comm_->all_reduce_max(&overflow));
+    out->overflow = overflow != 0.0;
+    if (out->overflow) return Status::ok_status();
+  }
+  double sum = shard.sum;
+  SCIATTN_TRY(comm_->all_reduce_sum(&sum));
+  out->norm = enhanced ? std::sqrt(sum) : std::sqrt(sum) / loss_scale_;
+  out->pending_scale = enhanced ? 1.0f : static_cast<float>(1.0 / loss_scale_);
+  return Status::ok_status();
+}
+
+Status ZeroOptimizer::update(const AdamWHyperparams& hyper, int64_t step, float grad_scale) {
+  Backend& be = *backend_;
+  const ParameterLayout& layout = model_->layout();
+  const DType wt = model_->weight_dtype();
+  const size_t es = dtype_size(wt);
+  auto* weights = static_cast<std::byte*>(model_->weights());
+  const float* grads = gradient_shard();
+  AdamWHyperparams h = hyper;
+  SCIATTN_TRY(
+      for_each_decay_range(layout, begin_, begin_ + shard_, [&](int64_t b, int64_t e, bool decays) {
+        h.weight_decay = decays ? hyper.weight_decay : 0.0f;
+        const int64_t k = b - begin_;
+        void* copy = master_is_weights_ ? nullptr : weights + static_cast<size_t>(b) * es;
+        return be.adamw_step(h, step, grad_scale, master_ + k, grads + k, exp_avg_ + k,
+                             exp_avg_sq_ + k, e - b, copy, wt);
+      }));
+  // Every rank's weights get every shard.
+  if (config_.allgather_partitions) {
+    return comm_->all_gather(weights + static_cast<size_t>(begin_) * es, weights, shard_, wt);
+  }
+  for (int r = 0; r < comm_->world_size(); ++r) {
+    SCIATTN_TRY(comm_->broadcast(weights + static_cast<size_t>(shard_ * r) * es, shard_, wt, r));
+  }
+  return Status::ok_status();
+}
+
+Status ZeroOptimizer::shard_to_host(State which, std::vector<float>* out) const {
+  const float* src = which == State::kMaster     ? master_
+                     : which == State::kExpAvg   ? exp_avg_
+                     : which == State::kExpAvgSq ? exp_avg_sq_
+                                                 : gradient_shard();
+  out->resize(static_cast<size_t>(shard_));
+  return backend_->copy_to_host(out->data(), src, out->size() * sizeof(float));
+}
+
+Status ZeroOptimizer::gather_master(std::vector<float>* out) {
+  float* full = nullptr;
+  const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
+  SCIATTN_TRY(backend_->allocate(bytes, reinterpret_cast<void**>(&full)));
+  Status s = comm_->all_gather(master_, full, shard_, DType::kF32);
+  if (s.ok()) {
+    out->resize(static_cast<size_t>(total_));
+    s = backend_->copy_to_host(out->data(), full, bytes);
+  }
+  backend_->release(full);
+  return s;
+}
+
+void ZeroOptimizer::add_memory(MemoryLedger* ledger) const {
+  const uint64_t f32 = static_cast<uint64_t>(shard_) * sizeof(float);
+  const Device d = backend_->device();
+  const std::string of = " (f32, 1/" + std::to_string(comm_->world_size()) + " of the layout)";
+  if (!master_is_weights_) {
+    ledger->add("ZeRO shard: master weights" + of, "model states", d, f32, kPhaseOptimizer);
+  }
+  ledger->add("ZeRO shard: AdamW exp_avg, exp_avg_sq" + of, "model states", d, 2 * f32,
+              kPhaseOptimizer);
+  if (grad_shard_ != nullptr) {
+    ledger->add("ZeRO-2 shard: reduced gradients" + of, "model states", d, f32,
+                kPhaseBackward | kPhaseOptimizer);
+  }
+}
+
+}  // namespace sciattn::train

@@ -1,0 +1,568 @@
+// ZeRO stages 1 and 2 on the thread-per-rank communicator: a tiny GPT trained on 2 and 4 ranks
+// (each rank its own micro-batches) against the replicated data-parallel trainer (stage 0) and
+// against one rank with gradient accumulation over the same micro-batches; bucket sizes and the
+// communication switches; clipping from shards; ds_enhanced overflow on one rank; refusals. Test
+// layer (cpu).
+//
+// Which comparisons are bitwise, and why:
+//   - ZeRO-1 / ZeRO-2 vs stage 0 on the same ranks: every path sums the same per-rank fp32
+//     gradients in rank order and AdamW is elementwise, so the parameters are equal bit for bit
+//     (ZeRO-2 with several micro-batches per rank excepted: it reduces each micro-batch and adds
+//     the results, DeepSpeed's order, where the others add the micro-batches first).
+//   - Bucket size, reduce_scatter and allgather_partitions change which calls move the data, not
+//     the arithmetic: bitwise.
+//   - Against one rank with accumulation: not bitwise. One rank adds micro-batch k's gradient
+//     into the buffer inside the layers (a LayerNorm row at a time, a token chunk at a time), so
+//     its additions associate differently. The reduced gradients are held to the tolerance rule
+//     of the conventions against an fp64 oracle (the same micro-batch gradients summed in
+//     double); the parameters after K steps to a bound stated at the check.
+//   - Norms from shards (all_reduce_sum of per-rank sums of squares, in double) associate
+//     differently from one sum over the whole buffer: equal to 1e-12 relative.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sciattn/train/data.h"
+#include "sciattn/train/thread_communicator.h"
+#include "sciattn/train/trainer.h"
+#include "sciattn/train/zero.h"
+#include "train_test_util.h"
+
+namespace sciattn::train {
+namespace {
+
+using namespace testing;
+
+constexpr uint64_t kDataSeed = 4242;
+
+// Documents over a vocabulary of 37 (separator 36) with a learnable successor rule.
+std::unique_ptr<TokenFile> data_file(int documents) {
+  std::vector<std::vector<int32_t>> docs;
+  std::vector<int32_t> noise = random_tokens(static_cast<size_t>(documents) * 40, 36, kDataSeed);
+  size_t k = 0;
+  for (int d = 0; d < documents; ++d) {
+    std::vector<int32_t> doc = {noise[k++] % 36};
+    for (int i = 0; i < 30; ++i) {
+      const int32_t next = (3 * doc.back() + 1) % 36;
+      doc.push_back(noise[k++] % 7 == 0 ? noise[k] % 36 : next);
+    }
+    docs.push_back(doc);
+  }
+  const std::string path = ::testing::TempDir() + "zero_" + std::to_string(documents) + ".tok";
+  EXPECT_TRUE(write_token_file(path, docs, 37, 36, Tokenizer::kUnspecified).ok());
+  std::unique_ptr<TokenFile> f;
+  EXPECT_TRUE(TokenFile::open(path, &f).ok());
+  return f;
+}
+
+// The tiny GPT of the other trainer tests with 16 learned positions, so that its layout holds an
+// odd number of 16-element blocks and must be padded for 2 and for 4 ranks.
+GptConfig zero_config() {
+  GptConfig g = tiny_config();
+  g.max_position_embeddings = 16;
+  return g;
+}
+
+const TokenFile& shared_data() {
+  static std::unique_ptr<TokenFile> f = data_file(12);
+  return *f;
+}
+
+// The DeepSpeed config for `world` ranks: micro-batch 1, `gas` micro-batches per rank, AdamW
+// with weight decay, ZeRO `stage` and extra zero_optimization keys, and `extra` top-level keys.
+std::string config_json(int world, int gas, int stage, const std::string& zero_keys = "",
+                        const std::string& extra = "") {
+  return "{\"train_batch_size\": " + std::to_string(world * gas) +
+         ", \"train_micro_batch_size_per_gpu\": 1,"
+         " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 3e-3, \"betas\": [0.9, 0.95],"
+         " \"weight_decay\": 0.1}},"
+         " \"zero_optimization\": {\"stage\": " +
+         std::to_string(stage) + zero_keys + "}" + extra + "}";
+}
+
+TrainConfig parse(const std::string& json, int world) {
+  AutoValues autos;
+  autos.data_parallel_size = world;
+  TrainConfig c;
+  std::vector<std::string> warnings;
+  Status s = parse_train_config(json, "\"zero test\"", 2, autos, &c, &warnings);
+  EXPECT_TRUE(s.ok()) << s.to_string() << "\n" << json;
+  return c;
+}
+
+Status make_trainer(const TrainConfig& c, Communicator* comm, TrainerOptions o,
+                    std::unique_ptr<Trainer>* out) {
+  o.token_chunk = 8;
+  o.threads = 1;  // the ranks are threads already
+  o.communicator = comm;
+  std::unique_ptr<Backend> be;
+  CpuBackendOptions bo;
+  bo.token_chunk = o.token_chunk;
+  bo.threads = 1;
+  Status s = make_cpu_backend(bo, &be);
+  if (!s.ok()) return s;
+  return Trainer::create(zero_config(), c, o, std::move(be), &shared_data(), out);
+}
+
+// What each rank ends with.
+struct RankRuns {
+  std::vector<std::vector<float>> params;  // per rank: the master weights (layout total)
+  std::vector<std::vector<StepReport>> reports;
+  std::vector<std::vector<float>> exp_avg;    // per rank: its ZeRO shard of m (empty: stage 0)
+  std::vector<std::vector<float>> gradients;  // per rank: the last step's reduced gradients
+                                              // (ZeRO: its shard; otherwise all of them)
+  std::vector<int64_t> shard_begin, buckets;
+  int64_t total = 0;
+  std::vector<MemoryLedger> ledgers;
+};
+
+using OptionsFn = std::function<void(int rank, TrainerOptions*)>;
+
+RankRuns train(int world, const std::string& json, int steps, const OptionsFn& options = {}) {
+  const TrainConfig c = parse(json, world);
+  RankRuns run;
+  run.params.resize(static_cast<size_t>(world));
+  run.reports.resize(static_cast<size_t>(world));
+  run.exp_avg.resize(static_cast<size_t>(world));
+  run.gradients.resize(static_cast<size_t>(world));
+  run.shard_begin.assign(static_cast<size_t>(world), 0);
+  run.buckets.assign(static_cast<size_t>(world), 0);
+  run.ledgers.resize(static_cast<size_t>(world));
+  const std::vector<Status> st = run_thread_ranks(world, [&](Communicator& comm) {
+    const size_t r = static_cast<size_t>(comm.rank());
+    TrainerOptions o;
+    if (options) options(comm.rank(), &o);
+    std::unique_ptr<Trainer> t;
+    Status s = make_trainer(c, &comm, o, &t);
+    if (!s.ok()) return s;
+    for (int k = 0; k < steps; ++k) {
+      StepReport rep;
+      s = t->step(&rep);
+      if (!s.ok()) return s;
+      run.reports[r].push_back(rep);
+    }
+    s = t->master_parameters(&run.params[r]);
+    if (!s.ok()) return s;
+    if (comm.rank() == 0) run.total = t->model().layout().total;
+    run.ledgers[r] = t->ledger();
+    if (ZeroOptimizer* z = t->zero()) {
+      run.shard_begin[r] = z->shard_begin();
+      run.buckets[r] = z->buckets_last_step();
+      s = z->shard_to_host(ZeroOptimizer::State::kExpAvg, &run.exp_avg[r]);
+      if (!s.ok()) return s;
+      return z->shard_to_host(ZeroOptimizer::State::kGradients, &run.gradients[r]);
+    }
+    run.gradients[r].resize(static_cast<size_t>(t->model().layout().total));
+    return t->backend().copy_to_host(run.gradients[r].data(), t->model().grads(),
+                                     run.gradients[r].size() * sizeof(float));
+  });
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  return run;
+}
+
+// The real parameters (the layout without ZeRO's padding at the end).
+int64_t unpadded_total() {
+  return gpt_parameter_layout(zero_config()).total;
+}
+
+bool same_prefix(const std::vector<float>& a, const std::vector<float>& b, int64_t n) {
+  return a.size() >= static_cast<size_t>(n) && b.size() >= static_cast<size_t>(n) &&
+         bitwise_equal(a.data(), b.data(), static_cast<size_t>(n));
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t n) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(
+        m, std::fabs(static_cast<double>(a[static_cast<size_t>(i)]) - b[static_cast<size_t>(i)]));
+  }
+  return m;
+}
+
+// The tests must not pass by doing nothing: most parameters moved from their initialisation,
+// every rank holds the same parameters, and the ranks' shards of m differ and are not zero.
+void expect_real_training(const RankRuns& run, int world) {
+  const int64_t n = unpadded_total();
+  std::vector<float> init(static_cast<size_t>(n));
+  init_gpt_parameters(zero_config(), gpt_parameter_layout(zero_config()), init.data());
+  int64_t moved = 0;
+  for (int64_t i = 0; i < n; ++i)
+    moved += run.params[0][static_cast<size_t>(i)] != init[static_cast<size_t>(i)];
+  EXPECT_GT(moved, gpt_parameter_layout(zero_config()).parameter_count() * 9 / 10);
+  for (int r = 1; r < world; ++r) {
+    EXPECT_TRUE(same_prefix(run.params[0], run.params[static_cast<size_t>(r)], run.total))
+        << "rank " << r << " holds other parameters than rank 0";
+  }
+  if (run.exp_avg[0].empty()) return;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<float>& m = run.exp_avg[static_cast<size_t>(r)];
+    EXPECT_EQ(static_cast<int64_t>(m.size()) * world, run.total);
+    EXPECT_EQ(run.shard_begin[static_cast<size_t>(r)], static_cast<int64_t>(m.size()) * r);
+    EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0.0f; }))
+        << "rank " << r << "'s shard of m is all zeros";
+    if (r > 0) {
+      EXPECT_FALSE(m == run.exp_avg[static_cast<size_t>(r - 1)]);
+    }
+  }
+}
+
+class ZeroStages : public ::testing::TestWithParam<int> {};  // the world size
+
+// ZeRO-1 and ZeRO-2 equal the replicated data-parallel trainer bit for bit (one micro-batch per
+// rank), and the layout is padded when it does not split evenly.
+TEST_P(ZeroStages, EqualReplicatedDataParallelBitwise) {
+  const int world = GetParam();
+  const int steps = 3;
+  const RankRuns base = train(world, config_json(world, 1, 0), steps);
+  expect_real_training(base, world);
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const RankRuns z = train(world, config_json(world, 1, stage), steps);
+    expect_real_training(z, world);
+    EXPECT_EQ(z.total % (world * kSlotAlign), 0);
+    EXPECT_GT(z.total, unpadded_total());  // the shards are padded
+    EXPECT_TRUE(same_prefix(z.params[0], base.params[0], unpadded_total()))
+        << "max |diff| " << max_abs_diff(z.params[0], base.params[0], unpadded_total());
+    // The padding stays zero.
+    for (int64_t i = unpadded_total(); i < z.total; ++i) {
+      EXPECT_EQ(z.params[0][static_cast<size_t>(i)], 0.0f);
+    }
+    for (int k = 0; k < steps; ++k) {
+      const StepReport &a = z.reports[0][static_cast<size_t>(k)],
+                       &b = base.reports[0][static_cast<size_t>(k)];
+      EXPECT_EQ(a.loss, b.loss);  // the global batch's mean loss, on every rank
+      EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-12 * b.grad_norm);
+      EXPECT_EQ(a.tokens, b.tokens);
+      for (int r = 1; r < world; ++r) {
+        EXPECT_EQ(z.reports[static_cast<size_t>(r)][static_cast<size_t>(k)].grad_norm, a.grad_norm);
+      }
+    }
+    // The shards of the reduced gradients are stage 0's gradients, piece by piece.
+    for (int r = 0; r < world; ++r) {
+      const std::vector<float>& g = z.gradients[static_cast<size_t>(r)];
+      EXPECT_TRUE(bitwise_equal(
+          g.data(), base.gradients[0].data() + z.shard_begin[static_cast<size_t>(r)],
+          std::min(g.size(), base.gradients[0].size() -
+                                 static_cast<size_t>(z.shard_begin[static_cast<size_t>(r)]))))
+          << "rank " << r;
+    }
+  }
+}
+
+// With two micro-batches per rank, ZeRO-1 still equals stage 0 bit for bit; ZeRO-2 adds the
+// reduced micro-batches (another association): held to the oracle rule below instead.
+TEST_P(ZeroStages, AccumulationOnEachRank) {
+  const int world = GetParam();
+  const RankRuns base = train(world, config_json(world, 2, 0), 2);
+  const RankRuns z1 = train(world, config_json(world, 2, 1), 2);
+  expect_real_training(z1, world);
+  EXPECT_TRUE(same_prefix(z1.params[0], base.params[0], unpadded_total()));
+  const RankRuns z2 = train(world, config_json(world, 2, 2), 2);
+  expect_real_training(z2, world);
+  // Two micro-batches per rank: stage 2 reduced each micro-batch's buckets.
+  EXPECT_GE(z2.buckets[0], 2);
+  const double diff = max_abs_diff(z2.params[0], base.params[0], unpadded_total());
+  std::printf("ZeRO-2 vs stage 0, 2 micro-batches per rank, %d ranks: max |diff| %.3g\n", world,
+              diff);
+  // AdamW moves a parameter by about lr per step whatever its gradient; rounding-level gradient
+  // differences stay below 1% of that (see ReducedGradientsMeetTheToleranceRule).
+  EXPECT_LT(diff, 1e-2 * 3e-3);
+}
+
+// The reduced gradients against an fp64 oracle (the conventions' tolerance rule): out = ZeRO's
+// reduced gradients (the shards put together), lowp_ref = one rank accumulating the same
+// micro-batches, ref64 = the same per-micro-batch fp32 gradients summed in double.
+TEST_P(ZeroStages, ReducedGradientsMeetTheToleranceRule) {
+  const int world = GetParam();
+  for (int gas : {1, 2}) {
+    for (int stage : {1, 2}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", accumulation " + std::to_string(gas));
+      const RankRuns z = train(world, config_json(world, gas, stage), 1);
+      const RankRuns one = train(1, config_json(1, gas * world, 0), 1);
+      std::vector<float> out;
+      for (int r = 0; r < world; ++r) {
+        out.insert(out.end(), z.gradients[static_cast<size_t>(r)].begin(),
+                   z.gradients[static_cast<size_t>(r)].end());
+      }
+      // The oracle: every micro-batch of the global batch alone, in the loader's order, with the
+      // grad_scale a rank uses (1 / (tokens x gas)); summed in double and divided by the ranks.
+      const GptConfig g = zero_config();
+      const ParameterLayout layout = gpt_parameter_layout(g);
+      std::vector<float> init(static_cast<size_t>(layout.total));
+      init_gpt_parameters(g, layout, init.data());
+      std::unique_ptr<Backend> be = cpu_backend(8, 1);
+      std::unique_ptr<GptModel> model;
+      ASSERT_TRUE(
+          GptModel::create(g, nullptr, 1, MemoryOptions{}, be.get(), &model, init.data()).ok());
+      std::unique_ptr<DataLoader> loader;
+      ASSERT_TRUE(DataLoader::create(&shared_data(), g.sequence_length, 1, g.vocab_size, true,
+                                     TrainerOptions{}.data_seed, &loader)
+                      .ok());
+      std::vector<double> ref(static_cast<size_t>(layout.total), 0.0);
+      std::vector<int32_t> in(static_cast<size_t>(g.sequence_length)), tg(in.size());
+      std::vector<float> grad(ref.size());
+      const float scale = static_cast<float>(1.0 / static_cast<double>(g.sequence_length * gas));
+      for (int micro = 0; micro < world * gas; ++micro) {
+        loader->next(in.data(), tg.data());
+        ASSERT_TRUE(model->zero_grads().ok());
+        MicroBatchResult res;
+        ASSERT_TRUE(model->forward_backward(in.data(), tg.data(), scale, &res).ok());
+        ASSERT_TRUE(be->copy_to_host(grad.data(), model->grads(), grad.size() * 4).ok());
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += static_cast<double>(grad[i]) / world;
+      }
+      double err_out = 0.0, err_lowp = 0.0, mean_out = 0.0, max_ref = 0.0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double e = std::fabs(out[i] - ref[i]);
+        err_out = std::max(err_out, e);
+        mean_out += e / static_cast<double>(ref.size());
+        err_lowp = std::max(err_lowp, std::fabs(one.gradients[0][i] - ref[i]));
+        max_ref = std::max(max_ref, std::fabs(ref[i]));
+      }
+      // atol: one float ulp of the largest gradient.
+      const double atol = max_ref * 0x1p-23;
+      EXPECT_LE(err_out, 2 * err_lowp + atol)
+          << "max error " << err_out << ", mean error " << mean_out << ", one rank's " << err_lowp;
+      EXPECT_GT(max_ref, 0.0);
+      // And after three steps the parameters of N ranks and of one rank agree to 1% of what
+      // AdamW moves a parameter in a step (about lr = 3e-3): rounding-level differences in a
+      // gradient change its update noticeably only where the gradient itself is near rounding
+      // level (AdamW divides by its magnitude).
+      const RankRuns z3 = train(world, config_json(world, gas, stage), 3);
+      const RankRuns one3 = train(1, config_json(1, gas * world, 0), 3);
+      const double diff = max_abs_diff(z3.params[0], one3.params[0], unpadded_total());
+      std::printf(
+          "%d ranks, stage %d, accumulation %d: gradient error %.3g (one rank %.3g, "
+          "atol %.3g), parameters after 3 steps differ by %.3g\n",
+          world, stage, gas, err_out, err_lowp, atol, diff);
+      EXPECT_LT(diff, 1e-2 * 3e-3);
+    }
+  }
+}
+
+// Bucket sizes (prime, larger than the model, one element per shard boundary crossing) and the
+// two communication switches change nothing in the result.
+TEST_P(ZeroStages, BucketsAndSwitchesGiveTheSameBits) {
+  const int world = GetParam();
+  const RankRuns base = train(world, config_json(world, 1, 2, ", \"reduce_bucket_size\": 5e8"), 2);
+  EXPECT_EQ(base.buckets[0], 1);  // one bucket per micro-batch: the flush at the embeddings
+  int64_t previous = 1;
+  for (int64_t bucket : {int64_t{4099}, int64_t{997}, int64_t{97}}) {
+    const RankRuns z = train(
+        world, config_json(world, 1, 2, ", \"reduce_bucket_size\": " + std::to_string(bucket)), 2);
+    EXPECT_TRUE(same_prefix(z.params[0], base.params[0], z.total)) << "bucket " << bucket;
+    // Full buckets are cut from the top, and the rest flushed at the end: at least
+    // floor(total / bucket) buckets, at most that plus one per parameter group.
+    const int64_t groups = static_cast<int64_t>(gpt_parameter_layout(zero_config()).groups.size());
+    EXPECT_GE(z.buckets[0], z.total / bucket) << "bucket " << bucket;
+    EXPECT_LE(z.buckets[0], z.total / bucket + groups) << "bucket " << bucket;
+    EXPECT_GT(z.buckets[0], previous);
+    previous = z.buckets[0];
+  }
+  for (const char* keys : {", \"reduce_scatter\": false", ", \"allgather_partitions\": false",
+                           ", \"reduce_scatter\": false, \"reduce_bucket_size\": 333"}) {
+    for (int stage : {1, 2}) {
+      const RankRuns z = train(world, config_json(world, 1, stage, keys), 2);
+      EXPECT_TRUE(same_prefix(z.params[0], base.params[0], unpadded_total()))
+          << "stage " << stage << keys;
+    }
+  }
+}
+
+// Fixed and adaptive clipping from the shards' norms equal the replicated trainer's.
+TEST_P(ZeroStages, ShardedClippingEqualsUnsharded) {
+  const int world = GetParam();
+  for (const char* clip : {", \"gradient_clipping\": 0.05",
+                           ", \"gradient_clipping\": {\"type\": \"adaptive\", \"threshold\": "
+                           "0.05, \"history_window\": 3, \"adjustment_factor\": 0.5}"}) {
+    SCOPED_TRACE(clip);
+    const RankRuns base = train(world, config_json(world, 1, 0, "", clip), 4);
+    for (int stage : {1, 2}) {
+      const RankRuns z = train(world, config_json(world, 1, stage, "", clip), 4);
+      for (int k = 0; k < 4; ++k) {
+        const StepReport &a = z.reports[0][static_cast<size_t>(k)],
+                         &b = base.reports[0][static_cast<size_t>(k)];
+        EXPECT_LT(b.clip_coefficient, 1.0) << "step " << k << " did not clip";
+        EXPECT_NEAR(a.grad_norm, b.grad_norm, 1e-12 * b.grad_norm);
+        EXPECT_NEAR(a.clip_coefficient, b.clip_coefficient, 1e-12);
+        EXPECT_NEAR(a.clip_threshold, b.clip_threshold, 1e-12 * b.clip_threshold);
+        for (int r = 1; r < world; ++r) {
+          EXPECT_EQ(z.reports[static_cast<size_t>(r)][static_cast<size_t>(k)].clip_coefficient,
+                    a.clip_coefficient);
+        }
+      }
+      // The coefficient enters AdamW as a float: a norm that differs in its last double bits
+      // may round it to a neighbouring float, so the parameters are held to a bound far below
+      // one step's movement rather than bitwise.
+      const double diff = max_abs_diff(z.params[0], base.params[0], unpadded_total());
+      EXPECT_LT(diff, 1e-6 * 3e-3) << "stage " << stage;
+    }
+  }
+}
+
+// fp16 ds_enhanced (and the standard order): an overflow on rank 1 alone makes every rank skip
+// the step, and the loss scale halves on every rank.
+TEST_P(ZeroStages, OverflowOnOneRankSkipsEverywhere) {
+  const int world = GetParam();
+  for (const char* type : {"ds_enhanced", "standard"}) {
+    for (int stage : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(type) + ", stage " + std::to_string(stage));
+      const std::string fp16 = std::string(
+                                   ", \"fp16\": {\"enabled\": true, \"loss_scale\": 0, "
+                                   "\"initial_scale_power\": 10, \"hysteresis\": 1, "
+                                   "\"type\": \"") +
+                               type + "\"}";
+      const RankRuns clean = train(world, config_json(world, 1, stage, "", fp16), 1);
+      const RankRuns z =
+          train(world, config_json(world, 1, stage, "", fp16), 2, [](int rank, TrainerOptions* o) {
+            if (rank == 1) o->inject_overflow_steps = {2};
+          });
+      for (int r = 0; r < world; ++r) {
+        const std::vector<StepReport>& rep = z.reports[static_cast<size_t>(r)];
+        EXPECT_FALSE(rep[0].skipped);
+        EXPECT_TRUE(rep[1].skipped) << "rank " << r << " did not skip";
+        EXPECT_EQ(rep[0].loss_scale, 1024.0);
+        EXPECT_EQ(rep[1].loss_scale, 1024.0);
+        EXPECT_EQ(rep[1].skipped_total, 1);
+        // The skipped step changed nothing: the parameters are those after step 1.
+        EXPECT_TRUE(
+            same_prefix(z.params[static_cast<size_t>(r)], clean.params[0], unpadded_total()))
+            << "rank " << r;
+      }
+      // The parameters did move in step 1 (the comparison above is not between two inits).
+      std::vector<float> init(static_cast<size_t>(unpadded_total()));
+      init_gpt_parameters(zero_config(), gpt_parameter_layout(zero_config()), init.data());
+      EXPECT_FALSE(same_prefix(clean.params[0], init, unpadded_total()));
+    }
+  }
+}
+
+// What each rank holds: 1/N of m and v (and, stage 2, of the reduced gradients) in the ledger.
+TEST_P(ZeroStages, LedgerShowsTheShards) {
+  const int world = GetParam();
+  for (int stage : {1, 2}) {
+    const RankRuns z = train(world, config_json(world, 1, stage), 1);
+    uint64_t shard_bytes = 0;
+    for (const auto& e : z.ledgers[0].entries()) {
+      if (e.name.find("ZeRO") != std::string::npos) shard_bytes += e.bytes;
+    }
+    const uint64_t per_state = static_cast<uint64_t>(z.total / world) * 4;
+    EXPECT_EQ(shard_bytes, per_state * (stage == 2 ? 3 : 2));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ZeroStages, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "ranks";
+                         });
+
+TEST(ZeroRefusals, MismatchesAndUnbuiltPathsAreNamed) {
+  // A config resolved for 2 ranks on 4.
+  const TrainConfig two = parse(config_json(2, 1, 1), 2);
+  std::vector<Status> st = run_thread_ranks(4, [&](Communicator& comm) {
+    std::unique_ptr<Trainer> t;
+    return make_trainer(two, &comm, {}, &t);
+  });
+  for (const Status& s : st) {
+    EXPECT_NE(s.message().find("resolved for 2 data-parallel rank(s)"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("the communicator has 4"), std::string::npos);
+  }
+  // The optimizer offload and checkpoints with several ranks are not built yet.
+  const TrainConfig off =
+      parse(config_json(2, 1, 2, ", \"offload_optimizer\": {\"device\": \"cpu\"}"), 2);
+  st = run_thread_ranks(2, [&](Communicator& comm) {
+    std::unique_ptr<Trainer> t;
+    return make_trainer(off, &comm, {}, &t);
+  });
+  for (const Status& s : st) {
+    EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+    EXPECT_NE(s.message().find("zero_optimization.offload_optimizer"), std::string::npos);
+  }
+  const TrainConfig c = parse(config_json(2, 1, 1), 2);
+  st = run_thread_ranks(2, [&](Communicator& comm) {
+    std::unique_ptr<Trainer> t;
+    Status s = make_trainer(c, &comm, {}, &t);
+    if (!s.ok()) return s;
+    s = t->save_checkpoint(::testing::TempDir() + "zero.ckpt");
+    EXPECT_EQ(s.code(), StatusCode::kNotSupported);
+    EXPECT_NE(s.message().find("not built yet"), std::string::npos) << s.message();
+    return Status::ok_status();
+  });
+  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.to_string();
+  // A rank that fails while creating its trainer does not hang the others.
+  st = run_thread_ranks(2, [&](Communicator& comm) -> Status {
+    if (comm.rank() == 1) return Status::invalid_argument("no data on rank 1");
+    std::unique_ptr<Trainer> t;
+    Status s = make_trainer(c, &comm, {}, &t);
+    if (!s.ok()) return s;
+    StepReport r;
+    return t->step(&r);
+  });
+  EXPECT_NE(st[0].message().find("rank 1 failed: no data on rank 1"), std::string::npos)
+      << st[0].message();
+}
+
+TEST(ZeroRefusals, OptimizerNeedsAPaddedLayout) {
+  std::unique_ptr<Backend> be = cpu_backend(8, 1);
+  const GptConfig g = zero_config();
+  std::unique_ptr<GptModel> model;
+  MemoryOptions memory;
+  memory.parameter_multiple = 3;  // a total that is a multiple of 3 but not of 4 * 16
+  ASSERT_TRUE(GptModel::create(g, nullptr, 1, memory, be.get(), &model).ok());
+  ASSERT_NE(model->layout().total % 64, 0);
+  std::vector<float> init(static_cast<size_t>(model->layout().total));
+  const std::vector<Status> st = run_thread_ranks(4, [&](Communicator& comm) {
+    ZeroConfig zc;
+    zc.stage = 1;
+    std::unique_ptr<ZeroOptimizer> z;
+    return ZeroOptimizer::create(zc, &comm, model.get(), init.data(), &z);
+  });
+  for (const Status& s : st) {
+    EXPECT_NE(s.message().find("is not a multiple of 64"), std::string::npos) << s.message();
+  }
+  ZeroConfig zc;
+  zc.stage = 3;
+  SingleRankCommunicator one;
+  std::unique_ptr<ZeroOptimizer> z;
+  EXPECT_NE(ZeroOptimizer::create(zc, &one, model.get(), init.data(), &z)
+                .message()
+                .find("zero_optimization.stage must be 1 or 2; got 3"),
+            std::string::npos);
+  memory.parameter_multiple = 0;
+  EXPECT_NE(GptModel::create(g, nullptr, 1, memory, be.get(), &model)
+                .message()
+                .find("parameter_multiple must be >= 1"),
+            std::string::npos);
+}
+
+// The data-parallel loader: skipping k micro-batches leaves the position where k next() calls
+// would, across an epoch's end.
+TEST(ZeroData, SkipWalksLikeNext) {
+  std::unique_ptr<DataLoader> a, b;
+  const GptConfig g = zero_config();
+  ASSERT_TRUE(
+      DataLoader::create(&shared_data(), g.sequence_length, 3, g.vocab_size, true, 9, &a).ok());
+  ASSERT_TRUE(
+      DataLoader::create(&shared_data(), g.sequence_length, 3, g.vocab_size, true, 9, &b).ok());
+  std::vector<int32_t> ia(36), ta(36), ib(36), tb(36);
+  for (int64_t k : {0, 1, 2, 5, 11}) {
+    for (int64_t i = 0; i < k; ++i) a->next(ia.data(), ta.data());
+    b->skip(k);
+    EXPECT_EQ(a->position().epoch, b->position().epoch) << k;
+    EXPECT_EQ(a->position().cursor, b->position().cursor) << k;
+    a->next(ia.data(), ta.data());
+    b->next(ib.data(), tb.data());
+    EXPECT_EQ(ia, ib) << k;
+  }
+  EXPECT_GT(a->position().epoch, 0u);  // the walk crossed an epoch
+}
+
+}  // namespace
+}  // namespace sciattn::train
