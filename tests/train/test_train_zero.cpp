@@ -407,10 +407,12 @@ TEST_P(ZeroStages, ShardedClippingEqualsUnsharded) {
 }
 
 // fp16 ds_enhanced (and the standard order): an overflow on rank 1 alone makes every rank skip
-// the step, and the loss scale halves on every rank.
+// the step (the loss scale halves after it: hysteresis 1), and a clean fp16 step gives the same
+// bits on every stage.
 TEST_P(ZeroStages, OverflowOnOneRankSkipsEverywhere) {
   const int world = GetParam();
   for (const char* type : {"ds_enhanced", "standard"}) {
+    std::vector<float> stage0;  // the clean step's parameters at stage 0
     for (int stage : {0, 1, 2}) {
       SCOPED_TRACE(std::string(type) + ", stage " + std::to_string(stage));
       const std::string fp16 = std::string(
@@ -419,6 +421,9 @@ TEST_P(ZeroStages, OverflowOnOneRankSkipsEverywhere) {
                                    "\"type\": \"") +
                                type + "\"}";
       const RankRuns clean = train(world, config_json(world, 1, stage, "", fp16), 1);
+      // The scaled path (check, unscale, reduce) gives stage 0's bits on every stage.
+      if (stage == 0) stage0 = clean.params[0];
+      EXPECT_TRUE(same_prefix(clean.params[0], stage0, unpadded_total()));
       const RankRuns z =
           train(world, config_json(world, 1, stage, "", fp16), 2, [](int rank, TrainerOptions* o) {
             if (rank == 1) o->inject_overflow_steps = {2};
@@ -434,6 +439,15 @@ TEST_P(ZeroStages, OverflowOnOneRankSkipsEverywhere) {
         EXPECT_TRUE(
             same_prefix(z.params[static_cast<size_t>(r)], clean.params[0], unpadded_total()))
             << "rank " << r;
+      }
+      // The next step runs at half the scale on every rank, and is applied.
+      const RankRuns z3 =
+          train(world, config_json(world, 1, stage, "", fp16), 3, [](int rank, TrainerOptions* o) {
+            if (rank == 1) o->inject_overflow_steps = {2};
+          });
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(z3.reports[static_cast<size_t>(r)][2].loss_scale, 512.0) << "rank " << r;
+        EXPECT_FALSE(z3.reports[static_cast<size_t>(r)][2].skipped) << "rank " << r;
       }
       // The parameters did move in step 1 (the comparison above is not between two inits).
       std::vector<float> init(static_cast<size_t>(unpadded_total()));
