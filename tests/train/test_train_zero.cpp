@@ -375,6 +375,22 @@ TEST_P(ZeroStages, BucketsAndSwitchesGiveTheSameBits) {
   }
 }
 
+// Stage 2's buckets follow the backward's parameter groups also when layers are recomputed and
+// the MLP and LM head run in tiles (the memory techniques change no gradient bits).
+TEST_P(ZeroStages, StageTwoUnderTheMemoryTechniques) {
+  const int world = GetParam();
+  const RankRuns base = train(world, config_json(world, 1, 0), 2);
+  const RankRuns z = train(world,
+                           config_json(world, 1, 2, ", \"reduce_bucket_size\": 500",
+                                       ", \"activation_checkpointing\": {}"),
+                           2, [](int, TrainerOptions* o) {
+                             o->memory.mlp_tile_tokens = 8;
+                             o->memory.lm_head_tile_tokens = 8;
+                           });
+  EXPECT_GT(z.buckets[0], 10);
+  EXPECT_TRUE(same_prefix(z.params[0], base.params[0], unpadded_total()));
+}
+
 // Fixed and adaptive clipping from the shards' norms equal the replicated trainer's.
 TEST_P(ZeroStages, ShardedClippingEqualsUnsharded) {
   const int world = GetParam();
