@@ -3,8 +3,10 @@
 // cosine schedule, accumulation and epoch wrap-around); overflowed steps are skipped and counted;
 // the loss falls on learnable data; checkpoints of another model are refused. Test layer (cpu).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -35,10 +37,15 @@ std::unique_ptr<TokenFile> pattern_file(int documents, uint64_t seed) {
     }
     docs.push_back(doc);
   }
-  const std::string path = temp_path("pattern_" + std::to_string(seed) + ".tok");
+  // ctest runs each case in a process of its own, two at a time: a file per process keeps one
+  // case from rewriting a file that another has mapped (which ends that one with SIGBUS). The
+  // mapping outlives the name.
+  const std::string path =
+      temp_path("pattern_" + std::to_string(::getpid()) + "_" + std::to_string(seed) + ".tok");
   EXPECT_TRUE(write_token_file(path, docs, 37, 36, Tokenizer::kUnspecified).ok());
   std::unique_ptr<TokenFile> f;
   EXPECT_TRUE(TokenFile::open(path, &f).ok());
+  std::remove(path.c_str());
   return f;
 }
 

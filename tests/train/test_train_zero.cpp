@@ -19,6 +19,7 @@
 //   - Norms from shards (all_reduce_sum of per-rank sums of squares, in double) associate
 //     differently from one sum over the whole buffer: equal to 1e-12 relative.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -54,10 +55,14 @@ std::unique_ptr<TokenFile> data_file(int documents) {
     }
     docs.push_back(doc);
   }
-  const std::string path = ::testing::TempDir() + "zero_" + std::to_string(documents) + ".tok";
+  // One file per process: ctest runs the cases as parallel processes, and rewriting a file that
+  // another process has mapped ends that one with SIGBUS.
+  const std::string path = ::testing::TempDir() + "zero_" + std::to_string(::getpid()) + "_" +
+                           std::to_string(documents) + ".tok";
   EXPECT_TRUE(write_token_file(path, docs, 37, 36, Tokenizer::kUnspecified).ok());
   std::unique_ptr<TokenFile> f;
   EXPECT_TRUE(TokenFile::open(path, &f).ok());
+  std::remove(path.c_str());  // the mapping outlives the name
   return f;
 }
 
