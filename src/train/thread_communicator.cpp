@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -313,7 +314,15 @@ std::vector<Status> run_thread_ranks(int world_size,
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       ThreadCommunicator& comm = *comms[static_cast<size_t>(r)];
-      Status result = fn(comm);
+      // An exception must not end the process from a thread, nor leave the other ranks waiting.
+      Status result;
+      try {
+        result = fn(comm);
+      } catch (const std::exception& e) {
+        result = Status(StatusCode::kInternal, std::string("threw: ") + e.what());
+      } catch (...) {
+        result = Status(StatusCode::kInternal, "threw a non-standard exception");
+      }
       comm.leave(result);
       statuses[static_cast<size_t>(r)] = result;
     });

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "sciattn/train/communicator.h"
@@ -251,6 +252,17 @@ TEST(ThreadCommErrors, AFailedRankStopsTheOthers) {
               std::string::npos)
         << st[static_cast<size_t>(r)].message();
   }
+}
+
+TEST(ThreadCommErrors, AnExceptionBecomesAStatus) {
+  const std::vector<Status> st = run_thread_ranks(2, [](Communicator& comm) -> Status {
+    if (comm.rank() == 1) throw std::runtime_error("out of tokens");
+    return comm.barrier();
+  });
+  EXPECT_EQ(st[1].code(), StatusCode::kInternal);
+  EXPECT_EQ(st[1].message(), "threw: out of tokens");
+  EXPECT_NE(st[0].message().find("rank 1 failed: threw: out of tokens"), std::string::npos)
+      << st[0].message();
 }
 
 TEST(ThreadCommErrors, ARankThatReturnsEarlyFailsTheWaitingOnes) {

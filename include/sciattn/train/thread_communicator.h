@@ -66,7 +66,8 @@ class ThreadCommunicator final : public Communicator {
 
 // Runs fn(comm) for ranks 0 .. world_size - 1 on one thread each, with a fresh group, and returns
 // each rank's Status (index = rank). A rank whose fn fails poisons the group (see above), so the
-// others return too. world_size < 1 gives one kInvalidArgument status.
+// others return too; an exception from fn becomes that rank's kInternal status the same way.
+// world_size < 1 gives one kInvalidArgument status.
 std::vector<Status> run_thread_ranks(int world_size,
                                      const std::function<Status(Communicator& comm)>& fn);
 
