@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "process_temp_dir.h"
 #include "run_memory.h"
 
 namespace sciattn::tools {
@@ -90,7 +91,7 @@ TEST(CliParse, MaskedKeysAtMostTheLength) {
 }
 
 TEST(CliParse, ConfigDirectoryIsNamed) {
-  const std::string dir = ::testing::TempDir();
+  const std::string dir = sciattn::testing::process_temp_dir();
   expect_error({"layout", "--len", "64", "--config", dir}, "\"" + dir + "\" is a directory");
 }
 

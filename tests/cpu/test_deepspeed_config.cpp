@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "process_temp_dir.h"
 #include "sciattn/block_sparse.h"
 
 namespace sciattn {
@@ -145,7 +146,7 @@ TEST(DeepSpeedConfig, LayoutFromJsonEqualsLayoutFromStruct) {
 }
 
 TEST(DeepSpeedConfig, LoadsFromFile) {
-  const std::string path = ::testing::TempDir() + "sciattn_ds_config_test.json";
+  const std::string path = sciattn::testing::process_temp_dir() + "ds_config_test.json";
   {
     std::ofstream f(path);
     f << R"({"sparse_attention": {"mode": "bslongformer", "block": 128}})";
@@ -173,7 +174,7 @@ TEST(DeepSpeedConfig, LoadsFromFile) {
 // A directory opens as a stream that reads nothing; the message says what it is instead of
 // calling it malformed JSON.
 TEST(DeepSpeedConfig, DirectoryIsNamed) {
-  const std::string dir = ::testing::TempDir();
+  const std::string dir = sciattn::testing::process_temp_dir();
   SparsityConfig c;
   const Status s = load_deepspeed_sparsity_config(dir, 3, &c);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);

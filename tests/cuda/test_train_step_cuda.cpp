@@ -21,6 +21,7 @@
 
 #include "cuda/lowp_backend.h"
 #include "cuda/train_cuda_test_util.h"
+#include "process_temp_dir.h"
 #include "sciattn/train/cuda_backend.h"
 #include "sciattn/train/gpt.h"
 #include "sciattn/train/plan.h"
@@ -195,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Train, TrainStepCuda,
 // ---- the Trainer on the GPU ----
 
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "cuda_" + name;
+  return sciattn::testing::process_temp_dir() + "cuda_" + name;
 }
 
 std::string file_bytes(const std::string& path) {

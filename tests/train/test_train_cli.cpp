@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/cli_runner.h"
+#include "process_temp_dir.h"
 
 namespace {
 
@@ -21,7 +22,7 @@ Result run(const std::string& args) {
 }
 
 std::string dir() {
-  return ::testing::TempDir();
+  return sciattn::testing::process_temp_dir();
 }
 
 void write(const std::string& path, const std::string& text) {

@@ -8,13 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "process_temp_dir.h"
 #include "sciattn/train/data.h"
 
 namespace sciattn::train {
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + name;
+  return sciattn::testing::process_temp_dir() + name;
 }
 
 std::vector<int32_t> read_all(const TokenFile& f) {

@@ -3,7 +3,6 @@
 // cosine schedule, accumulation and epoch wrap-around); overflowed steps are skipped and counted;
 // the loss falls on learnable data; checkpoints of another model are refused. Test layer (cpu).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "process_temp_dir.h"
 #include "sciattn/train/trainer.h"
 #include "train_test_util.h"
 
@@ -20,7 +20,7 @@ namespace {
 using namespace testing;
 
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + name;
+  return sciattn::testing::process_temp_dir() + name;
 }
 
 // A token file of `documents` pseudo-random documents over a vocabulary of 37 (a separator 36)
@@ -37,11 +37,7 @@ std::unique_ptr<TokenFile> pattern_file(int documents, uint64_t seed) {
     }
     docs.push_back(doc);
   }
-  // ctest runs each case in a process of its own, two at a time: a file per process keeps one
-  // case from rewriting a file that another has mapped (which ends that one with SIGBUS). The
-  // mapping outlives the name.
-  const std::string path =
-      temp_path("pattern_" + std::to_string(::getpid()) + "_" + std::to_string(seed) + ".tok");
+  const std::string path = temp_path("pattern_" + std::to_string(seed) + ".tok");
   EXPECT_TRUE(write_token_file(path, docs, 37, 36, Tokenizer::kUnspecified).ok());
   std::unique_ptr<TokenFile> f;
   EXPECT_TRUE(TokenFile::open(path, &f).ok());

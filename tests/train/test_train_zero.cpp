@@ -19,7 +19,6 @@
 //   - Norms from shards (all_reduce_sum of per-rank sums of squares, in double) associate
 //     differently from one sum over the whole buffer: equal to 1e-12 relative.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "process_temp_dir.h"
 #include "sciattn/train/data.h"
 #include "sciattn/train/thread_communicator.h"
 #include "sciattn/train/trainer.h"
@@ -55,10 +55,8 @@ std::unique_ptr<TokenFile> data_file(int documents) {
     }
     docs.push_back(doc);
   }
-  // One file per process: ctest runs the cases as parallel processes, and rewriting a file that
-  // another process has mapped ends that one with SIGBUS.
-  const std::string path = ::testing::TempDir() + "zero_" + std::to_string(::getpid()) + "_" +
-                           std::to_string(documents) + ".tok";
+  const std::string path =
+      sciattn::testing::process_temp_dir() + "zero_" + std::to_string(documents) + ".tok";
   EXPECT_TRUE(write_token_file(path, docs, 37, 36, Tokenizer::kUnspecified).ok());
   std::unique_ptr<TokenFile> f;
   EXPECT_TRUE(TokenFile::open(path, &f).ok());
@@ -525,7 +523,7 @@ TEST(ZeroRefusals, MismatchesAndUnbuiltPathsAreNamed) {
     std::unique_ptr<Trainer> t;
     Status s = make_trainer(c, &comm, {}, &t);
     if (!s.ok()) return s;
-    s = t->save_checkpoint(::testing::TempDir() + "zero.ckpt");
+    s = t->save_checkpoint(sciattn::testing::process_temp_dir() + "zero.ckpt");
     EXPECT_EQ(s.code(), StatusCode::kNotSupported);
     EXPECT_NE(s.message().find("not built yet"), std::string::npos) << s.message();
     return Status::ok_status();
