@@ -826,8 +826,11 @@ Status Trainer::load_checkpoint(const std::string& path) {
                                       jc.at("mode").get<std::string>() + "\"; this run has \"" +
                                       clip_mode_name(config_.clip.mode) + "\"");
     }
-    SCIATTN_TRY(clipper_.set_state(jc.at("threshold").get<double>(),
-                                   jc.at("history").get<std::vector<double>>()));
+    // Without clipping the threshold is +infinity, which JSON writes as null.
+    const double threshold = jc.at("threshold").is_null()
+                                 ? std::numeric_limits<double>::infinity()
+                                 : jc.at("threshold").get<double>();
+    SCIATTN_TRY(clipper_.set_state(threshold, jc.at("history").get<std::vector<double>>()));
     DataPosition pos;
     pos.seed = d.at("seed").get<uint64_t>();
     pos.epoch = d.at("epoch").get<uint64_t>();

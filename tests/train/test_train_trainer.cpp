@@ -281,6 +281,31 @@ TEST(TrainTrainer, CheckpointOfAnotherModelIsRefused) {
   EXPECT_NE(s.message().find("cannot read"), std::string::npos) << s.message();
 }
 
+// Without gradient clipping the clipper's threshold is +infinity (null in the JSON header); the
+// checkpoint still loads, and the resumed run continues the straight one bit for bit.
+TEST(TrainTrainer, CheckpointWithoutClippingResumes) {
+  const GptConfig g = tiny_config();
+  const TrainConfig c = config_from(R"({"train_batch_size": 2})");
+  ASSERT_EQ(c.clip.mode, ClipMode::kNone);
+  auto data = pattern_file(4, 5);
+  auto straight = make_trainer(g, c, data.get());
+  StepReport r;
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE(straight->step(&r).ok());
+  const std::string half = temp_path("noclip_half.ckpt"), want = temp_path("noclip_want.ckpt"),
+                    got = temp_path("noclip_got.ckpt");
+  auto first = make_trainer(g, c, data.get());
+  ASSERT_TRUE(first->step(&r).ok());
+  ASSERT_TRUE(first->save_checkpoint(half).ok());
+  EXPECT_NE(file_bytes(half).find("\"threshold\":null"), std::string::npos);
+  auto second = make_trainer(g, c, data.get());
+  Status s = second->load_checkpoint(half);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(second->step(&r).ok());
+  ASSERT_TRUE(straight->save_checkpoint(want).ok());
+  ASSERT_TRUE(second->save_checkpoint(got).ok());
+  EXPECT_EQ(file_bytes(want), file_bytes(got));
+}
+
 TEST(TrainTrainer, GradientDumpHoldsParamsGradsAndTokens) {
   const GptConfig g = tiny_config();
   const TrainConfig c = config_from(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
