@@ -498,7 +498,9 @@ void add_train_command(CLI::App& app) {
                   "train until this global step (default: the scheduler's total_num_steps); "
                   "also fills total_num_steps \"auto\"")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--resume", a->resume, "continue from this checkpoint")->check(CLI::ExistingFile);
+  cmd->add_option("--resume", a->resume,
+                  "continue from this checkpoint (a file, or the folder of a run on several ranks)")
+      ->check(CLI::ExistingPath);
   cmd->add_option("--save", a->save, "write a checkpoint here at the end (and with --save-every)");
   cmd->add_option("--save-every", a->save_every, "also save every N steps")
       ->check(CLI::PositiveNumber);

@@ -274,6 +274,19 @@ Status ZeroOptimizer::shard_to_host(State which, std::vector<float>* out) const 
   return backend_->copy_to_host(out->data(), src, out->size() * sizeof(float));
 }
 
+Status ZeroOptimizer::shard_from_host(State which, const std::vector<float>& in) {
+  if (which == State::kGradients) {
+    return Status::invalid_argument("ZeroOptimizer::shard_from_host: the gradients are not state");
+  }
+  if (static_cast<int64_t>(in.size()) != shard_) {
+    return Status::invalid_argument("ZeroOptimizer::shard_from_host: in holds " +
+                                    std::to_string(in.size()) + " floats; the shard has " +
+                                    std::to_string(shard_));
+  }
+  float* dst = which == State::kMaster ? master_ : which == State::kExpAvg ? exp_avg_ : exp_avg_sq_;
+  return backend_->copy_to_device(dst, in.data(), in.size() * sizeof(float));
+}
+
 Status ZeroOptimizer::gather_master(std::vector<float>* out) {
   float* full = nullptr;
   const size_t bytes = static_cast<size_t>(total_) * sizeof(float);

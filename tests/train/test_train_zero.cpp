@@ -1,8 +1,9 @@
 // ZeRO stages 1 and 2 on the thread-per-rank communicator: a tiny GPT trained on 2 and 4 ranks
 // (each rank its own micro-batches) against the replicated data-parallel trainer (stage 0) and
 // against one rank with gradient accumulation over the same micro-batches; bucket sizes and the
-// communication switches; clipping from shards; ds_enhanced overflow on one rank; refusals. Test
-// layer (cpu).
+// communication switches; clipping from shards; ds_enhanced overflow on one rank; refusals;
+// checkpoint folders saved on N ranks and resumed on N, on another number of ranks or on one.
+// Test layer (cpu).
 //
 // Which comparisons are bitwise, and why:
 //   - ZeRO-1 / ZeRO-2 vs stage 0 on the same ranks: every path sums the same per-rank fp32
@@ -18,14 +19,25 @@
 //     double); the parameters after K steps to a bound stated at the check.
 //   - Norms from shards (all_reduce_sum of per-rank sums of squares, in double) associate
 //     differently from one sum over the whole buffer: equal to 1e-12 relative.
+//   - Checkpoints: save on N ranks and resume on the same N continues bit for bit. Resumed on
+//     another N' (or from / to one rank, or at another stage), the state after the load is the
+//     saved state bit for bit; the steps after it reduce in another association (each rank
+//     accumulates its micro-batches inside the layers before the mean over ranks), so they are
+//     held to the bound of the accumulation tests; stage 0 -> stage 1 on the same N is bitwise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "process_temp_dir.h"
@@ -100,7 +112,7 @@ TrainConfig parse(const std::string& json, int world) {
 }
 
 Status make_trainer(const TrainConfig& c, Communicator* comm, TrainerOptions o,
-                    std::unique_ptr<Trainer>* out) {
+                    std::unique_ptr<Trainer>* out, const GptConfig& model = zero_config()) {
   o.token_chunk = 8;
   o.threads = 1;  // the ranks are threads already
   o.communicator = comm;
@@ -110,7 +122,7 @@ Status make_trainer(const TrainConfig& c, Communicator* comm, TrainerOptions o,
   bo.threads = 1;
   Status s = make_cpu_backend(bo, &be);
   if (!s.ok()) return s;
-  return Trainer::create(zero_config(), c, o, std::move(be), &shared_data(), out);
+  return Trainer::create(model, c, o, std::move(be), &shared_data(), out);
 }
 
 // What each rank ends with.
@@ -507,7 +519,7 @@ TEST(ZeroRefusals, MismatchesAndUnbuiltPathsAreNamed) {
         << s.message();
     EXPECT_NE(s.message().find("the communicator has 4"), std::string::npos);
   }
-  // The optimizer offload and checkpoints with several ranks are not built yet.
+  // The optimizer offload with several ranks is not built yet.
   const TrainConfig off =
       parse(config_json(2, 1, 2, ", \"offload_optimizer\": {\"device\": \"cpu\"}"), 2);
   st = run_thread_ranks(2, [&](Communicator& comm) {
@@ -519,16 +531,6 @@ TEST(ZeroRefusals, MismatchesAndUnbuiltPathsAreNamed) {
     EXPECT_NE(s.message().find("zero_optimization.offload_optimizer"), std::string::npos);
   }
   const TrainConfig c = parse(config_json(2, 1, 1), 2);
-  st = run_thread_ranks(2, [&](Communicator& comm) {
-    std::unique_ptr<Trainer> t;
-    Status s = make_trainer(c, &comm, {}, &t);
-    if (!s.ok()) return s;
-    s = t->save_checkpoint(sciattn::testing::process_temp_dir() + "zero.ckpt");
-    EXPECT_EQ(s.code(), StatusCode::kNotSupported);
-    EXPECT_NE(s.message().find("not built yet"), std::string::npos) << s.message();
-    return Status::ok_status();
-  });
-  for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.to_string();
   // A rank that fails while creating its trainer does not hang the others.
   st = run_thread_ranks(2, [&](Communicator& comm) -> Status {
     if (comm.rank() == 1) return Status::invalid_argument("no data on rank 1");
@@ -595,6 +597,414 @@ TEST(ZeroData, SkipWalksLikeNext) {
     EXPECT_EQ(ia, ib) << k;
   }
   EXPECT_GT(a->position().epoch, 0u);  // the walk crossed an epoch
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints with several ranks: a folder with a manifest, the replicated state and one shard
+// file per rank, loadable on any number of ranks.
+
+// fp16 with dynamic loss scaling, so that an injected overflow leaves loss-scaler state (a halved
+// scale, a skipped step) that a resumed run must carry on from.
+const char kFp16[] =
+    ", \"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 10, "
+    "\"hysteresis\": 1}";
+
+// One segment of a run: resume from `load` (or start fresh), save at once to `save_after_load`,
+// train `steps` steps (the last rank gets an overflow at global step `inject_step`, 0: none),
+// then save to `save`.
+struct Segment {
+  std::string load, save_after_load, save;
+  int steps = 0;
+  int64_t inject_step = 0;
+};
+
+struct SegmentRun {
+  std::vector<float> loaded;        // the gathered master weights after the load (rank 0)
+  std::vector<float> params;        // ... after the steps
+  std::vector<StepReport> reports;  // rank 0's
+  int64_t step_after_load = -1;
+  int64_t total = 0;  // the layout's (padded) total on these ranks
+};
+
+// `global_batch` micro-batches per step, split over `world` ranks.
+SegmentRun run_segment(int world, int stage, int global_batch, const Segment& seg) {
+  const TrainConfig c = parse(config_json(world, global_batch / world, stage, "", kFp16), world);
+  SegmentRun out;
+  const std::vector<Status> st = run_thread_ranks(world, [&](Communicator& comm) -> Status {
+    TrainerOptions o;
+    if (seg.inject_step > 0 && comm.rank() == world - 1)
+      o.inject_overflow_steps = {seg.inject_step};
+    std::unique_ptr<Trainer> t;
+    Status s = make_trainer(c, &comm, o, &t);
+    if (!s.ok()) return s;
+    if (!seg.load.empty() && !(s = t->load_checkpoint(seg.load)).ok()) return s;
+    std::vector<float> p;
+    if (!(s = t->master_parameters(&p)).ok()) return s;
+    if (comm.rank() == 0) {
+      out.loaded = p;
+      out.step_after_load = t->global_step();
+      out.total = t->model().layout().total;
+    }
+    if (!seg.save_after_load.empty() && !(s = t->save_checkpoint(seg.save_after_load)).ok()) {
+      return s;
+    }
+    for (int k = 0; k < seg.steps; ++k) {
+      StepReport rep;
+      if (!(s = t->step(&rep)).ok()) return s;
+      if (comm.rank() == 0) out.reports.push_back(rep);
+    }
+    if (!(s = t->master_parameters(&p)).ok()) return s;
+    if (comm.rank() == 0) out.params = p;
+    if (!seg.save.empty()) return t->save_checkpoint(seg.save);
+    return Status::ok_status();
+  });
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  return out;
+}
+
+// The unpadded flat master weights, m and v a checkpoint holds, put together by the test from the
+// shard files of a folder written on `world` ranks, or from the slots of a single-rank file
+// (world 1), without the trainer's loader.
+struct SavedState {
+  std::vector<float> master, exp_avg, exp_avg_sq;
+};
+
+SavedState read_saved_state(const std::string& path, int world) {
+  SavedState out;
+  const int64_t n = unpadded_total();
+  std::string header;
+  std::vector<CheckpointTensor> tensors;
+  if (world == 1) {
+    EXPECT_TRUE(read_checkpoint(path, &header, &tensors).ok()) << path;
+    const ParameterLayout layout = gpt_parameter_layout(zero_config());
+    for (std::vector<float>* v : {&out.master, &out.exp_avg, &out.exp_avg_sq})
+      v->assign(static_cast<size_t>(n), 0.0f);
+    for (const CheckpointTensor& t : tensors) {
+      const size_t slash = t.name.find('/');
+      const std::string kind = t.name.substr(0, slash);
+      std::vector<float>* dst = kind == "params"    ? &out.master
+                                : kind == "exp_avg" ? &out.exp_avg
+                                                    : &out.exp_avg_sq;
+      const TensorSlot* slot = layout.find(t.name.substr(slash + 1));
+      EXPECT_NE(slot, nullptr) << t.name;
+      if (slot != nullptr) std::memcpy(dst->data() + slot->offset, t.bytes.data(), t.bytes.size());
+    }
+    return out;
+  }
+  for (int r = 0; r < world; ++r) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/shard-%05d-of-%05d.ckpt", r, world);
+    EXPECT_TRUE(read_checkpoint(path + name, &header, &tensors).ok()) << path << name;
+    EXPECT_EQ(tensors.size(), 3u);
+    for (const CheckpointTensor& t : tensors) {
+      std::vector<float>* dst = t.name == "master"    ? &out.master
+                                : t.name == "exp_avg" ? &out.exp_avg
+                                                      : &out.exp_avg_sq;
+      const float* f = reinterpret_cast<const float*>(t.bytes.data());
+      dst->insert(dst->end(), f, f + t.bytes.size() / sizeof(float));
+    }
+  }
+  for (std::vector<float>* v : {&out.master, &out.exp_avg, &out.exp_avg_sq}) {
+    // The padding the shards carry past the parameters is zero.
+    EXPECT_GE(static_cast<int64_t>(v->size()), n);
+    for (size_t i = static_cast<size_t>(n); i < v->size(); ++i) EXPECT_EQ((*v)[i], 0.0f);
+    v->resize(static_cast<size_t>(std::min<int64_t>(n, static_cast<int64_t>(v->size()))));
+  }
+  return out;
+}
+
+bool nonzero(const std::vector<float>& v) {
+  return std::any_of(v.begin(), v.end(), [](float x) { return x != 0.0f; });
+}
+
+std::string ckpt_dir(const std::string& name) {
+  return sciattn::testing::process_temp_dir() + name;
+}
+
+class ZeroCheckpointSameRanks : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+// Save after 3 steps on N ranks (an overflow skipped at step 2 on the last rank), resume on N
+// ranks for 2 more: the parameters, the losses and the loss scale are those of 5 straight steps,
+// bit for bit. Two micro-batches per rank, so the data position moves by 2N per step and wraps
+// an epoch with 4 ranks.
+TEST_P(ZeroCheckpointSameRanks, ResumeIsBitwise) {
+  const auto [stage, world] = GetParam();
+  const int batch = 2 * world;
+  const std::string dir = ckpt_dir("same_" + std::to_string(stage) + "_" + std::to_string(world));
+  Segment whole;
+  whole.steps = 5;
+  whole.inject_step = 2;
+  const SegmentRun full = run_segment(world, stage, batch, whole);
+  Segment first = whole;
+  first.steps = 3;
+  first.save = dir;
+  const SegmentRun a = run_segment(world, stage, batch, first);
+  Segment second;
+  second.load = dir;
+  second.steps = 2;
+  const SegmentRun b = run_segment(world, stage, batch, second);
+
+  // The folder: a manifest, the replicated state, one shard per rank with nonzero m and v.
+  EXPECT_TRUE(std::filesystem::exists(dir + "/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/replicated.ckpt"));
+  const SavedState saved = read_saved_state(dir, world);
+  EXPECT_TRUE(nonzero(saved.exp_avg) && nonzero(saved.exp_avg_sq));
+  EXPECT_TRUE(same_prefix(saved.master, a.params, unpadded_total()));
+
+  // The run really trained, overflowed and moved the scale before the save.
+  ASSERT_EQ(full.reports.size(), 5u);
+  EXPECT_TRUE(full.reports[1].skipped);
+  EXPECT_EQ(full.reports[3].loss_scale, 512.0);
+  std::vector<float> init(static_cast<size_t>(unpadded_total()));
+  init_gpt_parameters(zero_config(), gpt_parameter_layout(zero_config()), init.data());
+  EXPECT_FALSE(same_prefix(a.params, init, unpadded_total()));
+
+  // The resumed run.
+  EXPECT_EQ(b.step_after_load, 3);
+  ASSERT_EQ(b.loaded.size(), a.params.size());
+  EXPECT_TRUE(bitwise_equal(b.loaded.data(), a.params.data(), a.params.size()));
+  ASSERT_EQ(b.params.size(), full.params.size());
+  EXPECT_TRUE(bitwise_equal(b.params.data(), full.params.data(), full.params.size()))
+      << "max |diff| " << max_abs_diff(b.params, full.params, unpadded_total());
+  ASSERT_EQ(b.reports.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    const StepReport &x = b.reports[k], &y = full.reports[k + 3];
+    EXPECT_EQ(x.step, y.step);
+    EXPECT_EQ(x.loss, y.loss) << "step " << y.step;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << y.step;
+    EXPECT_EQ(x.loss_scale, y.loss_scale) << "step " << y.step;
+    EXPECT_EQ(x.lr, y.lr);
+    EXPECT_EQ(x.skipped_total, y.skipped_total);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesAndRanks, ZeroCheckpointSameRanks,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(2, 4)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& i) {
+                           return "stage" + std::to_string(std::get<0>(i.param)) + "_" +
+                                  std::to_string(std::get<1>(i.param)) + "ranks";
+                         });
+
+struct Reshard {
+  int from, from_stage, to, to_stage;
+  bool bitwise;  // whether the steps after the resume equal the straight run bit for bit
+};
+
+void PrintTo(const Reshard& p, std::ostream* os) {
+  *os << p.from << " ranks (stage " << p.from_stage << ") -> " << p.to << " ranks (stage "
+      << p.to_stage << ")";
+}
+
+class ZeroCheckpointOtherRanks : public ::testing::TestWithParam<Reshard> {};
+
+// Save on N ranks after 3 steps (global batch 4 micro-batches, an overflow at step 2), load on N'
+// ranks (and other stages), save again at once: the second checkpoint holds the first one's
+// master weights, m and v bit for bit, and the gathered weights after the load are the saved
+// ones. Then 2 more steps against 5 straight steps on N ranks: with another rank count the
+// gradients of a step are summed in another association (each rank accumulates its micro-batches
+// inside the layers before the mean over ranks), so the parameters are held to 1% of AdamW's
+// per-step movement (lr) and the first step's loss, on equal parameters, to 1e-12 relative; on
+// the same ranks stage 0 and stage 1 reduce alike and continue bit for bit.
+TEST_P(ZeroCheckpointOtherRanks, StateIsExactAndTrainingContinues) {
+  const Reshard p = GetParam();
+  const std::string tag = std::to_string(p.from) + "_" + std::to_string(p.from_stage) + "_to_" +
+                          std::to_string(p.to) + "_" + std::to_string(p.to_stage);
+  const std::string saved_path = ckpt_dir("from_" + tag), again_path = ckpt_dir("again_" + tag);
+  Segment whole;
+  whole.steps = 5;
+  whole.inject_step = 2;
+  const SegmentRun full = run_segment(p.from, p.from_stage, 4, whole);
+  Segment first = whole;
+  first.steps = 3;
+  first.save = saved_path;
+  const SegmentRun a = run_segment(p.from, p.from_stage, 4, first);
+  Segment second;
+  second.load = saved_path;
+  second.save_after_load = again_path;
+  second.steps = 2;
+  const SegmentRun b = run_segment(p.to, p.to_stage, 4, second);
+
+  const int64_t n = unpadded_total();
+  const SavedState x = read_saved_state(saved_path, p.from), y = read_saved_state(again_path, p.to);
+  ASSERT_EQ(static_cast<int64_t>(x.master.size()), n);
+  ASSERT_EQ(static_cast<int64_t>(y.master.size()), n);
+  EXPECT_TRUE(nonzero(x.exp_avg) && nonzero(x.exp_avg_sq));
+  EXPECT_TRUE(same_prefix(x.master, y.master, n));
+  EXPECT_TRUE(same_prefix(x.exp_avg, y.exp_avg, n));
+  EXPECT_TRUE(same_prefix(x.exp_avg_sq, y.exp_avg_sq, n));
+  EXPECT_TRUE(same_prefix(x.master, a.params, n));
+  // The weights every rank holds after the load, and the new layout's padding zero.
+  EXPECT_EQ(b.step_after_load, 3);
+  EXPECT_TRUE(same_prefix(b.loaded, a.params, n));
+  for (int64_t i = n; i < b.total; ++i) EXPECT_EQ(b.loaded[static_cast<size_t>(i)], 0.0f);
+  std::vector<float> init(static_cast<size_t>(n));
+  init_gpt_parameters(zero_config(), gpt_parameter_layout(zero_config()), init.data());
+  EXPECT_FALSE(same_prefix(b.loaded, init, n));
+
+  ASSERT_EQ(b.reports.size(), 2u);
+  const double diff = max_abs_diff(b.params, full.params, n);
+  std::printf(
+      "%d ranks (stage %d) -> %d ranks (stage %d): after 2 more steps max |diff| %.3g, "
+      "losses %.17g %.17g vs %.17g %.17g\n",
+      p.from, p.from_stage, p.to, p.to_stage, diff, b.reports[0].loss, b.reports[1].loss,
+      full.reports[3].loss, full.reports[4].loss);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(b.reports[k].step, full.reports[k + 3].step);
+    EXPECT_EQ(b.reports[k].loss_scale, full.reports[k + 3].loss_scale);
+    EXPECT_FALSE(b.reports[k].skipped);
+  }
+  if (p.bitwise) {
+    EXPECT_EQ(diff, 0.0);
+    EXPECT_EQ(b.reports[0].loss, full.reports[3].loss);
+    EXPECT_EQ(b.reports[1].loss, full.reports[4].loss);
+  } else {
+    EXPECT_NEAR(b.reports[0].loss, full.reports[3].loss, 1e-12 * full.reports[3].loss);
+    EXPECT_NEAR(b.reports[1].loss, full.reports[4].loss, 1e-5 * full.reports[4].loss);
+    EXPECT_LT(diff, 1e-2 * 3e-3);
+  }
+  // The steps after the resume moved the parameters.
+  EXPECT_FALSE(same_prefix(b.params, b.loaded, n));
+}
+
+INSTANTIATE_TEST_SUITE_P(Reshard, ZeroCheckpointOtherRanks,
+                         ::testing::Values(Reshard{2, 1, 4, 1, false}, Reshard{4, 1, 2, 1, false},
+                                           Reshard{2, 1, 1, 0, false}, Reshard{1, 0, 2, 1, false},
+                                           Reshard{2, 2, 4, 2, false}, Reshard{4, 2, 2, 2, false},
+                                           Reshard{2, 2, 1, 0, false}, Reshard{1, 0, 2, 2, false},
+                                           Reshard{4, 2, 2, 0, false}, Reshard{2, 0, 4, 1, false},
+                                           Reshard{2, 0, 2, 1, true}),
+                         [](const ::testing::TestParamInfo<Reshard>& i) {
+                           return std::to_string(i.param.from) + "ranks_stage" +
+                                  std::to_string(i.param.from_stage) + "_to_" +
+                                  std::to_string(i.param.to) + "ranks_stage" +
+                                  std::to_string(i.param.to_stage);
+                         });
+
+// Loads a checkpoint on `world` ranks of ZeRO `stage`; returns each rank's status, and checks
+// that a failed load left every rank's trainer as it was (step 0, the initial weights).
+std::vector<Status> load_on(int world, int stage, const std::string& path,
+                            const GptConfig& model = zero_config()) {
+  const TrainConfig c = parse(config_json(world, 1, stage, "", kFp16), world);
+  return run_thread_ranks(world, [&](Communicator& comm) -> Status {
+    std::unique_ptr<Trainer> t;
+    Status s = make_trainer(c, &comm, {}, &t, model);
+    if (!s.ok()) return s;
+    const Status load = t->load_checkpoint(path);
+    if (!load.ok()) {
+      EXPECT_EQ(t->global_step(), 0);
+      std::vector<float> p, init(static_cast<size_t>(t->model().layout().total));
+      init_gpt_parameters(model, t->model().layout(), init.data());
+      if (!(s = t->master_parameters(&p)).ok()) return s;
+      EXPECT_TRUE(p == init) << "a failed load changed the weights";
+    }
+    return load;
+  });
+}
+
+void expect_all_fail(const std::vector<Status>& st, const std::vector<std::string>& words) {
+  for (size_t r = 0; r < st.size(); ++r) {
+    EXPECT_FALSE(st[r].ok()) << "rank " << r;
+    for (const std::string& w : words) {
+      EXPECT_NE(st[r].message().find(w), std::string::npos)
+          << "rank " << r << ": \"" << w << "\" not in: " << st[r].message();
+    }
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// A copy of checkpoint folder `from` at `to` whose manifest has `key`'s value `old` replaced.
+std::string edited_copy(const std::string& from, const std::string& to, const std::string& key,
+                        const std::string& old_value, const std::string& new_value) {
+  std::filesystem::remove_all(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+  std::string text = read_text(to + "/manifest.json");
+  const std::string a = "\"" + key + "\": " + old_value;
+  const size_t at = text.find(a);
+  EXPECT_NE(at, std::string::npos) << a << " not in " << text;
+  if (at != std::string::npos) text.replace(at, a.size(), "\"" + key + "\": " + new_value);
+  write_text(to + "/manifest.json", text);
+  return to;
+}
+
+// Every way a checkpoint folder can be wrong is refused on every rank with the file and the
+// problem named, and a failed load changes nothing.
+TEST(ZeroCheckpointErrors, NameTheFileAndTheProblem) {
+  const std::string dir = ckpt_dir("errors"), later = ckpt_dir("errors_later");
+  Segment seg;
+  seg.steps = 1;
+  seg.save = dir;
+  run_segment(2, 1, 2, seg);
+  seg.steps = 2;
+  seg.save = later;
+  run_segment(2, 1, 2, seg);
+  ASSERT_TRUE(load_on(2, 1, dir)[0].ok());  // the folder itself loads
+  const std::string shard1 = "shard-00001-of-00002.ckpt";
+
+  // A missing shard file: every rank names it, also those that do not need it (4 ranks: rank 0
+  // reads only shard 0), and one rank.
+  const std::string missing = ckpt_dir("missing");
+  std::filesystem::copy(dir, missing, std::filesystem::copy_options::recursive);
+  std::filesystem::remove(missing + "/" + shard1);
+  for (int world : {1, 2, 4}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    expect_all_fail(load_on(world, 1, missing),
+                    {"missing shard file \"" + missing + "/" + shard1 + "\"", "rank 1 of 2"});
+  }
+  // No manifest: an unfinished save.
+  const std::string unfinished = ckpt_dir("unfinished");
+  std::filesystem::copy(dir, unfinished, std::filesystem::copy_options::recursive);
+  std::filesystem::remove(unfinished + "/manifest.json");
+  expect_all_fail(load_on(2, 2, unfinished), {unfinished, "no readable manifest.json"});
+  // A shard of another save: only rank 1 reads it; it names the file, rank 0 names rank 1.
+  const std::string mixed = ckpt_dir("mixed");
+  std::filesystem::copy(dir, mixed, std::filesystem::copy_options::recursive);
+  std::filesystem::copy_file(later + "/" + shard1, mixed + "/" + shard1,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::vector<Status> st = load_on(2, 1, mixed);
+  expect_all_fail(st, {});
+  EXPECT_NE(st[1].message().find(mixed + "/" + shard1), std::string::npos) << st[1].message();
+  EXPECT_NE(st[1].message().find("saved at global step 2"), std::string::npos) << st[1].message();
+  EXPECT_NE(st[0].message().find("rank 1 failed while reading"), std::string::npos)
+      << st[0].message();
+  // A manifest that does not match the model, or this build.
+  const std::string params = std::to_string(unpadded_total());
+  expect_all_fail(
+      load_on(2, 1, edited_copy(dir, ckpt_dir("params"), "parameters", params, params + "16")),
+      {"manifest.json", "flat space of " + params + "16", "this run's model has " + params});
+  expect_all_fail(load_on(2, 1, edited_copy(dir, ckpt_dir("version"), "version", "2", "3")),
+                  {"manifest.json", "has version 3", "reads checkpoint folders of version 2"});
+  expect_all_fail(load_on(4, 2, edited_copy(dir, ckpt_dir("stage"), "zero_stage", "1", "3")),
+                  {"manifest.json", "ZeRO stage 3", "cannot be converted"});
+  expect_all_fail(load_on(2, 1, edited_copy(dir, ckpt_dir("bounds"), "begin", "0", "16")),
+                  {"manifest.json", "does not continue the shards before it"});
+  // Another model of the same size (another seed): the replicated file says so.
+  GptConfig other = zero_config();
+  other.seed = 8;
+  expect_all_fail(load_on(2, 1, dir, other),
+                  {dir + "/replicated.ckpt", "was written for another model"});
+  // One file of a folder given as the checkpoint.
+  expect_all_fail(load_on(2, 1, dir + "/" + shard1), {shard1, "one file of a checkpoint folder"});
+  // Saving over a regular file with several ranks: a folder is needed.
+  const std::string file = ckpt_dir("a_file");
+  write_text(file, "x");
+  const TrainConfig c = parse(config_json(2, 1, 1), 2);
+  st = run_thread_ranks(2, [&](Communicator& comm) {
+    std::unique_ptr<Trainer> t;
+    Status s = make_trainer(c, &comm, {}, &t);
+    return s.ok() ? t->save_checkpoint(file) : s;
+  });
+  EXPECT_NE(st[0].message().find("is not a folder"), std::string::npos) << st[0].message();
+  EXPECT_NE(st[1].message().find("rank 0 failed while preparing"), std::string::npos)
+      << st[1].message();
 }
 
 }  // namespace

@@ -14,7 +14,24 @@
 // clipper's state, the data position, and the optimizer's hyperparameters. Tensors:
 // "params/<slot>", "exp_avg/<slot>", "exp_avg_sq/<slot>" for every slot of the parameter layout
 // (gpt.h); a gradient dump has "params/<slot>", "grads/<slot>", "batch/inputs", "batch/targets"
-// and the step's mean loss in header["loss"].
+// and the step's mean loss in header["loss"]. This is format version 1, what one rank writes.
+//
+// Several ranks write a checkpoint folder (format version 2), every rank contributing:
+//   manifest.json                  written last, by rank 0: {"format":
+//                                  "sciattn-sharded-checkpoint", "version": 2, "world_size" N,
+//                                  "zero_stage", "flat_size" (the padded flat space), "parameters"
+//                                  (the unpadded flat space), "global_step", "replicated" (file
+//                                  name), "shards": [{"file", "rank", "begin", "end"}, ...]}
+//   replicated.ckpt                by rank 0, the file format above with "format"
+//                                  "sciattn-checkpoint-replicated": the header's replicated state
+//                                  and the gathered fp32 weights as "params/<slot>"
+//   shard-RRRRR-of-NNNNN.ckpt      by rank R, the file format with "format"
+//                                  "sciattn-checkpoint-shard" and its rank, bounds and global
+//                                  step: flat f32 tensors "master", "exp_avg", "exp_avg_sq" over
+//                                  elements [begin, end) of the flat space (ZeRO's shard; at
+//                                  stage 0 the rank's 1/N of the replicated state)
+// Either form loads on any number of ranks: each rank re-slices the range it keeps out of the
+// saved shards (or the single file), and its padding stays zero.
 #pragma once
 
 #include <cstdint>
@@ -66,8 +83,8 @@ struct TrainerOptions {
   // world_size * gas micro-batches (gas = gradient_accumulation_steps), and the gradients are
   // averaged across ranks: replicated (zero_optimization.stage 0) or sharded (ZeRO stages 1
   // and 2, zero.h). The config must have been parsed for the same number of ranks
-  // (AutoValues::data_parallel_size). Not built yet with several ranks: the optimizer offload,
-  // gradient dumps and checkpoints (they are refused with a message).
+  // (AutoValues::data_parallel_size). Not built yet with several ranks: the optimizer offload
+  // and gradient dumps (they are refused with a message).
   Communicator* communicator = nullptr;
 };
 
@@ -96,6 +113,8 @@ struct StepReport {
   uint64_t peak_rss_bytes = 0;
   uint64_t peak_device_bytes = 0;  // the back end's (0 on the CPU)
 };
+
+struct CheckpointIo;
 
 class Trainer {
  public:
@@ -132,11 +151,18 @@ class Trainer {
   Status finish_update();
 
   // Writes everything a resumed run needs (atomically: a temporary file renamed into place).
+  // With several ranks a collective that writes the folder `path` (see the top of this file;
+  // made when missing, an older checkpoint in it replaced), every rank returning the same
+  // outcome.
   Status save_checkpoint(const std::string& path);
   // Restores a checkpoint written for the same model file; the message names what differs.
+  // `path` is a checkpoint file or folder, written on any number of ranks: ZeRO stages 0, 1 and
+  // 2 hold the same state, so each loads into any other. With several ranks a collective: every
+  // rank reads what it needs, and if any rank fails every rank fails and none has changed.
   Status load_checkpoint(const std::string& path);
 
  private:
+  friend struct CheckpointIo;
   Trainer() = default;
   class Offload;
   Status allocate_optimizer_state(const std::vector<float>& init);

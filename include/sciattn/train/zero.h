@@ -96,6 +96,10 @@ class ZeroOptimizer final : public ParameterHooks {
   // weights, AdamW's m and v, and the reduced gradients of the last step.
   enum class State { kMaster, kExpAvg, kExpAvgSq, kGradients };
   Status shard_to_host(State which, std::vector<float>* out) const;
+  // Overwrites this rank's shard of the master weights, m or v (not the gradients) with `in`
+  // (shard_size() floats): a checkpoint being loaded. The master shard of fp32 weights is the
+  // weights' own shard, so writing it writes those weights too.
+  Status shard_from_host(State which, const std::vector<float>& in);
   // The full fp32 master weights on every rank (a collective: every rank calls it).
   Status gather_master(std::vector<float>* out);
 
