@@ -211,7 +211,7 @@ struct BlockSparseMatMulParams {
   bool trans_b = false;
   TensorView a;  // see the shapes above
   TensorView b;
-  TensorView c;         // written; must not overlap a or b
+  TensorView c;  // written; must not overlap a or b
   // CPU only: the most threads to use; 0 means all hardware threads. Each loop of the call uses
   // fewer when it has less work than keeps them busy (one thread below a few milliseconds of
   // work). Results do not depend on it. The other ops' num_threads mean the same.
