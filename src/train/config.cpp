@@ -8,18 +8,13 @@
 #include <string>
 
 #include "train/json_util.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
 
 using detail::Json;
 using detail::ObjectReader;
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 // Keys of DeepSpeed's config that have no effect on one rank of this trainer, with the reason
 // the warning gives.

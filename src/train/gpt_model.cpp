@@ -10,15 +10,10 @@
 #include <vector>
 
 #include "sciattn/train/gpt.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 constexpr int64_t kDenseBlocks[] = {64, 32, 16};
 constexpr int64_t kPaddedBlock = 16;

@@ -9,15 +9,10 @@
 
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/train/trainer.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 // Bytes per stored block of the attention index: BlockSparseIndex's five int64 arrays (head,
 // row, col, col_rows, col_blocks) on the host, and the packed int32 upload on a GPU (measured for

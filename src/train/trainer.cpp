@@ -20,17 +20,12 @@
 #include "sciattn/train/gradients.h"
 #include "sciattn/train/lr_schedule.h"
 #include "train/json_util.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
 
 using detail::Json;
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

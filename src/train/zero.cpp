@@ -9,15 +9,10 @@
 #include <string>
 
 #include "sciattn/train/backend.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 TensorView flat(const float* p, int64_t n, Device device) {
   return TensorView::contiguous(p, DType::kF32, {1, n}, device);

@@ -14,6 +14,7 @@
 #include "sciattn/train/backend.h"
 #include "train/cpu/blas.h"
 #include "train/cpu/layers_cpu.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
@@ -53,12 +54,6 @@ Status check(const char* call, const TensorView& t, const char* name,
   if (!t.is_contiguous()) return Status::invalid_argument(where + " must be packed (row-major)");
   return Status::ok_status();
 }
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 float* f(const TensorView& t) {
   return static_cast<float*>(t.data);

@@ -19,18 +19,13 @@
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/layers_cuda.h"
 #include "train/cuda/matmul_cublaslt.h"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
 
 using cuda::Matmul;
 using cuda::MatmulShape;
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 Status device_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::ok_status();

@@ -1,6 +1,7 @@
 // cuBLASLt products of the trainer's CUDA back end (see matmul_cublaslt.h). CUDA layer of the
 // trainer (host code).
 #include "train/cuda/matmul_cublaslt.h"
+#include "train/status_try.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -21,12 +22,6 @@ Status lt_status(cublasStatus_t s, const char* what) {
     if (lt_status_ != CUBLAS_STATUS_SUCCESS) { \
       return lt_status(lt_status_, what);      \
     }                                          \
-  } while (0)
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
   } while (0)
 
 cudaDataType_t cuda_type(DType t) {

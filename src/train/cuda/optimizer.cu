@@ -8,6 +8,7 @@
 
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/kernels_common.cuh"
+#include "train/status_try.h"
 
 namespace sciattn::train {
 namespace {
@@ -37,12 +38,6 @@ Status check_device_pointer(const char* call, const void* p, const char* name) {
   }
   return Status::ok_status();
 }
-
-#define SCIATTN_TRY(expr)              \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 cudaStream_t stream_of(Stream s) {
   return static_cast<cudaStream_t>(s.handle);
