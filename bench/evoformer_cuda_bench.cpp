@@ -5,6 +5,8 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <vector>
 
@@ -78,13 +80,14 @@ void BM_EvoformerCuda(benchmark::State& state) {
   bw.dk = TensorView::contiguous(dk.ptr, dt, {B, N, L, H, D}, Device::kCuda);
   bw.dv = TensorView::contiguous(dv.ptr, dt, {B, N, L, H, D}, Device::kCuda);
   if (has_bias2) bw.dbias2 = TensorView::contiguous(dbias2.ptr, dt, {B, 1, H, L, L}, Device::kCuda);
-  const size_t ws_bytes = workspace_size(bw);
+  const size_t fwd_ws_bytes = workspace_size(f), bwd_ws_bytes = workspace_size(bw);
+  const size_t ws_bytes = std::max(fwd_ws_bytes, bwd_ws_bytes);
   void* ws = nullptr;
   if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
 
   auto call = [&]() -> Status {
-    Status s = run(f, nullptr, 0);
-    if (s.ok() && backward) s = run(bw, ws, ws_bytes);
+    Status s = run(f, ws, fwd_ws_bytes);
+    if (s.ok() && backward) s = run(bw, ws, bwd_ws_bytes);
     return s;
   };
   for (int i = 0; i < 3; ++i) {

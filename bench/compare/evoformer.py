@@ -53,8 +53,10 @@ class Sciattn:
         self.lib = ctypes.CDLL(path)
         i64, i32, f32, vp, sz = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_size_t
         shape = [i64] * 5 + [i32, i32, f32]
-        self.lib.sciattn_evoformer_forward.argtypes = shape + [vp, vp, vp, vp, i32, vp, i32, vp, vp, vp, sz, vp,
-                                                               ctypes.c_char_p, sz]
+        fwd = shape + [vp, vp, vp, vp, i32, vp, i32, vp, vp]
+        self.lib.sciattn_evoformer_forward_workspace_size.argtypes = fwd
+        self.lib.sciattn_evoformer_forward_workspace_size.restype = sz
+        self.lib.sciattn_evoformer_forward.argtypes = fwd + [vp, sz, vp, ctypes.c_char_p, sz]
         self.lib.sciattn_evoformer_forward.restype = i32
         bwd = shape + [vp, vp, vp, vp, i32, vp, i32, vp, vp, vp, vp, vp, vp, vp, vp]
         self.lib.sciattn_evoformer_backward_workspace_size.argtypes = bwd
@@ -79,9 +81,11 @@ class Sciattn:
         out = torch.empty_like(q)
         B, N, L, H, _ = q.shape
         lse = torch.empty((B * N, H, L), device=q.device, dtype=torch.float32)
-        rc = self.lib.sciattn_evoformer_forward(*self._shape(q), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                self._ptr(b1), self._code(b1), self._ptr(b2), self._code(b2),
-                                                out.data_ptr(), lse.data_ptr(), None, 0,
+        args = self._shape(q) + [q.data_ptr(), k.data_ptr(), v.data_ptr(), self._ptr(b1), self._code(b1),
+                                 self._ptr(b2), self._code(b2), out.data_ptr(), lse.data_ptr()]
+        ws_bytes = self.lib.sciattn_evoformer_forward_workspace_size(*args)
+        ws = torch.empty(max(ws_bytes, 1), device=q.device, dtype=torch.uint8)
+        rc = self.lib.sciattn_evoformer_forward(*args, ws.data_ptr(), ws_bytes,
                                                 torch.cuda.current_stream().cuda_stream, self.err, 1024)
         if rc != 0:
             raise RuntimeError(self.err.value.decode())

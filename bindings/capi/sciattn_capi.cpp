@@ -50,13 +50,12 @@ EvoformerOptions options(const Problem& p) {
 
 extern "C" {
 
-// Forward. device: 0 = cpu, 1 = cuda. lse may be null. Returns 0 on success.
-int sciattn_evoformer_forward(int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int dtype,
-                              int device, float scale, const void* q, const void* k, const void* v,
-                              const void* bias1, int bias1_dtype, const void* bias2,
-                              int bias2_dtype, void* out, float* lse, void* workspace,
-                              size_t workspace_bytes, void* stream, char* error,
-                              size_t error_bytes) {
+#define SCIATTN_FORWARD_ARGS                                                                 \
+  int64_t B, int64_t N, int64_t L, int64_t H, int64_t D, int dtype, int device, float scale, \
+      const void *q, const void *k, const void *v, const void *bias1, int bias1_dtype,       \
+      const void *bias2, int bias2_dtype, void *out, float *lse
+
+static EvoformerForwardParams forward_params(SCIATTN_FORWARD_ARGS) {
   const Problem pr{B, N, L, H, D, dtype, device == 1 ? Device::kCuda : Device::kCpu, scale};
   EvoformerForwardParams p;
   p.q = view(q, dtype, pr.device, {B, N, L, H, D});
@@ -67,6 +66,21 @@ int sciattn_evoformer_forward(int64_t B, int64_t N, int64_t L, int64_t H, int64_
   p.out = view(out, dtype, pr.device, {B, N, L, H, D});
   p.lse = view(lse, 0, pr.device, {B * N, H, L});
   p.options = options(pr);
+  return p;
+}
+
+// Workspace bytes the forward needs for exactly these arguments (0 if they are rejected; on the
+// GPU, nonzero only for a bias whose rows are not 16-byte aligned, which it copies).
+size_t sciattn_evoformer_forward_workspace_size(SCIATTN_FORWARD_ARGS) {
+  return workspace_size(forward_params(B, N, L, H, D, dtype, device, scale, q, k, v, bias1,
+                                       bias1_dtype, bias2, bias2_dtype, out, lse));
+}
+
+// Forward. device: 0 = cpu, 1 = cuda. lse may be null. Returns 0 on success.
+int sciattn_evoformer_forward(SCIATTN_FORWARD_ARGS, void* workspace, size_t workspace_bytes,
+                              void* stream, char* error, size_t error_bytes) {
+  const EvoformerForwardParams p = forward_params(B, N, L, H, D, dtype, device, scale, q, k, v,
+                                                  bias1, bias1_dtype, bias2, bias2_dtype, out, lse);
   const Status s = run(p, workspace, workspace_bytes, Stream{stream});
   return s.ok() ? 0 : fail(s, error, error_bytes);
 }

@@ -1,5 +1,6 @@
 // Host-side plan of the Evoformer CUDA kernels: which head dims are instantiated, how N is
-// chunked for the deterministic dbias2 sum, and the backward's workspace regions. Host-only common
+// chunked for the deterministic dbias2 sum, and the workspace regions (padded bias copies, the
+// backward's partial sums). Host-only common
 // layer (no CUDA headers), so that workspace_size() and the launch agree by construction.
 #pragma once
 
@@ -112,17 +113,19 @@ inline int64_t cuda_separate_backward_cost(const EvoformerShape& s) {
          tiles * kCudaSeparateStepCost;
 }
 
-// The fused kernel's CTAs per slice for a head dim 32 shape, given whether two CTAs per SM fit
-// with one CTA per slice and with two (fits[ranks - 1], from the shared memory): one where it
-// fits, else two where that fits, provided the fused kernel is modelled faster than the separate
-// ones; else 0 (the separate kernels). The fused kernel needs slices enough to fill the GPU: few
-// long slices (large L, small N) keep the separate kernels, whose CTAs are per tile. Depends on
-// the shape and the bias kinds only, so every run of a call takes the same kernels and gives the
-// same bits. (Two CTAs per slice where one fits is slower: on the H200 a third CTA per SM, which
-// half the dQ allows up to L = 256 with a 16-bit bias2 and 640 without, did not make up for the
-// exchange when measured.)
+// The fused kernel's CTAs per slice for a head dim 32 shape (D from 17 to 32), given whether two
+// CTAs per SM fit with one CTA per slice and with two (fits[ranks - 1], from the shared memory):
+// one where it fits, else two where that fits, provided the fused kernel is modelled faster than
+// the separate ones; else 0 (the separate kernels). The fused kernel needs slices enough to fill
+// the GPU: few long slices (large L, small N) keep the separate kernels, whose CTAs are per tile.
+// Depends on the shape and the bias kinds only, so every run of a call takes the same kernels and
+// gives the same bits. (Two CTAs per slice where one fits is slower: on the H200 a third CTA per
+// SM, which half the dQ allows up to L = 256 with a 16-bit bias2 and 640 without, did not make up
+// for the exchange when measured.)
 inline int64_t cuda_fused_backward_ranks(const EvoformerShape& s, const bool (&fits)[2]) {
-  if (s.dim != 32 || s.batch * s.n * s.heads == 0 || s.len == 0) return 0;
+  if (cuda_evoformer_head_dim(s.dim) != 32 || s.batch * s.n * s.heads == 0 || s.len == 0) {
+    return 0;
+  }
   const int64_t ranks = fits[0] ? 1 : fits[1] ? 2 : 0;
   if (ranks == 0) return 0;
   return cuda_fused_backward_cost(s, ranks) < cuda_separate_backward_cost(s) ? ranks : 0;
@@ -162,15 +165,64 @@ inline CudaFusedBackwardPlan cuda_fused_backward_plan(const EvoformerShape& s,
   return {ranks, ranks == 1 && fits(1, 3) ? 3 : 2};
 }
 
+// The tensor-core kernels stage bias tiles with 16-byte copies, which needs every bias row to
+// start on a 16-byte boundary: L a multiple of 8 for a 16-bit bias. A bias whose rows do not
+// (most real lengths: AlphaFold runs at the protein's own residue count) is first copied into the
+// workspace with rows padded to a 16-byte multiple, `bias*_bytes` being its element size (0: no
+// copy). The copy reads the bias once; the kernels then take their fast copies for every whole
+// tile, where reading such a bias element by element made L = 300 2.6x slower than L = 320.
+// bias1 [B, N, 1, 1, L] becomes [B, N, row], bias2 [B, 1, H, L, L] becomes [B, H, L, row].
+struct CudaBiasCopies {
+  int64_t bias1_bytes = 0, bias2_bytes = 0;  // element size of each copy; 0: none
+  int64_t bias1_row = 0, bias2_row = 0;      // elements per padded row
+  size_t bias1 = 0, bias2 = 0;               // the copies' workspace regions
+};
+
+// L rounded up to whole 16-byte chunks of `elem_bytes`-byte elements.
+constexpr int64_t cuda_padded_bias_row(int64_t len, int64_t elem_bytes) {
+  return (len * elem_bytes + 15) / 16 * 16 / elem_bytes;
+}
+
+inline CudaBiasCopies plan_cuda_bias_copies(const EvoformerShape& s, int64_t bias1_bytes,
+                                            int64_t bias2_bytes, WorkspaceLayout* layout) {
+  CudaBiasCopies c;
+  if (bias1_bytes > 0) {
+    c.bias1_bytes = bias1_bytes;
+    c.bias1_row = cuda_padded_bias_row(s.len, bias1_bytes);
+    c.bias1 = layout->add<unsigned char>(s.batch * s.n * c.bias1_row * bias1_bytes);
+  }
+  if (bias2_bytes > 0) {
+    c.bias2_bytes = bias2_bytes;
+    c.bias2_row = cuda_padded_bias_row(s.len, bias2_bytes);
+    c.bias2 = layout->add<unsigned char>(s.batch * s.heads * s.len * c.bias2_row * bias2_bytes);
+  }
+  return c;
+}
+
+// The forward's workspace: only the padded bias copies (none for aligned biases).
+struct CudaForwardWorkspace {
+  WorkspaceLayout layout;
+  CudaBiasCopies copies;
+};
+inline CudaForwardWorkspace plan_cuda_forward(const EvoformerShape& s, int64_t bias1_copy_bytes,
+                                              int64_t bias2_copy_bytes) {
+  CudaForwardWorkspace w;
+  w.copies = plan_cuda_bias_copies(s, bias1_copy_bytes, bias2_copy_bytes, &w.layout);
+  return w;
+}
+
 struct CudaBackwardWorkspace {
   WorkspaceLayout layout;
   size_t delta = 0, dbias1_partial = 0, dbias2_partial = 0;
   int64_t chunks = 1;  // dbias2 chunks; with one, the kernel writes dbias2 itself (no partial)
+  CudaBiasCopies copies;
 };
 
 // `tensor_cores` is false for fp32 inputs, whose kernels sum dbias2 over N in one pass.
+// `bias*_copy_bytes`: as plan_cuda_bias_copies (the copies follow the backward's own regions).
 inline CudaBackwardWorkspace plan_cuda_backward(const EvoformerShape& s, bool dbias1, bool dbias2,
-                                                bool tensor_cores) {
+                                                bool tensor_cores, int64_t bias1_copy_bytes = 0,
+                                                int64_t bias2_copy_bytes = 0) {
   CudaBackwardWorkspace w;
   w.chunks = dbias2 && tensor_cores ? cuda_dbias2_chunks(s) : 1;
   w.delta = w.layout.add<float>(s.batch * s.n * s.heads * s.len);
@@ -178,6 +230,7 @@ inline CudaBackwardWorkspace plan_cuda_backward(const EvoformerShape& s, bool db
   if (dbias2 && w.chunks > 1) {
     w.dbias2_partial = w.layout.add<float>(w.chunks * s.batch * s.heads * s.len * s.len);
   }
+  w.copies = plan_cuda_bias_copies(s, bias1_copy_bytes, bias2_copy_bytes, &w.layout);
   return w;
 }
 

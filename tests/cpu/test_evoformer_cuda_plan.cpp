@@ -124,9 +124,11 @@ TEST(EvoformerCudaPlan, FusedBackwardWhereSlicesFillTheGpu) {
   EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 1, 4096, 4, 32), {true, true}), 0);
   // One short slice: one CTA either way, and the fused one skips the dQ kernel.
   EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 1, 17, 1, 32), {true, true}), 1);
-  for (int64_t dim : {8, 16, 24, 64, 128}) {
+  for (int64_t dim : {8, 16, 40, 64, 128}) {
     EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 384, 384, 4, dim), {true, true}), 0) << dim;
   }
+  // The warpgroup backward of a D padded to 32 (D from 17, AnyDimTypes) plans as 32 does.
+  EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 384, 384, 4, 24), {true, true}), 1);
   // Triangle 384 worked by hand: 1536 slices over 264 slots, 6 waves of 6 x 6 steps (216),
   // against 9216 tiles over 396 and 528 slots, 24 + 18 waves of 6 steps (252).
   const EvoformerShape tri384 = shape(1, 384, 384, 4, 32);

@@ -141,20 +141,45 @@ TEST(EvoformerDeviceParams, MisalignedTensorsKeepTheGenericPaths) {
   EXPECT_EQ(backward(v, s).lean_tiles, 0);
 }
 
-TEST(EvoformerDeviceParams, WarpgroupKernelsTakeHeadDims32To128OnLeanTiles) {
+TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) {
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     for (const int64_t d : {32, 64, 128}) {
       for (const int64_t len : {1, 17, 64, 300}) {  // any L: rows past L are zero-filled
         const Shape s{1, 2, len, 2, d};
         const Views v = views(s, dtype);
         EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 1) << d << " " << len;
+        EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).any_dim_tiles, 0) << d << " " << len;
         EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << d << " " << len;
       }
     }
   }
-  // Other head dims (also those padded to 32, 64 or 128), fp32 inputs, and tiles that are not
-  // lean keep the mma.sync (or fp32) kernels.
-  for (const int64_t d : {8, 16, 24, 48, 96}) {
+  // A D padded in whole aligned 16-byte chunks (24, 40, 48, 96, 120) keeps the mma.sync kernels;
+  // a D that is not a multiple of 8 takes them as AnyDimTypes, rows copied in the largest pieces
+  // their alignment allows (granule).
+  for (const int64_t d : {24, 40, 48, 96, 120}) {
+    const Shape s{1, 2, 300, 2, d};
+    const Views v = views(s, DType::kBF16);
+    EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
+    EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
+  }
+  struct PaddedDim {
+    int64_t d;
+    int granule;
+  };
+  for (const PaddedDim x : {PaddedDim{20, 8}, PaddedDim{100, 8}, PaddedDim{36, 8}, PaddedDim{34, 4},
+                            PaddedDim{33, 2}, PaddedDim{127, 2}}) {
+    const Shape s{1, 2, 300, 2, x.d};
+    const Views v = views(s, DType::kBF16);
+    const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+    EXPECT_EQ(f.wgmma_tiles, 1) << x.d;
+    EXPECT_EQ(f.lean_tiles, 0) << x.d;
+    EXPECT_EQ(f.granule, x.granule) << x.d;
+    EXPECT_EQ(f.any_dim_tiles, 1) << x.d;
+    EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << x.d;
+    EXPECT_EQ(backward(v, s).any_dim_tiles, 1) << x.d;
+  }
+  // Head dims 8 and 16 (and the D padded to them) keep the mma.sync kernels, as do fp32 inputs.
+  for (const int64_t d : {1, 7, 8, 12, 16}) {
     const Shape s{1, 2, 128, 2, d};
     const Views v = views(s, DType::kBF16);
     EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
@@ -162,13 +187,98 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeHeadDims32To128OnLeanTiles) {
   }
   const Shape s{1, 2, 128, 2, 64};
   EXPECT_EQ(cuda::forward_device_params(views(s, DType::kF32).f, s.evo()).wgmma_tiles, 0);
+  // A tensor one element past a 16-byte boundary: copied in 2-byte pieces.
   Views v = views(s, DType::kBF16);
-  v.f.q = qkv(s, DType::kBF16, 2);  // Q one element past a 16-byte boundary
-  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0);
+  v.f.q = qkv(s, DType::kBF16, 2);
+  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+  EXPECT_EQ(f.wgmma_tiles, 1);
+  EXPECT_EQ(f.granule, 2);
+  EXPECT_EQ(f.any_dim_tiles, 1);
   v = views(s, DType::kBF16);
-  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);
-  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 1);
-  EXPECT_EQ(backward(v, s).wgmma_tiles, 0);  // dO is copied like Q
+  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);  // dO is copied like Q
+  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).granule, 16);
+  EXPECT_EQ(backward(v, s).wgmma_tiles, 1);
+  EXPECT_EQ(backward(v, s).granule, 4);
+  EXPECT_EQ(backward(v, s).any_dim_tiles, 1);
+  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).any_dim_tiles, 0);
+  // Rows 2^24 elements apart keep the mma.sync kernels (tile offsets past 31 bits).
+  v = views(s, DType::kBF16);
+  v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 128, 2, 64},
+                              {int64_t{1} << 33, int64_t{1} << 32, int64_t{1} << 24, 64, 1});
+  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0);
+}
+
+// Biases whose rows do not start on 16-byte boundaries (L not a multiple of 8 for 16-bit ones)
+// are copied into the workspace with padded rows, and the kernels read the copy as a staged,
+// lean bias; aligned biases, and fp32 inputs (per-element kernels), take no copy.
+TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
+  const Shape s{1, 2, 300, 2, 32};
+  Views v = views(s, DType::kBF16);
+  const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo());
+  EXPECT_EQ(w.copies.bias1_bytes, 2);
+  EXPECT_EQ(w.copies.bias1_row, 304);
+  EXPECT_EQ(w.copies.bias2_bytes, 2);
+  EXPECT_EQ(w.copies.bias2_row, 304);
+  // bias1 [1, 2, 304] then bias2 [1, 2, 300, 304], each region rounded to 64 bytes, plus the
+  // base's alignment slack.
+  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 64});
+  // Read in place without a workspace (the generic copies), from the copies with one.
+  const cuda::EvoformerDeviceParams in_place = cuda::forward_device_params(v.f, s.evo());
+  EXPECT_EQ(in_place.bias2_staged, 0);
+  EXPECT_EQ(in_place.bias1_staged, 0);
+  EXPECT_EQ(in_place.bias2, v.f.bias2.data);
+  void* const ws = address(12 << 24);
+  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo(), ws);
+  EXPECT_EQ(f.bias1, w.layout.at<unsigned char>(ws, w.copies.bias1));
+  EXPECT_EQ(f.bias2, w.layout.at<unsigned char>(ws, w.copies.bias2));
+  EXPECT_EQ(f.bias1_staged, 1);
+  EXPECT_EQ(f.bias2_staged, 1);
+  EXPECT_EQ(f.bias2_lean, 1);
+  EXPECT_EQ(f.bias2_pairs, 1);
+  EXPECT_EQ(f.bias1_stride[0], 2 * 304);
+  EXPECT_EQ(f.bias1_stride[1], 304);
+  EXPECT_EQ(f.bias2_stride[0], 2 * 300 * 304);
+  EXPECT_EQ(f.bias2_stride[1], 300 * 304);
+  EXPECT_EQ(f.bias2_stride[2], 304);
+  EXPECT_EQ(f.bias2_stride[3], 1);
+  // The copy jobs: bias2's rows over (B, H, L) in the caller's strides, into rows of 304.
+  const cuda::EvoformerBiasCopyArgs a =
+      cuda::evoformer_params::bias2_copy_args(v.f.bias2, w.copies, w.layout, ws);
+  EXPECT_EQ(a.src, v.f.bias2.data);
+  EXPECT_EQ(a.dst, f.bias2);
+  EXPECT_EQ(a.outer[1], 2);
+  EXPECT_EQ(a.outer[2], 300);
+  EXPECT_EQ(a.outer_stride[2], 300);
+  EXPECT_EQ(a.len, 300);
+  EXPECT_EQ(a.row, 304);
+  const cuda::EvoformerBiasCopyArgs a1 =
+      cuda::evoformer_params::bias1_copy_args(v.f.bias1, w.copies, w.layout, ws);
+  EXPECT_EQ(a1.dst, f.bias1);
+  EXPECT_EQ(a1.outer[0] * a1.outer[1] * a1.outer[2], 2);  // [B = 1, N = 2, 1]
+  EXPECT_EQ(a1.outer_stride[1], 300);
+  EXPECT_EQ(a1.outer_stride[2], 0);
+  EXPECT_EQ(a1.elem_bytes, 2);
+  // The backward copies them after its own regions, and reads the copies.
+  const detail::CudaBackwardWorkspace bw = cuda::backward_workspace(v.b, s.evo());
+  EXPECT_EQ(bw.copies.bias2_row, 304);
+  EXPECT_GT(bw.copies.bias1, bw.delta);
+  const cuda::EvoformerDeviceParams b = backward(v, s);
+  EXPECT_EQ(b.bias2_staged, 1);
+  EXPECT_EQ(b.bias2, bw.layout.at<unsigned char>(address(11 << 24), bw.copies.bias2));
+
+  // A boolean mask pads to 16 elements, an fp32 bias to 4 (L = 300 is aligned for it).
+  v.f.bias1 = TensorView::contiguous(address(4 << 24), DType::kBool, {1, 2, 1, 1, 300});
+  v.f.bias2 = TensorView::contiguous(address(5 << 24), DType::kF32, {1, 1, 2, 300, 300});
+  const detail::CudaForwardWorkspace mixed = cuda::forward_workspace(v.f, s.evo());
+  EXPECT_EQ(mixed.copies.bias1_row, 304);
+  EXPECT_EQ(mixed.copies.bias1_bytes, 1);
+  EXPECT_EQ(mixed.copies.bias2_bytes, 0);
+  // Aligned lengths and fp32 inputs take no copy.
+  const Shape aligned{1, 2, 320, 2, 32};
+  EXPECT_EQ(
+      cuda::forward_workspace(views(aligned, DType::kBF16).f, aligned.evo()).layout.total_bytes(),
+      0u);
+  EXPECT_EQ(cuda::forward_workspace(views(s, DType::kF32).f, s.evo()).layout.total_bytes(), 0u);
 }
 
 }  // namespace

@@ -39,7 +39,9 @@ GpuResult run_gpu(const EvoInputs& in, bool want_dbias1, bool want_dbias2) {
   f.out = out.view();
   f.lse = lse.view();
   f.options.scale = cfg.scale;
-  r.forward_status = run(f, nullptr, workspace_size(f));
+  const size_t fwd_ws_bytes = workspace_size(f);
+  DeviceBuffer fwd_ws(fwd_ws_bytes, /*poison=*/true);
+  r.forward_status = run(f, fwd_ws.ptr, fwd_ws_bytes);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   out.copy_to(r.out);
   lse.copy_to(r.lse);
@@ -126,6 +128,39 @@ std::vector<EvoConfig> gpu_cases() {
       c.dtype = (D + L) % 2 == 0 ? DType::kBF16 : DType::kF16;
       c.bias1 = Bias1Kind::kF32;
       c.bias2 = Bias2Kind::kSameAsQ;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  // The lengths users bring (not multiples of 8: bias rows that start off 16-byte boundaries,
+  // which the kernels read through a padded copy) in every bias combination, with the head dims
+  // padded to 32, 64 and 128 and an instantiated one spread over them.
+  const int64_t kUnalignedDims[] = {24, 40, 48, 96, 32};
+  int spread = 0;
+  for (int64_t L : {257, 300, 321, 383, 500}) {
+    for (Bias1Kind b1 :
+         {Bias1Kind::kNone, Bias1Kind::kSameAsQ, Bias1Kind::kF32, Bias1Kind::kBool}) {
+      for (Bias2Kind b2 : {Bias2Kind::kNone, Bias2Kind::kSameAsQ, Bias2Kind::kF32}) {
+        EvoConfig c;
+        c.shape = {1, 2, L, 2, kUnalignedDims[spread % 5]};
+        c.dtype = spread % 2 == 0 ? DType::kBF16 : DType::kF16;
+        c.bias1 = b1;
+        c.bias2 = b2;
+        c.seed = seed++;
+        cases.push_back(c);
+        ++spread;
+      }
+    }
+  }
+  // Head dims that are not multiples of 8 (rows copied in 8-, 4- or 2-byte pieces) on the
+  // warpgroup kernels of the head dim they are padded to.
+  for (int64_t D : {20, 33, 34, 63, 100, 127}) {
+    for (int64_t L : {129, 300}) {
+      EvoConfig c;
+      c.shape = {1, 2, L, 2, D};
+      c.dtype = (D + L) % 2 == 0 ? DType::kBF16 : DType::kF16;
+      c.bias1 = L == 129 ? Bias1Kind::kBool : Bias1Kind::kSameAsQ;
+      c.bias2 = D % 2 == 0 ? Bias2Kind::kSameAsQ : Bias2Kind::kF32;
       c.seed = seed++;
       cases.push_back(c);
     }

@@ -30,6 +30,9 @@ struct EvoformerDeviceParams {
   const void* bias2;  // [B, 1, H, L, L] strides over (B, H, Lq, Lk)
   BiasType bias2_type;
   int64_t bias2_stride[4];
+  // Columns of each bias row that may be read: L, or a padded copy's whole row (its columns past L
+  // are zeros, as the copies' zero-fill would give), so that its last tile ends on a 16-byte chunk.
+  int64_t bias1_cols, bias2_cols;
 
   float* lse;  // [B*N, H, L] strides over (B*N, H, L)
   int64_t lse_stride[3];
@@ -67,9 +70,20 @@ struct EvoformerDeviceParams {
   // rows of it below 2^31 bytes).
   int lean_tiles, bias2_lean;
   // 1 when head dims 32, 64 and 128 run the warpgroup-MMA kernels (evoformer_*_wgmma_kernel*.cuh):
-  // 16-bit inputs and lean_tiles (their tiles are copied as the lean copies are, rows past L
-  // zero-filled).
+  // 16-bit inputs with offsets inside a tile of Q, K, V, O (and dO) below 2^31, and either
+  // lean_tiles or rows that are not whole aligned 16-byte chunks (any_dim_tiles; a D padded in
+  // whole aligned chunks runs the mma.sync kernels: set_warpgroup_tiles in
+  // evoformer_device_params_of.h).
   int wgmma_tiles;
+  // The piece, in bytes, in which the warpgroup kernels copy rows of Q, K, V (and dO in the
+  // backward): 16 (whole 16-byte chunks with cp.async, rows 16-byte aligned and D % 8 == 0), else
+  // 8 or 4 (smaller cp.async pieces) or 2 (an odd D: element loads), the largest that divides
+  // every one of those tensors' addresses, strides and row lengths in bytes.
+  int granule;
+  // 1 when the warpgroup kernels run as AnyDimTypes (evoformer_bias_types.cuh): wgmma_tiles
+  // without lean_tiles (D not a multiple of 8, or a tensor off a 16-byte boundary); their tiles'
+  // columns past D are zero-filled and rows copied in pieces of `granule` bytes.
+  int any_dim_tiles;
   // 1 when dQ, dK and dV are vectorizable and D is the instantiated head dim: the backward writes
   // their rows as aligned 32-bit pairs with no per-pair test.
   int grads_paired;
@@ -83,6 +97,17 @@ struct EvoformerDeviceParams {
   // The kernels' 1-D grids are decoded with these (common/fast_divisor.h): the 64-row tiles of L,
   // the heads, N, the batch, and the dbias2 kernel's blocks of query rows (cuda_dbias2_rows).
   FastDivisor tiles64_div, heads_div, n_div, batch_div, dbias2_rows_div;
+};
+
+// One padded bias copy (detail::CudaBiasCopies): rows of `len` elements, `len_stride` apart
+// inside a row, at `src` plus the outer indices' strides (bias1: B, N, 1; bias2: B, H, L), into
+// packed rows of `row` elements at `dst`, the elements past `len` zero.
+struct EvoformerBiasCopyArgs {
+  const void* src;
+  void* dst;
+  int elem_bytes;
+  int64_t outer[3], outer_stride[3];
+  int64_t len, len_stride, row;
 };
 
 }  // namespace sciattn::cuda

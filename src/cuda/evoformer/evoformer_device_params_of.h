@@ -4,6 +4,7 @@
 // and the kernel emulator (tests/cuda/emulation) build the same arguments.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
@@ -67,6 +68,104 @@ inline int vectorizable(const TensorView& t) {
   return 1;
 }
 
+// The largest of 16, 8, 4 and 2 bytes that divides t's address, its strides over (B, N, L, H)
+// (dims larger than 1) and its rows (D elements), all in bytes: the pieces its rows can be copied
+// in (evoformer_device_params.h, granule).
+inline int copy_granule(const TensorView& t) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  uint64_t bits = 16u | static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data)) |
+                  static_cast<uint64_t>(t.sizes[4] * elem);
+  for (int d = 0; d < 4; ++d) {
+    if (t.sizes[d] > 1) bits |= static_cast<uint64_t>(t.strides[d] * elem);
+  }
+  return static_cast<int>(bits & (~bits + 1));  // the lowest set bit
+}
+
+// The element size of a bias the tensor-core kernels read through a padded copy (its rows are
+// not 16-byte aligned: detail::CudaBiasCopies), or 0: absent, staged as it is, or fp32 inputs
+// (whose kernels read biases per element).
+inline int64_t bias_copy_bytes(const TensorView& bias, DType inputs) {
+  if (!bias.present() || inputs == DType::kF32 || bias_staged(bias)) return 0;
+  return static_cast<int64_t>(dtype_size(bias.dtype));
+}
+
+// The copy job of one bias into workspace region `region` with rows of `row` elements of
+// `bytes` bytes: its rows over the dims `outer` (-1: a dim of one), each of its last dim.
+inline EvoformerBiasCopyArgs bias_copy_args(const TensorView& bias, const int (&outer)[3],
+                                            size_t region, int64_t bytes, int64_t row,
+                                            const detail::WorkspaceLayout& layout,
+                                            void* workspace) {
+  EvoformerBiasCopyArgs a{bias.data,
+                          layout.at<unsigned char>(workspace, region),
+                          static_cast<int>(bytes),
+                          {},
+                          {},
+                          bias.sizes[4],
+                          bias.strides[4],
+                          row};
+  for (int d = 0; d < 3; ++d) {
+    a.outer[d] = outer[d] < 0 ? 1 : bias.sizes[outer[d]];
+    a.outer_stride[d] = outer[d] < 0 ? 0 : bias.strides[outer[d]];
+  }
+  return a;
+}
+// bias1 [B, N, 1, 1, L] and bias2 [B, 1, H, L, L] into their regions of plan `c`.
+inline EvoformerBiasCopyArgs bias1_copy_args(const TensorView& bias1,
+                                             const detail::CudaBiasCopies& c,
+                                             const detail::WorkspaceLayout& layout,
+                                             void* workspace) {
+  return bias_copy_args(bias1, {0, 1, -1}, c.bias1, c.bias1_bytes, c.bias1_row, layout, workspace);
+}
+inline EvoformerBiasCopyArgs bias2_copy_args(const TensorView& bias2,
+                                             const detail::CudaBiasCopies& c,
+                                             const detail::WorkspaceLayout& layout,
+                                             void* workspace) {
+  return bias_copy_args(bias2, {0, 2, 3}, c.bias2, c.bias2_bytes, c.bias2_row, layout, workspace);
+}
+
+// Points the kernels' bias arguments at the padded copies of plan `c` (made before the launch)
+// and sets their copy flags as for any packed bias with 16-byte rows.
+inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaBiasCopies& c,
+                            const detail::WorkspaceLayout& layout, void* workspace) {
+  if (c.bias1_bytes > 0) {
+    p.bias1 = layout.at<unsigned char>(workspace, c.bias1);
+    p.bias1_stride[0] = p.n * c.bias1_row;
+    p.bias1_stride[1] = c.bias1_row;
+    p.bias1_stride[2] = 1;
+    p.bias1_staged = 1;
+    p.bias1_cols = c.bias1_row;
+  }
+  if (c.bias2_bytes > 0) {
+    p.bias2 = layout.at<unsigned char>(workspace, c.bias2);
+    p.bias2_stride[0] = p.heads * p.len * c.bias2_row;
+    p.bias2_stride[1] = p.len * c.bias2_row;
+    p.bias2_stride[2] = c.bias2_row;
+    p.bias2_stride[3] = 1;
+    p.bias2_cols = c.bias2_row;
+    p.bias2_pairs = 1;
+    p.bias2_staged = 1;
+    p.bias2_lean = c.bias2_row <= (int64_t{1} << 31) / 128 / c.bias2_bytes - 1;
+  }
+}
+
+// Which kernels run a 16-bit call at head dims 32, 64 and 128 (offsets_fit: every tile's offsets
+// below 2^31): the warpgroup kernels on lean tiles (D the head dim, rows 16-byte aligned); the
+// warpgroup kernels as AnyDimTypes for rows that are not whole aligned 16-byte chunks (D not a
+// multiple of 8, or a tensor off a 16-byte boundary), whose element-wise copies made the mma.sync
+// kernels 15-30x slower than the aligned shape; and the mma.sync kernels for a D padded to the
+// head dim in whole aligned chunks (24, 40, 48, 96, ...), which they run faster than AnyDimTypes
+// does (H200, [1, 256, 256, 4, D]: D 48 1.5x the time of D 64 against 1.75x, D 96 2.6x of 128 on
+// AnyDimTypes).
+inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
+                                const detail::EvoformerShape& s, bool offsets_fit,
+                                bool aligned_rows) {
+  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
+  const bool eligible =
+      offsets_fit && dtype != DType::kF32 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
+  p.wgmma_tiles = eligible && (p.lean_tiles || !aligned_rows);
+  p.any_dim_tiles = p.wgmma_tiles && !p.lean_tiles;
+}
+
 inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& bias1,
                                            const TensorView& bias2, const TensorView& out,
@@ -100,17 +199,20 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.bias2_pairs = bias_pairs(bias2);
   p.bias2_staged = bias_staged(bias2);
   p.bias2_lean = p.bias2_staged && tile_offsets_fit_32_bits(bias2, 3);
+  p.bias1_cols = p.bias2_cols = s.len;
   p.lse = static_cast<float*>(lse.data);
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;
   p.vec_out = vectorizable(out);
-  p.lean_tiles = p.vec_q && p.vec_k && p.vec_v && p.vec_out &&
-                 s.dim == detail::cuda_evoformer_head_dim(s.dim) && s.dim >= 16;
+  bool offsets_fit = true;
   for (const TensorView* t : {&q, &k, &v, &out}) {
-    if (!tile_offsets_fit_32_bits(*t, 2)) p.lean_tiles = 0;
+    if (!tile_offsets_fit_32_bits(*t, 2)) offsets_fit = false;
   }
-  p.wgmma_tiles =
-      p.lean_tiles && q.dtype != DType::kF32 && (s.dim == 32 || s.dim == 64 || s.dim == 128);
+  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
+  p.lean_tiles =
+      p.vec_q && p.vec_k && p.vec_v && p.vec_out && offsets_fit && s.dim == head_dim && s.dim >= 16;
+  p.granule = std::min({copy_granule(q), copy_granule(k), copy_granule(v)});
+  set_warpgroup_tiles(p, q.dtype, s, offsets_fit, p.vec_q && p.vec_k && p.vec_v && p.vec_out);
   // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
   // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
   const auto divisor = [](int64_t d) {
@@ -129,13 +231,39 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
 
 namespace sciattn::cuda {
 
-inline EvoformerDeviceParams forward_device_params(const EvoformerForwardParams& params,
-                                                   const detail::EvoformerShape& s) {
-  return evoformer_params::common_params(params.q, params.k, params.v, params.bias1, params.bias2,
-                                         params.out, params.lse, params.options, s);
+// The forward's workspace plan: the padded copies of its unaligned biases.
+inline detail::CudaForwardWorkspace forward_workspace(const EvoformerForwardParams& params,
+                                                      const detail::EvoformerShape& s) {
+  using evoformer_params::bias_copy_bytes;
+  return detail::plan_cuda_forward(s, bias_copy_bytes(params.bias1, params.q.dtype),
+                                   bias_copy_bytes(params.bias2, params.q.dtype));
 }
 
-// `workspace` holds detail::plan_cuda_backward's regions (workspace_size bytes).
+// `workspace` holds forward_workspace's regions, filled with the bias copies before the launch;
+// nullptr leaves the biases where they are (read through the generic copies).
+inline EvoformerDeviceParams forward_device_params(const EvoformerForwardParams& params,
+                                                   const detail::EvoformerShape& s,
+                                                   void* workspace = nullptr) {
+  EvoformerDeviceParams p =
+      evoformer_params::common_params(params.q, params.k, params.v, params.bias1, params.bias2,
+                                      params.out, params.lse, params.options, s);
+  if (workspace != nullptr) {
+    const detail::CudaForwardWorkspace w = forward_workspace(params, s);
+    evoformer_params::use_bias_copies(p, w.copies, w.layout, workspace);
+  }
+  return p;
+}
+
+// The backward's workspace plan: detail::plan_cuda_backward with the padded bias copies.
+inline detail::CudaBackwardWorkspace backward_workspace(const EvoformerBackwardParams& params,
+                                                        const detail::EvoformerShape& s) {
+  using evoformer_params::bias_copy_bytes;
+  return detail::plan_cuda_backward(
+      s, params.dbias1.present(), params.dbias2.present(), params.q.dtype != DType::kF32,
+      bias_copy_bytes(params.bias1, params.q.dtype), bias_copy_bytes(params.bias2, params.q.dtype));
+}
+
+// `workspace` holds backward_workspace's regions (workspace_size bytes), the bias copies made.
 inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParams& params,
                                                     const detail::EvoformerShape& s,
                                                     void* workspace) {
@@ -145,7 +273,15 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   p.dout = params.dout.data;
   qkv_strides(params.dout, p.dout_stride);
   p.vec_dout = vectorizable(params.dout);
-  if (!p.vec_dout || !tile_offsets_fit_32_bits(params.dout, 2)) p.lean_tiles = p.wgmma_tiles = 0;
+  p.granule = std::min(p.granule, copy_granule(params.dout));
+  const bool dout_fits = tile_offsets_fit_32_bits(params.dout, 2);
+  if (!p.vec_dout || !dout_fits) p.lean_tiles = 0;
+  bool offsets_fit = dout_fits;
+  for (const TensorView* t : {&params.q, &params.k, &params.v, &params.out}) {
+    if (!tile_offsets_fit_32_bits(*t, 2)) offsets_fit = false;
+  }
+  set_warpgroup_tiles(p, params.q.dtype, s, offsets_fit,
+                      p.vec_q && p.vec_k && p.vec_v && p.vec_out && p.vec_dout);
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;
@@ -158,9 +294,8 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
   p.dbias2 = params.dbias2.data;
   copy_strides(params.dbias2, p.dbias2_stride, {0, 2, 3, 4});
-  const bool f32 = params.q.dtype == DType::kF32;
-  const detail::CudaBackwardWorkspace w =
-      detail::plan_cuda_backward(s, params.dbias1.present(), params.dbias2.present(), !f32);
+  const detail::CudaBackwardWorkspace w = backward_workspace(params, s);
+  use_bias_copies(p, w.copies, w.layout, workspace);
   p.delta = w.layout.at<float>(workspace, w.delta);
   p.dbias1_partial =
       params.dbias1.present() ? w.layout.at<float>(workspace, w.dbias1_partial) : nullptr;

@@ -84,27 +84,27 @@ Status check_evoformer_cuda(const EvoformerBackwardParams& p, const detail::Evof
   return check_cuda(p.q.dtype, s, std::max(blocks * s.heads * s.batch * s.n, dbias2_ctas));
 }
 
-size_t evoformer_workspace_size_cuda(const EvoformerForwardParams&, const detail::EvoformerShape&) {
-  return 0;  // the forward kernels need no scratch
+size_t evoformer_workspace_size_cuda(const EvoformerForwardParams& p,
+                                     const detail::EvoformerShape& s) {
+  return forward_workspace(p, s).layout.total_bytes();  // unaligned biases' copies, if any
 }
 
 size_t evoformer_workspace_size_cuda(const EvoformerBackwardParams& p,
                                      const detail::EvoformerShape& s) {
-  return detail::plan_cuda_backward(s, p.dbias1.present(), p.dbias2.present(),
-                                    p.q.dtype != DType::kF32)
-      .layout.total_bytes();
+  return backward_workspace(p, s).layout.total_bytes();
 }
 
 namespace {
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
-                        Stream stream);
+                        void* workspace, Stream stream);
 Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
                          void* workspace, Stream stream);
 }  // namespace
 
 Status run_evoformer_cuda(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
-                          void*, Stream stream) {
-  return on_device_of(params.q.data, [&] { return run_forward_here(params, s, stream); });
+                          void* workspace, Stream stream) {
+  return on_device_of(params.q.data,
+                      [&] { return run_forward_here(params, s, workspace, stream); });
 }
 
 Status run_evoformer_cuda(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
@@ -115,10 +115,29 @@ Status run_evoformer_cuda(const EvoformerBackwardParams& params, const detail::E
 
 namespace {
 
+// Makes the padded copies of the unaligned biases that plan `c` lists (into `workspace`).
+Status copy_biases(const TensorView& bias1, const TensorView& bias2,
+                   const detail::CudaBiasCopies& c, const detail::WorkspaceLayout& layout,
+                   void* workspace, cudaStream_t stream) {
+  using namespace evoformer_params;
+  cudaError_t e = cudaSuccess;
+  if (c.bias1_bytes > 0) {
+    e = launch_evoformer_bias_copy(bias1_copy_args(bias1, c, layout, workspace), stream);
+  }
+  if (e == cudaSuccess && c.bias2_bytes > 0) {
+    e = launch_evoformer_bias_copy(bias2_copy_args(bias2, c, layout, workspace), stream);
+  }
+  return device_status(e, "Evoformer bias copy kernel launch");
+}
+
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
-                        Stream stream) {
-  const EvoformerDeviceParams p = forward_device_params(params, s);
+                        void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  const detail::CudaForwardWorkspace w = forward_workspace(params, s);
+  const Status copied =
+      copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
+  if (!copied.ok()) return copied;
+  const EvoformerDeviceParams p = forward_device_params(params, s, workspace);
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
                          "Evoformer forward (fp32) kernel launch");
@@ -129,9 +148,13 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
 
 Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
                          void* workspace, Stream stream) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
+  const detail::CudaBackwardWorkspace w = backward_workspace(params, s);
+  const Status copied =
+      copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
+  if (!copied.ok()) return copied;
   const EvoformerDeviceParams p = backward_device_params(params, s, workspace);
   const bool f32 = params.q.dtype == DType::kF32;
-  const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   cudaError_t e = cudaSuccess;
   if (f32) {
     e = launch_evoformer_backward_delta<float>(p, cuda_stream);

@@ -72,7 +72,9 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
 // row0 and loops over 64-key tiles (the forward and dQ): its bias2 tile [query rows][keys] and its
 // bias1 entries (kBias1: the forward on the warpgroup MMA reads bias1 itself), each into the
 // stage the caller names, in the caller's cp.async group. `whole`: the key tile lies inside L
-// (lean copies where the bias allows them; the generic ones else).
+// (lean copies where the bias allows them; the generic ones else, which read each bias's columns
+// up to its bias*_cols: for a padded copy its whole row, so that the last key tile's rows still
+// end on a 16-byte chunk and take 16-byte copies).
 template <int kRows, int kThreads, BiasCopyWidths kWidths, bool kBias1 = true>
 __device__ __forceinline__ void copy_key_tile_biases(const EvoformerDeviceParams& p, int64_t b,
                                                      int64_t n, int64_t h, int64_t row0,
@@ -90,7 +92,7 @@ __device__ __forceinline__ void copy_key_tile_biases(const EvoformerDeviceParams
           static_cast<int>(rows_inside < kRows ? rows_inside : kRows), kKeys, p.bias2_lean);
     } else {
       stage_bias_tile<kRows, kThreads>(bias2_stage, p.bias2, p.bias2_type, offset,
-                                       p.bias2_stride[2], rows_inside, p.len - col0,
+                                       p.bias2_stride[2], rows_inside, p.bias2_cols - col0,
                                        p.bias2_staged);
     }
   }
@@ -100,8 +102,8 @@ __device__ __forceinline__ void copy_key_tile_biases(const EvoformerDeviceParams
       copy_bias_tile<1, kThreads, kWidths>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1, kKeys,
                                            true);
     } else {
-      stage_bias_tile<1, kThreads>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1, p.len - col0,
-                                   p.bias1_staged);
+      stage_bias_tile<1, kThreads>(bias1_stage, p.bias1, p.bias1_type, offset, 0, 1,
+                                   p.bias1_cols - col0, p.bias1_staged);
     }
   }
 }
@@ -141,7 +143,9 @@ __device__ __forceinline__ void copy_query_tile_stats_and_bias(const EvoformerDe
   if (p.bias2_type != BiasType::kNone) {
     const int64_t offset =
         b * p.bias2_stride[0] + h * p.bias2_stride[1] + q0 * p.bias2_stride[2] + key0;
-    const int64_t cols_inside = p.len - key0 < kQueries ? p.len - key0 : kQueries;
+    // Columns up to bias2_cols (as copy_key_tile_biases), so that a padded copy's last key block
+    // still ends on a 16-byte chunk.
+    const int64_t cols_inside = p.bias2_cols - key0 < kQueries ? p.bias2_cols - key0 : kQueries;
     if (whole && p.bias2_staged && bias_width_copied<BiasCopyWidths::kTwoBytes>(p.bias2_type) &&
         bias_rows_end_on_chunk(p.bias2_type, cols_inside)) {
       copy_bias_tile<kQueries, kThreads, BiasCopyWidths::kTwoBytes>(

@@ -66,16 +66,22 @@ constexpr int kEvoformerWgmmaDqCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 :
 template <int kHeadDim>
 constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
-// Rows [row0, row0 + 64) of a slice (the host's wgmma_tiles: 16-byte aligned rows of exactly
-// kHeadDim elements, offsets below 2^31) into the swizzled tile at `tile`; rows at or past L are
-// zero-filled. `thread`: as copy_tile_swizzled's.
-template <typename T, int kHeadDim>
+// Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
+// or past L are zero-filled. Without kAnyDim the rows are 16-byte aligned rows of exactly kHeadDim
+// elements; with it (AnyDimTypes) rows of p.dim elements, the columns past D zero-filled, copied
+// in pieces of p.granule bytes. `thread`: as copy_tile_swizzled's.
+template <typename T, int kHeadDim, bool kAnyDim = false>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
-                                                    int64_t row0, int64_t len,
+                                                    int64_t row0, const EvoformerDeviceParams& p,
                                                     int thread = static_cast<int>(threadIdx.x)) {
   const int32_t row_bytes = static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
-  copy_tile_swizzled<kHeadDim>(tile, static_cast<const char*>(src.base) + row0 * row_bytes,
-                               row_bytes, len - row0, thread);
+  const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
+  if constexpr (kAnyDim) {
+    copy_tile_swizzled_granular<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread,
+                                          static_cast<int>(2 * p.dim), p.granule);
+  } else {
+    copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
+  }
 }
 
 // The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
@@ -173,8 +179,8 @@ struct EvoformerKeyTileStreams {
 // into the double-buffered swizzled tiles (buffer `buf` at k_tiles / v_tiles + buf * kTileBytes)
 // and the tile's columns of the biases into their stages (bias2's rows row0 .. row0 + 63), whole
 // tiles through EvoformerKeyTileStreams, a partial last tile and other biases through the
-// generic copies. In the caller's cp.async group.
-template <typename T, int kHeadDim, bool kStageBias1 = true>
+// generic copies (all tiles with kAnyDim, as copy_slice_swizzled). In the caller's cp.async group.
+template <typename T, int kHeadDim, bool kStageBias1 = true, bool kAnyDim = false>
 struct EvoformerKeyTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   SliceSource k_src, v_src;
@@ -222,7 +228,7 @@ struct EvoformerKeyTileLoader {
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t tile,
                                        int buf) const {
     const int64_t col0 = tile * kWgmmaRows;
-    if (streams.usable && col0 + kWgmmaRows <= p.len) {
+    if (!kAnyDim && streams.usable && col0 + kWgmmaRows <= p.len) {
       streams.copy(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                    shared_address(bias1_stage(buf)));
       return;
@@ -232,7 +238,7 @@ struct EvoformerKeyTileLoader {
   // The same for a loop that loads tiles 0, 1, 2, ... in order (each exactly once).
   __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
     const int64_t col0 = tile * kWgmmaRows;
-    if (streams.usable && col0 + kWgmmaRows <= p.len) {
+    if (!kAnyDim && streams.usable && col0 + kWgmmaRows <= p.len) {
       streams.copy_next(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                         shared_address(bias1_stage(buf)));
       return;
@@ -243,8 +249,8 @@ struct EvoformerKeyTileLoader {
  private:
   __device__ __forceinline__ void load_generic(const EvoformerDeviceParams& p, int64_t col0,
                                                int buf) const {
-    copy_slice_swizzled<T, kHeadDim>(k_tile(buf), k_src, col0, p.len);
-    copy_slice_swizzled<T, kHeadDim>(v_tile(buf), v_src, col0, p.len);
+    copy_slice_swizzled<T, kHeadDim, kAnyDim>(k_tile(buf), k_src, col0, p);
+    copy_slice_swizzled<T, kHeadDim, kAnyDim>(v_tile(buf), v_src, col0, p);
     copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll, kStageBias1>(
         p, b, n, h, row0, col0, col0 + kWgmmaRows <= p.len, bias2_stage(buf), bias1_stage(buf));
   }
