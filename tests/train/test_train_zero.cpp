@@ -103,7 +103,7 @@ std::string config_json(int world, int gas, int stage, const std::string& zero_k
 
 TrainConfig parse(const std::string& json, int world) {
   AutoValues autos;
-  autos.data_parallel_size = world;
+  autos.world_size = world;
   TrainConfig c;
   std::vector<std::string> warnings;
   Status s = parse_train_config(json, "\"zero test\"", 2, autos, &c, &warnings);
