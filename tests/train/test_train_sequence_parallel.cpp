@@ -238,6 +238,36 @@ TEST(SequenceParallelModelErrors, UnevenSizesNameTheKey) {
       << s.message();
 }
 
+// The memory plan of one rank of a group equals that rank's model's ledger, and every per-token
+// buffer shrinks: a rank of 2 holds less than one rank on the whole sequence.
+TEST(SequenceParallelModelMemory, PlanEqualsTheLedgerAndShrinks) {
+  const GptConfig c = sp_config(PositionEncoding::kLearned, true, 2, 64);
+  MemoryOptions m;
+  m.checkpoint_layers = true;
+  MemoryLedger one;
+  ASSERT_TRUE(plan_gpt_memory(c, nullptr, 2, m, DType::kF32, 4, Device::kCpu, &one).ok());
+  std::vector<std::string> reports(2);
+  const std::vector<Status> st = run_thread_ranks(2, [&](Communicator& comm) {
+    auto be = cpu_backend(4, 1);
+    std::unique_ptr<GptModel> model;
+    Status s = GptModel::create(c, nullptr, 2, m, be.get(), &model, nullptr, &comm);
+    if (s.ok()) reports[static_cast<size_t>(comm.rank())] = model->ledger().report();
+    return s;
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+  MemoryLedger plan;
+  ASSERT_TRUE(plan_gpt_memory(c, nullptr, 2, m, DType::kF32, 4, Device::kCpu, &plan, 2).ok());
+  EXPECT_EQ(plan.report(), reports[0]);
+  EXPECT_EQ(reports[1], reports[0]);
+  // Activations: all but the model states (weights and gradients, the same on every rank).
+  auto activations = [](const MemoryLedger& l) {
+    uint64_t bytes = 0;
+    for (const LedgerEntry& e : l.entries()) bytes += e.category != "model states" ? e.bytes : 0;
+    return bytes;
+  };
+  EXPECT_LT(activations(plan), activations(one) * 3 / 4) << plan.report() << "\n" << one.report();
+}
+
 // ---- whole training steps ----
 
 const TokenFile& shared_data() {
