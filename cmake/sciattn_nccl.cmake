@@ -28,7 +28,13 @@ if(Python3_Interpreter_FOUND)
 endif()
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${sciattn_nccl_hints}
           PATH_SUFFIXES include nvidia/nccl/include)
-find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${sciattn_nccl_hints}
+# The library beside the header first (a wheel ships libnccl.so.2 without the libnccl.so link), so
+# that a header and a library from two installations are not mixed.
+if(NCCL_INCLUDE_DIR)
+  get_filename_component(sciattn_nccl_beside ${NCCL_INCLUDE_DIR} DIRECTORY)
+  list(PREPEND sciattn_nccl_hints ${sciattn_nccl_beside})
+endif()
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${sciattn_nccl_hints}
              PATH_SUFFIXES lib lib64 nvidia/nccl/lib)
 
 if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
