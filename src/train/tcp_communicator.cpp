@@ -111,34 +111,14 @@ class TcpCommunicator final : public Communicator {
   }
 
   Status all_reduce_max(double* value) override {
-    return collective(Op::kAllReduceMax, 1, 0, DType::kF32, ReduceOp::kSum, value, sizeof *value,
-                      value, sizeof *value,
-                      [](const std::vector<const std::byte*>& in, std::vector<Bytes>* out) {
-                        double result;
-                        std::memcpy(&result, in[0], sizeof result);
-                        for (size_t q = 1; q < in.size(); ++q) {
-                          double x;
-                          std::memcpy(&x, in[q], sizeof x);
-                          // A NaN anywhere wins, so that an invalid value is never hidden.
-                          if (x > result || std::isnan(x)) result = x;
-                        }
-                        for (Bytes& o : *out) o = as_bytes(&result, sizeof result);
-                      });
+    return scalar(Op::kAllReduceMax, value, [](double acc, double x) {
+      // A NaN anywhere wins, so that an invalid value is never hidden.
+      return x > acc || std::isnan(x) ? x : acc;
+    });
   }
 
   Status all_reduce_sum(double* value) override {
-    return collective(Op::kAllReduceSum, 1, 0, DType::kF32, ReduceOp::kSum, value, sizeof *value,
-                      value, sizeof *value,
-                      [](const std::vector<const std::byte*>& in, std::vector<Bytes>* out) {
-                        double result;
-                        std::memcpy(&result, in[0], sizeof result);
-                        for (size_t q = 1; q < in.size(); ++q) {
-                          double x;
-                          std::memcpy(&x, in[q], sizeof x);
-                          result += x;
-                        }
-                        for (Bytes& o : *out) o = as_bytes(&result, sizeof result);
-                      });
+    return scalar(Op::kAllReduceSum, value, [](double acc, double x) { return acc + x; });
   }
 
   Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) override {
@@ -216,6 +196,21 @@ class TcpCommunicator final : public Communicator {
   static Bytes as_bytes(const void* p, size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     return Bytes(b, b + n);
+  }
+
+  // A double combined over the ranks in rank order: acc = x_0, then acc = fold(acc, x_q).
+  Status scalar(Op op, double* value, double (*fold)(double, double)) {
+    return collective(op, 1, 0, DType::kF32, ReduceOp::kSum, value, sizeof *value, value,
+                      sizeof *value,
+                      [fold](const std::vector<const std::byte*>& in, std::vector<Bytes>* out) {
+                        double acc = 0.0, x = 0.0;
+                        std::memcpy(&acc, in[0], sizeof acc);
+                        for (size_t q = 1; q < in.size(); ++q) {
+                          std::memcpy(&x, in[q], sizeof x);
+                          acc = fold(acc, x);
+                        }
+                        for (Bytes& o : *out) o = as_bytes(&acc, sizeof acc);
+                      });
   }
 
   // One collective: every rank sends `send_bytes` of input to rank 0 with the call's signature;
