@@ -40,6 +40,8 @@ namespace {
 
 constexpr int kExitFailed = 1;
 constexpr int kExitBadInput = 2;
+// The exit status of --test-fail-rank, which the launcher's test expects back.
+constexpr int kExitTestFailure = 3;
 
 // The back ends' token chunks (rows per matrix product over tokens) unless --token-chunk says.
 constexpr int64_t kCpuTokenChunk = 256;
@@ -66,6 +68,7 @@ struct TrainArgs {
   bool no_shuffle = false;
   int threads = 0;
   int nproc_per_node = 1;
+  int fail_rank = -1;  // testing: this rank fails after the first step
   int64_t token_chunk = 0;
   double device_memory_gib = 0.0, host_memory_gib = 0.0;
   int64_t plan_max_tokens = int64_t{4} << 20;
@@ -500,6 +503,9 @@ void run_train(const TrainArgs& a) {
     train::StepReport r;
     check(trainer->step(&r), kExitFailed);
     losses.push_back(r.loss);
+    if (world > 1 && ranks.rank == a.fail_rank) {
+      fail(kExitTestFailure, "--test-fail-rank " + std::to_string(a.fail_rank) + ": failing");
+    }
     if (!r.skipped) {
       plot_steps.push_back(static_cast<double>(r.step));
       plot_losses.push_back(r.loss);
@@ -621,6 +627,9 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--dump-gradients", a->dump_gradients,
                   "write the first step's parameters, gradients and tokens to this file");
+  cmd->add_option("--test-fail-rank", a->fail_rank,
+                  "testing: with several ranks, this rank exits (status 3) after step 1")
+      ->group("");  // hidden from --help
   cmd->add_option("--inject-overflow", a->inject_overflow,
                   "testing: make these steps' gradients overflow (adds an Inf)")
       ->group("");  // hidden from --help

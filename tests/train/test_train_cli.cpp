@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -286,6 +287,20 @@ TEST(TrainCli, NprocPerNodeForwardsTheRanksFailure) {
   expect_contains(r, "data-parallel ranks 4");
   expect_contains(r, "failed (exit status 1)");
   EXPECT_EQ(r.output.find("sciattn trainsciattn"), std::string::npos) << r.output;
+}
+
+// One rank fails after its first step while the others wait for it in the next collective: the
+// launcher stops them and exits with the failed rank's status, in well under the grace period.
+TEST(TrainCli, NprocPerNodeStopsTheOthersWhenOneRankFails) {
+  const auto start = std::chrono::steady_clock::now();
+  const Result r =
+      run("train --demo --device cpu --threads 1 --nproc-per-node 2 --test-fail-rank 1");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  expect_contains(r, "sciattn train (rank 1): --test-fail-rank 1: failing");
+  expect_contains(r, "rank 1 failed (exit status 3); stopping the other 1 rank(s)");
+  EXPECT_LT(seconds, 9.0);
 }
 
 TEST(TrainCli, LauncherVariablesAreChecked) {
