@@ -68,7 +68,7 @@ struct TrainArgs {
   bool no_shuffle = false;
   int threads = 0;
   int nproc_per_node = 1;
-  int fail_rank = -1;  // testing: this rank fails after the first step
+  int fail_rank = -1;  // testing: this rank fails before it joins the group
   int64_t token_chunk = 0;
   double device_memory_gib = 0.0, host_memory_gib = 0.0;
   int64_t plan_max_tokens = int64_t{4} << 20;
@@ -404,6 +404,9 @@ void run_train(const TrainArgs& a) {
   options.peak_flops = peak_tflops * 1e12;
   options.dump_gradients_path = a.dump_gradients;
   options.inject_overflow_steps = a.inject_overflow;
+  if (world > 1 && ranks.rank == a.fail_rank) {
+    fail(kExitTestFailure, "--test-fail-rank " + std::to_string(a.fail_rank) + ": failing");
+  }
   // The group's communicator (several ranks): NCCL on the GPU of this rank's LOCAL_RANK, on the
   // back end's stream; on the CPU the TCP test back end. It outlives the trainer.
   std::unique_ptr<train::Communicator> communicator;
@@ -503,9 +506,6 @@ void run_train(const TrainArgs& a) {
     train::StepReport r;
     check(trainer->step(&r), kExitFailed);
     losses.push_back(r.loss);
-    if (world > 1 && ranks.rank == a.fail_rank) {
-      fail(kExitTestFailure, "--test-fail-rank " + std::to_string(a.fail_rank) + ": failing");
-    }
     if (!r.skipped) {
       plot_steps.push_back(static_cast<double>(r.step));
       plot_losses.push_back(r.loss);
@@ -628,7 +628,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--dump-gradients", a->dump_gradients,
                   "write the first step's parameters, gradients and tokens to this file");
   cmd->add_option("--test-fail-rank", a->fail_rank,
-                  "testing: with several ranks, this rank exits (status 3) after step 1")
+                  "testing: with several ranks, this rank exits (status 3) before it joins the "
+                  "group, so that the others wait in the rendezvous")
       ->group("");  // hidden from --help
   cmd->add_option("--inject-overflow", a->inject_overflow,
                   "testing: make these steps' gradients overflow (adds an Inf)")

@@ -129,39 +129,42 @@ int launch_local_ranks(int nproc) {
     pids[static_cast<size_t>(r)] = pid;
   }
 
+  // Until a rank fails, block until any rank ends, so that the first to fail is the first seen;
+  // then poll while the others are given kGrace to exit.
   int running = nproc, failure = 0;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
-    bool reaped = false;
-    for (int r = 0; r < nproc; ++r) {
-      pid_t& pid = pids[static_cast<size_t>(r)];
-      if (pid <= 0) continue;
-      int wstatus = 0;
-      const pid_t got = ::waitpid(pid, &wstatus, WNOHANG);
-      if (got == 0 || (got < 0 && errno == EINTR)) continue;
-      pid = -1;
-      --running;
-      reaped = true;
-      const int code = got < 0 ? 1 : exit_code(wstatus);
-      if (code != 0 && failure == 0) {
-        failure = code;
-        if (running > 0) {
-          std::cerr << "sciattn train: rank " << r << " failed (exit status " << code
-                    << "); stopping the other " << running << " rank(s)\n";
-        }
+    int wstatus = 0;
+    const pid_t got = ::waitpid(-1, &wstatus, failure == 0 ? 0 : WNOHANG);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;  // no children left
+    if (got == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
         for (pid_t p : pids) {
-          if (p > 0) ::kill(p, SIGTERM);
+          if (p > 0) ::kill(p, SIGKILL);
         }
-        deadline = std::chrono::steady_clock::now() + kGrace;
+        deadline = std::chrono::steady_clock::time_point::max();
       }
+      std::this_thread::sleep_for(kPoll);
+      continue;
     }
-    if (running > 0 && std::chrono::steady_clock::now() > deadline) {
+    int r = 0;
+    while (r < nproc && pids[static_cast<size_t>(r)] != got) ++r;
+    if (r == nproc) continue;  // not one of the ranks
+    pids[static_cast<size_t>(r)] = -1;
+    --running;
+    const int code = exit_code(wstatus);
+    if (code != 0 && failure == 0) {
+      failure = code;
+      if (running > 0) {
+        std::cerr << "sciattn train: rank " << r << " failed (exit status " << code
+                  << "); stopping the other " << running << " rank(s)\n";
+      }
       for (pid_t p : pids) {
-        if (p > 0) ::kill(p, SIGKILL);
+        if (p > 0) ::kill(p, SIGTERM);
       }
-      deadline = std::chrono::steady_clock::time_point::max();
+      deadline = std::chrono::steady_clock::now() + kGrace;
     }
-    if (!reaped && running > 0) std::this_thread::sleep_for(kPoll);
   }
   return failure;
 }

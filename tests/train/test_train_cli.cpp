@@ -289,8 +289,8 @@ TEST(TrainCli, NprocPerNodeForwardsTheRanksFailure) {
   EXPECT_EQ(r.output.find("sciattn trainsciattn"), std::string::npos) << r.output;
 }
 
-// One rank fails after its first step while the others wait for it in the next collective: the
-// launcher stops them and exits with the failed rank's status, in well under the grace period.
+// One rank fails before it joins the group while rank 0 waits for it in the rendezvous (for up to
+// 300 s): the launcher stops rank 0 and exits with the failed rank's status, within seconds.
 TEST(TrainCli, NprocPerNodeStopsTheOthersWhenOneRankFails) {
   const auto start = std::chrono::steady_clock::now();
   const Result r =
