@@ -14,8 +14,9 @@
 //   - Buffers live where the caller's tensors live: the Backend's memory of the rank (host memory
 //     for the CPU back end; device memory for a GPU communicator). Pointers are the rank's own.
 //   - The call returns when this rank's outputs are written and its inputs may be reused.
-//   - Reductions over ranks are formed in rank order (((x_0 + x_1) + x_2) + ...), so every rank
-//     gets the same bits; a mean divides that sum by world_size() once.
+//   - Every rank gets the same bits of a reduction; a mean divides the sum by world_size() once.
+//     The CPU back ends (threads, TCP) add in rank order (((x_0 + x_1) + x_2) + ...); NCCL adds in
+//     an order of its own (equal to rank order for two ranks), so its last bits may differ.
 //   - A count of 0 is allowed and moves nothing; negative counts and a root outside
 //     [0, world_size()) are refused with kInvalidArgument naming the argument.
 #pragma once
