@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,6 +22,7 @@
 
 #include "commands.h"
 #include "device_mirror.h"
+#include "launch_ranks.h"
 #include "sciattn/device.h"
 #include "sciattn/train/adamw.h"
 #include "sciattn/train/config.h"
@@ -29,6 +31,7 @@
 #include "sciattn/train/gpt.h"
 #include "sciattn/train/plan.h"
 #include "sciattn/train/plot.h"
+#include "sciattn/train/process_group.h"
 #include "sciattn/train/random.h"
 #include "sciattn/train/trainer.h"
 
@@ -37,6 +40,8 @@ namespace {
 
 constexpr int kExitFailed = 1;
 constexpr int kExitBadInput = 2;
+// The exit status of --test-fail-rank, which the launcher's test expects back.
+constexpr int kExitTestFailure = 3;
 
 // The back ends' token chunks (rows per matrix product over tokens) unless --token-chunk says.
 constexpr int64_t kCpuTokenChunk = 256;
@@ -62,6 +67,8 @@ struct TrainArgs {
   bool offload_optimizer = false;
   bool no_shuffle = false;
   int threads = 0;
+  int nproc_per_node = 1;
+  int fail_rank = -1;  // testing: this rank fails before it joins the group
   int64_t token_chunk = 0;
   double device_memory_gib = 0.0, host_memory_gib = 0.0;
   int64_t plan_max_tokens = int64_t{4} << 20;
@@ -76,8 +83,15 @@ struct TrainArgs {
   std::optional<double> lr, weight_decay, gradient_clipping;
 };
 
+// This process's rank when it is one of several (its messages then say which), else -1.
+int message_rank = -1;
+
 [[noreturn]] void fail(int code, const std::string& message) {
-  std::cerr << "sciattn train: " << message << "\n";
+  // One write, so that the lines of several ranks on one terminal do not interleave.
+  std::cerr << std::string("sciattn train") +
+                   (message_rank >= 0 ? " (rank " + std::to_string(message_rank) + ")" : "") +
+                   ": " + message + "\n"
+            << std::flush;
   throw CLI::RuntimeError(code);
 }
 
@@ -284,6 +298,30 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
 
 void run_train(const TrainArgs& a) {
   const Device device = a.device == "cuda" ? Device::kCuda : Device::kCpu;
+  // Several ranks: this process is one of them when a launcher set RANK / WORLD_SIZE (torchrun,
+  // srun, mpirun, or --nproc-per-node below); with --nproc-per-node and no such launcher it
+  // starts the ranks and only waits for them.
+  train::ProcessEnv ranks;
+  check(train::read_process_env(&ranks));
+  const bool launched_here = std::getenv(kLocalLaunchVariable) != nullptr;
+  if (a.nproc_per_node > 1 && !a.plan && !launched_here) {
+    if (ranks.world_size > 1) {
+      fail(kExitBadInput,
+           "--nproc-per-node starts ranks itself, but this process already is rank " +
+               std::to_string(ranks.rank) + " of " + std::to_string(ranks.world_size) + " (" +
+               ranks.source + " is set, by torchrun, srun or mpirun?): leave out --nproc-per-node");
+    }
+    const int code = launch_local_ranks(a.nproc_per_node);
+    if (code != 0) throw CLI::RuntimeError(code);
+    return;
+  }
+  const int world = a.plan ? 1 : ranks.world_size;
+  if (world > 1) {
+    message_rank = ranks.rank;
+    // One log: the other ranks' progress lines would repeat rank 0's (the loss, the norm and the
+    // step are the group's). Their errors still go to stderr.
+    if (ranks.rank != 0) std::cout.setstate(std::ios::badbit);
+  }
   // One clear message at once when the GPU cannot be used (planning needs none).
   if (!a.plan) check(check_device_usable(device));
   // Inputs: the files, or the demo's built-in ones.
@@ -302,6 +340,7 @@ void run_train(const TrainArgs& a) {
   }
   train::AutoValues autos;
   autos.device = device;
+  autos.world_size = world;
   autos.micro_batch_size = a.micro_batch_size;
   autos.gradient_accumulation_steps = a.gradient_accumulation_steps;
   autos.lr = a.lr;
@@ -323,7 +362,9 @@ void run_train(const TrainArgs& a) {
   } else {
     check(train::load_train_config(a.config, model.n_heads, autos, &config, &warnings));
   }
-  for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
+  if (ranks.rank == 0 || world == 1) {
+    for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
+  }
   if (a.plan) {
     print_plan(a, model, config, device);
     return;
@@ -363,18 +404,37 @@ void run_train(const TrainArgs& a) {
   options.peak_flops = peak_tflops * 1e12;
   options.dump_gradients_path = a.dump_gradients;
   options.inject_overflow_steps = a.inject_overflow;
+  if (world > 1 && ranks.rank == a.fail_rank) {
+    fail(kExitTestFailure, "--test-fail-rank " + std::to_string(a.fail_rank) + ": failing");
+  }
+  // The group's communicator (several ranks): NCCL on the GPU of this rank's LOCAL_RANK, on the
+  // back end's stream; on the CPU the TCP test back end. It outlives the trainer.
+  std::unique_ptr<train::Communicator> communicator;
+  train::RendezvousOptions rendezvous;
   std::unique_ptr<train::Backend> backend;
   if (device == Device::kCuda) {
     train::CudaBackendOptions bo;
     bo.compute_dtype = compute;
     bo.token_chunk = token_chunk;
-    check(train::make_cuda_backend(bo, &backend));
+    bo.device = world > 1 ? ranks.local_rank : 0;
+    std::unique_ptr<train::CudaBackend> cuda_backend;
+    check(train::make_cuda_backend(bo, &cuda_backend));
+    if (world > 1) {
+      check(train::make_nccl_communicator(ranks, ranks.local_rank, cuda_backend->stream(),
+                                          rendezvous, &communicator),
+            kExitFailed);
+    }
+    backend = std::move(cuda_backend);
   } else {
     train::CpuBackendOptions bo;
     bo.threads = a.threads;
     bo.token_chunk = token_chunk;
     check(train::make_cpu_backend(bo, &backend));
+    if (world > 1) {
+      check(train::make_tcp_communicator(ranks, rendezvous, &communicator), kExitFailed);
+    }
   }
+  options.communicator = communicator.get();
   const std::string backend_text = backend->description();
   std::unique_ptr<train::Trainer> trainer;
   check(train::Trainer::create(model, config, options, std::move(backend), data.get(), &trainer));
@@ -431,8 +491,13 @@ void run_train(const TrainArgs& a) {
             << "\n";
   if (a.memory) std::cout << "\nmemory ledger:\n" << trainer->ledger().report() << "\n";
 
+  if (world > 1) {
+    std::cout << "  " << world << " ranks (" << ranks.source << "), one process each, "
+              << (device == Device::kCuda ? "NCCL" : "the TCP test communicator") << "; ZeRO stage "
+              << config.zero.stage << "; rank 0 prints and writes the log\n";
+  }
   std::ofstream log;
-  if (!a.log.empty()) {
+  if (!a.log.empty() && ranks.rank == 0) {
     log.open(a.log, std::ios::trunc);
     if (!log) fail(kExitBadInput, "cannot write the log \"" + a.log + "\"");
   }
@@ -457,7 +522,7 @@ void run_train(const TrainArgs& a) {
     check(trainer->save_checkpoint(a.save));
     std::cout << "saved " << a.save << " at step " << trainer->global_step() << "\n";
   }
-  if (!a.plot.empty() && !plot_losses.empty()) {
+  if (!a.plot.empty() && !plot_losses.empty() && ranks.rank == 0) {
     check(train::write_loss_plot(a.plot, plot_steps, plot_losses));
     std::cout << "wrote " << a.plot << "\n";
   }
@@ -529,6 +594,12 @@ void add_train_command(CLI::App& app) {
                   "--plan: sequence lengths searched are multiples of this (default 1024)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", a->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--nproc-per-node", a->nproc_per_node,
+                  "start this many ranks on this machine (data parallel, one process each: NCCL "
+                  "on GPUs LOCAL_RANK 0..N-1, the TCP test communicator on the CPU); under "
+                  "torchrun / srun / mpirun leave it out, each process joins as the rank its "
+                  "RANK / WORLD_SIZE say")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--token-chunk", a->token_chunk,
                   "rows per matrix product over tokens (default 256 on the CPU, 4096 on a GPU, "
                   "where it must be a multiple of 8)")
@@ -556,6 +627,10 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--dump-gradients", a->dump_gradients,
                   "write the first step's parameters, gradients and tokens to this file");
+  cmd->add_option("--test-fail-rank", a->fail_rank,
+                  "testing: with several ranks, this rank exits (status 3) before it joins the "
+                  "group, so that the others wait in the rendezvous")
+      ->group("");  // hidden from --help
   cmd->add_option("--inject-overflow", a->inject_overflow,
                   "testing: make these steps' gradients overflow (adds an Inf)")
       ->group("");  // hidden from --help

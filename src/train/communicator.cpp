@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "train/status_try.h"
+
 namespace sciattn::train {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -24,6 +26,15 @@ Status check_collective(const char* name, int64_t count, int world_size, DType d
     return Status::invalid_argument(std::string(name) + ": dtype must be f32, f16 or bf16; got " +
                                     dtype_name(dtype));
   }
+  return Status::ok_status();
+}
+
+Status check_split(int color, const std::unique_ptr<Communicator>* out) {
+  if (color < 0) {
+    return Status::invalid_argument("split: color must be >= 0 (every rank joins a group); got " +
+                                    std::to_string(color));
+  }
+  if (out == nullptr) return Status::invalid_argument("split: out must not be null");
   return Status::ok_status();
 }
 
@@ -64,6 +75,12 @@ Status SingleRankCommunicator::all_to_all(const void* send, void* recv, int64_t 
   Status s = check_collective("all_to_all", chunk, 1, dtype);
   if (s.ok()) copy_if_apart(recv, send, chunk, dtype);
   return s;
+}
+
+Status SingleRankCommunicator::split(int color, int, std::unique_ptr<Communicator>* out) {
+  SCIATTN_TRY(check_split(color, out));
+  *out = std::make_unique<SingleRankCommunicator>();
+  return Status::ok_status();
 }
 
 Status SingleRankCommunicator::broadcast(void*, int64_t n, DType dtype, int root) {

@@ -170,6 +170,7 @@ class Parser {
   Status clipping(ObjectReader& top, TrainConfig* c);
   Status checkpointing(ObjectReader& top, TrainConfig* c);
   Status zero(ObjectReader& top, TrainConfig* c);
+  Status sequence_parallel(ObjectReader& top, int64_t num_heads, TrainConfig* c);
 
   std::string prefix_;
   const AutoValues& autos_;
@@ -191,12 +192,35 @@ Status Parser::batch(ObjectReader& top, TrainConfig* c) {
       if (!top.has(keys[i]) && fills[i]) values[i] = *fills[i];
     }
   }
-  if (autos_.data_parallel_size < 1) {
-    return Status::invalid_argument(prefix_ + "the data-parallel size must be >= 1; got " +
-                                    std::to_string(autos_.data_parallel_size));
-  }
-  Status s = resolve_batch_sizes(values[0], values[1], values[2], autos_.data_parallel_size, c);
+  // sequence_parallel_size was read and checked against the world size before.
+  const int ranks = autos_.world_size / static_cast<int>(c->sequence_parallel_size);
+  Status s = resolve_batch_sizes(values[0], values[1], values[2], ranks, c);
   if (!s.ok()) return Status::invalid_argument(prefix_ + s.message());
+  return Status::ok_status();
+}
+
+Status Parser::sequence_parallel(ObjectReader& top, int64_t num_heads, TrainConfig* c) {
+  if (autos_.world_size < 1) {
+    return Status::invalid_argument(prefix_ + "the world size must be >= 1; got " +
+                                    std::to_string(autos_.world_size));
+  }
+  int64_t& sp = c->sequence_parallel_size;
+  SCIATTN_TRY(top.get_int("sequence_parallel_size", &sp, 1));
+  if (autos_.world_size % sp != 0) {
+    return top.error("sequence_parallel_size",
+                     std::to_string(sp) + " does not divide the world size " +
+                         std::to_string(autos_.world_size) +
+                         " (ranks = data-parallel ranks x sequence_parallel_size, consecutive "
+                         "ranks sharing a sequence); use a divisor of " +
+                         std::to_string(autos_.world_size));
+  }
+  if (num_heads > 0 && num_heads % sp != 0) {
+    return top.error("sequence_parallel_size",
+                     std::to_string(sp) + " does not divide the model's n_heads " +
+                         std::to_string(num_heads) +
+                         " (each rank of a sequence-parallel group attends over n_heads / "
+                         "sequence_parallel_size heads); use a divisor of n_heads");
+  }
   return Status::ok_status();
 }
 
@@ -569,7 +593,7 @@ Status Parser::zero(ObjectReader& top, TrainConfig* c) {
   SCIATTN_TRY(z.get_bool("allgather_partitions", &zc.allgather_partitions));
   SCIATTN_TRY(z.get_bool("overlap_comm", &zc.overlap_comm));
   SCIATTN_TRY(z.get_bool("contiguous_gradients", &zc.contiguous_gradients));
-  if (autos_.data_parallel_size == 1) {
+  if (autos_.world_size == 1) {
     // One rank: nothing to partition or communicate; the keys are read (and checked) but act
     // only with several ranks.
     if (stage > 0) {
@@ -617,6 +641,7 @@ Status Parser::zero(ObjectReader& top, TrainConfig* c) {
 Status Parser::parse(const Json& doc, int64_t num_heads, TrainConfig* out) {
   ObjectReader top(doc, "", prefix_);
   TrainConfig c;
+  SCIATTN_TRY(sequence_parallel(top, num_heads, &c));
   SCIATTN_TRY(batch(top, &c));
   SCIATTN_TRY(optimizer(top, &c));
   SCIATTN_TRY(scheduler(top, &c));
@@ -626,13 +651,6 @@ Status Parser::parse(const Json& doc, int64_t num_heads, TrainConfig* out) {
   SCIATTN_TRY(zero(top, &c));
   SCIATTN_TRY(top.get_int("steps_per_print", &c.steps_per_print, 1));
   SCIATTN_TRY(top.get_bool("wall_clock_breakdown", &c.wall_clock_breakdown));
-  SCIATTN_TRY(top.get_int("sequence_parallel_size", &c.sequence_parallel_size, 1));
-  if (c.sequence_parallel_size > 1) {
-    return top.error("sequence_parallel_size",
-                     "is " + std::to_string(c.sequence_parallel_size) +
-                         ": sequence parallelism is not built into this trainer yet; set it to "
-                         "1");
-  }
   if (top.has("sparse_attention")) {
     top.mark_read("sparse_attention");
     SparsityConfig sparse;

@@ -52,8 +52,39 @@ Status attention_padding(const GptConfig& config, const SparsityConfig* sparse, 
   return Status::ok_status();
 }
 
-Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out) {
-  const int64_t L = config.sequence_length, H = config.n_heads;
+Status check_sequence_parallel(const GptConfig& config, int64_t size) {
+  if (size < 1) {
+    return Status::invalid_argument("sequence_parallel_size must be >= 1; got " +
+                                    std::to_string(size));
+  }
+  if (config.n_heads % size != 0) {
+    return Status::invalid_argument(
+        "sequence_parallel_size " + std::to_string(size) + " does not divide the model's n_heads " +
+        std::to_string(config.n_heads) +
+        ": each rank of a sequence-parallel group attends over n_heads / sequence_parallel_size "
+        "heads; use a divisor of n_heads");
+  }
+  if (config.sequence_length % size != 0) {
+    return Status::invalid_argument(
+        "sequence_parallel_size " + std::to_string(size) +
+        " does not divide the model's sequence_length " + std::to_string(config.sequence_length) +
+        ": each rank of a sequence-parallel group holds sequence_length / "
+        "sequence_parallel_size tokens; use a divisor of sequence_length");
+  }
+  return Status::ok_status();
+}
+
+Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out,
+                      int64_t head_begin, int64_t head_count) {
+  const int64_t L = config.sequence_length;
+  if (head_count == 0) head_count = config.n_heads;
+  if (head_begin < 0 || head_count < 1 || head_begin + head_count > config.n_heads) {
+    return Status::invalid_argument("plan_attention: heads [" + std::to_string(head_begin) + ", " +
+                                    std::to_string(head_begin + head_count) +
+                                    ") are not within the model's n_heads " +
+                                    std::to_string(config.n_heads));
+  }
+  const int64_t H = head_count;
   AttentionPlan plan;
   SCIATTN_TRY(attention_padding(config, sparse, &plan.block, &plan.padded_length));
   Layout layout;
@@ -65,7 +96,7 @@ Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, Att
     }
   } else {
     SparsityConfig config_for_heads = *sparse;
-    sparsity_common(config_for_heads).num_heads = H;
+    sparsity_common(config_for_heads).num_heads = config.n_heads;
     Status s = make_layout(config_for_heads, plan.padded_length, &layout);
     if (!s.ok()) {
       return Status::invalid_argument("sparse_attention: no layout for sequence_length " +
@@ -77,6 +108,15 @@ Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, Att
       for (int64_t r = 0; r < layout.num_row_blocks; ++r) {
         for (int64_t c = r + 1; c < layout.num_col_blocks; ++c) layout.at(h, r, c) = 0;
       }
+    }
+    if (layout.num_heads > 1 && H < layout.num_heads) {
+      // Only the planned heads' layouts (a sequence-parallel rank's slice), built on the host.
+      Layout slice = Layout::zeros(H, layout.num_row_blocks, layout.num_col_blocks);
+      const auto per_head =
+          static_cast<std::ptrdiff_t>(layout.num_row_blocks * layout.num_col_blocks);
+      std::copy(layout.blocks.begin() + head_begin * per_head,
+                layout.blocks.begin() + (head_begin + H) * per_head, slice.blocks.begin());
+      layout = std::move(slice);
     }
   }
   Status s = build_block_sparse_index(layout, plan.block, &plan.index);
@@ -102,15 +142,18 @@ struct LayerActivations {
   void* ln1 = nullptr;       // [T, C]
   void* ln1_mean = nullptr;  // [T] f32
   void* ln1_rstd = nullptr;  // [T] f32
-  void* qkv = nullptr;       // [T, 3C] (q and k rotated with rotary positions)
-  void* atty = nullptr;      // [T, C]
-  void* lse = nullptr;       // [B, H, Lp] f32
-  void* r2 = nullptr;        // [T, C] x + attention
-  void* ln2 = nullptr;       // [T, C]
-  void* ln2_mean = nullptr;  // [T] f32
-  void* ln2_rstd = nullptr;  // [T] f32
-  void* fch = nullptr;       // [T, F] pre-GELU (untiled MLP only)
-  void* fcg = nullptr;       // [T, F] post-GELU (untiled MLP only)
+  // Without sequence parallelism qkv is [T, 3C] = [B, L, 3, H, D] (q and k rotated with rotary
+  // positions); with it, the head split [B, L, 3, H/P, D] (rotated), of the same size.
+  void* qkv = nullptr;
+  void* atty = nullptr;        // [T, C] the attention output, token split
+  void* atty_heads = nullptr;  // [B, L, H/P, D] the same, head split (sequence parallelism only)
+  void* lse = nullptr;         // [B, H/P, Lp] f32
+  void* r2 = nullptr;          // [T, C] x + attention
+  void* ln2 = nullptr;         // [T, C]
+  void* ln2_mean = nullptr;    // [T] f32
+  void* ln2_rstd = nullptr;    // [T] f32
+  void* fch = nullptr;         // [T, F] pre-GELU (untiled MLP only)
+  void* fcg = nullptr;         // [T, F] post-GELU (untiled MLP only)
 };
 
 struct GptModel::Buffers {
@@ -144,6 +187,10 @@ struct GptModel::Buffers {
   void* dln = nullptr;    // [T, C] gradient of a LayerNorm's output
   void* datty = nullptr;  // [T, C] == dln
   void* dqkv = nullptr;   // [T, 3C]
+  // Sequence parallelism: the all-to-alls' send and receive buffers, [T, 3C] each (the receive
+  // buffer also holds qkv before its all-to-all and the head-split dqkv in the backward).
+  void* a2a_send = nullptr;
+  void* a2a_recv = nullptr;
   std::vector<void*> allocations, host_allocations;
 };
 
@@ -164,7 +211,8 @@ GptModel::~GptModel() {
 
 Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
                         const MemoryOptions& memory, Backend* backend,
-                        std::unique_ptr<GptModel>* out, const float* initial_params) {
+                        std::unique_ptr<GptModel>* out, const float* initial_params,
+                        Communicator* sequence_group) {
   SCIATTN_TRY(validate_gpt_config(config));
   if (batch < 1) {
     return Status::invalid_argument(
@@ -180,7 +228,20 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
                                     std::to_string(memory.parameter_multiple));
   }
   if (backend == nullptr) return Status::invalid_argument("GptModel::create: no back end");
+  const int64_t sp = sequence_group != nullptr ? sequence_group->world_size() : 1;
+  SCIATTN_TRY(check_sequence_parallel(config, sp));
+  if (sp > 1 && backend->device() != Device::kCpu) {
+    return Status::not_supported(
+        "sequence_parallel_size " + std::to_string(sp) +
+        ": sequence parallelism is built on the CPU back end only (the GPU back end has no "
+        "layout kernels for its all-to-alls yet); set sequence_parallel_size to 1 on a GPU");
+  }
   std::unique_ptr<GptModel> m(new GptModel());
+  if (sp > 1) {
+    m->sp_comm_ = sequence_group;
+    m->sp_size_ = sp;
+    m->sp_rank_ = sequence_group->rank();
+  }
   m->config_ = config;
   m->memory_ = memory;
   m->memory_.checkpoint_layers = memory.checkpoint_layers || memory.offload_checkpoints;
@@ -190,7 +251,8 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   m->device_ = backend->device();
   m->token_chunk_ = backend->token_chunk();
   m->layout_ = gpt_parameter_layout(config, memory.parameter_multiple);
-  SCIATTN_TRY(plan_attention(config, sparse, &m->attention_));
+  const int64_t heads = config.n_heads / sp;
+  SCIATTN_TRY(plan_attention(config, sparse, &m->attention_, m->sp_rank_ * heads, heads));
   SCIATTN_TRY(backend->prepare_index(&m->attention_.index));
   SCIATTN_TRY(m->plan_and_allocate(true, initial_params));
   *out = std::move(m);
@@ -199,8 +261,9 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
 
 Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
                        const MemoryOptions& memory, DType compute_dtype, int64_t token_chunk,
-                       Device device, MemoryLedger* out) {
+                       Device device, MemoryLedger* out, int64_t sequence_parallel_size) {
   SCIATTN_TRY(validate_gpt_config(config));
+  SCIATTN_TRY(check_sequence_parallel(config, sequence_parallel_size));
   if (batch < 1) return Status::invalid_argument("plan_gpt_memory: batch must be >= 1");
   if (token_chunk < 1) return Status::invalid_argument("plan_gpt_memory: token_chunk must be >= 1");
   if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
@@ -218,6 +281,7 @@ Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, in
   m.act_ = compute_dtype;
   m.device_ = device;
   m.token_chunk_ = token_chunk;
+  m.sp_size_ = sequence_parallel_size;
   m.layout_ = gpt_parameter_layout(config, memory.parameter_multiple);
   SCIATTN_TRY(attention_padding(config, sparse, &m.attention_.block, &m.attention_.padded_length));
   SCIATTN_TRY(m.plan_and_allocate(false));
@@ -229,8 +293,10 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
   buffers_ = std::make_unique<Buffers>();
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
-  const int64_t T = batch_ * c.sequence_length, C = c.d_model, F = c.mlp_width();
-  const int64_t V = c.vocab_size, H = c.n_heads, Lp = attention_.padded_length;
+  // T: this rank's tokens; H: the heads it attends over (all without sequence parallelism).
+  const int64_t T = local_tokens(), C = c.d_model, F = c.mlp_width();
+  const int64_t V = c.vocab_size, H = c.n_heads / sp_size_, Lp = attention_.padded_length;
+  const bool sp = sp_size_ > 1;
   const int64_t n = c.n_layers;
   const int64_t chunk = token_chunk_;
   const Device dev = device_;
@@ -340,6 +406,7 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
     cv.add(&a.ln1_rstd, T, f4);
     cv.add(&a.qkv, 3 * T * C, es);
     cv.add(&a.atty, T * C, es);
+    if (sp) cv.add(&a.atty_heads, T * C, es);
     cv.add(&a.lse, batch_ * H * Lp, f4);
     cv.add(&a.r2, T * C, es);
     cv.add(&a.ln2, T * C, es);
@@ -400,6 +467,13 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
     SCIATTN_TRY(carve(cv, "backward scratch (dresidual, dLN = dattn, dqkv)", "scratch",
                       kPhaseForward | kPhaseBackward));
     b.datty = b.dln;
+  }
+  if (sp) {
+    Carver cv;
+    cv.add(&b.a2a_send, 3 * T * C, es);
+    cv.add(&b.a2a_recv, 3 * T * C, es);
+    SCIATTN_TRY(carve(cv, "sequence-parallel all-to-all buffers (send, receive), 2 of [T, 3C]",
+                      "scratch", kPhaseForward | kPhaseBackward));
   }
   return Status::ok_status();
 }
@@ -478,15 +552,78 @@ TensorView slot_view(const ParameterLayout& layout, const void* base, DType dtyp
 void* at(void* base, int64_t offset, DType dtype) {
   return static_cast<std::byte*>(base) + offset * static_cast<int64_t>(dtype_size(dtype));
 }
+// The learned position table [P, C] from row `first` on (a sequence-parallel rank's positions
+// start there); absent stays absent (rotary positions).
+TensorView position_rows(const TensorView& table, int64_t first) {
+  if (!table.present() || first == 0) return table;
+  return TensorView::contiguous(at(table.data, first * table.sizes[1], table.dtype), table.dtype,
+                                {table.sizes[0] - first, table.sizes[1]}, table.device);
+}
 }  // namespace
+
+Status GptModel::upload_tokens(const int32_t* host, int32_t* dst) {
+  const int64_t L = config_.sequence_length, Ls = L / sp_size_;
+  if (sp_size_ == 1) {
+    return backend_->copy_to_device(dst, host, static_cast<size_t>(batch_ * L) * sizeof(int32_t));
+  }
+  std::vector<int32_t> slice(static_cast<size_t>(batch_ * Ls));
+  for (int64_t s = 0; s < batch_; ++s) {
+    std::copy(host + s * L + sp_rank_ * Ls, host + s * L + (sp_rank_ + 1) * Ls,
+              slice.begin() + s * Ls);
+  }
+  return backend_->copy_to_device(dst, slice.data(), slice.size() * sizeof(int32_t));
+}
+
+// The two layouts an all-to-all connects, for P ranks, tensors of `parts` x C values per token,
+// E = C / P values per part and rank (H/P heads of D):
+//   token split: [B, Ls, parts, P, E]   this rank's Ls = L / P tokens, every head
+//   head split:  [B, P, Ls, parts, E]   every token (the P slices in order), this rank's heads
+//   chunks:      [P, B, Ls, parts, E]   the all-to-all's buffers: chunk q goes to (comes from)
+//                                       rank q
+// Sending to the head split: chunk q holds this rank's tokens of rank q's heads, and the chunk
+// received from rank q is rank q's tokens of this rank's heads, token slice q of the head split.
+// The way back is the same with the two layouts' roles exchanged.
+Status GptModel::all_to_all_views(const void* src, void* dst, int64_t parts, bool to_heads) {
+  const int64_t P = sp_size_, B = batch_, Ls = config_.sequence_length / P;
+  const int64_t E = config_.d_model / P;
+  const DType t = act_;
+  const Device d = device_;
+  Buffers& b = *buffers_;
+  // The token split and the head split seen in chunk order [P, B, Ls, parts, E].
+  auto token_split = [&](const void* p) {
+    return TensorView::strided(p, t, {P, B, Ls, parts, E},
+                               {E, Ls * parts * P * E, parts * P * E, P * E, 1}, d);
+  };
+  auto head_split = [&](const void* p) {
+    return TensorView::strided(p, t, {P, B, Ls, parts, E},
+                               {Ls * parts * E, P * Ls * parts * E, parts * E, E, 1}, d);
+  };
+  auto chunks = [&](const void* p) {
+    return TensorView::contiguous(p, t, {P, B, Ls, parts, E}, d);
+  };
+  SCIATTN_TRY(
+      backend_->strided_copy({to_heads ? token_split(src) : head_split(src), chunks(b.a2a_send)}));
+  SCIATTN_TRY(backend_->synchronize());
+  SCIATTN_TRY(sp_comm_->all_to_all(b.a2a_send, b.a2a_recv, B * Ls * parts * E, t));
+  return backend_->strided_copy(
+      {chunks(b.a2a_recv), to_heads ? head_split(dst) : token_split(dst)});
+}
+
+Status GptModel::sequence_to_heads(const void* src, void* dst, int64_t parts) {
+  return all_to_all_views(src, dst, parts, true);
+}
+Status GptModel::heads_to_sequence(const void* src, void* dst, int64_t parts) {
+  return all_to_all_views(src, dst, parts, false);
+}
 
 Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool keep,
                                bool recompute) {
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
-  const int64_t T = batch_ * c.sequence_length, C = c.d_model, F = c.mlp_width();
-  const int64_t H = c.n_heads, D = c.head_dim();
+  // T: this rank's tokens; H: the heads its attention covers (all without sequence parallelism).
+  const int64_t T = local_tokens(), C = c.d_model, F = c.mlp_width();
+  const int64_t H = c.n_heads / sp_size_, D = c.head_dim(), L = c.sequence_length;
   const DType t = act_;
   const Device d = device_;
   auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
@@ -501,15 +638,24 @@ Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool ke
 
   SCIATTN_TRY(be.layernorm_forward({act2(in, T, C), w.ln1_w, w.ln1_b, act2(a.ln1, T, C),
                                     f1(a.ln1_mean, T), f1(a.ln1_rstd, T), eps}));
-  SCIATTN_TRY(be.linear_forward({act2(a.ln1, T, C), w.qkv_w, w.qkv_b, act2(a.qkv, T, 3 * C)}));
-  const TensorView qkv5 = TensorView::contiguous(a.qkv, t, {batch_, c.sequence_length, 3, H, D}, d);
+  const bool sp = sp_size_ > 1;
+  // With sequence parallelism the product goes to the receive buffer (free until the all-to-all
+  // reads it), and the all-to-all brings every token of this rank's heads into a.qkv.
+  void* qkv_tokens = sp ? b.a2a_recv : a.qkv;
+  SCIATTN_TRY(be.linear_forward({act2(a.ln1, T, C), w.qkv_w, w.qkv_b, act2(qkv_tokens, T, 3 * C)}));
+  if (sp) SCIATTN_TRY(sequence_to_heads(qkv_tokens, a.qkv, 3));
+  // Rotary positions on the whole sequence: with sequence parallelism, after the all-to-all, so
+  // that each token turns by its global position.
+  const TensorView qkv5 = TensorView::contiguous(a.qkv, t, {batch_, L, 3, H, D}, d);
   if (c.positions == PositionEncoding::kRotary) {
     SCIATTN_TRY(be.rotary({qkv5, static_cast<float>(c.rotary_base), false}));
   }
-  const TensorView atty4 = TensorView::contiguous(a.atty, t, {batch_, c.sequence_length, H, D}, d);
+  void* atty_heads = sp ? a.atty_heads : a.atty;
+  const TensorView atty4 = TensorView::contiguous(atty_heads, t, {batch_, L, H, D}, d);
   const TensorView lse =
       TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}, d);
   SCIATTN_TRY(be.attention_forward({&attention_.index, qkv5, atty4, lse}));
+  if (sp) SCIATTN_TRY(heads_to_sequence(atty_heads, a.atty, 1));
   SCIATTN_TRY(be.linear_forward({act2(a.atty, T, C), w.proj_w, w.proj_b, act2(a.r2, T, C)}));
   SCIATTN_TRY(be.add({act2(a.r2, T, C), act2(in, T, C), act2(a.r2, T, C)}));
   SCIATTN_TRY(be.layernorm_forward({act2(a.r2, T, C), w.ln2_w, w.ln2_b, act2(a.ln2, T, C),
@@ -540,8 +686,8 @@ Status GptModel::layer_backward(int64_t layer, const void* in) {
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
-  const int64_t T = batch_ * c.sequence_length, C = c.d_model, F = c.mlp_width();
-  const int64_t H = c.n_heads, D = c.head_dim();
+  const int64_t T = local_tokens(), C = c.d_model, F = c.mlp_width();
+  const int64_t H = c.n_heads / sp_size_, D = c.head_dim();
   const DType t = act_;
   const Device d = device_;
   auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
@@ -585,15 +731,24 @@ Status GptModel::layer_backward(int64_t layer, const void* in) {
   SCIATTN_TRY(be.linear_backward(
       {act2(a.atty, T, C), w.proj_w, act2(b.dres, T, C), act2(b.datty, T, C), g.proj_w, g.proj_b}));
   const int64_t L = c.sequence_length;
+  const bool sp = sp_size_ > 1;
+  // With sequence parallelism the output's gradient goes to the head split (in dqkv's memory,
+  // free until the last all-to-all below), the attention's dqkv to the receive buffer, and the
+  // last all-to-all brings this rank's tokens' dqkv (all heads) into dqkv.
+  void* datty_heads = sp ? b.dqkv : b.datty;
+  void* dqkv_heads = sp ? b.a2a_recv : b.dqkv;
+  if (sp) SCIATTN_TRY(sequence_to_heads(b.datty, datty_heads, 1));
   const TensorView qkv5 = TensorView::contiguous(a.qkv, t, {batch_, L, 3, H, D}, d);
-  const TensorView dqkv5 = TensorView::contiguous(b.dqkv, t, {batch_, L, 3, H, D}, d);
+  const TensorView dqkv5 = TensorView::contiguous(dqkv_heads, t, {batch_, L, 3, H, D}, d);
   SCIATTN_TRY(be.attention_backward(
-      {&attention_.index, qkv5, TensorView::contiguous(a.atty, t, {batch_, L, H, D}, d),
+      {&attention_.index, qkv5,
+       TensorView::contiguous(sp ? a.atty_heads : a.atty, t, {batch_, L, H, D}, d),
        TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}, d),
-       TensorView::contiguous(b.datty, t, {batch_, L, H, D}, d), dqkv5}));
+       TensorView::contiguous(datty_heads, t, {batch_, L, H, D}, d), dqkv5}));
   if (c.positions == PositionEncoding::kRotary) {
     SCIATTN_TRY(be.rotary({dqkv5, static_cast<float>(c.rotary_base), true}));
   }
+  if (sp) SCIATTN_TRY(heads_to_sequence(dqkv_heads, b.dqkv, 3));
   SCIATTN_TRY(be.linear_backward(
       {act2(a.ln1, T, C), w.qkv_w, act2(b.dqkv, T, 3 * C), act2(b.dln, T, C), g.qkv_w, g.qkv_b}));
   // dres += LN1's input gradient: now the gradient of the layer's input.
@@ -607,11 +762,11 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
-  const int64_t L = c.sequence_length, T = batch_ * L, C = c.d_model, V = c.vocab_size;
-  const int64_t n = c.n_layers;
+  // L: the tokens of a sequence this rank holds; T: of the micro-batch.
+  const int64_t L = c.sequence_length / sp_size_, T = local_tokens(), C = c.d_model;
+  const int64_t V = c.vocab_size, n = c.n_layers;
   const DType t = act_;
   const Device d = device_;
-  const size_t token_bytes = static_cast<size_t>(T) * sizeof(int32_t);
   const size_t boundary_bytes = static_cast<size_t>(T * C) * dtype_size(t);
   const bool offload = memory_.offload_checkpoints && with_grad;
   auto act2 = [&](const void* p, int64_t rows, int64_t cols) {
@@ -620,8 +775,8 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
   auto f1 = [&](const void* p, int64_t k) {
     return TensorView::contiguous(p, DType::kF32, {k}, d);
   };
-  SCIATTN_TRY(be.copy_to_device(b.inputs, inputs, token_bytes));
-  SCIATTN_TRY(be.copy_to_device(b.targets, targets, token_bytes));
+  SCIATTN_TRY(upload_tokens(inputs, b.inputs));
+  SCIATTN_TRY(upload_tokens(targets, b.targets));
 
   // Boundary l (l <= n - 2) goes to host memory as soon as it is written; the buffer it is in
   // is written again by layer l + 1, which waits for the copy.
@@ -632,7 +787,7 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
   };
   SCIATTN_TRY(hook_forward(0));
   const TensorView wte = slot_view(layout_, weights_, t, d, "wte");
-  const TensorView wpe = slot_view(layout_, weights_, t, d, "wpe");
+  const TensorView wpe = position_rows(slot_view(layout_, weights_, t, d, "wpe"), sp_rank_ * L);
   SCIATTN_TRY(be.embedding_forward({b.inputs, batch_, L, wte, wpe, act2(boundary(0), T, C)}));
   SCIATTN_TRY(offload_boundary(0));
   for (int64_t l = 0; l < n; ++l) {
@@ -677,7 +832,7 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
 }
 
 Status GptModel::read_losses(MicroBatchResult* out) {
-  const int64_t T = batch_ * config_.sequence_length;
+  const int64_t T = local_tokens();
   std::vector<float> losses(static_cast<size_t>(T));
   SCIATTN_TRY(
       backend_->copy_to_host(losses.data(), buffers_->losses, losses.size() * sizeof(float)));
@@ -699,8 +854,8 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
-  const int64_t L = c.sequence_length, T = batch_ * L, C = c.d_model, V = c.vocab_size;
-  const int64_t n = c.n_layers;
+  const int64_t L = c.sequence_length / sp_size_, T = local_tokens(), C = c.d_model;
+  const int64_t V = c.vocab_size, n = c.n_layers;
   const DType t = act_;
   const Device d = device_;
   const bool offload = memory_.offload_checkpoints;
@@ -745,16 +900,16 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
     SCIATTN_TRY(layer_backward(l, boundary(l)));
     SCIATTN_TRY(hook_backward(l + 1));
   }
-  SCIATTN_TRY(be.embedding_backward({b.inputs, batch_, L, act2(b.dres, T, C),
-                                     slot_view(layout_, grads_, DType::kF32, d, "wte"),
-                                     slot_view(layout_, grads_, DType::kF32, d, "wpe")}));
+  SCIATTN_TRY(be.embedding_backward(
+      {b.inputs, batch_, L, act2(b.dres, T, C), slot_view(layout_, grads_, DType::kF32, d, "wte"),
+       position_rows(slot_view(layout_, grads_, DType::kF32, d, "wpe"), sp_rank_ * L)}));
   SCIATTN_TRY(hook_backward(0));
   // The losses are read last, so the backward was queued without waiting for the forward.
   return read_losses(out);
 }
 
 double GptModel::flops_per_micro_batch() const {
-  const double T = static_cast<double>(batch_ * config_.sequence_length);
+  const double T = static_cast<double>(local_tokens());
   const double b = static_cast<double>(attention_.block);
   // Per layer: forward 4 * B * nnz * b^2 * D, backward 10 * ... (sparse_attention_*_flops).
   const double attention =

@@ -1,20 +1,24 @@
 // The thread-per-rank test communicator (thread_communicator.h). Trainer layer (host code).
 #include "sciattn/train/thread_communicator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace sciattn::train {
 
-// What the ranks of a group share: a generation-counting barrier that can be poisoned, and one
-// slot per rank for the pointers and the call a collective publishes.
+// What the ranks of a group share: a generation-counting barrier that can be poisoned, one slot
+// per rank for the pointers and the call a collective publishes, and the groups split from it
+// (which inherit its failures).
 class ThreadRendezvous {
  public:
   struct Slot {
@@ -23,6 +27,7 @@ class ThreadRendezvous {
     int root = 0;
     const void* a = nullptr;
     const void* b = nullptr;
+    int color = 0, key = 0;  // split's arguments
   };
 
   explicit ThreadRendezvous(int n) : n_(n), slots_(static_cast<size_t>(n)) {}
@@ -58,6 +63,32 @@ class ThreadRendezvous {
     } else if (left_rank_ < 0) {
       left_rank_ = rank;
     }
+    for (auto& entry : children_) propagate(entry.second, rank);
+    cv_.notify_all();
+  }
+
+  // The group of color `color` made by the `serial`-th split of this group, whose members are
+  // `members` (their ranks here, in the new group's rank order): made by the first of its ranks
+  // to ask, found by the others. It starts with what this group has suffered so far.
+  std::shared_ptr<ThreadRendezvous> child(int64_t serial, int color,
+                                          const std::vector<int>& members) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Child& c = children_[{serial, color}];
+    if (c.group == nullptr) {
+      c.group = std::make_shared<ThreadRendezvous>(static_cast<int>(members.size()));
+      c.members = members;
+      if (!poison_.ok()) c.group->poison(poison_);
+      if (left_rank_ >= 0) propagate(c, left_rank_);
+    }
+    return c.group;
+  }
+
+  // Fails every collective of this group and of its children with `status` (a parent's
+  // failure, whose message names the parent's failed rank).
+  void poison(const Status& status) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (poison_.ok()) poison_ = status;
+    for (auto& entry : children_) entry.second.group->poison(status);
     cv_.notify_all();
   }
 
@@ -74,14 +105,33 @@ class ThreadRendezvous {
         " returned without entering it (every rank must call the same collectives)");
   }
 
+  struct Child {
+    std::shared_ptr<ThreadRendezvous> group;
+    std::vector<int> members;  // the parent's ranks, at their rank in the child
+  };
+
+  // Called with the mutex held: what this group's poison or rank `rank`'s leaving means for a
+  // child (the lock order is always parent, then child).
+  void propagate(Child& c, int rank) {
+    if (!poison_.ok()) {
+      c.group->poison(poison_);
+      return;
+    }
+    const auto it = std::find(c.members.begin(), c.members.end(), rank);
+    if (it != c.members.end()) {
+      c.group->leave(static_cast<int>(it - c.members.begin()), Status::ok_status());
+    }
+  }
+
   const int n_;
   std::vector<Slot> slots_;
   std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
   uint64_t generation_ = 0;
-  Status poison_;       // the first failed rank's status
-  int left_rank_ = -1;  // the first rank that returned ok
+  Status poison_;                                      // the first failed rank's status
+  int left_rank_ = -1;                                 // the first rank that returned ok
+  std::map<std::pair<int64_t, int>, Child> children_;  // by (split serial, color)
 };
 
 namespace {
@@ -300,6 +350,35 @@ Status ThreadCommunicator::broadcast(void* data, int64_t n, DType dtype, int roo
 Status ThreadCommunicator::barrier() {
   SCIATTN_PUBLISH(0, 0);
   return run("barrier", nullptr, nullptr, [] {});
+}
+
+Status ThreadCommunicator::split(int color, int key, std::unique_ptr<Communicator>* out) {
+  Status s = check_split(color, out);
+  if (!s.ok()) return s;
+  SCIATTN_PUBLISH(0, 0);
+  group_->slot(rank_).color = color;
+  group_->slot(rank_).key = key;
+  const int64_t serial = splits_++;
+  std::shared_ptr<ThreadRendezvous> child;
+  int child_rank = 0;
+  s = run("split", nullptr, nullptr, [&] {
+    // The ranks of this color, ordered by (key, rank): every rank of the color computes the
+    // same list from the same slots.
+    std::vector<std::pair<int, int>> order;  // (key, rank)
+    for (int q = 0; q < group_->size(); ++q) {
+      if (group_->slot(q).color == color) order.push_back({group_->slot(q).key, q});
+    }
+    std::sort(order.begin(), order.end());
+    std::vector<int> members;
+    for (const auto& kq : order) {
+      if (kq.second == rank_) child_rank = static_cast<int>(members.size());
+      members.push_back(kq.second);
+    }
+    child = group_->child(serial, color, members);
+  });
+  if (!s.ok()) return s;
+  out->reset(new ThreadCommunicator(std::move(child), child_rank));
+  return Status::ok_status();
 }
 
 #undef SCIATTN_PUBLISH

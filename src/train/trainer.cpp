@@ -448,13 +448,15 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   t->backend_ = std::move(backend);
   if (options.communicator != nullptr) t->comm_ = options.communicator;
   const int world = t->comm_->world_size();
-  if (config.data_parallel_size != world) {
+  const int64_t sp = config.sequence_parallel_size;
+  if (config.data_parallel_size * sp != world) {
     return Status::invalid_argument(
         "the train config was resolved for " + std::to_string(config.data_parallel_size) +
-        " data-parallel rank(s) (train_batch_size = micro x accumulation x ranks), but the "
+        " data-parallel rank(s) x sequence_parallel_size " + std::to_string(sp) +
+        " (train_batch_size = micro x accumulation x data-parallel ranks), but the "
         "communicator has " +
         std::to_string(world) +
-        "; parse it with AutoValues::data_parallel_size = " + std::to_string(world));
+        " ranks; parse it with AutoValues::world_size = " + std::to_string(world));
   }
   t->offload_ = options.offload_optimizer || config.offload_optimizer;
   if (world > 1 && t->offload_) {
@@ -475,13 +477,20 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   if (zero) memory.parameter_multiple = zero_parameter_multiple(world);
   const SparsityConfig* sparse = config.sparse_attention ? &*config.sparse_attention : nullptr;
   SCIATTN_TRY(validate_gpt_config(model));
+  SCIATTN_TRY(check_sequence_parallel(model, sp));
+  if (sp > 1) {
+    // Consecutive ranks share a sequence. Every rank gets here (the checks above depend only on
+    // what every rank shares), so every rank takes part in the split.
+    const int rank = t->comm_->rank(), size = static_cast<int>(sp);
+    SCIATTN_TRY(t->comm_->split(rank / size, rank, &t->sequence_group_));
+  }
   // The initial parameters, drawn once for the model's weights and the master weights (1.3B
   // normal draws take tens of seconds). Every rank draws the same values from the model's seed.
   const ParameterLayout layout = gpt_parameter_layout(model, memory.parameter_multiple);
   std::vector<float> init(static_cast<size_t>(layout.total));
   init_gpt_parameters(model, layout, init.data());
   SCIATTN_TRY(GptModel::create(model, sparse, config.micro_batch_size, memory, t->backend_.get(),
-                               &t->model_, init.data()));
+                               &t->model_, init.data(), t->sequence_group_.get()));
   SCIATTN_TRY(DataLoader::create(data, model.sequence_length, config.micro_batch_size,
                                  model.vocab_size, options.shuffle, options.data_seed,
                                  &t->loader_));
@@ -588,11 +597,17 @@ Status Trainer::step(StepReport* report) {
   const int64_t B = config_.micro_batch_size, L = model_config_.sequence_length;
   const int64_t gas = config_.gradient_accumulation_steps;
   const int64_t tokens_per_micro = B * L;
+  // Each rank scales the loss of its own tokens (1/S of each sequence with sequence parallelism
+  // over S ranks); the mean over all ranks then sums each sequence's S shares and averages over
+  // the data-parallel ranks: the gradient of the global batch's mean loss.
   const double loss_scale = scaler_.scale();
   const float grad_scale =
-      static_cast<float>(loss_scale / static_cast<double>(tokens_per_micro * gas));
+      static_cast<float>(loss_scale / static_cast<double>(model_->local_tokens() * gas));
 
-  const int world = comm_->world_size(), rank = comm_->rank();
+  const int world = comm_->world_size();
+  // The data-parallel rank (the sequence-parallel group) and their number.
+  const int64_t sp = config_.sequence_parallel_size;
+  const int dp_world = world / static_cast<int>(sp), dp_rank = comm_->rank() / static_cast<int>(sp);
   const int64_t n = model_->layout().total;
   const int64_t step_number = global_step_ + 1;
   const bool inject =
@@ -608,8 +623,8 @@ Status Trainer::step(StepReport* report) {
     // before its bucket is reduced.
     if (inject && zero_->stage() == 2) zero_->inject_overflow(n / 2);
   }
-  // Rank r's micro-batches are r * gas .. (r + 1) * gas - 1 of the global batch.
-  if (world > 1) loader_->skip(rank * gas);
+  // Data-parallel rank r's micro-batches are r * gas .. (r + 1) * gas - 1 of the global batch.
+  if (dp_world > 1) loader_->skip(dp_rank * gas);
   std::vector<int32_t> inputs(static_cast<size_t>(tokens_per_micro));
   std::vector<int32_t> targets(inputs.size());
   std::vector<int32_t> all_inputs, all_targets;  // kept for a gradient dump
@@ -629,7 +644,7 @@ Status Trainer::step(StepReport* report) {
     SCIATTN_TRY(model_->forward_backward(inputs.data(), targets.data(), grad_scale, &r));
     loss_sum += r.loss_sum;
   }
-  if (world > 1) loader_->skip(static_cast<int64_t>(world - 1 - rank) * gas);
+  if (dp_world > 1) loader_->skip(static_cast<int64_t>(dp_world - 1 - dp_rank) * gas);
   if (offload_state_ != nullptr) SCIATTN_TRY(offload_state_->gradients_copied());
   if (inject && !(zero_ != nullptr && zero_->stage() == 2)) {
     const float inf = std::numeric_limits<float>::infinity();
@@ -646,8 +661,9 @@ Status Trainer::step(StepReport* report) {
     SCIATTN_TRY(
         reduce_gradients(*comm_, *backend_, scaling, loss_scale, model_->grads(), n, &reduced));
   }
-  // The step's loss and tokens are the global batch's (every rank reports the same).
-  const int64_t step_tokens = tokens_per_micro * gas * world;
+  // The step's loss and tokens are the global batch's (every rank reports the same): the sum over
+  // all ranks adds every token's loss once.
+  const int64_t step_tokens = tokens_per_micro * gas * dp_world;
   if (world > 1) SCIATTN_TRY(comm_->all_reduce_sum(&loss_sum));
   if (dumping) {
     SCIATTN_TRY(dump_gradients(reduced.pending_scale,

@@ -192,6 +192,8 @@ class LowpCpuBackend final : public Backend {
     return cpu_->cast(src, st, dst, dt, n);
   }
   Status prepare_index(BlockSparseIndex* index) override { return cpu_->prepare_index(index); }
+  // Moves values without changing them: nothing to round.
+  Status strided_copy(const StridedCopyParams& p) override { return cpu_->strided_copy(p); }
 
   Status embedding_forward(const EmbeddingParams& p) override {
     return round_after(cpu_->embedding_forward(p), p.out);

@@ -1,10 +1,14 @@
 // `sciattn train` and `sciattn data` run as a user would: the demo's loss falls; a run from a
 // text file writes its log, plot and checkpoint and resumes; the offload flags give the same
 // losses; --plan prints the memory arithmetic; bad input gets a message naming what the user wrote
-// and a non-zero exit. These runs name --device cpu (the default is cuda on a GPU machine). Test
-// layer (cpu).
+// and a non-zero exit; --nproc-per-node and ranks started by a launcher train as one group. These
+// runs name --device cpu (the default is cuda on a GPU machine). Test layer (cpu).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,8 +21,8 @@ namespace {
 
 using Result = sciattn::testing::CommandResult;
 
-Result run(const std::string& args) {
-  return sciattn::testing::run_cli(args);
+Result run(const std::string& args, const std::string& prefix = "") {
+  return sciattn::testing::run_cli(args, prefix);
 }
 
 std::string dir() {
@@ -203,6 +207,113 @@ TEST(TrainCli, BadInputIsNamed) {
   r = run("train --demo --resume " + f.config);
   EXPECT_NE(r.exit_code, 0);
   expect_contains(r, "does not start with the magic \"SCIACKPT\"");
+}
+
+// A TCP port nobody listened on a moment ago, for a group started by hand.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::vector<nlohmann::json> records(const std::string& log) {
+  std::ifstream in(log);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Two ranks started by --nproc-per-node on the CPU (the TCP test communicator) train the same
+// global batches as one rank accumulating two micro-batches: the losses agree to rounding (the
+// two add the micro-batches in another order), only rank 0 prints, and a checkpoint folder is
+// written by both.
+TEST(TrainCli, NprocPerNodeOnTheCpuEqualsOneRankWithAccumulation) {
+  Files f;
+  ASSERT_EQ(run("data --text " + f.text + " --lines --out " + f.tokens).exit_code, 0);
+  const std::string base = "train --device cpu --config " + f.config + " --model " + f.model +
+                           " --data " + f.tokens +
+                           " --lr 1e-3 --token-chunk 8 --steps 4 --threads 1 --log ";
+  const std::string one = dir() + "one.jsonl", two = dir() + "two.jsonl", ckpt = dir() + "two.ckpt";
+  Result r = run(base + one);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "batch 4 = micro 2 x 2 accumulation");
+  r = run(base + two + " --nproc-per-node 2 --save " + ckpt);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "batch 4 = micro 2 x 1 accumulation");
+  expect_contains(r, "2 ranks (RANK), one process each, the TCP test communicator");
+  // Rank 0 alone prints the progress lines (and the warnings).
+  EXPECT_EQ(r.output.find("step 1/4"), r.output.rfind("step 1/4")) << r.output;
+  expect_contains(r, "saved " + ckpt + " at step 4");
+  EXPECT_FALSE(read(ckpt + "/manifest.json").empty());
+  EXPECT_FALSE(read(ckpt + "/shard-00001-of-00002.ckpt").empty());
+  const std::vector<nlohmann::json> a = records(one), b = records(two);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t k = 0; k < a.size(); ++k) {
+    const double la = a[k]["loss"].get<double>(), lb = b[k]["loss"].get<double>();
+    EXPECT_NEAR(la, lb, 1e-5 * la) << "step " << k + 1;
+    EXPECT_EQ(a[k]["tokens"], b[k]["tokens"]);
+    EXPECT_EQ(a[k]["skipped"], b[k]["skipped"]);
+  }
+}
+
+// torchrun's way: each process is started with its RANK, WORLD_SIZE and rank 0's address, and
+// joins the group (here rank 1 in the background, rank 0 in the foreground).
+TEST(TrainCli, ProcessesStartedByALauncherJoinAsTheirRanks) {
+  const int port = free_port();
+  const std::string group =
+      "export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + "; ";
+  const std::string args = "train --demo --device cpu --threads 1 --steps 60";
+  const Result r = run(args, group + "RANK=1 LOCAL_RANK=1 " + SCIATTN_CLI_PATH + " " + args +
+                                 " >/dev/null 2>&1 & RANK=0 LOCAL_RANK=0 ");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "2 ranks (RANK)");
+  expect_contains(r, "batch 8 = micro 4 x 1 accumulation");
+  expect_contains(r, "loss fell from");
+}
+
+TEST(TrainCli, NprocPerNodeForwardsTheRanksFailure) {
+  // 4 ranks cannot split the demo's batch of 8 into micro-batches of 4: the ranks refuse the
+  // demo's config (exit status 1), the launcher stops the others and exits with that status.
+  const Result r = run("train --demo --device cpu --threads 1 --nproc-per-node 4");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  expect_contains(r, "data-parallel ranks 4");
+  expect_contains(r, "failed (exit status 1)");
+  EXPECT_EQ(r.output.find("sciattn trainsciattn"), std::string::npos) << r.output;
+}
+
+// One rank fails before it joins the group while rank 0 waits for it in the rendezvous (for up to
+// 300 s): the launcher stops rank 0 and exits with the failed rank's status, within seconds.
+TEST(TrainCli, NprocPerNodeStopsTheOthersWhenOneRankFails) {
+  const auto start = std::chrono::steady_clock::now();
+  const Result r =
+      run("train --demo --device cpu --threads 1 --nproc-per-node 2 --test-fail-rank 1");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  expect_contains(r, "sciattn train (rank 1): --test-fail-rank 1: failing");
+  expect_contains(r, "rank 1 failed (exit status 3); stopping the other 1 rank(s)");
+  EXPECT_LT(seconds, 9.0);
+}
+
+TEST(TrainCli, LauncherVariablesAreChecked) {
+  Result r = run("train --demo --device cpu --nproc-per-node 2",
+                 "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "leave out --nproc-per-node");
+  r = run("train --demo --device cpu", "RANK=x WORLD_SIZE=2 ");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "RANK=\"x\" is not a decimal integer");
+  r = run("train --demo --device cpu", "RANK=1 WORLD_SIZE=2 ");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "MASTER_ADDR");
 }
 
 }  // namespace

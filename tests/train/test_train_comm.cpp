@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -231,6 +232,62 @@ TEST_P(ThreadComm, BroadcastScalarsAndBarrier) {
   }
 }
 
+// split: the groups of each color, ranked by key, run their collectives among themselves (the
+// sums here hold only the group's ranks), independently of the other groups (which call a
+// different number of collectives), and a second split of the same group works alike.
+TEST_P(ThreadComm, SplitFormsGroupsByColorRankedByKey) {
+  const int ranks = GetParam();
+  const int group = 2;  // consecutive pairs, as the trainer's sequence-parallel groups
+  std::vector<int> sub_rank(static_cast<size_t>(ranks), -1), sub_size(sub_rank.size(), -1);
+  std::vector<double> sums(sub_rank.size(), 0.0);
+  std::vector<std::vector<float>> received(sub_rank.size());
+  std::vector<int> reversed_rank(sub_rank.size(), -1);
+  expect_all_ok(run_thread_ranks(ranks, [&](Communicator& comm) {
+    const size_t r = static_cast<size_t>(comm.rank());
+    std::unique_ptr<Communicator> sub;
+    Status s = comm.split(comm.rank() / group, comm.rank(), &sub);
+    if (!s.ok()) return s;
+    sub_rank[r] = sub->rank();
+    sub_size[r] = sub->world_size();
+    double x = static_cast<double>(1 << comm.rank());
+    s = sub->all_reduce_sum(&x);
+    if (!s.ok()) return s;
+    sums[r] = x;
+    // Two floats to each rank of the group: this rank's number and the destination's.
+    std::vector<float> send, recv(2 * group, NAN);
+    for (int q = 0; q < group; ++q) {
+      send.push_back(static_cast<float>(comm.rank()));
+      send.push_back(static_cast<float>(q));
+    }
+    s = sub->all_to_all(send.data(), recv.data(), 2, DType::kF32);
+    if (!s.ok()) return s;
+    received[r] = recv;
+    // The first group alone takes one more collective: the others do not wait for it.
+    if (comm.rank() / group == 0) {
+      s = sub->barrier();
+      if (!s.ok()) return s;
+    }
+    // All ranks in one group, ranked by a descending key.
+    std::unique_ptr<Communicator> all;
+    s = comm.split(7, -comm.rank(), &all);
+    if (!s.ok()) return s;
+    reversed_rank[r] = all->rank();
+    return all->barrier();
+  }));
+  for (int r = 0; r < ranks; ++r) {
+    const size_t i = static_cast<size_t>(r);
+    const int first = r / group * group;
+    EXPECT_EQ(sub_rank[i], r % group);
+    EXPECT_EQ(sub_size[i], group);
+    EXPECT_EQ(sums[i], static_cast<double>((1 << first) + (1 << (first + 1)))) << "rank " << r;
+    for (int q = 0; q < group; ++q) {
+      EXPECT_EQ(received[i][static_cast<size_t>(2 * q)], static_cast<float>(first + q));
+      EXPECT_EQ(received[i][static_cast<size_t>(2 * q + 1)], static_cast<float>(r % group));
+    }
+    EXPECT_EQ(reversed_rank[i], ranks - 1 - r);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadComm, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::to_string(i.param) + "ranks";
@@ -316,6 +373,41 @@ TEST(ThreadCommErrors, BadArgumentsNameTheArgument) {
             std::string::npos);
 }
 
+// A failure anywhere reaches the groups split off: a rank waiting in its group's collective gets
+// an error naming the failed rank (in the parent's numbering), and one whose group partner
+// returned without entering a collective is told so, instead of waiting forever.
+TEST(ThreadCommErrors, SplitGroupsShareTheParentsFailures) {
+  std::vector<Status> st = run_thread_ranks(4, [](Communicator& comm) {
+    std::unique_ptr<Communicator> sub;
+    Status s = comm.split(comm.rank() / 2, comm.rank(), &sub);
+    if (!s.ok()) return s;
+    if (comm.rank() == 3) return Status::invalid_argument("out of memory");
+    return sub->barrier();
+  });
+  EXPECT_EQ(st[3].message(), "out of memory");
+  EXPECT_NE(st[2].message().find("rank 3 failed: out of memory"), std::string::npos)
+      << st[2].message();
+  st = run_thread_ranks(4, [](Communicator& comm) {
+    std::unique_ptr<Communicator> sub;
+    Status s = comm.split(comm.rank() / 2, comm.rank(), &sub);
+    if (!s.ok()) return s;
+    if (comm.rank() == 3) return Status::ok_status();
+    return sub->barrier();
+  });
+  // (Ranks 0 and 1 may fail too: rank 2's failure poisons every group, theirs included.)
+  EXPECT_TRUE(st[3].ok());
+  ASSERT_FALSE(st[2].ok());
+  EXPECT_NE(st[2].message().find("rank 1 returned without entering it"), std::string::npos)
+      << st[2].message();
+  // A negative color is refused (every rank joins a group).
+  st = run_thread_ranks(1, [](Communicator& comm) {
+    std::unique_ptr<Communicator> sub;
+    return comm.split(-1, 0, &sub);
+  });
+  EXPECT_NE(st[0].message().find("split: color must be >= 0"), std::string::npos)
+      << st[0].message();
+}
+
 TEST(SingleRankComm, CopiesApartAndLeavesInPlace) {
   SingleRankCommunicator comm;
   std::vector<float> a = rank_input(0, 5), b(5, NAN);
@@ -333,6 +425,12 @@ TEST(SingleRankComm, CopiesApartAndLeavesInPlace) {
   EXPECT_TRUE(bitwise_equal(a.data(), rank_input(0, 5).data(), 5));
   EXPECT_FALSE(comm.reduce(a.data(), 5, 1, ReduceOp::kSum).ok());
   EXPECT_TRUE(comm.barrier().ok());
+  std::unique_ptr<Communicator> sub;
+  ASSERT_TRUE(comm.split(3, 1, &sub).ok());
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->world_size(), 1);
+  EXPECT_EQ(sub->rank(), 0);
+  EXPECT_FALSE(comm.split(-1, 0, &sub).ok());
 }
 
 }  // namespace

@@ -106,7 +106,7 @@ TEST(TrainConfig, SpecExampleParsesWithDeepSpeedSemantics) {
 // and the batch arithmetic multiplies by the ranks.
 TEST(TrainConfig, ZeroKeysActWithSeveralRanks) {
   AutoValues autos;
-  autos.data_parallel_size = 4;
+  autos.world_size = 4;
   std::vector<std::string> w;
   const std::string json = R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
     "zero_optimization": {"stage": 1, "overlap_comm": true, "contiguous_gradients": false,
@@ -136,8 +136,44 @@ TEST(TrainConfig, ZeroKeysActWithSeveralRanks) {
                {"train_batch_size 16 != train_micro_batch_size_per_gpu 1",
                 "x gradient_accumulation_steps 16 x data-parallel ranks 4 = 64"},
                autos);
-  autos.data_parallel_size = 0;
-  expect_error(R"({"train_batch_size": 8})", {"data-parallel size must be >= 1; got 0"}, autos);
+  autos.world_size = 0;
+  expect_error(R"({"train_batch_size": 8})", {"the world size must be >= 1; got 0"}, autos);
+}
+
+// sequence_parallel_size groups the world's ranks: the batch arithmetic counts the data-parallel
+// ranks (world / sequence_parallel_size), and sizes that do not divide are refused by name.
+TEST(TrainConfig, SequenceParallelSize) {
+  AutoValues autos;
+  autos.world_size = 8;
+  std::vector<std::string> w;
+  const TrainConfig c = parse_ok(
+      R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+          "sequence_parallel_size": 2, "zero_optimization": {"stage": 2}})",
+      &w, autos);
+  EXPECT_TRUE(w.empty()) << w.front();
+  EXPECT_EQ(c.sequence_parallel_size, 2);
+  EXPECT_EQ(c.data_parallel_size, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);  // 16 / (2 x 4 data-parallel ranks)
+  // All ranks in one group: one data-parallel rank.
+  AutoValues four;
+  four.world_size = 4;
+  const TrainConfig all =
+      parse_ok(R"({"train_batch_size": 3, "sequence_parallel_size": 4})", &w, four);
+  EXPECT_EQ(all.data_parallel_size, 1);
+  EXPECT_EQ(all.micro_batch_size, 3);
+  // The world (the launcher's ranks) must be a multiple: one rank cannot hold a group of 2.
+  expect_error(R"({"train_batch_size": 4, "sequence_parallel_size": 2})",
+               {"sequence_parallel_size 2 does not divide the world size 1", "use a divisor of 1"});
+  autos.world_size = 6;
+  expect_error(R"({"train_batch_size": 6, "sequence_parallel_size": 4})",
+               {"sequence_parallel_size 4 does not divide the world size 6"}, autos);
+  // The model's 4 heads split over the group: 3 does not divide them (6 ranks would do).
+  expect_error(R"({"train_batch_size": 6, "sequence_parallel_size": 3})",
+               {"sequence_parallel_size 3 does not divide the model's n_heads 4",
+                "use a divisor of n_heads"},
+               autos);
+  expect_error(R"({"train_batch_size": 6, "sequence_parallel_size": 0})",
+               {"sequence_parallel_size must be >= 1"}, autos);
 }
 
 TEST(TrainConfig, BatchSizeArithmetic) {
@@ -282,8 +318,6 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreErrorsNamingTheKey) {
   expect_error(
       R"({"train_batch_size": 4, "zero_optimization": {"offload_optimizer": {"device": "gpu"}}})",
       {"zero_optimization.offload_optimizer.device must be"});
-  expect_error(R"({"train_batch_size": 4, "sequence_parallel_size": 2})",
-               {"sequence_parallel_size is 2"});
   expect_error(R"({"train_batch_size": 4, "sparse_attention": {"mode": "bigbrd"}})",
                {"ds.json", "unknown mode \"bigbrd\""});
   expect_error(R"({"train_batch_size": 4, "steps_per_print": 0})",

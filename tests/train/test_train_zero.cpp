@@ -2,7 +2,8 @@
 // (each rank its own micro-batches) against the replicated data-parallel trainer (stage 0) and
 // against one rank with gradient accumulation over the same micro-batches; bucket sizes and the
 // communication switches; clipping from shards; ds_enhanced overflow on one rank; refusals;
-// checkpoint folders saved on N ranks and resumed on N, on another number of ranks or on one.
+// checkpoint folders saved on N ranks and resumed on N, on another number of ranks or on one;
+// ranks as processes (the TCP test communicator) against ranks as threads.
 // Test layer (cpu).
 //
 // Which comparisons are bitwise, and why:
@@ -40,8 +41,10 @@
 #include <tuple>
 #include <vector>
 
+#include "process_ranks.h"
 #include "process_temp_dir.h"
 #include "sciattn/train/data.h"
+#include "sciattn/train/process_group.h"
 #include "sciattn/train/thread_communicator.h"
 #include "sciattn/train/trainer.h"
 #include "sciattn/train/zero.h"
@@ -103,7 +106,7 @@ std::string config_json(int world, int gas, int stage, const std::string& zero_k
 
 TrainConfig parse(const std::string& json, int world) {
   AutoValues autos;
-  autos.data_parallel_size = world;
+  autos.world_size = world;
   TrainConfig c;
   std::vector<std::string> warnings;
   Status s = parse_train_config(json, "\"zero test\"", 2, autos, &c, &warnings);
@@ -499,6 +502,48 @@ TEST_P(ZeroStages, LedgerShowsTheShards) {
     }
     const uint64_t per_state = static_cast<uint64_t>(z.total / world) * 4;
     EXPECT_EQ(shard_bytes, per_state * (stage == 2 ? 3 : 2));
+  }
+}
+
+// One process per rank (the TCP test communicator, forked processes on 127.0.0.1) trains as the
+// thread ranks do, bit for bit: the same collectives in the same order, the same rank-order sums.
+// The processes are forked before this test process runs anything in parallel (process_ranks.h).
+TEST_P(ZeroStages, ProcessesEqualThreadRanksBitwise) {
+  const int world = GetParam();
+  const int steps = 2;
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string json = config_json(world, 2, stage, ", \"reduce_bucket_size\": 300");
+    const std::vector<RankResult> procs = run_process_ranks(world, [&](const ProcessEnv& env) {
+      std::unique_ptr<Communicator> comm;
+      RendezvousOptions ro;
+      ro.timeout_seconds = 60;
+      Status s = make_tcp_communicator(env, ro, &comm);
+      std::unique_ptr<Trainer> t;
+      if (s.ok()) s = make_trainer(parse(json, world), comm.get(), TrainerOptions{}, &t);
+      std::string losses;
+      for (int k = 0; k < steps && s.ok(); ++k) {
+        StepReport rep;
+        s = t->step(&rep);
+        losses.append(reinterpret_cast<const char*>(&rep.loss), sizeof rep.loss);
+      }
+      std::vector<float> params;
+      if (s.ok()) s = t->master_parameters(&params);
+      return RankResult{s, losses + std::string(reinterpret_cast<const char*>(params.data()),
+                                                params.size() * sizeof(float))};
+    });
+    const RankRuns threads = train(world, json, steps);
+    std::string want;
+    for (const StepReport& rep : threads.reports[0]) {
+      want.append(reinterpret_cast<const char*>(&rep.loss), sizeof rep.loss);
+    }
+    want.append(reinterpret_cast<const char*>(threads.params[0].data()),
+                threads.params[0].size() * sizeof(float));
+    expect_real_training(threads, world);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(procs[r].status.ok()) << "rank " << r << ": " << procs[r].status.to_string();
+      EXPECT_TRUE(procs[r].bytes == want) << "rank " << r << " differs from the thread ranks";
+    }
   }
 }
 

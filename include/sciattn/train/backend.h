@@ -119,6 +119,14 @@ struct AttentionBackwardParams {
   TensorView dqkv;           // [B, L, 3, H, D] written
 };
 
+// dst = src between two views of the same sizes and dtype with any strides (rank 1 to 6; the two
+// must not overlap). Ulysses sequence parallelism (gpt.h) moves activations between a token split
+// and a head split with such copies, on either side of its all-to-alls.
+struct StridedCopyParams {
+  TensorView src;  // [sizes] any strides
+  TensorView dst;  // [sizes] written
+};
+
 // out = a + b (elementwise; out may be a or b).
 struct AddParams {
   TensorView a, b, out;  // [N, C]
@@ -236,6 +244,7 @@ class Backend {
   virtual Status attention_forward(const AttentionParams& p) = 0;
   virtual Status attention_backward(const AttentionBackwardParams& p) = 0;
   virtual Status add(const AddParams& p) = 0;
+  virtual Status strided_copy(const StridedCopyParams& p) = 0;
   virtual Status lm_head_loss(const LmHeadParams& p) = 0;
   virtual Status lm_head_forward(const LmHeadForwardParams& p) = 0;
   virtual Status lm_head_backward(const LmHeadBackwardParams& p) = 0;

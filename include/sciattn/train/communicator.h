@@ -14,13 +14,15 @@
 //   - Buffers live where the caller's tensors live: the Backend's memory of the rank (host memory
 //     for the CPU back end; device memory for a GPU communicator). Pointers are the rank's own.
 //   - The call returns when this rank's outputs are written and its inputs may be reused.
-//   - Reductions over ranks are formed in rank order (((x_0 + x_1) + x_2) + ...), so every rank
-//     gets the same bits; a mean divides that sum by world_size() once.
+//   - Every rank gets the same bits of a reduction; a mean divides the sum by world_size() once.
+//     The CPU back ends (threads, TCP) add in rank order (((x_0 + x_1) + x_2) + ...); NCCL adds in
+//     an order of its own (equal to rank order for two ranks), so its last bits may differ.
 //   - A count of 0 is allowed and moves nothing; negative counts and a root outside
 //     [0, world_size()) are refused with kInvalidArgument naming the argument.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "sciattn/dtype.h"
 #include "sciattn/status.h"
@@ -68,6 +70,14 @@ class Communicator {
   virtual Status broadcast(void* data, int64_t n, DType dtype, int root) = 0;
   // Returns when every rank has called it.
   virtual Status barrier() = 0;
+
+  // Splits the group into subgroups (a collective; NCCL: ncclCommSplit). Every rank passes a
+  // color (>= 0) and a key; the ranks with one color form one new group, ranked by key (ties by
+  // their rank here), and each gets in *out its communicator of that group. The new group keeps
+  // every rule above among its own ranks; its collectives involve no rank outside it, so groups
+  // of different colors run theirs independently. It must not outlive this communicator. (The
+  // trainer's sequence-parallel groups are color rank / sequence_parallel_size, key rank.)
+  virtual Status split(int color, int key, std::unique_ptr<Communicator>* out) = 0;
 };
 
 // One rank: every collective leaves the data as it is, or copies send to recv when they differ
@@ -87,10 +97,14 @@ class SingleRankCommunicator final : public Communicator {
   Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override;
   Status broadcast(void* data, int64_t n, DType dtype, int root) override;
   Status barrier() override { return Status::ok_status(); }
+  // A new one-rank communicator (color must be >= 0).
+  Status split(int color, int key, std::unique_ptr<Communicator>* out) override;
 };
 
 // The checks every implementation applies to its arguments (count >= 0, root in range, dtype
 // one of f32, f16, bf16); the message names the collective and the argument.
 Status check_collective(const char* name, int64_t count, int world_size, DType dtype, int root = 0);
+// The check of split's arguments (color >= 0, out not null).
+Status check_split(int color, const std::unique_ptr<Communicator>* out);
 
 }  // namespace sciattn::train

@@ -32,9 +32,11 @@ struct AutoValues {
   std::optional<int64_t> total_num_steps;   // scheduler.params.total_num_steps
   std::optional<int64_t> warmup_num_steps;  // scheduler.params.warmup_num_steps
   std::optional<bool> fp16, bf16;           // fp16.enabled, bf16.enabled (the CPU fills false)
-  // The data-parallel ranks the trainer runs with (the launcher's world size): the batch-size
-  // arithmetic multiplies by it, and zero_optimization's keys act only with more than one.
-  int data_parallel_size = 1;
+  // The ranks the trainer runs with (the launcher's world size): data-parallel ranks x
+  // sequence_parallel_size. The batch-size arithmetic multiplies by the data-parallel ranks
+  // (world_size / sequence_parallel_size), and zero_optimization's keys act only with more than
+  // one rank (ZeRO's group spans all of them).
+  int world_size = 1;
   // Where the trainer will run, for the warnings that depend on it: on the CPU, fp16 / bf16
   // compute in fp32, and cpu_checkpointing and offload_optimizer move nothing (host memory is the
   // back end's; they still run, which is how their logic is tested without a GPU).
@@ -69,6 +71,11 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;
   int64_t gradient_accumulation_steps = 0;
   int data_parallel_size = 1;
+  // Ulysses sequence parallelism ("sequence_parallel_size"): the ranks that share each sequence,
+  // consecutive ranks forming a group (rank r is rank r % size of group r / size). It divides
+  // AutoValues::world_size and the model's n_heads (and, checked when the model is built, its
+  // sequence_length). data_parallel_size x sequence_parallel_size = world_size.
+  int64_t sequence_parallel_size = 1;
 
   std::string optimizer_type = "AdamW";  // "AdamW" or "Adam" (DeepSpeed's names)
   AdamWHyperparams optimizer;            // lr is the base rate; the schedule sets each step's
@@ -97,7 +104,6 @@ struct TrainConfig {
 
   int64_t steps_per_print = 1;  // DeepSpeed's default is 10; the trainer prints every step
   bool wall_clock_breakdown = false;
-  int64_t sequence_parallel_size = 1;
 };
 
 // Parses a DeepSpeed config. num_heads (the model's) is needed for sparse_attention; `autos`

@@ -15,6 +15,7 @@
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/status.h"
 #include "sciattn/train/backend.h"
+#include "sciattn/train/communicator.h"
 #include "sciattn/train/memory_ledger.h"
 
 namespace sciattn::train {
@@ -146,8 +147,16 @@ struct AttentionPlan {
 // diagonal dropped (a GPT is causal; DeepSpeed's JSON builds bigbird and bslongformer
 // bidirectional). A layout every head shares is built and stored for one head (the index's
 // shared-head form), so the index of a dense causal layout at 1M tokens and block 64 holds
-// 134M blocks, not 16 times that.
-Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out);
+// 134M blocks, not 16 times that. head_count > 0 plans heads [head_begin, head_begin +
+// head_count) only (a rank of a sequence-parallel group attends over its slice of the heads);
+// 0 plans all n_heads.
+Status plan_attention(const GptConfig& config, const SparsityConfig* sparse, AttentionPlan* out,
+                      int64_t head_begin = 0, int64_t head_count = 0);
+
+// Whether Ulysses sequence parallelism over `size` ranks fits the model: n_heads and
+// sequence_length must be multiples of size (each rank holds sequence_length / size tokens and
+// attends over n_heads / size heads). The message names sequence_parallel_size and the sizes.
+Status check_sequence_parallel(const GptConfig& config, int64_t size);
 
 // Called by GptModel around its use of the parameter groups (ParameterLayout::groups): the seam
 // through which an optimizer whose state lives elsewhere (host memory) overlaps its copies with
@@ -164,12 +173,14 @@ class ParameterHooks {
 
 // The buffers GptModel::create allocates for these settings, as memory-ledger entries, without
 // allocating anything or building the attention index: the model's share of a memory plan.
-// compute_dtype, token_chunk and device are those of the back end the model would run on.
+// compute_dtype, token_chunk and device are those of the back end the model would run on;
+// sequence_parallel_size that of its sequence-parallel group (the plan of one rank).
 Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
                        const MemoryOptions& memory, DType compute_dtype, int64_t token_chunk,
-                       Device device, MemoryLedger* out);
+                       Device device, MemoryLedger* out, int64_t sequence_parallel_size = 1);
 
-// What one micro-batch produced.
+// What one micro-batch produced (on this rank: its slice of the sequence with sequence
+// parallelism).
 struct MicroBatchResult {
   double loss_sum = 0.0;  // sum of the per-token losses (in token order, in double)
   int64_t tokens = 0;
@@ -180,6 +191,19 @@ struct MicroBatchResult {
 // the back end's memory, the activation buffers of one micro-batch, and forward_backward. The
 // optimizer (master weights, m, v), loss scale and data live in the Trainer; this class only
 // computes losses and gradients.
+//
+// Ulysses sequence parallelism (a sequence_group of P > 1 ranks; rank s of the group): the rank
+// holds tokens [s L/P, (s + 1) L/P) of every sequence of the micro-batch. The embeddings (with
+// learned positions, rows s L/P .. of the table: only those get gradients here), LayerNorms,
+// MLP, LM head and loss run on those T = B L/P tokens. Attention turns the token split into a
+// head split with an all-to-all of q, k and v ([B, L/P, 3, H, D] per rank -> [B, L, 3, H/P, D]:
+// the whole sequence, heads [s H/P, (s + 1) H/P)), applies rotary positions there (at their
+// global positions), runs the causal attention of those heads, and turns the output back with a
+// second all-to-all; the backward runs the same all-to-alls on the gradients in reverse. Each
+// rank's gradients are those of its tokens' share of the loss: summed over the group they are the
+// whole micro-batch's (the trainer's mean over all ranks, with grad_scale counting this rank's
+// tokens, gives the global batch's mean loss). Every rank of the group calls forward_backward
+// together (the all-to-alls are collectives of the group).
 class GptModel {
  public:
   ~GptModel();
@@ -190,16 +214,23 @@ class GptModel {
   // (dense causal attention). The weights are initialised from config.seed
   // (init_gpt_parameters), or set from `initial_params` (fp32 host values, layout total) when
   // given: a caller that also needs the fp32 values (the optimizer's master weights) draws them
-  // once.
+  // once. `sequence_group` (not owned; null: one rank) is the sequence-parallel group this model
+  // is one rank of (check_sequence_parallel must pass; the CPU back end only).
   static Status create(const GptConfig& config, const SparsityConfig* sparse, int64_t batch,
                        const MemoryOptions& memory, Backend* backend,
-                       std::unique_ptr<GptModel>* out, const float* initial_params = nullptr);
+                       std::unique_ptr<GptModel>* out, const float* initial_params = nullptr,
+                       Communicator* sequence_group = nullptr);
 
   const GptConfig& config() const { return config_; }
   const ParameterLayout& layout() const { return layout_; }
   const AttentionPlan& attention() const { return attention_; }
   const MemoryOptions& memory_options() const { return memory_; }
   int64_t batch() const { return batch_; }
+  // The sequence-parallel group's size and this rank's place in it (1 and 0 without one), and
+  // the tokens of a micro-batch this rank holds: batch x sequence_length / size.
+  int64_t sequence_parallel_size() const { return sp_size_; }
+  int64_t sequence_parallel_rank() const { return sp_rank_; }
+  int64_t local_tokens() const { return batch_ * (config_.sequence_length / sp_size_); }
   const MemoryLedger& ledger() const { return ledger_; }
   Backend& backend() { return *backend_; }
 
@@ -218,21 +249,24 @@ class GptModel {
   void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
 
   // Forward and backward of one micro-batch: inputs and targets are [batch, L] host arrays of
-  // token ids. Gradients of grad_scale * sum_t loss_t are added to grads() (the trainer passes
-  // loss_scale / (tokens per micro-batch * accumulation steps)).
+  // token ids (the whole sequences on every rank of a sequence-parallel group, which each takes
+  // its slice of). Gradients of grad_scale * sum_t loss_t over this rank's tokens are added to
+  // grads() (the trainer passes loss_scale / (local_tokens() * accumulation steps)).
   Status forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
                           MicroBatchResult* out);
   // The forward only (evaluation): no gradients.
   Status forward_loss(const int32_t* inputs, const int32_t* targets, MicroBatchResult* out);
 
-  // FLOPs of one micro-batch, forward and backward, as MFU counts them (no recomputation):
-  // 6 * matmul parameters * tokens + the attention's (the op's count on the layout's blocks).
+  // FLOPs of one micro-batch on this rank, forward and backward, as MFU counts them (no
+  // recomputation): 6 * matmul parameters * local tokens + the attention's (the op's count on the
+  // blocks of this rank's heads).
   double flops_per_micro_batch() const;
 
  private:
   GptModel() = default;
   friend Status plan_gpt_memory(const GptConfig&, const SparsityConfig*, int64_t,
-                                const MemoryOptions&, DType, int64_t, Device, MemoryLedger*);
+                                const MemoryOptions&, DType, int64_t, Device, MemoryLedger*,
+                                int64_t);
   struct Buffers;
   // Plans every buffer into the ledger; with `allocate`, also allocates them and sets the
   // weights (from `initial_params`, or the initialisation).
@@ -248,6 +282,15 @@ class GptModel {
   void* boundary(int64_t l) const;
   Status hook_forward(int64_t group);
   Status hook_backward(int64_t group);
+  // Sequence parallelism: copies this rank's slice of [batch, L] host token ids to `dst`.
+  Status upload_tokens(const int32_t* host, int32_t* dst);
+  // The all-to-alls around attention, for tensors of `parts` x C values per token (qkv: 3,
+  // the attention output: 1). to_heads: src [B, L/P, parts, H, D] (this rank's tokens, all
+  // heads) -> dst [B, L, parts, H/P, D] (every token, this rank's heads); to_tokens: the
+  // inverse. src may be the receive buffer; dst may be neither buffer.
+  Status sequence_to_heads(const void* src, void* dst, int64_t parts);
+  Status heads_to_sequence(const void* src, void* dst, int64_t parts);
+  Status all_to_all_views(const void* src, void* dst, int64_t parts, bool to_heads);
 
   GptConfig config_;
   ParameterLayout layout_;
@@ -262,6 +305,8 @@ class GptModel {
   void* weights_ = nullptr;
   float* grads_ = nullptr;
   ParameterHooks* hooks_ = nullptr;
+  Communicator* sp_comm_ = nullptr;  // the sequence-parallel group (null: none)
+  int64_t sp_size_ = 1, sp_rank_ = 0;
   std::unique_ptr<Buffers> buffers_;
 };
 

@@ -13,7 +13,9 @@
 // Errors do not deadlock: a rank that leaves run_thread_ranks' function with an error poisons the
 // group, and every rank waiting in (or later entering) a collective gets an error Status naming
 // the failed rank; a rank that returns ok while others still wait in a collective also fails
-// them, with a message that says so.
+// them, with a message that says so. Groups made by split() share their parent's fate: a failed
+// rank poisons every group split from its group (recursively), and a rank that returns ok counts
+// as gone in each of those groups it belongs to.
 #pragma once
 
 #include <functional>
@@ -46,6 +48,7 @@ class ThreadCommunicator final : public Communicator {
   Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override;
   Status broadcast(void* data, int64_t n, DType dtype, int root) override;
   Status barrier() override;
+  Status split(int color, int key, std::unique_ptr<Communicator>* out) override;
 
   // Marks this rank as finished with `status` (run_thread_ranks calls it): an error poisons the
   // group; ok makes the collectives that still wait for this rank fail.
@@ -62,6 +65,7 @@ class ThreadCommunicator final : public Communicator {
   std::shared_ptr<ThreadRendezvous> group_;
   int rank_ = 0;
   int64_t collectives_ = 0;
+  int64_t splits_ = 0;  // split() calls so far: the same count on every rank of the group
 };
 
 // Runs fn(comm) for ranks 0 .. world_size - 1 on one thread each, with a fresh group, and returns

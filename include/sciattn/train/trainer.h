@@ -77,14 +77,17 @@ struct TrainerOptions {
   // A test hook: these global steps (1-based) get an Inf added to one gradient after the backward,
   // as an fp16 overflow would, so the skip and loss-scale logic can be exercised on fp32.
   std::vector<int64_t> inject_overflow_steps;
-  // The data-parallel group this trainer is one rank of (not owned; it must outlive the
-  // trainer); null: one rank. Each rank runs its own Trainer with the same model file, config and
-  // data file; rank r takes micro-batches r * gas .. (r + 1) * gas - 1 of every global batch of
-  // world_size * gas micro-batches (gas = gradient_accumulation_steps), and the gradients are
-  // averaged across ranks: replicated (zero_optimization.stage 0) or sharded (ZeRO stages 1
-  // and 2, zero.h). The config must have been parsed for the same number of ranks
-  // (AutoValues::data_parallel_size). Not built yet with several ranks: the optimizer offload
-  // and gradient dumps (they are refused with a message).
+  // The ranks this trainer is one of (not owned; it must outlive the trainer); null: one rank.
+  // Each rank runs its own Trainer with the same model file, config and data file. With
+  // sequence_parallel_size S (1: none), consecutive ranks form the sequence-parallel groups
+  // (rank r is rank r % S of group r / S, split off this communicator) and the N / S groups are
+  // the data-parallel ranks: group g takes micro-batches g * gas .. (g + 1) * gas - 1 of every
+  // global batch of (N / S) * gas micro-batches (gas = gradient_accumulation_steps), each of
+  // its ranks 1/S of every sequence (gpt.h). The gradients are averaged across all N ranks:
+  // replicated (zero_optimization.stage 0) or sharded over all N (ZeRO stages 1 and 2,
+  // zero.h). The config must have been parsed for the same number of ranks
+  // (AutoValues::world_size). Not built yet with several ranks: the optimizer offload and
+  // gradient dumps (they are refused with a message).
   Communicator* communicator = nullptr;
 };
 
@@ -143,6 +146,9 @@ class Trainer {
   // every rank calls it (the shards are all-gathered).
   Status master_parameters(std::vector<float>* out);
   Communicator& communicator() { return *comm_; }
+  // This rank's sequence-parallel group (split from communicator()), or null when
+  // sequence_parallel_size is 1.
+  Communicator* sequence_group() { return sequence_group_.get(); }
   // The ZeRO optimizer (stage 1 or 2 with several ranks), or null.
   ZeroOptimizer* zero() { return zero_.get(); }
   // Waits for an offloaded optimizer update still running on host threads (a step returns while
@@ -182,6 +188,7 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   SingleRankCommunicator single_rank_;
   Communicator* comm_ = &single_rank_;
+  std::unique_ptr<Communicator> sequence_group_;
   std::unique_ptr<ZeroOptimizer> zero_;
   LossScaler scaler_;
   GradClipper clipper_;

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -383,6 +384,53 @@ class CpuBackend final : public Backend {
     SCIATTN_TRY(check(call, p.b, "b", {N, C}));
     SCIATTN_TRY(check(call, p.out, "out", {N, C}));
     cpu::add(f(p.out), f(p.a), f(p.b), N * C);
+    return Status::ok_status();
+  }
+
+  Status strided_copy(const StridedCopyParams& p) override {
+    const TensorView &src = p.src, &dst = p.dst;
+    if (src.data == nullptr || dst.data == nullptr) {
+      return Status::invalid_argument("strided_copy: src and dst must be present");
+    }
+    if (src.device != Device::kCpu || dst.device != Device::kCpu) {
+      return Status::invalid_argument("strided_copy: src and dst must be in host memory");
+    }
+    bool same = src.rank == dst.rank && src.rank >= 1 && src.dtype == dst.dtype;
+    for (int d = 0; same && d < src.rank; ++d) same = src.sizes[d] == dst.sizes[d];
+    if (!same) {
+      return Status::invalid_argument(std::string("strided_copy: dst must have src's sizes and "
+                                                  "dtype (rank 1 to 6); got src ") +
+                                      src.shape_string() + " " + dtype_name(src.dtype) + ", dst " +
+                                      dst.shape_string() + " " + dtype_name(dst.dtype));
+    }
+    // Rows over every dimension but the last, each a run of the last dimension.
+    const int last = src.rank - 1;
+    const int64_t n = src.sizes[last];
+    int64_t rows = 1;
+    for (int d = 0; d < last; ++d) rows *= src.sizes[d];
+    const size_t es = dtype_size(src.dtype);
+    const auto* in = static_cast<const std::byte*>(src.data);
+    auto* out = static_cast<std::byte*>(dst.data);
+    const bool packed_rows = src.strides[last] == 1 && dst.strides[last] == 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t so = 0, dof = 0, rest = row;
+      for (int d = last - 1; d >= 0; --d) {
+        const int64_t i = rest % src.sizes[d];
+        rest /= src.sizes[d];
+        so += i * src.strides[d];
+        dof += i * dst.strides[d];
+      }
+      if (packed_rows) {
+        std::memcpy(out + static_cast<size_t>(dof) * es, in + static_cast<size_t>(so) * es,
+                    static_cast<size_t>(n) * es);
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(out + static_cast<size_t>(dof + i * dst.strides[last]) * es,
+                      in + static_cast<size_t>(so + i * src.strides[last]) * es, es);
+        }
+      }
+    }
     return Status::ok_status();
   }
 

@@ -666,6 +666,14 @@ class CudaBackendImpl final : public CudaBackend {
         call, cuda::add(options_.compute_dtype, p.out.data, p.a.data, p.b.data, N * C, stream_));
   }
 
+  // The layout copies of Ulysses sequence parallelism have no kernel on this back end yet; the
+  // trainer refuses sequence_parallel_size > 1 on a GPU before it gets here.
+  Status strided_copy(const StridedCopyParams&) override {
+    return Status::not_supported(
+        "strided_copy (sequence_parallel_size > 1) is not built on the CUDA back end; run the "
+        "CPU back end or set sequence_parallel_size to 1");
+  }
+
   Status lm_head_loss(const LmHeadParams& p) override {
     const char* call = "lm_head_loss";
     const int64_t N = rows_of(p.in), C = cols_of(p.in), V = rows_of(p.weight);

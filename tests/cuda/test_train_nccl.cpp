@@ -1,0 +1,233 @@
+// The NCCL communicator on GPUs (label gpu; built where NCCL is found): every collective of
+// communicator.h through a host adapter against ThreadCommunicator, one rank on one GPU and two
+// (four) ranks as threads of this process on two (four) GPUs, each rank on its own device and
+// stream, connected through the TCP rendezvous on 127.0.0.1. Two ranks must give the thread
+// back end's bytes (a sum of two is one commutative addition); more ranks must give every rank
+// the same bytes and the thread back end's values within rounding. Test layer (gpu).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sciattn/device.h"
+#include "sciattn/train/process_group.h"
+#include "sciattn/train/thread_communicator.h"
+#include "train/comm_script.h"
+#include "train/process_ranks.h"
+
+namespace sciattn::train {
+namespace {
+
+using namespace testing;
+
+// Device memory holding a copy of a host range, copied back by release().
+class DeviceCopy {
+ public:
+  DeviceCopy(const void* host, size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMalloc(&device_, bytes_), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(device_, host, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  ~DeviceCopy() {
+    if (device_ != nullptr) cudaFree(device_);
+  }
+  unsigned char* get() const { return static_cast<unsigned char*>(device_); }
+  void back(void* host) const {
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(host, device_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+  }
+
+ private:
+  void* device_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A host-memory Communicator that runs each call on a device communicator: the buffers go to the
+// device (keeping in-place calls in place), the call runs, the outputs come back.
+class HostAdapter final : public Communicator {
+ public:
+  explicit HostAdapter(Communicator* device) : d_(device) {}
+  int rank() const override { return d_->rank(); }
+  int world_size() const override { return d_->world_size(); }
+
+  Status all_reduce_mean(float* data, int64_t n) override {
+    DeviceCopy x(data, bytes(n, DType::kF32));
+    Status s = d_->all_reduce_mean(reinterpret_cast<float*>(x.get()), n);
+    x.back(data);
+    return s;
+  }
+  Status all_reduce_max(double* value) override { return d_->all_reduce_max(value); }
+  Status all_reduce_sum(double* value) override { return d_->all_reduce_sum(value); }
+  Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) override {
+    const size_t all = bytes(shard * world_size(), DType::kF32);
+    DeviceCopy x(send, all);
+    if (recv == send + static_cast<int64_t>(rank()) * shard) {
+      Status s = d_->reduce_scatter(reinterpret_cast<float*>(x.get()),
+                                    reinterpret_cast<float*>(x.get()) + rank() * shard, shard, op);
+      x.back(const_cast<float*>(send));
+      return s;
+    }
+    DeviceCopy y(recv, bytes(shard, DType::kF32));
+    Status s = d_->reduce_scatter(reinterpret_cast<float*>(x.get()),
+                                  reinterpret_cast<float*>(y.get()), shard, op);
+    y.back(recv);
+    return s;
+  }
+  Status reduce(float* data, int64_t n, int root, ReduceOp op) override {
+    DeviceCopy x(data, bytes(n, DType::kF32));
+    Status s = d_->reduce(reinterpret_cast<float*>(x.get()), n, root, op);
+    x.back(data);
+    return s;
+  }
+  Status all_gather(const void* send, void* recv, int64_t shard, DType dtype) override {
+    const size_t one = bytes(shard, dtype);
+    DeviceCopy y(recv, one * static_cast<size_t>(world_size()));
+    if (send == static_cast<unsigned char*>(recv) + one * static_cast<size_t>(rank())) {
+      Status s = d_->all_gather(y.get() + one * static_cast<size_t>(rank()), y.get(), shard, dtype);
+      y.back(recv);
+      return s;
+    }
+    DeviceCopy x(send, one);
+    Status s = d_->all_gather(x.get(), y.get(), shard, dtype);
+    y.back(recv);
+    return s;
+  }
+  Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override {
+    const size_t all = bytes(chunk * world_size(), dtype);
+    DeviceCopy x(send, all), y(recv, all);
+    Status s = d_->all_to_all(x.get(), y.get(), chunk, dtype);
+    y.back(recv);
+    return s;
+  }
+  Status broadcast(void* data, int64_t n, DType dtype, int root) override {
+    DeviceCopy x(data, bytes(n, dtype));
+    Status s = d_->broadcast(x.get(), n, dtype, root);
+    x.back(data);
+    return s;
+  }
+  Status barrier() override { return d_->barrier(); }
+
+ private:
+  static size_t bytes(int64_t n, DType dtype) {
+    return n > 0 ? static_cast<size_t>(n) * dtype_size(dtype) : 0;
+  }
+  Communicator* d_;
+};
+
+std::string thread_script(int world, int rank) {
+  std::vector<std::string> out(static_cast<size_t>(world));
+  run_thread_ranks(world, [&](Communicator& c) {
+    out[static_cast<size_t>(c.rank())] = run_script(c);
+    return Status();
+  });
+  return out[static_cast<size_t>(rank)];
+}
+
+// Runs the script on `world` NCCL ranks, threads of this process, rank r on device r.
+std::vector<std::string> nccl_script(int world) {
+  int port = 0;
+  EXPECT_TRUE(pick_free_tcp_port(&port).ok());
+  std::vector<std::string> out(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      EXPECT_EQ(cudaSetDevice(r), cudaSuccess);
+      cudaStream_t stream = nullptr;
+      EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      {
+        std::unique_ptr<Communicator> comm;
+        RendezvousOptions o;
+        o.timeout_seconds = 60;
+        Status s = make_nccl_communicator(local_env(r, world, port), r, Stream{stream}, o, &comm);
+        EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.to_string();
+        if (s.ok()) {
+          HostAdapter host(comm.get());
+          try {
+            out[static_cast<size_t>(r)] = run_script(host);
+          } catch (const std::exception& e) {
+            ADD_FAILURE() << "rank " << r << ": " << e.what();
+          }
+        }
+      }
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+TEST(NcclComm, OneRankOnOneGpu) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::string> got = nccl_script(1);
+  EXPECT_FALSE(got[0].empty());
+  EXPECT_TRUE(got[0] == thread_script(1, 0));
+}
+
+TEST(NcclComm, ArgumentsAreCheckedByName) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::unique_ptr<Communicator> comm;
+  ASSERT_TRUE(
+      make_nccl_communicator(local_env(0, 1, 1), 0, Stream{}, RendezvousOptions{}, &comm).ok());
+  Status s = comm->all_reduce_mean(nullptr, -1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("count"), std::string::npos) << s.message();
+  s = comm->broadcast(nullptr, 1, DType::kF32, 3);
+  EXPECT_NE(s.message().find("root"), std::string::npos) << s.message();
+}
+
+TEST(NcclComm, DeviceOutOfRangeNamesTheLocalRank) {
+  const int devices = cuda_device_count();
+  if (devices < 1) GTEST_SKIP() << "no CUDA device";
+  std::unique_ptr<Communicator> comm;
+  Status s =
+      make_nccl_communicator(local_env(0, 1, 1), devices, Stream{}, RendezvousOptions{}, &comm);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("local rank"), std::string::npos) << s.message();
+}
+
+class NcclRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(NcclRanks, CollectivesMatchTheThreadRanks) {
+  const int world = GetParam();
+  if (cuda_device_count() < world) {
+    GTEST_SKIP() << "needs " << world << " GPUs; this machine has " << cuda_device_count();
+  }
+  const std::vector<std::string> got = nccl_script(world);
+  for (int r = 0; r < world; ++r) {
+    const std::string want = thread_script(world, r);
+    ASSERT_EQ(got[r].size(), want.size()) << "rank " << r;
+    if (world == 2) {
+      EXPECT_TRUE(got[r] == want) << "rank " << r << " differs from the thread ranks";
+    } else {
+      // NCCL adds in its own order: the first output (an all-reduce mean of 1001 floats of
+      // magnitude below 2^11) agrees within the rounding of a sum of `world` terms.
+      std::vector<float> a(1001), b(1001);
+      std::memcpy(a.data(), got[r].data(), a.size() * sizeof(float));
+      std::memcpy(b.data(), want.data(), b.size() * sizeof(float));
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_NEAR(a[i], b[i], 4.0 * world * 2048 * 0x1p-24) << "rank " << r << " element " << i;
+      }
+    }
+  }
+  // Every rank holds the same bits of the all-reduce (NCCL forms each sum once and sends it on).
+  const size_t mean_bytes = 1001 * sizeof(float);
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(got[r].compare(0, mean_bytes, got[0], 0, mean_bytes), 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpus, NcclRanks, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return std::to_string(i.param) + "ranks";
+                         });
+
+}  // namespace
+}  // namespace sciattn::train
