@@ -115,11 +115,23 @@ class HostAdapter final : public Communicator {
   }
   Status barrier() override { return d_->barrier(); }
 
+  // A subgroup: the device communicator's split, adapted the same way (and owned).
+  Status split(int color, int key, std::unique_ptr<Communicator>* out) override {
+    std::unique_ptr<Communicator> inner;
+    Status s = d_->split(color, key, &inner);
+    if (!s.ok()) return s;
+    auto group = std::make_unique<HostAdapter>(inner.get());
+    group->owned_ = std::move(inner);
+    *out = std::move(group);
+    return s;
+  }
+
  private:
   static size_t bytes(int64_t n, DType dtype) {
     return n > 0 ? static_cast<size_t>(n) * dtype_size(dtype) : 0;
   }
   Communicator* d_;
+  std::unique_ptr<Communicator> owned_;  // a split group's device communicator
 };
 
 std::string thread_script(int world, int rank) {
