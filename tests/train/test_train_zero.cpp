@@ -764,6 +764,43 @@ TEST(ZeroRefusals, OptimizerNeedsAPaddedLayout) {
             std::string::npos);
 }
 
+// A model whose layers share fewer gradient buffers than the buckets need, or that has no whole
+// buffer for stage 1, is refused by name; a negative count is refused by the model.
+TEST(ZeroRefusals, GradientBuffersMustCoverTheBuckets) {
+  std::unique_ptr<Backend> be = cpu_backend(8, 1);
+  const GptConfig g = zero_config();  // two layers
+  MemoryOptions memory;
+  memory.parameter_multiple = zero_parameter_multiple(2);
+  memory.layer_gradient_buffers = 1;
+  std::unique_ptr<GptModel> model;
+  ASSERT_TRUE(GptModel::create(g, nullptr, 1, memory, be.get(), &model).ok());
+  EXPECT_EQ(model->grads(), nullptr);
+  std::vector<float> init(static_cast<size_t>(model->layout().total));
+  auto create = [&](int stage, int64_t bucket) {
+    std::vector<Status> st = run_thread_ranks(2, [&](Communicator& comm) {
+      ZeroConfig zc;
+      zc.stage = stage;
+      zc.reduce_bucket_size = bucket;
+      std::unique_ptr<ZeroOptimizer> z;
+      return ZeroOptimizer::create(zc, &comm, model.get(), init.data(), &z);
+    });
+    return st[0];
+  };
+  const Status big = create(2, 500000000);
+  EXPECT_NE(big.message().find("reduce_bucket_size 500000000 needs at least 2"), std::string::npos)
+      << big.message();
+  const Status one = create(1, 500000000);
+  EXPECT_NE(one.message().find("zero_optimization.stage 1"), std::string::npos) << one.message();
+  EXPECT_NE(one.message().find("one whole gradient buffer"), std::string::npos) << one.message();
+  // Buckets of one element leave nothing unreduced when a layer starts: one buffer is enough.
+  EXPECT_TRUE(create(2, 1).ok());
+  memory.layer_gradient_buffers = -1;
+  EXPECT_NE(GptModel::create(g, nullptr, 1, memory, be.get(), &model)
+                .message()
+                .find("layer_gradient_buffers must be >= 0"),
+            std::string::npos);
+}
+
 // The data-parallel loader: skipping k micro-batches leaves the position where k next() calls
 // would, across an epoch's end.
 TEST(ZeroData, SkipWalksLikeNext) {
