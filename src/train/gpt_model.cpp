@@ -523,10 +523,11 @@ Status GptModel::plan_gradients(bool allocate) {
                      &group_grads_[static_cast<size_t>(n + 1)]));
   std::vector<float*> shared(static_cast<size_t>(k), nullptr);
   for (int64_t i = 0; i < k; ++i) {
-    SCIATTN_TRY(buffer(layer_elements,
-                       "gradients (f32): layer buffer " + std::to_string(i) + " of " +
-                           std::to_string(k) + ", reused after its buckets are reduced",
-                       &shared[static_cast<size_t>(i)]));
+    // Reused after the buckets of the layer that used it are reduced.
+    SCIATTN_TRY(
+        buffer(layer_elements,
+               "gradients (f32): layer buffer " + std::to_string(i) + " of " + std::to_string(k),
+               &shared[static_cast<size_t>(i)]));
   }
   for (int64_t l = 0; l < n; ++l) {
     group_grads_[static_cast<size_t>(l + 1)] = shared[static_cast<size_t>((n - 1 - l) % k)];
