@@ -335,19 +335,24 @@ Status ZeroOptimizer::gather_master(std::vector<float>* out) {
   return s;
 }
 
-void ZeroOptimizer::add_memory(MemoryLedger* ledger) const {
-  const uint64_t f32 = static_cast<uint64_t>(shard_) * sizeof(float);
-  const Device d = backend_->device();
-  const std::string of = " (f32, 1/" + std::to_string(comm_->world_size()) + " of the layout)";
-  if (!master_is_weights_) {
-    ledger->add("ZeRO shard: master weights" + of, "model states", d, f32, kPhaseOptimizer);
+void add_zero_memory(int64_t layout_total, int world_size, int stage, bool master_is_weights,
+                     Device device, MemoryLedger* ledger) {
+  const uint64_t f32 = static_cast<uint64_t>(layout_total / world_size) * sizeof(float);
+  const std::string of = " (f32, 1/" + std::to_string(world_size) + " of the layout)";
+  if (!master_is_weights) {
+    ledger->add("ZeRO shard: master weights" + of, "model states", device, f32, kPhaseOptimizer);
   }
-  ledger->add("ZeRO shard: AdamW exp_avg, exp_avg_sq" + of, "model states", d, 2 * f32,
+  ledger->add("ZeRO shard: AdamW exp_avg, exp_avg_sq" + of, "model states", device, 2 * f32,
               kPhaseOptimizer);
-  if (grad_shard_ != nullptr) {
-    ledger->add("ZeRO-2 shard: reduced gradients" + of, "model states", d, f32,
+  if (stage == 2) {
+    ledger->add("ZeRO-2 shard: reduced gradients" + of, "model states", device, f32,
                 kPhaseBackward | kPhaseOptimizer);
   }
+}
+
+void ZeroOptimizer::add_memory(MemoryLedger* ledger) const {
+  add_zero_memory(total_, comm_->world_size(), config_.stage, master_is_weights_,
+                  backend_->device(), ledger);
 }
 
 }  // namespace sciattn::train

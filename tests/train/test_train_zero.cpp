@@ -44,6 +44,7 @@
 #include "process_ranks.h"
 #include "process_temp_dir.h"
 #include "sciattn/train/data.h"
+#include "sciattn/train/plan.h"
 #include "sciattn/train/process_group.h"
 #include "sciattn/train/thread_communicator.h"
 #include "sciattn/train/trainer.h"
@@ -687,6 +688,35 @@ TEST_P(ZeroStages, StageTwoLedgerHoldsGroupBuffersNotTheWholeGradient) {
   }
   EXPECT_EQ(plan.total(Device::kCpu), z2.ledgers[0].total(Device::kCpu) - shards);
   EXPECT_EQ(gradient_bytes(plan), stage2 - 4 * static_cast<uint64_t>(layout.total / world));
+}
+
+// plan_training_memory for N ranks (PlanInput::world_size and zero) plans what a rank's trainer
+// allocates: at stages 0, 1 and 2, its entries other than the back end's estimates add up to
+// the rank's ledger, gradients included.
+TEST_P(ZeroStages, PlanIsTheRanksLedger) {
+  const int world = GetParam();
+  const GptConfig model = layered_config(8);
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string json = config_json(world, 2, stage, ", \"reduce_bucket_size\": 97");
+    const RankRuns z = train(world, json, 1, {}, model);
+    PlanInput in;
+    in.model = model;
+    in.micro_batch = 1;
+    in.compute_dtype = DType::kF32;
+    in.token_chunk = 8;
+    in.device = Device::kCpu;
+    in.world_size = world;
+    in.zero = parse(json, world).zero;
+    MemoryPlan plan;
+    ASSERT_TRUE(plan_training_memory(in, &plan).ok());
+    uint64_t planned = 0;
+    for (const auto& e : plan.ledger.entries()) {
+      if (e.category != "back end") planned += e.bytes;
+    }
+    EXPECT_EQ(planned, z.ledgers[0].total(Device::kCpu));
+    EXPECT_EQ(gradient_bytes(plan.ledger), gradient_bytes(z.ledgers[0]));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroStages, ::testing::Values(2, 4),

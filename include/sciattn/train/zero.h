@@ -58,6 +58,12 @@ inline int64_t zero_parameter_multiple(int world_size) {
 // after 1 + ceil((bucket - 1) / S) layers; never more than the layers.
 int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size);
 
+// The ledger entries of a rank's ZeRO state (what ZeroOptimizer allocates): the master weights'
+// shard unless the weights are fp32 (they are their own master), m and v, and at stage 2 the
+// reduced gradients' shard; each layout_total / world_size floats.
+void add_zero_memory(int64_t layout_total, int world_size, int stage, bool master_is_weights,
+                     Device device, MemoryLedger* ledger);
+
 // Calls fn(begin, end, decays) for the runs of [begin, end) that have one weight-decay flag, in
 // order: slots are cut at the range's ends, and the padding after a slot belongs to it (zeros,
 // which AdamW keeps at zero).
