@@ -224,9 +224,11 @@ DType compute_dtype_for(Device device, train::Precision precision) {
 
 // --plan: the memory arithmetic of this run's settings, then the longest sequence per technique.
 void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::TrainConfig& config,
-                Device device) {
+                Device device, int world) {
   train::PlanInput in;
   in.model = model;
+  in.world_size = world;
+  in.zero = config.zero;
   in.sparse = config.sparse_attention;
   in.micro_batch = config.micro_batch_size;
   in.memory.checkpoint_layers = a.checkpoint_layers || config.activation_checkpointing;
@@ -265,7 +267,11 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
             << " parameters (d_model " << model.d_model << ", " << model.n_layers << " layers, "
             << model.n_heads << " heads, vocabulary " << model.vocab_size << "), "
             << model.sequence_length << " tokens x micro-batch " << in.micro_batch << ", "
-            << dtype_name(in.compute_dtype) << " on " << device_name(device) << "\n\n"
+            << dtype_name(in.compute_dtype) << " on " << device_name(device)
+            << (world > 1 ? "; one of " + std::to_string(world) + " ranks, ZeRO stage " +
+                                std::to_string(config.zero.stage)
+                          : std::string())
+            << "\n\n"
             << plan.ledger.report() << "\ntotal: " << device_name(device) << " "
             << train::format_bytes(plan.device_bytes) << " of "
             << train::format_bytes(device_budget) << " (" << device_source << "), host "
@@ -315,8 +321,9 @@ void run_train(const TrainArgs& a) {
     if (code != 0) throw CLI::RuntimeError(code);
     return;
   }
-  const int world = a.plan ? 1 : ranks.world_size;
-  if (world > 1) {
+  // --plan plans one of --nproc-per-node ranks (ZeRO's shards and buffers) and starts none.
+  const int world = a.plan ? std::max(1, a.nproc_per_node) : ranks.world_size;
+  if (world > 1 && !a.plan) {
     message_rank = ranks.rank;
     // One log: the other ranks' progress lines would repeat rank 0's (the loss, the norm and the
     // step are the group's). Their errors still go to stderr.
@@ -366,7 +373,7 @@ void run_train(const TrainArgs& a) {
     for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
   }
   if (a.plan) {
-    print_plan(a, model, config, device);
+    print_plan(a, model, config, device, world);
     return;
   }
   int64_t steps = a.steps > 0 ? a.steps : a.demo ? kDemoSteps : 0;

@@ -205,7 +205,8 @@ GptModel::~GptModel() {
       for (void* p : buffers_->host_allocations) backend_->release_host(p);
     }
     backend_->release(weights_);
-    backend_->release(grads_);
+    if (grads_ != nullptr) backend_->release(grads_);
+    for (float* g : gradient_buffers_) backend_->release(g);
   }
 }
 
@@ -226,6 +227,10 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   if (memory.parameter_multiple < 1) {
     return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
                                     std::to_string(memory.parameter_multiple));
+  }
+  if (memory.layer_gradient_buffers < 0) {
+    return Status::invalid_argument("MemoryOptions.layer_gradient_buffers must be >= 0; got " +
+                                    std::to_string(memory.layer_gradient_buffers));
   }
   if (backend == nullptr) return Status::invalid_argument("GptModel::create: no back end");
   const int64_t sp = sequence_group != nullptr ? sequence_group->world_size() : 1;
@@ -272,6 +277,10 @@ Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, in
   if (memory.parameter_multiple < 1) {
     return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
                                     std::to_string(memory.parameter_multiple));
+  }
+  if (memory.layer_gradient_buffers < 0) {
+    return Status::invalid_argument("MemoryOptions.layer_gradient_buffers must be >= 0; got " +
+                                    std::to_string(memory.layer_gradient_buffers));
   }
   GptModel m;
   m.config_ = config;
@@ -341,13 +350,11 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
 
   // Model states: the weights in the compute dtype and the fp32 gradients.
   const uint64_t weight_bytes = static_cast<uint64_t>(layout_.total * es);
-  const uint64_t grad_bytes = static_cast<uint64_t>(layout_.total * f4);
   ledger_.add(std::string("weights (") + dtype_name(act_) + ")", "model states", dev, weight_bytes,
               kPhaseAll);
-  ledger_.add("gradients (f32)", "model states", dev, grad_bytes, kPhaseBackward | kPhaseOptimizer);
+  if (allocate) SCIATTN_TRY(backend_->allocate(weight_bytes, &weights_));
+  SCIATTN_TRY(plan_gradients(allocate));
   if (allocate) {
-    SCIATTN_TRY(backend_->allocate(weight_bytes, &weights_));
-    SCIATTN_TRY(backend_->allocate(grad_bytes, reinterpret_cast<void**>(&grads_)));
     if (initial_params != nullptr) {
       SCIATTN_TRY(set_weights(initial_params));
     } else {
@@ -478,8 +485,69 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
   return Status::ok_status();
 }
 
+Status GptModel::plan_gradients(bool allocate) {
+  const std::vector<ParameterGroup>& groups = layout_.groups;
+  const auto group_count = static_cast<int64_t>(groups.size());
+  auto elements = [&](int64_t g) {
+    return groups[static_cast<size_t>(g)].end - groups[static_cast<size_t>(g)].begin;
+  };
+  const Device dev = device_;
+  constexpr unsigned phases = kPhaseBackward | kPhaseOptimizer;
+  group_grads_.assign(groups.size(), nullptr);
+  if (memory_.layer_gradient_buffers == 0) {
+    const uint64_t bytes = static_cast<uint64_t>(layout_.total) * sizeof(float);
+    ledger_.add("gradients (f32)", "model states", dev, bytes, phases);
+    if (!allocate) return Status::ok_status();
+    SCIATTN_TRY(backend_->allocate(bytes, reinterpret_cast<void**>(&grads_)));
+    for (int64_t g = 0; g < group_count; ++g) {
+      group_grads_[static_cast<size_t>(g)] = grads_ + groups[static_cast<size_t>(g)].begin;
+    }
+    return Status::ok_status();
+  }
+  // Separate buffers: groups 0 (embeddings) and n + 1 (head) whole, and k buffers of the largest
+  // layer group that the layers take in turn from the last layer down.
+  const int64_t n = config_.n_layers;
+  const int64_t k = std::min(memory_.layer_gradient_buffers, n);
+  int64_t layer_elements = 0;
+  for (int64_t l = 0; l < n; ++l) layer_elements = std::max(layer_elements, elements(l + 1));
+  auto buffer = [&](int64_t count, const std::string& name, float** at) -> Status {
+    const uint64_t bytes = static_cast<uint64_t>(count) * sizeof(float);
+    ledger_.add(name, "model states", dev, bytes, phases);
+    if (!allocate) return Status::ok_status();
+    SCIATTN_TRY(backend_->allocate(bytes, reinterpret_cast<void**>(at)));
+    gradient_buffers_.push_back(*at);
+    return backend_->fill_zero(*at, bytes);
+  };
+  SCIATTN_TRY(buffer(elements(0), "gradients (f32): embeddings' group", &group_grads_[0]));
+  SCIATTN_TRY(buffer(elements(n + 1), "gradients (f32): head group",
+                     &group_grads_[static_cast<size_t>(n + 1)]));
+  std::vector<float*> shared(static_cast<size_t>(k), nullptr);
+  for (int64_t i = 0; i < k; ++i) {
+    // Reused after the buckets of the layer that used it are reduced.
+    SCIATTN_TRY(
+        buffer(layer_elements,
+               "gradients (f32): layer buffer " + std::to_string(i) + " of " + std::to_string(k),
+               &shared[static_cast<size_t>(i)]));
+  }
+  for (int64_t l = 0; l < n; ++l) {
+    group_grads_[static_cast<size_t>(l + 1)] = shared[static_cast<size_t>((n - 1 - l) % k)];
+  }
+  return Status::ok_status();
+}
+
 Status GptModel::zero_grads() {
-  return backend_->fill_zero(grads_, static_cast<size_t>(layout_.total) * sizeof(float));
+  if (grads_ != nullptr) {
+    return backend_->fill_zero(grads_, static_cast<size_t>(layout_.total) * sizeof(float));
+  }
+  // Each buffer once (a layer buffer's size is that of the largest layer group).
+  const int64_t n = config_.n_layers;
+  for (int64_t g = 0; g < static_cast<int64_t>(layout_.groups.size()); ++g) {
+    if (g >= 1 && g <= n && g + memory_.layer_gradient_buffers <= n) continue;
+    const ParameterGroup& pg = layout_.groups[static_cast<size_t>(g)];
+    SCIATTN_TRY(backend_->fill_zero(group_grads_[static_cast<size_t>(g)],
+                                    static_cast<size_t>(pg.end - pg.begin) * sizeof(float)));
+  }
+  return Status::ok_status();
 }
 
 Status GptModel::set_weights(const float* host_params) {
@@ -526,17 +594,19 @@ struct LayerTensors {
   TensorView ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w,
       fcproj_b;
 };
-TensorView slot_view_of(const TensorSlot& s, const void* base, DType dtype, Device device) {
-  const void* p =
-      static_cast<const std::byte*>(base) + s.offset * static_cast<int64_t>(dtype_size(dtype));
+// `origin` is the flat element at `base` (a group's first, when a group has a buffer of its own).
+TensorView slot_view_of(const TensorSlot& s, const void* base, DType dtype, Device device,
+                        int64_t origin = 0) {
+  const void* p = static_cast<const std::byte*>(base) +
+                  (s.offset - origin) * static_cast<int64_t>(dtype_size(dtype));
   return s.shape.size() == 2 ? TensorView::contiguous(p, dtype, {s.shape[0], s.shape[1]}, device)
                              : TensorView::contiguous(p, dtype, {s.shape[0]}, device);
 }
 LayerTensors layer_tensors(const ParameterLayout& layout, const void* base, DType dtype,
-                           Device device, int64_t layer) {
+                           Device device, int64_t layer, int64_t origin = 0) {
   const std::string h = "h" + std::to_string(layer) + ".";
   auto view = [&](const char* name) {
-    return slot_view_of(*layout.find(h + name), base, dtype, device);
+    return slot_view_of(*layout.find(h + name), base, dtype, device, origin);
   };
   return {view("ln1_w"),  view("ln1_b"),  view("qkv_w"),    view("qkv_b"),
           view("proj_w"), view("proj_b"), view("ln2_w"),    view("ln2_b"),
@@ -560,6 +630,14 @@ TensorView position_rows(const TensorView& table, int64_t first) {
                                 {table.sizes[0] - first, table.sizes[1]}, table.device);
 }
 }  // namespace
+
+TensorView GptModel::grad_view(const char* name) {
+  const TensorSlot* s = layout_.find(name);
+  if (s == nullptr) return TensorView{};
+  size_t g = 0;
+  while (g + 1 < layout_.groups.size() && layout_.groups[g + 1].begin <= s->offset) ++g;
+  return slot_view_of(*s, group_grads_[g], DType::kF32, device_, layout_.groups[g].begin);
+}
 
 Status GptModel::upload_tokens(const int32_t* host, int32_t* dst) {
   const int64_t L = config_.sequence_length, Ls = L / sp_size_;
@@ -698,7 +776,8 @@ Status GptModel::layer_backward(int64_t layer, const void* in) {
   };
   const LayerActivations& a = b.acts[memory_.checkpoint_layers ? 0 : static_cast<size_t>(layer)];
   const LayerTensors w = layer_tensors(layout_, weights_, t, d, layer);
-  const LayerTensors g = layer_tensors(layout_, grads_, DType::kF32, d, layer);
+  const LayerTensors g = layer_tensors(layout_, group_grads(layer + 1), DType::kF32, d, layer,
+                                       layout_.groups[static_cast<size_t>(layer + 1)].begin);
 
   // MLP: dres holds the gradient of the layer's output, which is also that of the MLP's output.
   if (b.mlp_tile > 0) {
@@ -816,7 +895,7 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
     p.losses = f1(b.losses, T);
     if (with_grad) {
       p.din = act2(b.dln, T, C);
-      p.dweight = slot_view(layout_, grads_, DType::kF32, d, head);
+      p.dweight = grad_view(head);
     }
     p.logits = act2(b.logits, b.lm_tile, V);
     p.grad_scale = grad_scale;
@@ -867,18 +946,16 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
   };
   const char* head = c.tie_embeddings ? "wte" : "lm_head";
   if (memory_.lm_head_tile_tokens == 0) {
-    SCIATTN_TRY(
-        be.lm_head_backward({act2(b.lnf, T, C), slot_view(layout_, weights_, t, d, head), b.targets,
-                             act2(b.logits, T, V), act2(b.dln, T, C),
-                             slot_view(layout_, grads_, DType::kF32, d, head), grad_scale}));
+    SCIATTN_TRY(be.lm_head_backward({act2(b.lnf, T, C), slot_view(layout_, weights_, t, d, head),
+                                     b.targets, act2(b.logits, T, V), act2(b.dln, T, C),
+                                     grad_view(head), grad_scale}));
   }
   // Final LayerNorm: dres = its input gradient (dln holds the LM head's input gradient).
   SCIATTN_TRY(be.fill_zero(b.dres, static_cast<size_t>(T * C) * dtype_size(t)));
-  SCIATTN_TRY(be.layernorm_backward({act2(boundary(n), T, C),
-                                     slot_view(layout_, weights_, t, d, "lnf_w"), f1(b.lnf_mean, T),
-                                     f1(b.lnf_rstd, T), act2(b.dln, T, C), act2(b.dres, T, C),
-                                     slot_view(layout_, grads_, DType::kF32, d, "lnf_w"),
-                                     slot_view(layout_, grads_, DType::kF32, d, "lnf_b")}));
+  SCIATTN_TRY(
+      be.layernorm_backward({act2(boundary(n), T, C), slot_view(layout_, weights_, t, d, "lnf_w"),
+                             f1(b.lnf_mean, T), f1(b.lnf_rstd, T), act2(b.dln, T, C),
+                             act2(b.dres, T, C), grad_view("lnf_w"), grad_view("lnf_b")}));
   SCIATTN_TRY(hook_backward(n + 1));
   const size_t boundary_bytes = static_cast<size_t>(T * C) * dtype_size(t);
   for (int64_t l = n - 1; l >= 0; --l) {
@@ -900,9 +977,8 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
     SCIATTN_TRY(layer_backward(l, boundary(l)));
     SCIATTN_TRY(hook_backward(l + 1));
   }
-  SCIATTN_TRY(be.embedding_backward(
-      {b.inputs, batch_, L, act2(b.dres, T, C), slot_view(layout_, grads_, DType::kF32, d, "wte"),
-       position_rows(slot_view(layout_, grads_, DType::kF32, d, "wpe"), sp_rank_ * L)}));
+  SCIATTN_TRY(be.embedding_backward({b.inputs, batch_, L, act2(b.dres, T, C), grad_view("wte"),
+                                     position_rows(grad_view("wpe"), sp_rank_ * L)}));
   SCIATTN_TRY(hook_backward(0));
   // The losses are read last, so the backward was queued without waiting for the forward.
   return read_losses(out);

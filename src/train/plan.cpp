@@ -9,6 +9,7 @@
 
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/train/trainer.h"
+#include "sciattn/train/zero.h"
 #include "train/status_try.h"
 
 namespace sciattn::train {
@@ -65,13 +66,39 @@ Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
     return Status::invalid_argument(std::string("compute_dtype must be f32, bf16 or f16; got ") +
                                     dtype_name(in.compute_dtype));
   }
+  if (in.world_size < 1) {
+    return Status::invalid_argument("world_size must be >= 1; got " +
+                                    std::to_string(in.world_size));
+  }
   MemoryPlan plan;
   const SparsityConfig* sparse = in.sparse ? &*in.sparse : nullptr;
-  SCIATTN_TRY(plan_gpt_memory(in.model, sparse, in.micro_batch, in.memory, in.compute_dtype,
+  const bool zero = in.world_size > 1 && in.zero.stage > 0;
+  if (zero && in.offload_optimizer) {
+    return Status::not_supported(
+        "zero_optimization.offload_optimizer with several data-parallel ranks is not built yet; "
+        "set its device to \"none\" or run one rank");
+  }
+  MemoryOptions memory = in.memory;
+  if (zero) {
+    // The trainer's settings for ZeRO (trainer.cpp): shards padded, stage 2's group buffers.
+    SCIATTN_TRY(validate_gpt_config(in.model));
+    memory.parameter_multiple = zero_parameter_multiple(in.world_size);
+    memory.layer_gradient_buffers =
+        in.zero.stage == 2
+            ? zero_layer_gradient_buffers(gpt_parameter_layout(in.model, memory.parameter_multiple),
+                                          in.zero.reduce_bucket_size)
+            : 0;
+  }
+  SCIATTN_TRY(plan_gpt_memory(in.model, sparse, in.micro_batch, memory, in.compute_dtype,
                               in.token_chunk, in.device, &plan.ledger));
-  const ParameterLayout layout = gpt_parameter_layout(in.model);
-  add_optimizer_memory(layout.total, in.offload_optimizer, in.compute_dtype, in.device,
-                       &plan.ledger);
+  if (zero) {
+    add_zero_memory(gpt_parameter_layout(in.model, memory.parameter_multiple).total, in.world_size,
+                    in.zero.stage, in.compute_dtype == DType::kF32, in.device, &plan.ledger);
+  } else {
+    const ParameterLayout layout = gpt_parameter_layout(in.model);
+    add_optimizer_memory(layout.total, in.offload_optimizer, in.compute_dtype, in.device,
+                         &plan.ledger);
+  }
 
   // The back end's scratch: the largest of its calls' needs.
   int64_t block = 0, padded = 0;
@@ -161,12 +188,14 @@ Status plan_techniques(const PlanInput& input, uint64_t device_budget, uint64_t 
     r.input.offload_optimizer = offload_opt;
     rows->push_back(std::move(r));
   };
+  // The optimizer offload is not built with ZeRO over several ranks: no rows for it there.
+  const bool sharded = input.world_size > 1 && input.zero.stage > 0;
   row("none", false, false, false, false);
   row("per-layer checkpointing", true, false, false, false);
   row("+ MLP and LM-head tiles", true, true, false, false);
-  row("+ optimizer offload", true, true, false, true);
+  if (!sharded) row("+ optimizer offload", true, true, false, true);
   row("+ checkpoint offload (optimizer on the device)", true, true, true, false);
-  row("+ checkpoint offload + optimizer offload", true, true, true, true);
+  if (!sharded) row("+ checkpoint offload + optimizer offload", true, true, true, true);
   for (PlanRow& r : *rows) {
     SCIATTN_TRY(
         longest_sequence(r.input, device_budget, host_budget, granularity, max_length, &r.longest));

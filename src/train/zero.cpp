@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "sciattn/train/backend.h"
 #include "train/status_try.h"
@@ -19,6 +20,18 @@ TensorView flat(const float* p, int64_t n, Device device) {
 }
 
 }  // namespace
+
+int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size) {
+  const auto layers = static_cast<int64_t>(layout.groups.size()) - 2;
+  if (layers < 1) return 0;
+  int64_t size = 1;
+  for (int64_t l = 1; l <= layers; ++l) {
+    const ParameterGroup& g = layout.groups[static_cast<size_t>(l)];
+    size = std::max(size, g.end - g.begin);
+  }
+  const int64_t carried = std::max<int64_t>(reduce_bucket_size - 1, 0);
+  return std::min(layers, 1 + (carried + size - 1) / size);
+}
 
 Status for_each_decay_range(const ParameterLayout& layout, int64_t begin, int64_t end,
                             const std::function<Status(int64_t, int64_t, bool)>& fn) {
@@ -65,6 +78,18 @@ Status ZeroOptimizer::create(const ZeroConfig& config, Communicator* comm, GptMo
                                     std::to_string(zero_parameter_multiple(world)) +
                                     " (create the model with MemoryOptions::parameter_multiple = "
                                     "zero_parameter_multiple(world_size))");
+  }
+  const int64_t buffers = model->memory_options().layer_gradient_buffers;
+  if (buffers != 0) {
+    const int64_t needed = zero_layer_gradient_buffers(model->layout(), config.reduce_bucket_size);
+    if (config.stage != 2 || buffers < needed) {
+      return Status::invalid_argument(
+          "ZeroOptimizer: the model's gradients are in " + std::to_string(buffers) +
+          " layer buffers; zero_optimization.stage " + std::to_string(config.stage) +
+          " with reduce_bucket_size " + std::to_string(config.reduce_bucket_size) + " needs " +
+          (config.stage == 2 ? "at least " + std::to_string(needed)
+                             : std::string("one whole gradient buffer (0)")));
+    }
   }
   std::unique_ptr<ZeroOptimizer> z(new ZeroOptimizer());
   z->config_ = config;
@@ -139,42 +164,57 @@ Status ZeroOptimizer::after_backward(int64_t group) {
 }
 
 Status ZeroOptimizer::reduce_bucket(int64_t lo, int64_t hi) {
-  Backend& be = *backend_;
-  float* grads = model_->grads();
   ++buckets_;
+  if (model_->grads() != nullptr) return reduce_piece(lo, hi, model_->grads() + lo);
+  // Separate group buffers: the bucket group by group. Every step below is elementwise (or a
+  // finiteness test that is or'ed), so the pieces give the whole bucket's bits.
+  const std::vector<ParameterGroup>& groups = model_->layout().groups;
+  for (size_t g = groups.size(); g-- > 0;) {
+    const int64_t a = std::max(lo, groups[g].begin), b = std::min(hi, groups[g].end);
+    if (a >= b) continue;
+    SCIATTN_TRY(
+        reduce_piece(a, b, model_->group_grads(static_cast<int64_t>(g)) + (a - groups[g].begin)));
+  }
+  return Status::ok_status();
+}
+
+Status ZeroOptimizer::reduce_piece(int64_t lo, int64_t hi, float* piece) {
+  Backend& be = *backend_;
+  // Flat element i's local gradient, for i in [lo, hi).
+  auto grads = [&](int64_t i) { return piece + (i - lo); };
   if (last_micro_ && inject_ >= lo && inject_ < hi) {
     const float inf = std::numeric_limits<float>::infinity();
-    SCIATTN_TRY(be.copy_to_device(grads + inject_, &inf, sizeof inf));
+    SCIATTN_TRY(be.copy_to_device(grads(inject_), &inf, sizeof inf));
     inject_ = -1;
   }
   if (scaling_ == Fp16Scaling::kDsEnhanced) {
     // This rank's own scaled gradients, before any reduction.
     SumSquares local;
-    SCIATTN_TRY(be.sum_squares(grads + lo, hi - lo, &local));
+    SCIATTN_TRY(be.sum_squares(grads(lo), hi - lo, &local));
     local_overflow_ = local_overflow_ || !local.finite;
     if (loss_scale_ != 1.0) {
-      SCIATTN_TRY(be.scale_in_place(grads + lo, hi - lo, static_cast<float>(1.0 / loss_scale_)));
+      SCIATTN_TRY(be.scale_in_place(grads(lo), hi - lo, static_cast<float>(1.0 / loss_scale_)));
     }
   }
   const int world = comm_->world_size(), me = comm_->rank();
-  if (!config_.reduce_scatter) SCIATTN_TRY(comm_->all_reduce_mean(grads + lo, hi - lo));
+  if (!config_.reduce_scatter) SCIATTN_TRY(comm_->all_reduce_mean(grads(lo), hi - lo));
   for (int r = 0; r < world; ++r) {
     const int64_t a = std::max(lo, shard_ * r), b = std::min(hi, shard_ * (r + 1));
     if (a >= b) continue;
-    if (config_.reduce_scatter) SCIATTN_TRY(comm_->reduce(grads + a, b - a, r, ReduceOp::kMean));
+    if (config_.reduce_scatter) SCIATTN_TRY(comm_->reduce(grads(a), b - a, r, ReduceOp::kMean));
     if (r != me) continue;
     // The owner keeps its piece. The first micro-batch copies (so that a -0 stays -0, as in
     // stage 1); later ones add, in micro-batch order.
     float* dst = grad_shard_ + (a - begin_);
     if (first_micro_) {
-      SCIATTN_TRY(be.cast(grads + a, DType::kF32, dst, DType::kF32, b - a));
+      SCIATTN_TRY(be.cast(grads(a), DType::kF32, dst, DType::kF32, b - a));
     } else {
       const Device d = be.device();
-      SCIATTN_TRY(be.add({flat(dst, b - a, d), flat(grads + a, b - a, d), flat(dst, b - a, d)}));
+      SCIATTN_TRY(be.add({flat(dst, b - a, d), flat(grads(a), b - a, d), flat(dst, b - a, d)}));
     }
   }
   // The next micro-batch's backward accumulates into zeros again.
-  return be.fill_zero(grads + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+  return be.fill_zero(grads(lo), static_cast<size_t>(hi - lo) * sizeof(float));
 }
 
 const float* ZeroOptimizer::gradient_shard() const {
@@ -295,19 +335,24 @@ Status ZeroOptimizer::gather_master(std::vector<float>* out) {
   return s;
 }
 
-void ZeroOptimizer::add_memory(MemoryLedger* ledger) const {
-  const uint64_t f32 = static_cast<uint64_t>(shard_) * sizeof(float);
-  const Device d = backend_->device();
-  const std::string of = " (f32, 1/" + std::to_string(comm_->world_size()) + " of the layout)";
-  if (!master_is_weights_) {
-    ledger->add("ZeRO shard: master weights" + of, "model states", d, f32, kPhaseOptimizer);
+void add_zero_memory(int64_t layout_total, int world_size, int stage, bool master_is_weights,
+                     Device device, MemoryLedger* ledger) {
+  const uint64_t f32 = static_cast<uint64_t>(layout_total / world_size) * sizeof(float);
+  const std::string of = " (f32, 1/" + std::to_string(world_size) + " of the layout)";
+  if (!master_is_weights) {
+    ledger->add("ZeRO shard: master weights" + of, "model states", device, f32, kPhaseOptimizer);
   }
-  ledger->add("ZeRO shard: AdamW exp_avg, exp_avg_sq" + of, "model states", d, 2 * f32,
+  ledger->add("ZeRO shard: AdamW exp_avg, exp_avg_sq" + of, "model states", device, 2 * f32,
               kPhaseOptimizer);
-  if (grad_shard_ != nullptr) {
-    ledger->add("ZeRO-2 shard: reduced gradients" + of, "model states", d, f32,
+  if (stage == 2) {
+    ledger->add("ZeRO-2 shard: reduced gradients" + of, "model states", device, f32,
                 kPhaseBackward | kPhaseOptimizer);
   }
+}
+
+void ZeroOptimizer::add_memory(MemoryLedger* ledger) const {
+  add_zero_memory(total_, comm_->world_size(), config_.stage, master_is_weights_,
+                  backend_->device(), ledger);
 }
 
 }  // namespace sciattn::train

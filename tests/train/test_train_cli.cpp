@@ -155,6 +155,29 @@ TEST(TrainCli, PlanPrintsTheArithmeticAndTheLongestSequence) {
   expect_contains(r, "+ checkpoint offload + optimizer offload");
 }
 
+// --plan --nproc-per-node N plans one of N ranks with the config's ZeRO stage: the shards, stage
+// 2's group gradient buffers instead of the whole buffer, no optimizer-offload rows; it starts
+// no ranks.
+TEST(TrainCli, PlanForSeveralRanksShowsTheZeroBuffers) {
+  Files f;
+  const std::string config = dir() + "zero2.json";
+  write(config, R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,)"
+                R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)"
+                R"( "zero_optimization": {"stage": 2, "reduce_bucket_size": 100}})");
+  const Result r = run("train --plan --device cuda --nproc-per-node 2 --config " + config +
+                       " --model " + f.model +
+                       " --steps 10 --device-memory-gib 0.25 --host-memory-gib 0.5 "
+                       "--plan-max-tokens 4096 --plan-granularity 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "one of 2 ranks, ZeRO stage 2");
+  expect_contains(r, "gradients (f32): embeddings' group");
+  expect_contains(r, "gradients (f32): layer buffer 0 of ");
+  expect_contains(r, "ZeRO-2 shard: reduced gradients (f32, 1/2 of the layout)");
+  expect_contains(r, "ZeRO shard: AdamW exp_avg, exp_avg_sq");
+  EXPECT_EQ(r.output.find("optimizer offload"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
 TEST(TrainCli, CudaWithoutAGpuSaysSoAtOnce) {
   Files f;
   const Result r = run("train --device cuda --demo --steps 1");

@@ -44,6 +44,7 @@
 #include "process_ranks.h"
 #include "process_temp_dir.h"
 #include "sciattn/train/data.h"
+#include "sciattn/train/plan.h"
 #include "sciattn/train/process_group.h"
 #include "sciattn/train/thread_communicator.h"
 #include "sciattn/train/trainer.h"
@@ -142,7 +143,8 @@ struct RankRuns {
 
 using OptionsFn = std::function<void(int rank, TrainerOptions*)>;
 
-RankRuns train(int world, const std::string& json, int steps, const OptionsFn& options = {}) {
+RankRuns train(int world, const std::string& json, int steps, const OptionsFn& options = {},
+               const GptConfig& model = zero_config()) {
   const TrainConfig c = parse(json, world);
   RankRuns run;
   run.params.resize(static_cast<size_t>(world));
@@ -157,7 +159,7 @@ RankRuns train(int world, const std::string& json, int steps, const OptionsFn& o
     TrainerOptions o;
     if (options) options(comm.rank(), &o);
     std::unique_ptr<Trainer> t;
-    Status s = make_trainer(c, &comm, o, &t);
+    Status s = make_trainer(c, &comm, o, &t, model);
     if (!s.ok()) return s;
     for (int k = 0; k < steps; ++k) {
       StepReport rep;
@@ -547,6 +549,176 @@ TEST_P(ZeroStages, ProcessesEqualThreadRanksBitwise) {
   }
 }
 
+// The tiny GPT with more layers: buckets smaller than a layer need two layer gradient buffers at
+// stage 2, fewer than the layers.
+GptConfig layered_config(int64_t layers) {
+  GptConfig g = zero_config();
+  g.n_layers = layers;
+  return g;
+}
+
+// The gradient bytes of a ledger: its "model states" entries that hold gradients (the whole
+// buffer, or the group buffers and the ZeRO-2 shard).
+uint64_t gradient_bytes(const MemoryLedger& ledger) {
+  uint64_t bytes = 0;
+  for (const auto& e : ledger.entries()) {
+    if (e.category == "model states" && e.name.find("gradients") != std::string::npos) {
+      bytes += e.bytes;
+    }
+  }
+  return bytes;
+}
+
+// Stage 2's group gradient buffers, reused once their buckets are reduced, give the bits of the
+// whole gradient buffer (the layout stage 2 had before them, kept by
+// zero2_whole_gradient_buffer): three micro-batches per rank, buckets smaller than a layer (so
+// buckets span groups and layer buffers are reused within each micro-batch) and larger, fp32 and
+// fp16 ds_enhanced with an overflow on one rank; and they stay within the accumulation bound of
+// stage 1.
+TEST_P(ZeroStages, ReusedGradientBuffersGiveTheWholeBufferBits) {
+  const int world = GetParam();
+  const GptConfig model = layered_config(4);
+  const ParameterLayout layout = gpt_parameter_layout(model, zero_parameter_multiple(world));
+  const int gas = 3, steps = 3;
+  const std::string fp16 =
+      ", \"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 10, "
+      "\"hysteresis\": 1, \"type\": \"ds_enhanced\"}";
+  auto whole = [](int, TrainerOptions* o) { o->zero2_whole_gradient_buffer = true; };
+  auto overflow = [](bool whole_buffer) {
+    return [whole_buffer](int rank, TrainerOptions* o) {
+      o->zero2_whole_gradient_buffer = whole_buffer;
+      if (rank == 1) o->inject_overflow_steps = {2};
+    };
+  };
+  for (int64_t bucket : {int64_t{97}, int64_t{5000}}) {
+    SCOPED_TRACE("reduce_bucket_size " + std::to_string(bucket));
+    EXPECT_LT(zero_layer_gradient_buffers(layout, bucket), model.n_layers);
+    const std::string keys = ", \"reduce_bucket_size\": " + std::to_string(bucket);
+    for (const bool half : {false, true}) {
+      SCOPED_TRACE(half ? "fp16 ds_enhanced, overflow on rank 1 in step 2" : "fp32");
+      const std::string json = config_json(world, gas, 2, keys, half ? fp16 : "");
+      const RankRuns reference = half ? train(world, json, steps, overflow(true), model)
+                                      : train(world, json, steps, whole, model);
+      const RankRuns reused = half ? train(world, json, steps, overflow(false), model)
+                                   : train(world, json, steps, {}, model);
+      ASSERT_EQ(reused.total, layout.total);
+      for (int r = 0; r < world; ++r) {
+        const size_t i = static_cast<size_t>(r);
+        EXPECT_TRUE(same_prefix(reused.params[i], reference.params[i], layout.total))
+            << "rank " << r << ": max |diff| "
+            << max_abs_diff(reused.params[i], reference.params[i], layout.total);
+        EXPECT_TRUE(reused.gradients[i] == reference.gradients[i]) << "rank " << r;
+        EXPECT_TRUE(reused.exp_avg[i] == reference.exp_avg[i]) << "rank " << r;
+        EXPECT_EQ(reused.buckets[i], reference.buckets[i]) << "rank " << r;
+        // Every micro-batch cut at least total / bucket full buckets.
+        EXPECT_GE(reused.buckets[i], gas * (layout.total / bucket)) << "rank " << r;
+        for (int k = 0; k < steps; ++k) {
+          const StepReport &a = reused.reports[i][static_cast<size_t>(k)],
+                           &b = reference.reports[i][static_cast<size_t>(k)];
+          EXPECT_EQ(a.loss, b.loss) << "step " << k;
+          EXPECT_EQ(a.skipped, b.skipped) << "step " << k;
+          EXPECT_EQ(a.skipped, half && k == 1) << "step " << k;
+          if (!a.skipped) {
+            EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << k;
+          }
+        }
+      }
+      // Which buffers the two held.
+      EXPECT_LT(gradient_bytes(reused.ledgers[0]), gradient_bytes(reference.ledgers[0]));
+    }
+  }
+  // Against stage 1 (which adds the micro-batches before reducing): AccumulationOnEachRank's
+  // bound, 1% of AdamW's per-step movement.
+  const RankRuns z1 = train(world, config_json(world, gas, 1), steps, {}, model);
+  const RankRuns z2 =
+      train(world, config_json(world, gas, 2, ", \"reduce_bucket_size\": 97"), steps, {}, model);
+  std::vector<float> init(static_cast<size_t>(layout.total));
+  init_gpt_parameters(model, layout, init.data());
+  EXPECT_FALSE(same_prefix(z2.params[0], init, layout.total));
+  const double diff = max_abs_diff(z2.params[0], z1.params[0], layout.total);
+  std::printf(
+      "ZeRO-2 (reused gradient buffers) vs ZeRO-1, %d micro-batches, %d ranks: "
+      "max |diff| %.3g\n",
+      gas, world, diff);
+  EXPECT_LT(diff, 1e-2 * 3e-3);
+}
+
+// The gradient memory of a stage-2 rank in its ledger is the arithmetic's: the embeddings' group
+// E, the head group H, k = zero_layer_gradient_buffers layer buffers of S elements and the
+// reduced shard total / N, 4 bytes each, where stage 1 holds the whole buffer (4 total bytes);
+// plan_gpt_memory gives the model's share of it (everything but the ZeRO shards) as well. Eight
+// layers, so that two layer buffers and a shard are less than the whole at 2 ranks too.
+TEST_P(ZeroStages, StageTwoLedgerHoldsGroupBuffersNotTheWholeGradient) {
+  const int world = GetParam();
+  const GptConfig model = layered_config(8);
+  const MemoryOptions defaults;
+  const ParameterLayout layout = gpt_parameter_layout(model, zero_parameter_multiple(world));
+  const std::vector<ParameterGroup>& g = layout.groups;
+  const int64_t n = model.n_layers;
+  const int64_t E = g[0].end - g[0].begin,
+                H = g[static_cast<size_t>(n + 1)].end - g[static_cast<size_t>(n + 1)].begin;
+  const int64_t S = g[1].end - g[1].begin;
+  // Buckets of 97 elements leave fewer than 97 unreduced when a layer starts: two buffers.
+  ASSERT_EQ(zero_layer_gradient_buffers(layout, 97), 2);
+  ASSERT_EQ(zero_layer_gradient_buffers(layout, S + 1), 2);
+  ASSERT_EQ(zero_layer_gradient_buffers(layout, S + 2), 3);
+  ASSERT_EQ(zero_layer_gradient_buffers(layout, 500000000), n);
+  const uint64_t stage2 = 4 * static_cast<uint64_t>(E + H + 2 * S + layout.total / world);
+  const uint64_t stage1 = 4 * static_cast<uint64_t>(layout.total);
+  std::printf("%d ranks, %lld elements: gradient bytes per rank, stage 1 %llu, stage 2 %llu\n",
+              world, static_cast<long long>(layout.total), static_cast<unsigned long long>(stage1),
+              static_cast<unsigned long long>(stage2));
+  EXPECT_LT(stage2, stage1);
+  const RankRuns z2 =
+      train(world, config_json(world, 2, 2, ", \"reduce_bucket_size\": 97"), 1, {}, model);
+  const RankRuns z1 = train(world, config_json(world, 2, 1), 1, {}, model);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(gradient_bytes(z2.ledgers[static_cast<size_t>(r)]), stage2) << "rank " << r;
+    EXPECT_EQ(gradient_bytes(z1.ledgers[static_cast<size_t>(r)]), stage1) << "rank " << r;
+  }
+  // The plan of the model's buffers is the ledger's, ZeRO's shards aside.
+  MemoryOptions memory = defaults;
+  memory.parameter_multiple = zero_parameter_multiple(world);
+  memory.layer_gradient_buffers = 2;
+  MemoryLedger plan;
+  ASSERT_TRUE(plan_gpt_memory(model, nullptr, 1, memory, DType::kF32, 8, Device::kCpu, &plan).ok());
+  uint64_t shards = 0;
+  for (const auto& e : z2.ledgers[0].entries()) {
+    if (e.name.find("ZeRO") != std::string::npos) shards += e.bytes;
+  }
+  EXPECT_EQ(plan.total(Device::kCpu), z2.ledgers[0].total(Device::kCpu) - shards);
+  EXPECT_EQ(gradient_bytes(plan), stage2 - 4 * static_cast<uint64_t>(layout.total / world));
+}
+
+// plan_training_memory for N ranks (PlanInput::world_size and zero) plans what a rank's trainer
+// allocates: at stages 0, 1 and 2, its entries other than the back end's estimates add up to
+// the rank's ledger, gradients included.
+TEST_P(ZeroStages, PlanIsTheRanksLedger) {
+  const int world = GetParam();
+  const GptConfig model = layered_config(8);
+  for (int stage : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string json = config_json(world, 2, stage, ", \"reduce_bucket_size\": 97");
+    const RankRuns z = train(world, json, 1, {}, model);
+    PlanInput in;
+    in.model = model;
+    in.micro_batch = 1;
+    in.compute_dtype = DType::kF32;
+    in.token_chunk = 8;
+    in.device = Device::kCpu;
+    in.world_size = world;
+    in.zero = parse(json, world).zero;
+    MemoryPlan plan;
+    ASSERT_TRUE(plan_training_memory(in, &plan).ok());
+    uint64_t planned = 0;
+    for (const auto& e : plan.ledger.entries()) {
+      if (e.category != "back end") planned += e.bytes;
+    }
+    EXPECT_EQ(planned, z.ledgers[0].total(Device::kCpu));
+    EXPECT_EQ(gradient_bytes(plan.ledger), gradient_bytes(z.ledgers[0]));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ZeroStages, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::to_string(i.param) + "ranks";
@@ -619,6 +791,43 @@ TEST(ZeroRefusals, OptimizerNeedsAPaddedLayout) {
   EXPECT_NE(GptModel::create(g, nullptr, 1, memory, be.get(), &model)
                 .message()
                 .find("parameter_multiple must be >= 1"),
+            std::string::npos);
+}
+
+// A model whose layers share fewer gradient buffers than the buckets need, or that has no whole
+// buffer for stage 1, is refused by name; a negative count is refused by the model.
+TEST(ZeroRefusals, GradientBuffersMustCoverTheBuckets) {
+  std::unique_ptr<Backend> be = cpu_backend(8, 1);
+  const GptConfig g = zero_config();  // two layers
+  MemoryOptions memory;
+  memory.parameter_multiple = zero_parameter_multiple(2);
+  memory.layer_gradient_buffers = 1;
+  std::unique_ptr<GptModel> model;
+  ASSERT_TRUE(GptModel::create(g, nullptr, 1, memory, be.get(), &model).ok());
+  EXPECT_EQ(model->grads(), nullptr);
+  std::vector<float> init(static_cast<size_t>(model->layout().total));
+  auto create = [&](int stage, int64_t bucket) {
+    std::vector<Status> st = run_thread_ranks(2, [&](Communicator& comm) {
+      ZeroConfig zc;
+      zc.stage = stage;
+      zc.reduce_bucket_size = bucket;
+      std::unique_ptr<ZeroOptimizer> z;
+      return ZeroOptimizer::create(zc, &comm, model.get(), init.data(), &z);
+    });
+    return st[0];
+  };
+  const Status big = create(2, 500000000);
+  EXPECT_NE(big.message().find("reduce_bucket_size 500000000 needs at least 2"), std::string::npos)
+      << big.message();
+  const Status one = create(1, 500000000);
+  EXPECT_NE(one.message().find("zero_optimization.stage 1"), std::string::npos) << one.message();
+  EXPECT_NE(one.message().find("one whole gradient buffer"), std::string::npos) << one.message();
+  // Buckets of one element leave nothing unreduced when a layer starts: one buffer is enough.
+  EXPECT_TRUE(create(2, 1).ok());
+  memory.layer_gradient_buffers = -1;
+  EXPECT_NE(GptModel::create(g, nullptr, 1, memory, be.get(), &model)
+                .message()
+                .find("layer_gradient_buffers must be >= 0"),
             std::string::npos);
 }
 

@@ -59,7 +59,7 @@ struct ZeroConfig {
   // true: the parameters are all-gathered; false: each rank broadcasts its shard in turn.
   bool allgather_partitions = true;
   // Accepted with DeepSpeed's meaning; on the CPU path the bucket reductions run in the
-  // backward's thread between layers, and the gradients are always one contiguous buffer.
+  // backward's thread between layers, and each parameter group's gradients are contiguous.
   bool overlap_comm = false;
   bool contiguous_gradients = true;
 };

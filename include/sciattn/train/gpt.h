@@ -126,6 +126,16 @@ struct MemoryOptions {
   // The flat parameter and gradient buffers' length is rounded up to a multiple of this
   // (gpt_parameter_layout's total_multiple; zeros that no layer reads): ZeRO's equal shards.
   int64_t parameter_multiple = 1;
+  // ZeRO stage 2 over several ranks; 0 (every other case): the backward adds every gradient into
+  // one fp32 buffer of the layout's total (grads()). k > 0: there is no such buffer. The
+  // embeddings' group and the head group (both written from the start of the backward: the tied
+  // LM head writes wte's gradient first, the embedding backward last) each keep a buffer of
+  // their own, and the layers share k layer-sized buffers in turn, layer l writing buffer
+  // (n_layers - 1 - l) % k (at most n_layers are allocated). The hooks (ParameterHooks) must
+  // have reduced and zeroed a layer's gradients before layer l - k's backward reuses its buffer;
+  // zero_layer_gradient_buffers (zero.h) gives the k a bucket size needs. group_grads()
+  // addresses the buffers.
+  int64_t layer_gradient_buffers = 0;
 };
 
 // The attention block and padded length for a model and an optional sparse config, without
@@ -235,10 +245,15 @@ class GptModel {
   Backend& backend() { return *backend_; }
 
   // The flat buffers in the back end's memory: weights(), layout_.total elements of
-  // weight_dtype() (the back end's compute dtype); grads(), layout_.total floats.
+  // weight_dtype() (the back end's compute dtype); grads(), layout_.total floats, or null when
+  // the gradients are in separate buffers (MemoryOptions::layer_gradient_buffers).
   void* weights() { return weights_; }
   DType weight_dtype() const { return act_; }
   float* grads() { return grads_; }
+  // Where the backward writes group g's gradients (ParameterLayout::groups[g], contiguous): its
+  // first element's address, grads() + groups[g].begin with one buffer.
+  float* group_grads(int64_t group) { return group_grads_[static_cast<size_t>(group)]; }
+  // Zeroes every gradient buffer.
   Status zero_grads();
   // Sets the weights from fp32 host parameters (layout_.total), rounded to the compute dtype.
   Status set_weights(const float* host_params);
@@ -271,6 +286,8 @@ class GptModel {
   // Plans every buffer into the ledger; with `allocate`, also allocates them and sets the
   // weights (from `initial_params`, or the initialisation).
   Status plan_and_allocate(bool allocate, const float* initial_params = nullptr);
+  // The gradient buffers' share of plan_and_allocate (MemoryOptions::layer_gradient_buffers).
+  Status plan_gradients(bool allocate);
   Status layer_forward(int64_t layer, const void* in, void* out, bool keep, bool recompute);
   Status layer_backward(int64_t layer, const void* in);
   Status run_forward(const int32_t* inputs, const int32_t* targets, bool with_grad,
@@ -282,6 +299,8 @@ class GptModel {
   void* boundary(int64_t l) const;
   Status hook_forward(int64_t group);
   Status hook_backward(int64_t group);
+  // A gradient slot's view (absent slots stay absent), wherever its group's buffer is.
+  TensorView grad_view(const char* name);
   // Sequence parallelism: copies this rank's slice of [batch, L] host token ids to `dst`.
   Status upload_tokens(const int32_t* host, int32_t* dst);
   // The all-to-alls around attention, for tensors of `parts` x C values per token (qkv: 3,
@@ -303,7 +322,9 @@ class GptModel {
   int64_t token_chunk_ = 1;
   MemoryLedger ledger_;
   void* weights_ = nullptr;
-  float* grads_ = nullptr;
+  float* grads_ = nullptr;                // one buffer of every gradient (null: separate buffers)
+  std::vector<float*> gradient_buffers_;  // the separate buffers: embeddings, head, layers'
+  std::vector<float*> group_grads_;       // per group: where its gradients are
   ParameterHooks* hooks_ = nullptr;
   Communicator* sp_comm_ = nullptr;  // the sequence-parallel group (null: none)
   int64_t sp_size_ = 1, sp_rank_ = 0;

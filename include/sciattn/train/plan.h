@@ -29,6 +29,7 @@
 #include "sciattn/device.h"
 #include "sciattn/dtype.h"
 #include "sciattn/status.h"
+#include "sciattn/train/config.h"
 #include "sciattn/train/gpt.h"
 #include "sciattn/train/memory_ledger.h"
 
@@ -43,6 +44,13 @@ struct PlanInput {
   DType compute_dtype = DType::kBF16;
   int64_t token_chunk = 4096;
   Device device = Device::kCuda;
+  // Data-parallel ranks and the config's zero_optimization. With world_size > 1 and stage 1 or
+  // 2 the plan is one rank's, as the trainer allocates it: the layout padded for the shards, the
+  // optimizer state as ZeRO shards (add_zero_memory), and at stage 2 the gradients in group
+  // buffers (MemoryOptions::layer_gradient_buffers from zero_layer_gradient_buffers) beside the
+  // reduced shard. Otherwise the replicated optimizer of one rank.
+  int world_size = 1;
+  ZeroConfig zero;
 };
 
 struct MemoryPlan {

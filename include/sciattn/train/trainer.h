@@ -89,6 +89,10 @@ struct TrainerOptions {
   // (AutoValues::world_size). Not built yet with several ranks: the optimizer offload and
   // gradient dumps (they are refused with a message).
   Communicator* communicator = nullptr;
+  // ZeRO stage 2 with several ranks keeps the model's whole fp32 gradient buffer (stage 1's
+  // layout: 4P bytes more per rank) instead of the per-group buffers reused after their buckets
+  // are reduced. The same bits; a reference for the tests that compare the two.
+  bool zero2_whole_gradient_buffer = false;
 };
 
 // The optimizer's share of the memory ledger, what Trainer::create allocates beside the model's

@@ -14,6 +14,11 @@
 //            the flat space down; each bucket is reduced (mean) piece by piece to the rank that
 //            owns the piece, which adds it to its gradient shard, and the bucket's local
 //            gradients are zeroed for the next micro-batch. Only the shard outlives the backward.
+//            The model then holds no full gradient buffer: the embeddings' and the head's groups
+//            have buffers of their own and the layers take turns in a few layer-sized ones
+//            (MemoryOptions::layer_gradient_buffers, zero_layer_gradient_buffers), each reused
+//            once the buckets of the layer that used it are reduced; a bucket that spans
+//            groups is reduced group by group (the same elementwise arithmetic).
 //   both:    the overflow flag (fp16) is combined with all_reduce_max and the squared norm of
 //            each rank's shard with all_reduce_sum, so every rank takes the same skip and
 //            clipping decision; AdamW runs over the shard; the parameters are all-gathered.
@@ -47,6 +52,18 @@ inline int64_t zero_parameter_multiple(int world_size) {
   return static_cast<int64_t>(world_size) * kSlotAlign;
 }
 
+// Stage 2's layer gradient buffers (MemoryOptions::layer_gradient_buffers) for buckets of
+// `reduce_bucket_size` elements: when a layer's backward starts, what is not reduced yet is
+// fewer than a bucket's elements above that layer, so buffers of layer size S are free again
+// after 1 + ceil((bucket - 1) / S) layers; never more than the layers.
+int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size);
+
+// The ledger entries of a rank's ZeRO state (what ZeroOptimizer allocates): the master weights'
+// shard unless the weights are fp32 (they are their own master), m and v, and at stage 2 the
+// reduced gradients' shard; each layout_total / world_size floats.
+void add_zero_memory(int64_t layout_total, int world_size, int stage, bool master_is_weights,
+                     Device device, MemoryLedger* ledger);
+
 // Calls fn(begin, end, decays) for the runs of [begin, end) that have one weight-decay flag, in
 // order: slots are cut at the range's ends, and the padding after a slot belongs to it (zeros,
 // which AdamW keeps at zero).
@@ -56,9 +73,11 @@ Status for_each_decay_range(const ParameterLayout& layout, int64_t begin, int64_
 class ZeroOptimizer final : public ParameterHooks {
  public:
   // `model` must have been created with MemoryOptions::parameter_multiple a multiple of
-  // zero_parameter_multiple(comm->world_size()); init holds the layout's fp32 initial parameters
-  // (host memory, the same on every rank). config.stage must be 1 or 2. comm and model must
-  // outlive the optimizer. Allocates the shard's state in the model's back end.
+  // zero_parameter_multiple(comm->world_size()), and with layer_gradient_buffers 0 (one whole
+  // gradient buffer; stage 1 needs it) or, stage 2 only, at least
+  // zero_layer_gradient_buffers(layout, reduce_bucket_size); init holds the layout's fp32 initial
+  // parameters (host memory, the same on every rank). config.stage must be 1 or 2. comm and model
+  // must outlive the optimizer. Allocates the shard's state in the model's back end.
   static Status create(const ZeroConfig& config, Communicator* comm, GptModel* model,
                        const float* init, std::unique_ptr<ZeroOptimizer>* out);
   ~ZeroOptimizer() override;
@@ -111,6 +130,8 @@ class ZeroOptimizer final : public ParameterHooks {
   // Stage 2: checks (ds_enhanced), unscales and reduces flat range [lo, hi) of the local
   // gradients into the owners' shards, then zeroes it.
   Status reduce_bucket(int64_t lo, int64_t hi);
+  // One contiguous piece [lo, hi) of a bucket, whose local gradients start at `piece`.
+  Status reduce_piece(int64_t lo, int64_t hi, float* piece);
   const float* gradient_shard() const;
 
   ZeroConfig config_;
