@@ -60,8 +60,7 @@ __device__ __forceinline__ void store_chunk_words(uint32_t dst, const uint32_t (
 __device__ __forceinline__ void copy_chunk_granular(uint32_t dst, const char* src, int inside_bytes,
                                                     int granule) {
   if (granule == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(inside_bytes));
+    cp_async_16_to(dst, src, inside_bytes);
   } else if (granule == 8) {
 #pragma unroll
     for (int x = 0; x < 16; x += 8) {
