@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "common/evoformer_checks.h"
 #include "cuda/evoformer/evoformer_device_params_of.h"
@@ -279,6 +281,23 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
       cuda::forward_workspace(views(aligned, DType::kBF16).f, aligned.evo()).layout.total_bytes(),
       0u);
   EXPECT_EQ(cuda::forward_workspace(views(s, DType::kF32).f, s.evo()).layout.total_bytes(), 0u);
+}
+
+// The forwards' probability shift (cuda/common/probability_shift.h): with bf16 inputs 2^k is the
+// smallest power of two at least L, so a row's sum of P |v| stays below max |v|; f16 (and fp32)
+// keep k = 0. The kernels add k ln 2 back to lse, so the field must equal what they assume.
+TEST(EvoformerDeviceParams, Bf16ProbabilitiesAreShiftedByTheKeysLog2) {
+  for (const auto& [L, k] : std::initializer_list<std::pair<int64_t, float>>{
+           {1, 0.0f}, {2, 1.0f}, {3, 2.0f}, {64, 6.0f}, {65, 7.0f}, {300, 9.0f}, {2048, 11.0f}}) {
+    const Shape s{1, 1, L, 2, 32};
+    EXPECT_EQ(cuda::forward_device_params(views(s, DType::kBF16).f, s.evo()).prob_shift_log2, k)
+        << L;
+    EXPECT_EQ(cuda::forward_device_params(views(s, DType::kF16).f, s.evo()).prob_shift_log2, 0.0f)
+        << L;
+  }
+  EXPECT_EQ(cuda::probability_shift_log2(DType::kBF16, int64_t{1} << 40), 40.0f);
+  EXPECT_EQ(cuda::probability_shift_log2(DType::kBF16, (int64_t{1} << 40) + 1), 41.0f);
+  EXPECT_EQ(cuda::probability_shift_log2(DType::kF32, 1000), 0.0f);
 }
 
 }  // namespace

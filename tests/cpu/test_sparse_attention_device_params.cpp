@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
 
@@ -158,6 +160,17 @@ TEST(SparseAttentionDeviceParams, OffsetsBeyond31BitsKeepTheGenericCopies) {
                               {int64_t{1} << 32, int64_t{1} << 32, fits, 1});
   EXPECT_EQ(forward(c, s).lean_tiles, 1);
   EXPECT_EQ(forward(c, s).wgmma_tiles, 1);
+}
+
+// The forwards' probability shift (cuda/common/probability_shift.h): ceil(log2 L) with bf16
+// inputs (no row sees more than L keys), 0 with f16.
+TEST(SparseAttentionDeviceParams, Bf16ProbabilitiesAreShiftedByTheKeysLog2) {
+  for (const auto& [L, k] : std::initializer_list<std::pair<int64_t, float>>{
+           {16, 4.0f}, {4096, 12.0f}, {4097, 13.0f}, {1 << 20, 20.0f}}) {
+    const Shape s{1, 2, L, 64};
+    EXPECT_EQ(forward(calls(s, DType::kBF16), s).prob_shift_log2, k) << L;
+    EXPECT_EQ(forward(calls(s, DType::kF16), s).prob_shift_log2, 0.0f) << L;
+  }
 }
 
 }  // namespace

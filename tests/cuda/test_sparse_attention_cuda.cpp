@@ -607,6 +607,41 @@ TEST(SparseAttentionCudaSmall, NanInQReachesItsRowAndWhatItAttends) {
   }
 }
 
+// ---- large values ---------------------------------------------------------------------------
+
+// V filled with 1e37 (bf16): the output is the weighted mean of V's rows, 1e37, while a row's sum
+// of P V terms passes fp32's largest value (cuda/common/probability_shift.h; before that shift
+// these gave inf). Whole rows and split rows (merged by the combine kernel), the mma.sync kernels
+// (D 32, packed blocks of 16) and the warpgroup ones (D 64, blocks of 64); lse does not depend on
+// V and is checked too.
+TEST(SparseAttentionCudaSmall, LargeBf16ValuesStayFinite) {
+  SKIP_WITHOUT_GPU();
+  struct Variant {
+    int64_t block, N, D, split;
+  };
+  for (const Variant& var : {Variant{16, 40, 32, 0}, Variant{64, 12, 64, 0}, Variant{16, 40, 32, 1},
+                             Variant{64, 12, 64, 1}}) {
+    GpuCase c;
+    c.dtype = DType::kBF16;
+    c.block = var.block;
+    c.N = var.N;
+    c.D = var.D;
+    c.config = Config::kGlobalLines;
+    c.split_blocks = var.split;
+    c.seed = kBaseSeed + 3960;
+    SCOPED_TRACE(c.name());
+    Problem p = make_problem(c);
+    for (int64_t i = 0; i < p.v.numel(); ++i) p.v.set(i, 1e37);
+    const AttnForward o = attention_oracle(attention_oracle_problem(p));
+    const CpuRun cpu = run_cpu(p);
+    const GpuRun r = run_gpu(p);
+    if (r.forward_status.code() == StatusCode::kNotSupported) continue;  // not instantiated
+    ASSERT_TRUE(r.forward_status.ok()) << r.forward_status.to_string();
+    EXPECT_TRUE(within_tolerance("out", r.out.values(), cpu.out.values(), o.out.v, c.dtype));
+    EXPECT_TRUE(within_tolerance("lse", r.lse.values(), cpu.lse.values(), o.lse, DType::kF32));
+  }
+}
+
 // ---- rejections -----------------------------------------------------------------------------
 
 // A small valid GPU problem whose params the rejection tests spoil one at a time.

@@ -13,6 +13,7 @@
 #include "common/block_sparse_checks.h"
 #include "cuda/block_sparse/sparse_attention_params.h"
 #include "cuda/common/bias_type_of.h"
+#include "cuda/common/probability_shift.h"
 #include "sciattn/block_sparse_ops.h"
 
 namespace sciattn::cuda::sparse_params {
@@ -60,6 +61,7 @@ SparseAttentionDeviceParams common_params(const Params& params, const detail::At
   p.len = s.len;
   p.dim = s.dim;
   p.scale = detail::attention_scale(params.options, s.dim);
+  p.prob_shift_log2 = probability_shift_log2(params.q.dtype, s.len);
   p.causal = params.options.causal ? 1 : 0;
   p.q = params.q.data;
   copy_strides(params.q, p.q_stride, 4);

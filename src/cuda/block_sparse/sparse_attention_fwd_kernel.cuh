@@ -63,10 +63,12 @@ __device__ __forceinline__ void tile_scores(float (&s)[SparseTile::kSize / 8][4]
 }
 
 // One key tile's step of the online softmax: the tile's row maxima, the running maxima and sums
-// rescaled, s turned into the tile's probabilities exp(s - max), and O rescaled.
+// rescaled, s turned into the tile's probabilities exp(s - max) * 2^-prob_shift (bf16's guard
+// against an fp32 overflow of O, cuda/common/probability_shift.h), and O rescaled.
 template <int kOutTiles>
 __device__ __forceinline__ void online_softmax_step(float (&s)[SparseTile::kSize / 8][4],
-                                                    float (&row_max)[2], float (&row_sum)[2],
+                                                    float prob_shift, float (&row_max)[2],
+                                                    float (&row_sum)[2],
                                                     float (&o_acc)[kOutTiles][4]) {
   constexpr int kScoreTiles = SparseTile::kSize / 8;
   float tile_max[2] = {kNegInf, kNegInf};
@@ -90,10 +92,11 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[SparseTile::kSize
     rescale[r] = fast_exp2(row_max[r] * kLog2e - shift_log2);
     row_max[r] = new_max;
     row_sum[r] *= rescale[r];
+    const float p_shift_log2 = shift_log2 + prob_shift;
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) {
-      s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -shift_log2));
-      s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -shift_log2));
+      s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], kLog2e, -p_shift_log2));
+      s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], kLog2e, -p_shift_log2));
       row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
     }
   }
@@ -137,8 +140,9 @@ __device__ __forceinline__ void finish_forward_rows(
     return;
   }
   // A whole row: a row without any unmasked key has sum 0 and gets output 0, lse -inf. The sum
-  // is at least 1 otherwise (the row's largest term is exp(0)), so the fast reciprocal and log
-  // are accurate to ~2^-22; a row with a NaN score has a NaN sum (fmaxf drops NaN from the max,
+  // is at least 2^-prob_shift otherwise (the row's largest term is exp(0) 2^-prob_shift,
+  // prob_shift <= 62), so the fast reciprocal and log are accurate to ~2^-22; a row with a NaN
+  // score has a NaN sum (fmaxf drops NaN from the max,
   // but exp of the score does not), which must give NaN: the tests are != 0, not > 0.
   const float inv[2] = {row_sum[0] != 0.0f ? __fdividef(1.0f, row_sum[0]) : 0.0f,
                         row_sum[1] != 0.0f ? __fdividef(1.0f, row_sum[1]) : 0.0f};
@@ -149,7 +153,8 @@ __device__ __forceinline__ void finish_forward_rows(
     for (int r = 0; r < 2; ++r) {
       if (my_rows[r] >= p.len) continue;
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]] =
-          row_sum[r] != 0.0f ? row_max[r] + __logf(row_sum[r]) : kNegInf;
+          row_sum[r] != 0.0f ? row_max[r] + fmaf(p.prob_shift_log2, kLn2, __logf(row_sum[r]))
+                             : kNegInf;
     }
   }
 }
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
       sparse_mma_rows_t<T, kSteps, kPitch, kHeadDim, kQInRegisters>(s, q_frag, qw, smem.k[buf], g,
                                                                     t, keep);
       tile_scores<kPacked>(s, p, keep, slots, entry, mask, queries, my_r, b, h, t);
-      online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
+      online_softmax_step<kOutTiles>(s, p.prob_shift_log2, row_max, row_sum, o_acc);
       // O += P V (pairs of n8 tiles outside `keep` hold P = 0 and are skipped).
       mma_acc_tile<T, kOutTiles, kPitch, kSplitKeptLoops<kHeadDim>>(o_acc, s, smem.v[buf], g, t,
                                                                     keep);
@@ -252,7 +257,8 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 1)
 // Merges the pieces of the split rows, in piece order: SplitLineChunk<kHeadDim>::kCtasPerLine
 // CTAs per (split row, batch).
 //   M = max_p m_p,  sum = sum_p l_p exp(m_p - M),  O = sum_p O_p exp(m_p - M) / sum,
-//   lse = M + log(sum)  (O = 0 and lse = -inf when sum is 0).
+//   lse = M + log(sum) + prob_shift ln 2  (O = 0 and lse = -inf when sum is 0; the pieces' sums
+//   carry the factor 2^-prob_shift of their probabilities, which O's ratio cancels).
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(SparseTile::kThreads)
     sparse_attention_fwd_combine_kernel(const SparseAttentionDeviceParams p) {
@@ -289,7 +295,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads)
   store_four(out + at.row * p.out_stride[2], at.d, p.dim, o);
   if (at.d == 0 && p.lse != nullptr) {
     p.lse[at.b * p.lse_stride[0] + at.h * p.lse_stride[1] + at.row * p.lse_stride[2]] =
-        sum != 0.0f ? m + logf(sum) : kNegInf;
+        sum != 0.0f ? m + fmaf(p.prob_shift_log2, kLn2, logf(sum)) : kNegInf;
   }
 }
 

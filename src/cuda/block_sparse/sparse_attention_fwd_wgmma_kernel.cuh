@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     const int mask = p.tiles.row_masks[e];
     const uint32_t keep = kPacked ? warp_column_groups(p, mask, warp, false) : 0xFFu;
     tile_scores<kPacked>(s, p, keep, slots, slots.of(e), mask, queries, my_r, b, h, t);
-    online_softmax_step<kOutTiles>(s, row_max, row_sum, o_acc);
+    online_softmax_step<kOutTiles>(s, p.prob_shift_log2, row_max, row_sum, o_acc);
 
     // O += P V, P (rounded to T) as the A operand straight from the score registers.
     wgmma_acc_tile<T, kHeadDim>(o_acc, s, v_tile(buf));

@@ -14,7 +14,10 @@ struct SparseAttentionDeviceParams {
   // Q, K, V, O are [B, H, L, D]; `dim` is the real head dim (the kernel's kHeadDim >= dim).
   int64_t batch, heads, len, dim;
   float scale;  // multiplies <q, k>
-  int causal;   // remove key j > query i
+  // The forwards' probabilities are 2^(s - max - prob_shift_log2)
+  // (cuda/common/probability_shift.h).
+  float prob_shift_log2;
+  int causal;  // remove key j > query i
 
   // Element strides over (B, H, L, D) of the inputs (any values, 0 included).
   const void* q;

@@ -33,6 +33,13 @@ __device__ __forceinline__ uint32_t shared_address(const void* smem) {
 __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
+// The same for 8 and 4 bytes (through L1: cp.async.cg takes only 16).
+__device__ __forceinline__ void cp_async_8_to(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 
 // The 16-bit elements of a chunk whose first `inside_bytes` come from `src` (2-byte aligned),
 // zeros after them, as four 32-bit words; and their store to a shared-window address.
@@ -64,14 +71,12 @@ __device__ __forceinline__ void copy_chunk_granular(uint32_t dst, const char* sr
   } else if (granule == 8) {
 #pragma unroll
     for (int x = 0; x < 16; x += 8) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst + x),
-                   "l"(x < inside_bytes ? src + x : src), "r"(x < inside_bytes ? 8 : 0));
+      cp_async_8_to(dst + x, x < inside_bytes ? src + x : src, x < inside_bytes ? 8 : 0);
     }
   } else if (granule == 4) {
 #pragma unroll
     for (int x = 0; x < 16; x += 4) {
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + x),
-                   "l"(x < inside_bytes ? src + x : src), "r"(x < inside_bytes ? 4 : 0));
+      cp_async_4_to(dst + x, x < inside_bytes ? src + x : src, x < inside_bytes ? 4 : 0);
     }
   } else {
     uint32_t words[4];

@@ -13,6 +13,9 @@ struct EvoformerDeviceParams {
   // Sizes: Q, K, V are [B, N, L, H, D]; `dim` is the real head dim, the kernel's kHeadDim >= dim.
   int64_t batch, n, len, heads, dim;
   float scale;  // multiplies <q, k>
+  // The forwards' probabilities are 2^(s - max - prob_shift_log2)
+  // (cuda/common/probability_shift.h).
+  float prob_shift_log2;
 
   // Element strides of [B, N, L, H, D] tensors over (B, N, L, H); the D stride is 1.
   const void* q;

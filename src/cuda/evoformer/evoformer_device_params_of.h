@@ -11,6 +11,7 @@
 #include "common/evoformer_checks.h"
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/common/bias_type_of.h"
+#include "cuda/common/probability_shift.h"
 #include "cuda/evoformer/evoformer_device_params.h"
 #include "sciattn/evoformer.h"
 
@@ -178,6 +179,7 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.heads = s.heads;
   p.dim = s.dim;
   p.scale = detail::evoformer_scale(options, s.dim);
+  p.prob_shift_log2 = probability_shift_log2(q.dtype, s.len);
   p.q = q.data;
   qkv_strides(q, p.q_stride);
   p.vec_q = vectorizable(q);

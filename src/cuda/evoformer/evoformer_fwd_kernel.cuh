@@ -37,13 +37,14 @@ constexpr int kEvoformerFwdMinCtas = kHeadDim <= 32 ? 4 : 0;
 
 // One key tile of the forward's online softmax, in log2 units, for this thread's two rows: on
 // entry s holds the tile's biases and dot its Q K^T (fp32 accumulators, in the m16n8 layout); on
-// return s holds P = exp2(s + dot * scale_log2 - running max), keys past L (the last tile only)
-// give 0, and the running max, the running sum and O are rescaled to the new max.
+// return s holds P = exp2(s + dot * scale_log2 - running max - prob_shift) (prob_shift: bf16's
+// guard against an fp32 overflow of O, cuda/common/probability_shift.h), keys past L (the last
+// tile only) give 0, and the running max, the running sum and O are rescaled to the new max.
 template <int kOutTiles>
 __device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const float (&dot)[8][4],
-                                                       float scale_log2, int64_t col0, int64_t len,
-                                                       int t, float (&row_max)[2],
-                                                       float (&row_sum)[2],
+                                                       float scale_log2, float prob_shift,
+                                                       int64_t col0, int64_t len, int t,
+                                                       float (&row_max)[2], float (&row_sum)[2],
                                                        float (&o_acc)[kOutTiles][4]) {
   constexpr int kScoreTiles = 8;
   // Scores in log2 units, keys past L masked; then the tile's row maxima.
@@ -91,10 +92,11 @@ __device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const f
     rescale[r] = fast_exp2(row_max[r] - shift);
     row_max[r] = new_max;
     row_sum[r] *= rescale[r];
+    const float p_shift = shift + prob_shift;
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j) {
-      s[j][2 * r] = fast_exp2(s[j][2 * r] - shift);
-      s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - shift);
+      s[j][2 * r] = fast_exp2(s[j][2 * r] - p_shift);
+      s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - p_shift);
       row_sum[r] += s[j][2 * r] + s[j][2 * r + 1];
     }
   }
@@ -129,8 +131,9 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
   for (int r = 0; r < 2; ++r) {
     const int64_t row = my_rows[r];
     if (row >= p.len) continue;
-    // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 1 otherwise (the
-    // row's largest term is exp2(0)), so the fast reciprocal and log are accurate to ~2^-22; a
+    // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 2^-prob_shift
+    // otherwise (the row's largest term is exp2(-prob_shift), prob_shift <= 62), so the fast
+    // reciprocal and log are accurate to ~2^-22; a
     // row with a NaN score has a NaN sum (fmaxf drops NaN from the max, but exp2 of the score
     // does not), which must give NaN, not the masked row's 0 and -inf: the tests are != 0.
     const float inv = row_sum[r] != 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
@@ -160,7 +163,9 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
       }
     }
     if (p.lse != nullptr && t == 0) {
-      const float lse = row_sum[r] != 0.0f ? (row_max[r] + __log2f(row_sum[r])) * kLn2 : kNegInf;
+      const float lse = row_sum[r] != 0.0f
+                            ? (row_max[r] + p.prob_shift_log2 + __log2f(row_sum[r])) * kLn2
+                            : kNegInf;
       p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
     }
   }
@@ -261,7 +266,8 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
       }
     }
 
-    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, col0, p.len, t, row_max, row_sum, o_acc);
+    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, p.prob_shift_log2, col0, p.len, t,
+                                      row_max, row_sum, o_acc);
 
     // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.
 #pragma unroll

@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     set_biases_log2(s, has_bias1, bias1_log2 + buf * kWgmmaRows, keys.bias2_stage(buf), types.bias2,
                     warp * 16, lane);
     wgmma_tile_done<0>(dot);
-    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, tile * kWgmmaRows, p.len, t, row_max,
-                                      row_sum, o_acc);
+    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, p.prob_shift_log2, tile * kWgmmaRows,
+                                      p.len, t, row_max, row_sum, o_acc);
     wgmma_acc_tile<T, kHeadDim>(o_acc, s, keys.v_tile(buf));  // O += P V
   }
 
