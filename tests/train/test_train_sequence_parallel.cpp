@@ -238,6 +238,37 @@ TEST(SequenceParallelModelErrors, UnevenSizesNameTheKey) {
       << s.message();
 }
 
+// The layout copy's argument checks (backend.h's check_strided_copy, which the CUDA back end
+// shares): each refusal names what is wrong.
+TEST(SequenceParallelModelErrors, StridedCopyRefusesBadViews) {
+  auto be = cpu_backend(4, 1);
+  std::vector<float> a(24), b(24);
+  const TensorView src = TensorView::contiguous(a.data(), DType::kF32, {2, 3, 4}, Device::kCpu);
+  const TensorView dst = TensorView::contiguous(b.data(), DType::kF32, {2, 3, 4}, Device::kCpu);
+  auto message = [&](const TensorView& s, const TensorView& d) {
+    const Status st = be->strided_copy({s, d});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    return st.message();
+  };
+  EXPECT_TRUE(be->strided_copy({src, dst}).ok());
+  EXPECT_NE(message(TensorView{}, dst).find("src and dst must be present"), std::string::npos);
+  TensorView on_gpu = dst;
+  on_gpu.device = Device::kCuda;
+  EXPECT_NE(message(src, on_gpu).find("src and dst must be in host memory"), std::string::npos);
+  const std::string sizes =
+      message(src, TensorView::contiguous(b.data(), DType::kF32, {2, 4, 3}, Device::kCpu));
+  EXPECT_NE(sizes.find("dst must have src's sizes and dtype (rank 1 to 6); got src [2, 3, 4] f32, "
+                       "dst [2, 4, 3] f32"),
+            std::string::npos)
+      << sizes;
+  const std::string dtype =
+      message(src, TensorView::contiguous(b.data(), DType::kBF16, {2, 3, 4}, Device::kCpu));
+  EXPECT_NE(dtype.find("dst [2, 3, 4] bf16"), std::string::npos) << dtype;
+  TensorView rank0 = src;
+  rank0.rank = 0;
+  EXPECT_NE(message(rank0, rank0).find("rank 1 to 6"), std::string::npos);
+}
+
 // The memory plan of one rank of a group equals that rank's model's ledger, and every per-token
 // buffer shrinks: a rank of 2 holds less than one rank on the whole sequence.
 TEST(SequenceParallelModelMemory, PlanEqualsTheLedgerAndShrinks) {
