@@ -229,6 +229,13 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
   in.model = model;
   in.world_size = world;
   in.zero = config.zero;
+  in.sequence_parallel_size = config.sequence_parallel_size;
+  if (a.plan_granularity % in.sequence_parallel_size != 0) {
+    fail(kExitBadInput, "--plan-granularity " + std::to_string(a.plan_granularity) +
+                            " must be a multiple of sequence_parallel_size " +
+                            std::to_string(in.sequence_parallel_size) +
+                            " (each rank holds sequence_length / sequence_parallel_size tokens)");
+  }
   in.sparse = config.sparse_attention;
   in.micro_batch = config.micro_batch_size;
   in.memory.checkpoint_layers = a.checkpoint_layers || config.activation_checkpointing;
@@ -271,6 +278,11 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
             << (world > 1 ? "; one of " + std::to_string(world) + " ranks, ZeRO stage " +
                                 std::to_string(config.zero.stage)
                           : std::string())
+            << (in.sequence_parallel_size > 1
+                    ? ", sequence-parallel groups of " + std::to_string(in.sequence_parallel_size) +
+                          " (" + std::to_string(model.sequence_length / in.sequence_parallel_size) +
+                          " tokens of each sequence per rank)"
+                    : std::string())
             << "\n\n"
             << plan.ledger.report() << "\ntotal: " << device_name(device) << " "
             << train::format_bytes(plan.device_bytes) << " of "
@@ -321,7 +333,8 @@ void run_train(const TrainArgs& a) {
     if (code != 0) throw CLI::RuntimeError(code);
     return;
   }
-  // --plan plans one of --nproc-per-node ranks (ZeRO's shards and buffers) and starts none.
+  // --plan plans one of --nproc-per-node ranks (ZeRO's shards and buffers, the sequence split of
+  // sequence_parallel_size) and starts none.
   const int world = a.plan ? std::max(1, a.nproc_per_node) : ranks.world_size;
   if (world > 1 && !a.plan) {
     message_rank = ranks.rank;
@@ -605,7 +618,8 @@ void add_train_command(CLI::App& app) {
                   "start this many ranks on this machine (data parallel, one process each: NCCL "
                   "on GPUs LOCAL_RANK 0..N-1, the TCP test communicator on the CPU); under "
                   "torchrun / srun / mpirun leave it out, each process joins as the rank its "
-                  "RANK / WORLD_SIZE say")
+                  "RANK / WORLD_SIZE say; with --plan: plan one of N ranks (ZeRO shards, the "
+                  "sequence split of sequence_parallel_size)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--token-chunk", a->token_chunk,
                   "rows per matrix product over tokens (default 256 on the CPU, 4096 on a GPU, "

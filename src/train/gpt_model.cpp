@@ -235,12 +235,6 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
   if (backend == nullptr) return Status::invalid_argument("GptModel::create: no back end");
   const int64_t sp = sequence_group != nullptr ? sequence_group->world_size() : 1;
   SCIATTN_TRY(check_sequence_parallel(config, sp));
-  if (sp > 1 && backend->device() != Device::kCpu) {
-    return Status::not_supported(
-        "sequence_parallel_size " + std::to_string(sp) +
-        ": sequence parallelism is built on the CPU back end only (the GPU back end has no "
-        "layout kernels for its all-to-alls yet); set sequence_parallel_size to 1 on a GPU");
-  }
   std::unique_ptr<GptModel> m(new GptModel());
   if (sp > 1) {
     m->sp_comm_ = sequence_group;

@@ -36,10 +36,24 @@ uint64_t align64(uint64_t x) {
 }
 
 // Stored blocks of the causal attention index (one head's lists when the heads share a layout).
+// With sequence parallelism a rank's index has its heads only: those of rank 0 are counted (a
+// layout that differs per head may store a few blocks more or less on other ranks).
 Status stored_blocks(const PlanInput& in, int64_t block, int64_t padded, uint64_t* out) {
   const auto n = static_cast<uint64_t>(padded / block);
   if (!in.sparse) {
     *out = n * (n + 1) / 2;
+    return Status::ok_status();
+  }
+  if (in.sequence_parallel_size > 1) {
+    AttentionPlan plan;
+    Status s = plan_attention(in.model, &*in.sparse, &plan, 0,
+                              in.model.n_heads / in.sequence_parallel_size);
+    if (!s.ok()) {
+      return Status::invalid_argument("sparse_attention: no layout for sequence_length " +
+                                      std::to_string(in.model.sequence_length) + ": " +
+                                      s.message());
+    }
+    *out = static_cast<uint64_t>(plan.index.stored_nnz());  // causal blocks only
     return Status::ok_status();
   }
   SparsityConfig config = *in.sparse;
@@ -70,6 +84,12 @@ Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
     return Status::invalid_argument("world_size must be >= 1; got " +
                                     std::to_string(in.world_size));
   }
+  const int64_t sp = in.sequence_parallel_size;
+  if (sp < 1 || in.world_size % sp != 0) {
+    return Status::invalid_argument("sequence_parallel_size " + std::to_string(sp) +
+                                    " must be >= 1 and divide the ranks planned for (" +
+                                    std::to_string(in.world_size) + ")");
+  }
   MemoryPlan plan;
   const SparsityConfig* sparse = in.sparse ? &*in.sparse : nullptr;
   const bool zero = in.world_size > 1 && in.zero.stage > 0;
@@ -90,7 +110,7 @@ Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
             : 0;
   }
   SCIATTN_TRY(plan_gpt_memory(in.model, sparse, in.micro_batch, memory, in.compute_dtype,
-                              in.token_chunk, in.device, &plan.ledger));
+                              in.token_chunk, in.device, &plan.ledger, sp));
   if (zero) {
     add_zero_memory(gpt_parameter_layout(in.model, memory.parameter_multiple).total, in.world_size,
                     in.zero.stage, in.compute_dtype == DType::kF32, in.device, &plan.ledger);
@@ -100,16 +120,18 @@ Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
                          &plan.ledger);
   }
 
-  // The back end's scratch: the largest of its calls' needs.
+  // The back end's scratch: the largest of its calls' needs. With sequence parallelism the
+  // attention covers the whole (padded) sequence for the rank's C / S channels (n_heads / S
+  // heads), and the embedding backward sorts the rank's L / S tokens.
   int64_t block = 0, padded = 0;
   SCIATTN_TRY(attention_padding(in.model, sparse, &block, &padded));
   const auto es = static_cast<uint64_t>(dtype_size(in.compute_dtype));
   const auto B = static_cast<uint64_t>(in.micro_batch);
-  const auto C = static_cast<uint64_t>(in.model.d_model);
+  const auto C = static_cast<uint64_t>(in.model.d_model / sp);
   const uint64_t n1 = align64(B * static_cast<uint64_t>(padded) * C * es);
   const bool is_padded = padded != in.model.sequence_length;
   const uint64_t attention = (is_padded ? 5 * n1 : 0) + 3 * n1;
-  const uint64_t tokens = B * static_cast<uint64_t>(in.model.sequence_length);
+  const uint64_t tokens = B * static_cast<uint64_t>(in.model.sequence_length / sp);
   const uint64_t embedding = in.device == Device::kCuda ? kEmbeddingSortBytesPerToken * tokens : 0;
   plan.ledger.add(std::string("back end: scratch (attention dq, dk, dv") +
                       (is_padded ? " and padded copies" : "") + ")",
@@ -143,6 +165,13 @@ Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t
     return Status::invalid_argument("longest_sequence: need 1 <= granularity <= max_length; got " +
                                     std::to_string(granularity) + " and " +
                                     std::to_string(max_length));
+  }
+  if (input.sequence_parallel_size > 1 && granularity % input.sequence_parallel_size != 0) {
+    return Status::invalid_argument(
+        "longest_sequence: the granularity " + std::to_string(granularity) +
+        " must be a multiple of sequence_parallel_size " +
+        std::to_string(input.sequence_parallel_size) +
+        " (each rank holds sequence_length / sequence_parallel_size tokens)");
   }
   auto fits = [&](int64_t units, bool* result) -> Status {
     PlanInput in = input;

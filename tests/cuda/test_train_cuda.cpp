@@ -4,8 +4,9 @@
 // 16 and a partial one; C = 20, not a multiple of 8; an odd vocabulary; attention lengths padded
 // and not), outputs NaN-poisoned before each call, "+=" outputs starting from random values;
 // bitwise determinism (every call run twice); the chunked sums' tiling rule; the tiled LM head
-// against the untiled one (bitwise); AdamW, the norm, unscaling and casts against the CPU; and
-// the rejections, whose messages name the argument. Each test skips without a CUDA device.
+// against the untiled one (bitwise); the layout copy of sequence parallelism against the CPU's
+// bytes (its views, and more than 2^31 rows); AdamW, the norm, unscaling and casts against the CPU;
+// and the rejections, whose messages name the argument. Each test skips without a CUDA device.
 //
 // The tolerance rule (train_cuda_test_util.h): ref64 is the CPU back end (fp32, sums in token
 // order, statistics in fp64) run on the same inputs rounded to the compute dtype; for these sizes
@@ -18,6 +19,7 @@
 // Test layer (tests/cuda).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -477,6 +479,128 @@ TEST_P(TrainCuda, Add) {
   }
 }
 
+// ---- the layout copy (sequence parallelism) ----
+
+// A view of element `offset` on of `base` with these sizes and element strides.
+TensorView strided_view(void* base, DType dtype, Device device, int64_t offset,
+                        const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  TensorView v;
+  v.data = static_cast<std::byte*>(base) + offset * static_cast<int64_t>(dtype_size(dtype));
+  v.dtype = dtype;
+  v.device = device;
+  v.rank = static_cast<int>(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    v.sizes[d] = sizes[d];
+    v.strides[d] = strides[d];
+  }
+  return v;
+}
+
+// Row-major strides of `sizes`, the last dimension's rows `pad` elements apart beyond their size.
+std::vector<int64_t> packed_strides(const std::vector<int64_t>& sizes, int64_t pad = 0) {
+  std::vector<int64_t> st(sizes.size());
+  int64_t stride = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    st[d] = stride;
+    stride *= sizes[d] + (d + 1 == sizes.size() ? pad : 0);
+  }
+  return st;
+}
+
+struct CopyCase {
+  std::string name;
+  std::vector<int64_t> sizes, src_strides, dst_strides;
+  int64_t src_offset = 0, dst_offset = 0;
+};
+
+// The layouts GptModel's all-to-alls connect (gpt_model.cpp): the token split, the head split and
+// the chunks, [P, B, Ls, parts, E] in chunk order, copied both ways as the model does.
+std::vector<CopyCase> ulysses_cases(int64_t P, int64_t B, int64_t Ls, int64_t parts, int64_t E) {
+  const std::vector<int64_t> sizes = {P, B, Ls, parts, E};
+  const std::vector<int64_t> token = {E, Ls * parts * P * E, parts * P * E, P * E, 1};
+  const std::vector<int64_t> head = {Ls * parts * E, P * Ls * parts * E, parts * E, E, 1};
+  const std::vector<int64_t> chunks = packed_strides(sizes);
+  const std::string n = "P " + std::to_string(P) + ", B " + std::to_string(B) + ", Ls " +
+                        std::to_string(Ls) + ", parts " + std::to_string(parts) + ", E " +
+                        std::to_string(E);
+  return {{"token split -> chunks, " + n, sizes, token, chunks},
+          {"chunks -> head split, " + n, sizes, chunks, head},
+          {"head split -> chunks, " + n, sizes, head, chunks},
+          {"chunks -> token split, " + n, sizes, chunks, token}};
+}
+
+// The CUDA back end's strided_copy gives the CPU back end's bytes on every view: the all-to-alls'
+// layouts (runs of E elements, of 16 bytes and more, and of sizes no vector divides), a
+// permutation whose last dimension is strided on the source, a last dimension strided on both
+// sides, odd lengths at addresses no vector allows, size-1 dimensions up to rank 6, padded rows,
+// a packed copy merged into one long run, and a single element. Bytes the view does not cover
+// keep their poison on both sides.
+TEST_P(TrainCuda, StridedCopyEqualsTheCpuBitForBit) {
+  const uint64_t seed = kSeed + 90;
+  SCOPED_TRACE(seed_note(seed));
+  std::vector<CopyCase> cases;
+  for (const auto& u :
+       {std::array<int64_t, 5>{2, 2, 5, 3, 12}, std::array<int64_t, 5>{4, 1, 3, 1, 8},
+        std::array<int64_t, 5>{2, 1, 7, 3, 5}, std::array<int64_t, 5>{2, 3, 4, 1, 32}}) {
+    for (CopyCase& c : ulysses_cases(u[0], u[1], u[2], u[3], u[4])) cases.push_back(c);
+  }
+  // [3, 5, 7, 6] read from a packed [7, 3, 6, 5] (axes 1, 3, 0, 2 of it).
+  cases.push_back({"permutation, source last dimension strided",
+                   {3, 5, 7, 6},
+                   {30, 1, 90, 5},
+                   packed_strides({3, 5, 7, 6})});
+  cases.push_back({"last dimension strided on both sides", {9, 13}, {40, 3}, {26, 2}});
+  cases.push_back({"odd run at odd addresses", {1001}, {1}, {1}, 1, 3});
+  cases.push_back({"odd rows at odd addresses", {7, 9}, {11, 1}, {9, 1}, 1, 0});
+  cases.push_back({"rank 6 with size-1 dimensions",
+                   {1, 2, 1, 3, 5, 8},
+                   packed_strides({1, 2, 1, 3, 5, 8}, 1),
+                   packed_strides({1, 2, 1, 3, 5, 8})});
+  cases.push_back({"padded rows to packed", {33, 24}, {32, 1}, {24, 1}});
+  cases.push_back({"packed, merged into one run",
+                   {4, 50, 64},
+                   packed_strides({4, 50, 64}),
+                   packed_strides({4, 50, 64})});
+  cases.push_back({"one element", {1}, {1}, {1}, 2, 5});
+  const size_t es = dtype_size(dtype_);
+  for (const CopyCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    int64_t src_extent = c.src_offset + 1, dst_extent = c.dst_offset + 1;
+    for (size_t d = 0; d < c.sizes.size(); ++d) {
+      src_extent += (c.sizes[d] - 1) * c.src_strides[d];
+      dst_extent += (c.sizes[d] - 1) * c.dst_strides[d];
+    }
+    // Random bytes in, 0xff (NaN in every float dtype) in the destination.
+    const std::vector<float> noise = random_floats(static_cast<size_t>(src_extent) * es,
+                                                   seed + static_cast<uint64_t>(src_extent));
+    std::vector<std::byte> src(static_cast<size_t>(src_extent) * es);
+    for (size_t i = 0; i < src.size(); ++i) {
+      src[i] = static_cast<std::byte>(static_cast<int>((noise[i] + 1.0f) * 127.5f) & 0xff);
+    }
+    std::vector<std::byte> cpu_dst(static_cast<size_t>(dst_extent) * es, std::byte{0xff});
+    ASSERT_OK(cpu_->strided_copy(
+        {strided_view(src.data(), dtype_, Device::kCpu, c.src_offset, c.sizes, c.src_strides),
+         strided_view(cpu_dst.data(), dtype_, Device::kCpu, c.dst_offset, c.sizes,
+                      c.dst_strides)}));
+    void *d_src = nullptr, *d_dst = nullptr;
+    ASSERT_OK(gpu_->allocate(src.size(), &d_src));
+    ASSERT_OK(gpu_->allocate(cpu_dst.size(), &d_dst));
+    ASSERT_OK(gpu_->copy_to_device(d_src, src.data(), src.size()));
+    const std::vector<std::byte> poison(cpu_dst.size(), std::byte{0xff});
+    ASSERT_OK(gpu_->copy_to_device(d_dst, poison.data(), poison.size()));
+    EXPECT_OK(gpu_->strided_copy(
+        {strided_view(d_src, dtype_, Device::kCuda, c.src_offset, c.sizes, c.src_strides),
+         strided_view(d_dst, dtype_, Device::kCuda, c.dst_offset, c.sizes, c.dst_strides)}));
+    sync();
+    std::vector<std::byte> got(cpu_dst.size());
+    ASSERT_OK(gpu_->copy_to_host(got.data(), d_dst, got.size()));
+    gpu_->release(d_src);
+    gpu_->release(d_dst);
+    EXPECT_TRUE(got == cpu_dst);
+    EXPECT_FALSE(cpu_dst == poison) << "the reference wrote nothing";
+  }
+}
+
 TEST_P(TrainCuda, CausalAttention) {
   const int64_t B = 2, H = 2, D = 32, C = H * D;
   // 37: padded to 48 (block 16); 96: block 32, no padding.
@@ -706,6 +830,58 @@ TEST_F(TrainCudaRejects, WrongDtypesShapesAndMemory) {
   expect_rejects(gpu_->linear_backward(
                      {x.view(), w.view(), out.view(), TensorView{}, dw_bf16.view(), TensorView{}}),
                  {"dweight", "f32"});
+}
+
+// strided_copy's refusals (the CPU's words, CUDA memory instead of host memory).
+TEST_F(TrainCudaRejects, StridedCopyViews) {
+  DeviceTensor a(*gpu_, DType::kBF16, {4, 6}), b(*gpu_, DType::kBF16, {4, 6}),
+      f(*gpu_, DType::kF32, {4, 6});
+  expect_rejects(gpu_->strided_copy({TensorView{}, b.view()}),
+                 {"strided_copy: src and dst must be present"});
+  std::vector<float> host(24);
+  expect_rejects(gpu_->strided_copy({view(host, {4, 6}), b.view()}),
+                 {"strided_copy: src and dst must be in CUDA memory"});
+  expect_rejects(gpu_->strided_copy({a.view(), b.view({6, 4})}),
+                 {"dst must have src's sizes and dtype", "src [4, 6] bf16, dst [6, 4] bf16"});
+  expect_rejects(gpu_->strided_copy({a.view(), f.view()}), {"dst [4, 6] f32"});
+  TensorView rank7 = a.view();
+  rank7.rank = 7;
+  expect_rejects(gpu_->strided_copy({rank7, rank7}), {"rank 1 to 6"});
+}
+
+// A copy of more than 2^31 rows (the 64-bit index path) in little memory: the source broadcasts
+// two f32 values to every row (stride 0), the destination's rows of [2^16, 2^15 + 1, 2] repeat
+// over the first dimension (stride 0), so every row of one value of that dimension lands on
+// distinct elements; all must hold the two source values.
+TEST(TrainCudaStridedCopy, PastTwoToTheThirtyOneRows) {
+  SKIP_WITHOUT_GPU();
+  CudaBackendOptions o;
+  o.compute_dtype = DType::kF32;
+  o.token_chunk = kChunk;
+  std::unique_ptr<CudaBackend> gpu;
+  ASSERT_OK(make_cuda_backend(o, &gpu));
+  const int64_t outer = int64_t{1} << 16, inner = (int64_t{1} << 15) + 1;
+  ASSERT_GT(outer * inner, int64_t{1} << 31);
+  DeviceTensor src(*gpu, DType::kF32, {2}), dst(*gpu, DType::kF32, {inner, 2});
+  src.upload({1.5f, -2.25f});
+  dst.poison();
+  TensorView s = src.view(), d = dst.view();
+  s.rank = d.rank = 3;
+  const int64_t sizes[3] = {outer, inner, 2}, ss[3] = {0, 0, 1}, ds[3] = {0, 2, 1};
+  for (int k = 0; k < 3; ++k) {
+    s.sizes[k] = d.sizes[k] = sizes[k];
+    s.strides[k] = ss[k];
+    d.strides[k] = ds[k];
+  }
+  ASSERT_OK(gpu->strided_copy({s, d}));
+  ASSERT_OK(gpu->synchronize());
+  const std::vector<float> got = dst.download();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < inner; ++i) {
+    const size_t k = static_cast<size_t>(2 * i);
+    wrong += got[k] != 1.5f || got[k + 1] != -2.25f ? 1 : 0;
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST_F(TrainCudaRejects, AttentionWithoutIndexOrWithAMismatchedOne) {

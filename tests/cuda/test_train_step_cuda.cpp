@@ -7,8 +7,11 @@
 // offloaded optimizer against the GPU optimizer bitwise (same gradients, same norm on the GPU,
 // AdamW bit-equal on both sides), through fp16 loss scaling with ds_enhanced, an injected
 // overflow, adaptive clipping and accumulation; resume bit for bit; the memory plan against what
-// the back end allocated; bad token ids. Each test skips without a CUDA device.
+// the back end allocated; bad token ids; sequence parallelism on two ranks as threads of one GPU
+// (their collectives staged through host memory) against one rank, the model's step and three
+// Trainer steps. Each test skips without a CUDA device.
 // Test layer (tests/cuda).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include "sciattn/train/cuda_backend.h"
 #include "sciattn/train/gpt.h"
 #include "sciattn/train/plan.h"
+#include "sciattn/train/thread_communicator.h"
 #include "sciattn/train/trainer.h"
 #include "train/train_test_util.h"
 
@@ -407,6 +411,325 @@ TEST(TrainTrainerCuda, MemoryPlanMatchesTheAllocations) {
     EXPECT_GE(peak, 0.8 * planned - slack) << "offload " << offload << "\n" << plan.ledger.report();
     EXPECT_EQ(plan.host_bytes > uint64_t{0}, true);
   }
+}
+
+// ---- sequence parallelism: two ranks on one GPU ----
+
+// A Communicator for device memory over a host one (the thread-per-rank test communicator): a
+// call on device buffers waits for the back end's queued work, copies them to host memory, runs
+// the host collective and copies the results back on the back end's stream, which it waits for.
+// Host pointers (the doubles of the max and the sum) go straight through; split() gives an
+// adapter over the inner split, so the sequence-parallel group is staged too. With it, ranks as
+// threads on one GPU run the trainer's multi-rank paths on the CUDA back end without NCCL.
+class DeviceStaging final : public Communicator {
+ public:
+  DeviceStaging(Communicator* host, Stream stream)
+      : h_(host), stream_(static_cast<cudaStream_t>(stream.handle)) {}
+  int rank() const override { return h_->rank(); }
+  int world_size() const override { return h_->world_size(); }
+
+  Status all_reduce_mean(float* data, int64_t n) override {
+    Staged x(*this, data, bytes(n, DType::kF32), true);
+    return x.run([&] { return h_->all_reduce_mean(x.as<float>(), n); }, data);
+  }
+  Status all_reduce_max(double* value) override { return h_->all_reduce_max(value); }
+  Status all_reduce_sum(double* value) override { return h_->all_reduce_sum(value); }
+  Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) override {
+    Staged x(*this, send, bytes(shard * world_size(), DType::kF32), true);
+    if (recv == send + static_cast<int64_t>(rank()) * shard) {
+      return x.run(
+          [&] {
+            return h_->reduce_scatter(x.as<float>(), x.as<float>() + rank() * shard, shard, op);
+          },
+          const_cast<float*>(send));
+    }
+    Staged y(*this, recv, bytes(shard, DType::kF32), false);
+    if (!x.status().ok()) return x.status();
+    return y.run([&] { return h_->reduce_scatter(x.as<float>(), y.as<float>(), shard, op); }, recv);
+  }
+  Status reduce(float* data, int64_t n, int root, ReduceOp op) override {
+    Staged x(*this, data, bytes(n, DType::kF32), true);
+    return x.run([&] { return h_->reduce(x.as<float>(), n, root, op); }, data);
+  }
+  Status all_gather(const void* send, void* recv, int64_t shard, DType dtype) override {
+    const size_t one = bytes(shard, dtype);
+    const size_t mine = one * static_cast<size_t>(rank());
+    if (send == static_cast<const std::byte*>(recv) + mine) {
+      Staged y(*this, recv, one * static_cast<size_t>(world_size()), true);
+      return y.run([&] { return h_->all_gather(y.as<std::byte>() + mine, y.get(), shard, dtype); },
+                   recv);
+    }
+    Staged x(*this, send, one, true),
+        y(*this, recv, one * static_cast<size_t>(world_size()), false);
+    if (!x.status().ok()) return x.status();
+    return y.run([&] { return h_->all_gather(x.get(), y.get(), shard, dtype); }, recv);
+  }
+  Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override {
+    const size_t all = bytes(chunk * world_size(), dtype);
+    Staged x(*this, send, all, true), y(*this, recv, all, false);
+    if (!x.status().ok()) return x.status();
+    return y.run([&] { return h_->all_to_all(x.get(), y.get(), chunk, dtype); }, recv);
+  }
+  Status broadcast(void* data, int64_t n, DType dtype, int root) override {
+    Staged x(*this, data, bytes(n, dtype), true);
+    return x.run([&] { return h_->broadcast(x.get(), n, dtype, root); }, data);
+  }
+  Status barrier() override { return h_->barrier(); }
+  Status split(int color, int key, std::unique_ptr<Communicator>* out) override {
+    std::unique_ptr<Communicator> inner;
+    Status s = h_->split(color, key, &inner);
+    if (!s.ok()) return s;
+    auto group = std::make_unique<DeviceStaging>(inner.get(), Stream{stream_});
+    group->owned_ = std::move(inner);
+    *out = std::move(group);
+    return s;
+  }
+
+ private:
+  static size_t bytes(int64_t n, DType dtype) {
+    return n > 0 ? static_cast<size_t>(n) * dtype_size(dtype) : 0;
+  }
+  static Status cuda_status(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return Status::ok_status();
+    return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  static bool on_device(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice;
+  }
+
+  // A host copy of `n` bytes at p when p is device memory (read from it when `read`), else p.
+  class Staged {
+   public:
+    Staged(DeviceStaging& owner, const void* p, size_t n, bool read)
+        : owner_(owner), p_(const_cast<void*>(p)), device_(on_device(p)) {
+      if (!device_) return;
+      host_.resize(n);
+      if (read && n > 0) {
+        status_ = cuda_status(cudaStreamSynchronize(owner_.stream_), "waiting for the back end");
+        if (status_.ok()) {
+          status_ = cuda_status(cudaMemcpy(host_.data(), p, n, cudaMemcpyDeviceToHost),
+                                "staging a device buffer");
+        }
+      }
+    }
+    void* get() { return device_ ? host_.data() : p_; }
+    const Status& status() const { return status_; }
+    template <typename T>
+    T* as() {
+      return static_cast<T*>(get());
+    }
+    // Runs the host collective, then copies this buffer back to `dst` (device memory) on the
+    // back end's stream and waits for it.
+    template <typename Fn>
+    Status run(Fn&& collective, void* dst) {
+      if (!status_.ok()) return status_;
+      Status s = collective();
+      if (!s.ok() || !device_ || host_.empty()) return s;
+      s = cuda_status(
+          cudaMemcpyAsync(dst, host_.data(), host_.size(), cudaMemcpyHostToDevice, owner_.stream_),
+          "copying a result back");
+      if (s.ok()) s = cuda_status(cudaStreamSynchronize(owner_.stream_), "copying a result back");
+      return s;
+    }
+
+   private:
+    DeviceStaging& owner_;
+    void* p_;
+    bool device_;
+    std::vector<std::byte> host_;
+    Status status_;
+  };
+
+  Communicator* h_;
+  cudaStream_t stream_;
+  std::unique_ptr<Communicator> owned_;  // a split group's host communicator
+};
+
+// A CUDA back end on device 0 whose stream DeviceStaging can wait for.
+std::unique_ptr<CudaBackend> staged_backend(DType dtype) {
+  CudaBackendOptions o;
+  o.compute_dtype = dtype;
+  o.token_chunk = kChunk;
+  std::unique_ptr<CudaBackend> be;
+  const Status s = make_cuda_backend(o, &be);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return be;
+}
+
+// GptModel on `sp` ranks of one GPU (threads, each with its own back end), two micro-batches as in
+// model_step: the losses and the gradients summed over the ranks (each rank's gradient is that of
+// its tokens' losses, so the sum is the whole micro-batches').
+StepResult sequence_parallel_step(DType dtype, const GptConfig& c, const MemoryOptions& m,
+                                  int64_t batch, int sp) {
+  std::vector<double> losses(static_cast<size_t>(sp), 0.0);
+  std::vector<std::vector<float>> grads(static_cast<size_t>(sp));
+  const std::vector<Status> st = run_thread_ranks(sp, [&](Communicator& comm) {
+    auto be = staged_backend(dtype);
+    if (be == nullptr) return Status::invalid_argument("no CUDA back end");
+    DeviceStaging staged(&comm, be->stream());
+    std::unique_ptr<GptModel> model;
+    Status s = GptModel::create(c, nullptr, batch, m, be.get(), &model, nullptr, &staged);
+    if (s.ok()) s = model->zero_grads();
+    const size_t T = static_cast<size_t>(batch * c.sequence_length);
+    const auto r = static_cast<size_t>(comm.rank());
+    for (uint64_t micro = 0; s.ok() && micro < 2; ++micro) {
+      const auto in = random_tokens(T, c.vocab_size, 300 + micro);
+      const auto tg = random_tokens(T, c.vocab_size, 400 + micro);
+      MicroBatchResult out;
+      s = model->forward_backward(in.data(), tg.data(), 1.0f, &out);
+      losses[r] += out.loss_sum;
+    }
+    if (s.ok()) {
+      grads[r].resize(static_cast<size_t>(model->layout().total));
+      s = be->copy_to_host(grads[r].data(), model->grads(), grads[r].size() * sizeof(float));
+    }
+    return s;
+  });
+  for (size_t r = 0; r < st.size(); ++r)
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  StepResult sum;
+  std::vector<double> g(grads[0].size(), 0.0);
+  for (int r = 0; r < sp; ++r) {
+    sum.loss += losses[static_cast<size_t>(r)];
+    const std::vector<float>& gr = grads[static_cast<size_t>(r)];
+    if (gr.size() != g.size()) return {};
+    for (size_t i = 0; i < g.size(); ++i) g[i] += gr[i];
+  }
+  sum.grads.assign(g.begin(), g.end());
+  return sum;
+}
+
+class TrainSequenceParallelCuda : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_GPU(); }
+};
+
+// The model's step with sequence_parallel_size 2 on the GPU (each rank 1 of the 2 heads over the
+// whole sequence, its half of the tokens elsewhere, the layout copies and all-to-alls between)
+// against one rank of the CPU on the whole sequence, by the tolerance rule as
+// WholeStepMatchesTheCpu checks one GPU rank: the summed loss and every parameter's summed
+// gradient. Lengths whose halves are odd and pad the attention (74: halves of 37, block 16, Lp 80)
+// and that do not (64); learned and rotary positions; the memory techniques on the second.
+TEST_P(TrainSequenceParallelCuda, StepOnTwoRanksMatchesOneCpuRank) {
+  const DType dtype = GetParam();
+  struct Case {
+    PositionEncoding positions;
+    bool tied;
+    int64_t length;
+    bool techniques;
+  };
+  for (const Case& k : {Case{PositionEncoding::kLearned, true, 74, false},
+                        Case{PositionEncoding::kRotary, false, 64, true}}) {
+    const GptConfig c = step_config(k.positions, k.tied, k.length);
+    SCOPED_TRACE(std::string(position_encoding_name(k.positions)) + ", L " +
+                 std::to_string(k.length) + ", " + dtype_name(dtype));
+    MemoryOptions m;
+    if (k.techniques) {
+      m.offload_checkpoints = true;
+      m.mlp_tile_tokens = 32;
+      m.lm_head_tile_tokens = 32;
+    }
+    const std::vector<float> w = initial_weights(c, dtype);
+    const StepResult got = sequence_parallel_step(dtype, c, m, 2, 2);
+    auto cpu = cpu_backend(kChunk);
+    const StepResult ref = model_step(*cpu, c, m, 2, &w);
+    StepResult lowp = ref;
+    if (dtype != DType::kF32) {
+      LowpCpuBackend emulated(cpu_backend(kChunk), dtype);
+      lowp = model_step(emulated, c, m, 2, &w);
+    }
+    ASSERT_EQ(got.grads.size(), ref.grads.size());
+    EXPECT_TRUE(within_tolerance("loss", {static_cast<float>(got.loss)},
+                                 {static_cast<float>(lowp.loss)}, {static_cast<float>(ref.loss)},
+                                 dtype));
+    for (const TensorSlot& s : gpt_parameter_layout(c).slots) {
+      EXPECT_TRUE(within_tolerance("gradient of " + s.name, slot_of(got.grads, s),
+                                   slot_of(lowp.grads, s), slot_of(ref.grads, s), dtype));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Train, TrainSequenceParallelCuda,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(dtype_name(i.param));
+                         });
+
+// The Trainer with sequence_parallel_size 2 on two ranks of one GPU (f32) follows one rank on the
+// GPU over three AdamW steps with the same global batches, with FollowsTheCpuTrainer's bounds:
+// the losses within fp32 noise, the parameters too except where a gradient is so near zero that
+// summation noise flips its sign (Adam's normalised update: at most 2 lr per step, rare).
+TEST(TrainTrainerCudaSequenceParallel, StepsOnTwoRanksFollowOneRank) {
+  SKIP_WITHOUT_GPU();
+  const GptConfig g = step_config(PositionEncoding::kRotary, false, 38);  // halves of 19 tokens
+  const std::string json = R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+    "gradient_clipping": 1.0, "sequence_parallel_size": )";
+  auto config = [&](int sp) {
+    TrainConfig c;
+    std::vector<std::string> warnings;
+    AutoValues autos;
+    autos.device = Device::kCuda;
+    autos.world_size = sp;
+    const Status s = parse_train_config(json + std::to_string(sp) + "}", "\"test\"", g.n_heads,
+                                        autos, &c, &warnings);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return c;
+  };
+  auto data = token_file(g.vocab_size, 11);
+  constexpr int kSteps = 3;
+  std::vector<double> one_losses;
+  std::vector<float> one;
+  {
+    auto t = make_trainer(gpu_backend(DType::kF32), g, config(1), data.get());
+    ASSERT_NE(t, nullptr);
+    run_steps(*t, kSteps, &one_losses);
+    ASSERT_OK(t->master_parameters(&one));
+  }
+  std::vector<double> sp_losses;
+  std::vector<float> sp;
+  const TrainConfig two = config(2);
+  const std::vector<Status> st = run_thread_ranks(2, [&](Communicator& comm) {
+    auto be = staged_backend(DType::kF32);
+    if (be == nullptr) return Status::invalid_argument("no CUDA back end");
+    DeviceStaging staged(&comm, be->stream());
+    TrainerOptions o;
+    o.token_chunk = be->token_chunk();
+    o.communicator = &staged;
+    std::unique_ptr<Trainer> t;
+    Status s = Trainer::create(g, two, o, std::move(be), data.get(), &t);
+    for (int k = 0; s.ok() && k < kSteps; ++k) {
+      StepReport r;
+      s = t->step(&r);
+      if (comm.rank() == 0) sp_losses.push_back(r.loss);
+    }
+    std::vector<float> p;
+    if (s.ok()) s = t->master_parameters(&p);
+    if (s.ok() && comm.rank() == 0) sp = std::move(p);
+    return s;
+  });
+  for (size_t r = 0; r < st.size(); ++r)
+    ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+  ASSERT_EQ(sp_losses.size(), one_losses.size());
+  for (size_t i = 0; i < sp_losses.size(); ++i) {
+    EXPECT_NEAR(sp_losses[i], one_losses[i], 1e-5 * std::fabs(one_losses[i])) << "step " << i + 1;
+  }
+  ASSERT_EQ(sp.size(), one.size());
+  size_t moved = 0;
+  double worst = 0;
+  for (size_t i = 0; i < sp.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(sp[i]) - one[i]);
+    worst = std::max(worst, d);
+    moved += d > 1e-6 ? 1 : 0;
+  }
+  EXPECT_LE(worst, 2 * 1e-3 * kSteps) << "beyond Adam's bound";
+  EXPECT_LE(moved, sp.size() / 1000) << moved << " of " << sp.size() << " differ by > 1e-6";
+  EXPECT_LT(one_losses.back(), one_losses.front()) << "no training happened";
 }
 
 TEST(TrainTrainerCuda, BadTokenIdsAreReportedWithTheirPosition) {

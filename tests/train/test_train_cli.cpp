@@ -178,6 +178,31 @@ TEST(TrainCli, PlanForSeveralRanksShowsTheZeroBuffers) {
   EXPECT_EQ(r.output.find("rank 1"), std::string::npos) << r.output;
 }
 
+// --plan with the config's sequence_parallel_size plans one rank of a sequence-parallel group
+// (its share of each sequence, the all-to-all buffers); a search granularity that is not a whole
+// number of slices is refused naming the flag.
+TEST(TrainCli, PlanWithSequenceParallelismShowsOneRanksShare) {
+  Files f;
+  const std::string config = dir() + "sp2.json";
+  write(config, R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,)"
+                R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)"
+                R"( "sequence_parallel_size": 2})");
+  const std::string base = "train --plan --device cuda --nproc-per-node 2 --config " + config +
+                           " --model " + f.model +
+                           " --steps 10 --device-memory-gib 0.25 --host-memory-gib 0.5 "
+                           "--plan-max-tokens 4096 --plan-granularity ";
+  Result r = run(base + "64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r,
+                  "one of 2 ranks, ZeRO stage 0, sequence-parallel groups of 2 (12 tokens of "
+                  "each sequence per rank)");
+  expect_contains(r, "sequence-parallel all-to-all buffers");
+  expect_contains(r, "the longest sequence per technique");
+  r = run(base + "63");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  expect_contains(r, "--plan-granularity 63 must be a multiple of sequence_parallel_size 2");
+}
+
 TEST(TrainCli, CudaWithoutAGpuSaysSoAtOnce) {
   Files f;
   const Result r = run("train --device cuda --demo --steps 1");

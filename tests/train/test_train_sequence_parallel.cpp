@@ -25,6 +25,7 @@
 
 #include "process_temp_dir.h"
 #include "sciattn/train/data.h"
+#include "sciattn/train/plan.h"
 #include "sciattn/train/thread_communicator.h"
 #include "sciattn/train/trainer.h"
 #include "train_test_util.h"
@@ -238,6 +239,37 @@ TEST(SequenceParallelModelErrors, UnevenSizesNameTheKey) {
       << s.message();
 }
 
+// The layout copy's argument checks (backend.h's check_strided_copy, which the CUDA back end
+// shares): each refusal names what is wrong.
+TEST(SequenceParallelModelErrors, StridedCopyRefusesBadViews) {
+  auto be = cpu_backend(4, 1);
+  std::vector<float> a(24), b(24);
+  const TensorView src = TensorView::contiguous(a.data(), DType::kF32, {2, 3, 4}, Device::kCpu);
+  const TensorView dst = TensorView::contiguous(b.data(), DType::kF32, {2, 3, 4}, Device::kCpu);
+  auto message = [&](const TensorView& s, const TensorView& d) {
+    const Status st = be->strided_copy({s, d});
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+    return st.message();
+  };
+  EXPECT_TRUE(be->strided_copy({src, dst}).ok());
+  EXPECT_NE(message(TensorView{}, dst).find("src and dst must be present"), std::string::npos);
+  TensorView on_gpu = dst;
+  on_gpu.device = Device::kCuda;
+  EXPECT_NE(message(src, on_gpu).find("src and dst must be in host memory"), std::string::npos);
+  const std::string sizes =
+      message(src, TensorView::contiguous(b.data(), DType::kF32, {2, 4, 3}, Device::kCpu));
+  EXPECT_NE(sizes.find("dst must have src's sizes and dtype (rank 1 to 6); got src [2, 3, 4] f32, "
+                       "dst [2, 4, 3] f32"),
+            std::string::npos)
+      << sizes;
+  const std::string dtype =
+      message(src, TensorView::contiguous(b.data(), DType::kBF16, {2, 3, 4}, Device::kCpu));
+  EXPECT_NE(dtype.find("dst [2, 3, 4] bf16"), std::string::npos) << dtype;
+  TensorView rank0 = src;
+  rank0.rank = 0;
+  EXPECT_NE(message(rank0, rank0).find("rank 1 to 6"), std::string::npos);
+}
+
 // The memory plan of one rank of a group equals that rank's model's ledger, and every per-token
 // buffer shrinks: a rank of 2 holds less than one rank on the whole sequence.
 TEST(SequenceParallelModelMemory, PlanEqualsTheLedgerAndShrinks) {
@@ -266,6 +298,83 @@ TEST(SequenceParallelModelMemory, PlanEqualsTheLedgerAndShrinks) {
     return bytes;
   };
   EXPECT_LT(activations(plan), activations(one) * 3 / 4) << plan.report() << "\n" << one.report();
+}
+
+// The training plan (plan_training_memory, what `sciattn train --plan --nproc-per-node N` prints)
+// with sequence_parallel_size 2 is one rank's memory with the sequence split, against sizes
+// derived here from the model: a layer's activations hold T = B L / 2 tokens plus the head-split
+// attention output and the lse of n_heads / 2 heads over the whole sequence; the two all-to-all
+// buffers hold [T, 3C] each; the back end's attention scratch is dq, dk, dv over the whole
+// sequence for C / 2 channels; the attention index is one head's (dense causal); and every
+// per-token entry is half of one rank's.
+TEST(SequenceParallelModelMemory, TrainingPlanIsOneRanksShareOfTheSequence) {
+  const GptConfig c = sp_config(PositionEncoding::kRotary, true, 2, 4096);
+  PlanInput in;
+  in.model = c;
+  in.micro_batch = 2;
+  in.compute_dtype = DType::kBF16;
+  in.device = Device::kCuda;  // planned only: nothing is allocated
+  in.world_size = 2;
+  in.sequence_parallel_size = 2;
+  MemoryPlan two, one;
+  ASSERT_TRUE(plan_training_memory(in, &two).ok());
+  PlanInput single = in;
+  single.world_size = 1;
+  single.sequence_parallel_size = 1;
+  ASSERT_TRUE(plan_training_memory(single, &one).ok());
+  auto bytes_of = [](const MemoryPlan& p, const std::string& prefix) -> uint64_t {
+    for (const LedgerEntry& e : p.ledger.entries()) {
+      if (e.name.rfind(prefix, 0) == 0) return e.bytes;
+    }
+    ADD_FAILURE() << "no entry '" << prefix << "' in\n" << p.ledger.report();
+    return 0;
+  };
+  // B 2, L 4096 (dense causal: blocks of 64, no padding), C 16, F 64, 4 heads, bf16.
+  const uint64_t B = 2, L = 4096, C = 16, F = 64, H = 4, S = 2, es = 2, f4 = 4;
+  const uint64_t T = B * L / S;
+  const uint64_t layer = T * C * es        // ln1
+                         + 2 * T * f4      // its mean and rstd
+                         + 3 * T * C * es  // qkv (the head split: every token, half the heads)
+                         + 2 * T * C * es  // attention output, token split and head split
+                         + B * (H / S) * L * f4  // lse of the rank's heads over the sequence
+                         + 2 * T * C * es        // r2, ln2
+                         + 2 * T * f4            // ln2's mean and rstd
+                         + 2 * T * F * es;       // the MLP's pre- and post-GELU values
+  EXPECT_EQ(bytes_of(two, "layer 0 activations"), layer);
+  EXPECT_EQ(bytes_of(two, "layer 1 activations"), layer);
+  EXPECT_EQ(bytes_of(two, "sequence-parallel all-to-all buffers"), 2 * 3 * T * C * es);
+  // dq, dk, dv [B, L, C/S] (larger than the embedding sort's 24 bytes x T).
+  EXPECT_EQ(bytes_of(two, "back end: scratch"), 3 * B * L * (C / S) * es);
+  const uint64_t blocks = (L / 64) * (L / 64 + 1) / 2;
+  EXPECT_EQ(bytes_of(two, "attention index (" + std::to_string(blocks) + " stored blocks)"),
+            40 * blocks);
+  EXPECT_EQ(bytes_of(two, "LM-head logits [T, V]"), T * static_cast<uint64_t>(c.vocab_size) * es);
+  EXPECT_EQ(bytes_of(two, "final LayerNorm and losses"), T * C * es + 3 * T * f4);
+  // One rank on the whole sequence: twice the per-token entries, no all-to-all.
+  EXPECT_EQ(2 * bytes_of(two, "LM-head logits [T, V]"), bytes_of(one, "LM-head logits [T, V]"));
+  EXPECT_EQ(2 * bytes_of(two, "back end: scratch"), bytes_of(one, "back end: scratch"));
+  EXPECT_LT(two.device_bytes, one.device_bytes);
+  EXPECT_EQ(one.ledger.report().find("all-to-all"), std::string::npos);
+
+  // Refused: a group size that does not divide the ranks, and a search granularity that is not a
+  // whole number of slices.
+  PlanInput bad = in;
+  bad.sequence_parallel_size = 4;
+  bad.world_size = 2;
+  MemoryPlan p;
+  Status st = plan_training_memory(bad, &p);
+  EXPECT_NE(st.message().find("sequence_parallel_size 4 must be >= 1 and divide the ranks planned "
+                              "for (2)"),
+            std::string::npos)
+      << st.message();
+  int64_t longest = 0;
+  st = longest_sequence(in, uint64_t{1} << 40, uint64_t{1} << 40, 63, 630, &longest);
+  EXPECT_NE(st.message().find("granularity 63 must be a multiple of sequence_parallel_size 2"),
+            std::string::npos)
+      << st.message();
+  // The search runs on the split: a budget of this plan's bytes fits 4096 tokens, not more.
+  ASSERT_TRUE(longest_sequence(in, two.device_bytes, two.host_bytes, 64, 8192, &longest).ok());
+  EXPECT_EQ(longest, 4096);
 }
 
 // ---- whole training steps ----

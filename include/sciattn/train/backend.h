@@ -126,6 +126,10 @@ struct StridedCopyParams {
   TensorView src;  // [sizes] any strides
   TensorView dst;  // [sizes] written
 };
+// The argument checks both back ends' strided_copy make, with the same messages: src and dst
+// present, both in `device`'s memory (`memory` names it: "host memory", "CUDA memory"), ranks 1
+// to 6, the same sizes and dtype.
+Status check_strided_copy(const StridedCopyParams& p, Device device, const char* memory);
 
 // out = a + b (elementwise; out may be a or b).
 struct AddParams {

@@ -51,6 +51,12 @@ struct PlanInput {
   // reduced shard. Otherwise the replicated optimizer of one rank.
   int world_size = 1;
   ZeroConfig zero;
+  // Ranks that share each sequence (Ulysses, the config's sequence_parallel_size S; it divides
+  // world_size, n_heads and the sequence length). The plan is then one rank's: its L/S tokens'
+  // activations, the attention over the whole sequence for its n_heads/S heads (the head-split
+  // output per layer, lse, the back end's dq, dk, dv of C/S channels), the two all-to-all buffers,
+  // and the attention index of its heads.
+  int64_t sequence_parallel_size = 1;
 };
 
 struct MemoryPlan {
@@ -67,7 +73,8 @@ bool plan_fits(const MemoryPlan& plan, uint64_t device_budget, uint64_t host_bud
 
 // The longest sequence_length, a multiple of `granularity` in [granularity, max_length], whose
 // plan fits both budgets (learned position tables grow with it); 0 when even `granularity` does
-// not. Plans grow with the length, so this is a bisection (about 20 plans).
+// not. Plans grow with the length, so this is a bisection (about 20 plans). With sequence
+// parallelism `granularity` must be a multiple of sequence_parallel_size.
 Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
                         int64_t granularity, int64_t max_length, int64_t* out);
 

@@ -388,21 +388,8 @@ class CpuBackend final : public Backend {
   }
 
   Status strided_copy(const StridedCopyParams& p) override {
+    SCIATTN_TRY(check_strided_copy(p, Device::kCpu, "host memory"));
     const TensorView &src = p.src, &dst = p.dst;
-    if (src.data == nullptr || dst.data == nullptr) {
-      return Status::invalid_argument("strided_copy: src and dst must be present");
-    }
-    if (src.device != Device::kCpu || dst.device != Device::kCpu) {
-      return Status::invalid_argument("strided_copy: src and dst must be in host memory");
-    }
-    bool same = src.rank == dst.rank && src.rank >= 1 && src.dtype == dst.dtype;
-    for (int d = 0; same && d < src.rank; ++d) same = src.sizes[d] == dst.sizes[d];
-    if (!same) {
-      return Status::invalid_argument(std::string("strided_copy: dst must have src's sizes and "
-                                                  "dtype (rank 1 to 6); got src ") +
-                                      src.shape_string() + " " + dtype_name(src.dtype) + ", dst " +
-                                      dst.shape_string() + " " + dtype_name(dst.dtype));
-    }
     // Rows over every dimension but the last, each a run of the last dimension.
     const int last = src.rank - 1;
     const int64_t n = src.sizes[last];

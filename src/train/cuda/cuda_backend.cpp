@@ -666,12 +666,14 @@ class CudaBackendImpl final : public CudaBackend {
         call, cuda::add(options_.compute_dtype, p.out.data, p.a.data, p.b.data, N * C, stream_));
   }
 
-  // The layout copies of Ulysses sequence parallelism have no kernel on this back end yet; the
-  // trainer refuses sequence_parallel_size > 1 on a GPU before it gets here.
-  Status strided_copy(const StridedCopyParams&) override {
-    return Status::not_supported(
-        "strided_copy (sequence_parallel_size > 1) is not built on the CUDA back end; run the "
-        "CPU back end or set sequence_parallel_size to 1");
+  // The layout copies of Ulysses sequence parallelism (gpt.h), on the back end's stream.
+  Status strided_copy(const StridedCopyParams& p) override {
+    SCIATTN_TRY(check_strided_copy(p, Device::kCuda, "CUDA memory for the CUDA back end"));
+    DeviceGuard guard(options_.device);
+    SCIATTN_TRY(guard.status());
+    return launched("strided_copy",
+                    cuda::strided_copy(p.dst.data, p.dst.strides, p.src.data, p.src.strides,
+                                       p.src.sizes, p.src.rank, dtype_size(p.src.dtype), stream_));
   }
 
   Status lm_head_loss(const LmHeadParams& p) override {

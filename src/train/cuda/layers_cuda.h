@@ -77,6 +77,14 @@ cudaError_t copy_rows(void* dst, int64_t dst_batch_stride, int64_t dst_row_strid
                       int64_t src_batch_stride, int64_t src_row_stride, int64_t B, int64_t dst_rows,
                       int64_t src_rows, int64_t row_bytes, cudaStream_t stream);
 
+// dst = src over a view of `rank` (1 to 6) dimensions of `sizes` with element strides per side
+// (any values), elements of `elem_bytes` bytes copied bit for bit (strided_copy.cu). Runs of a
+// last dimension packed on both sides move in the widest unit up to 16 bytes that the addresses,
+// strides and run length allow; the views must not overlap.
+cudaError_t strided_copy(void* dst, const int64_t* dst_strides, const void* src,
+                         const int64_t* src_strides, const int64_t* sizes, int rank,
+                         size_t elem_bytes, cudaStream_t stream);
+
 // Cross-entropy of `rows` rows of logits [rows, V] (compute dtype) in place: one block per row,
 // max, then the sum of exp(l - max) in fp32 (fixed order), lse = max + log(sum); losses[r] =
 // lse - logits[target] (when losses is given); with `grad` the row is overwritten with
