@@ -8,8 +8,9 @@
 #                                             # package into .carry/deps (for the GPU machine)
 #
 # --cuda (the default when nvcc and a CUDA-enabled torch are present) builds the CUDA kernels
-# (sm_90a, every head dim and dtype, as the `gpu` preset; SCIATTN_HEAD_DIMS="32;64" builds fewer)
-# and registers the CUDA kernels of the ops.
+# (every head dim and dtype, as the `gpu` preset; SCIATTN_HEAD_DIMS="32;64" builds fewer) for the
+# architectures of SCIATTN_CUDA_ARCHS, else of TORCH_CUDA_ARCH_LIST, else sm_90a
+# (cmake/sciattn_cuda_archs.cmake), and registers the CUDA kernels of the ops.
 # The build tree is build/torch-ext-{cpu,cuda}. nlohmann-json is looked up in the usual places and
 # in .carry/deps/nlohmann_json (made by --carry-deps).
 set -euo pipefail
@@ -67,7 +68,7 @@ prefix_path="$torch_prefix"
 build=build/torch-ext-$mode
 cuda_args=(-DSCIATTN_WITH_CUDA=OFF)
 if [ "$mode" = cuda ]; then
-  cuda_args=(-DSCIATTN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a
+  cuda_args=(-DSCIATTN_WITH_CUDA=ON "-DSCIATTN_CUDA_ARCHS=${SCIATTN_CUDA_ARCHS:-}"
              "-DSCIATTN_HEAD_DIMS=${SCIATTN_HEAD_DIMS:-8;16;32;64;128}" "-DSCIATTN_DTYPES=f16;bf16")
 fi
 generator=()

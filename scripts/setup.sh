@@ -58,12 +58,18 @@ fi
 [ "$deps_only" = 1 ] && exit 0
 
 preset=cpu
+arch_args=()
 if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   preset=gpu
+  # The kernels for the GPUs of this machine (compute capability 9.0 as sm_90a, whose code holds
+  # the warpgroup kernels); the preset's sm_90a otherwise.
+  archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+          awk -F. '$1 >= 8 { a = $1 $2; if (a == "90") a = "90a"; print a }' | sort -u | paste -sd';')
+  [ -n "$archs" ] && arch_args=(-DSCIATTN_CUDA_ARCHS="$archs")
 fi
 jobs=$(nproc)
-echo "setup: building preset '$preset' with $jobs jobs"
-cmake --preset "$preset" >/dev/null
+echo "setup: building preset '$preset' with $jobs jobs${arch_args:+ (${arch_args[*]})}"
+cmake --preset "$preset" "${arch_args[@]}" >/dev/null
 cmake --build --preset "$preset" -j "$jobs"
 ln -sfn "$preset" build/current
 setup_python

@@ -61,7 +61,8 @@ Status check_device_usable(Device device) {
     return Status::not_supported(
         "--device cuda: this build of sciattn has CUDA support, but no CUDA device is visible "
         "(no NVIDIA GPU, or its driver is not loaded: `nvidia-smi` lists the GPUs the driver "
-        "sees); run on a machine with an NVIDIA Hopper GPU (sm_90), or use --device cpu");
+        "sees); run on a machine with an NVIDIA GPU of compute capability 8.0 or newer (A100, A10, "
+        "L4, L40, H100, H200), or use --device cpu");
   }
   if (nvidia_gpu_present()) {
     return Status::not_supported(
@@ -71,8 +72,9 @@ Status check_device_usable(Device device) {
   }
   return Status::not_supported(
       "--device cuda: this build of sciattn has no CUDA support, and this machine has no NVIDIA "
-      "GPU (its driver lists none); the CUDA kernels need a Hopper GPU (sm_90): run on a machine "
-      "with one, building sciattn there with scripts/setup.sh, or use --device cpu");
+      "GPU (its driver lists none); the CUDA kernels need one of compute capability 8.0 or newer "
+      "(A100, A10, L4, L40, H100, H200): run on a machine with one, building sciattn there with "
+      "scripts/setup.sh, or use --device cpu");
 }
 
 Status place_tensor(Device device, const HostBuffer& host, DeviceMirror& mirror, TensorView* view) {

@@ -300,4 +300,24 @@ TEST(EvoformerDeviceParams, Bf16ProbabilitiesAreShiftedByTheKeysLog2) {
   EXPECT_EQ(cuda::probability_shift_log2(DType::kF32, 1000), 0.0f);
 }
 
+// Without the warpgroup kernels (a device or build without sm_90a code, or
+// SCIATTN_CUDA_KERNELS=portable) a call keeps to the mma.sync kernels, whatever the host chose:
+// lean and unaligned rows alike.
+TEST(EvoformerDeviceParams, PortableCallsKeepToTheMmaSyncKernels) {
+  for (const int64_t d : {32, 33, 64, 128}) {
+    const Shape s{1, 2, 256, 2, d};
+    const Views v = views(s, DType::kBF16);
+    cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+    cuda::EvoformerDeviceParams b = backward(v, s);
+    EXPECT_EQ(f.wgmma_tiles, 1) << d;  // the host's choice for a Hopper GPU
+    EXPECT_EQ(b.wgmma_tiles, 1) << d;
+    cuda::evoformer_params::use_mma_sync_kernels(f);
+    cuda::evoformer_params::use_mma_sync_kernels(b);
+    EXPECT_EQ(f.wgmma_tiles, 0) << d;
+    EXPECT_EQ(f.any_dim_tiles, 0) << d;
+    EXPECT_EQ(b.wgmma_tiles, 0) << d;
+    EXPECT_EQ(b.any_dim_tiles, 0) << d;
+  }
+}
+
 }  // namespace

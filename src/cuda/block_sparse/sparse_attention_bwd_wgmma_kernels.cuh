@@ -14,6 +14,7 @@
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_wgmma_entries.cuh"
+#include "cuda/common/wgmma.cuh"
 
 namespace sciattn::cuda {
 
@@ -32,6 +33,7 @@ struct SparseBwdWgmmaSmem {
 template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     sparse_attention_dkdv_wgmma_kernel(const SparseAttentionDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
   using Smem = SparseBwdWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -105,11 +107,15 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   }
 
   finish_dkdv_rows<T, kHeadDim>(p, at, dk, dv, my_keys, warp, g, t);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
     sparse_attention_dq_wgmma_kernel(const SparseAttentionDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
   using Smem = SparseBwdWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -183,6 +189,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 3 : 1)
   }
 
   finish_dq_rows<T, kHeadDim>(p, at, dq, my_rows, warp, g, t);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 }  // namespace sciattn::cuda

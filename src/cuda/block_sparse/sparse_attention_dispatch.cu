@@ -13,6 +13,7 @@
 #include "cuda/block_sparse/sparse_attention_device_params_of.h"
 #include "cuda/block_sparse/sparse_attention_instances.h"
 #include "cuda/block_sparse/sparse_attention_launch.h"
+#include "cuda/common/device_arch.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/common/instance_switch.h"
 
@@ -130,9 +131,20 @@ cudaError_t launch(DType dtype, int64_t dim, const DeviceParams& p, cudaStream_t
       });
 }
 
+// The mma.sync kernels (which take every shape) where the device or build has no warpgroup
+// kernels or SCIATTN_CUDA_KERNELS asks for the portable ones (cuda/common/device_arch.h).
+Status keep_to_device_kernels(SparseAttentionDeviceParams& p) {
+  DeviceKernels kernels;
+  const Status usable = current_device_kernels(&kernels);
+  if (usable.ok() && !kernels.warpgroup_mma) p.wgmma_tiles = 0;
+  return usable;
+}
+
 Status run_forward_here(const SparseAttentionForwardParams& params, const detail::AttentionShape& s,
                         void* workspace, Stream stream) {
   SparseAttentionDeviceParams p = sparse_forward_device_params(params, s, kernel_head_dim(s.dim));
+  const Status usable = keep_to_device_kernels(p);
+  if (!usable.ok()) return usable;
   p.tiles = tiles_of(params.index);
   const FusedPlan plan = plan_forward(params, s);
   p.part_dim = static_cast<int>(plan.part_dim);
@@ -149,6 +161,8 @@ Status run_forward_here(const SparseAttentionForwardParams& params, const detail
 Status run_backward_here(const SparseAttentionBackwardParams& params,
                          const detail::AttentionShape& s, void* workspace, Stream stream) {
   SparseAttentionDeviceParams p = sparse_backward_device_params(params, s, kernel_head_dim(s.dim));
+  const Status usable = keep_to_device_kernels(p);
+  if (!usable.ok()) return usable;
   p.tiles = tiles_of(params.index);
   const FusedPlan plan = plan_backward(params, s);
   p.part_dim = static_cast<int>(plan.part_dim);

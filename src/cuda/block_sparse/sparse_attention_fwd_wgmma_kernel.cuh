@@ -15,6 +15,7 @@
 
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_wgmma_entries.cuh"
+#include "cuda/common/wgmma.cuh"
 
 namespace sciattn::cuda {
 
@@ -31,6 +32,7 @@ struct SparseFwdWgmmaSmem {
 template <typename T, int kHeadDim, bool kPacked>
 __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
     sparse_attention_fwd_wgmma_kernel(const SparseAttentionDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
   static_assert(SparseTile::kThreads == kWgmmaThreads && SparseTile::kSize == kWgmmaRows,
                 "one warpgroup over 64-row tiles");
@@ -96,6 +98,9 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kHeadDim <= 64 ? 4 : 2)
   }
 
   finish_forward_rows<T, kHeadDim>(p, at, o_acc, row_max, row_sum, my_r, my_rows, warp, g, t);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 }  // namespace sciattn::cuda

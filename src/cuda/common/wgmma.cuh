@@ -23,7 +23,21 @@
 // output code works on them unchanged.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+
+// 1 in the compilation passes that may hold the warpgroup kernels' code: sm_90a's device pass
+// (wgmma, clusters and the async-proxy fences exist only there) and the host pass, which only
+// parses kernel bodies. A build for several architectures (SCIATTN_CUDA_ARCHS) compiles those
+// kernels' bodies for sm_90a alone; in the other passes each body is a trap, and the dispatch
+// never launches them there (cuda/common/device_arch.h).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SCIATTN_WGMMA_DEVICE_CODE 1
+#else
+#define SCIATTN_WGMMA_DEVICE_CODE 0
+#endif
 
 namespace sciattn::cuda {
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cuda/common/attention_delta.cuh"
+#include "cuda/common/wgmma.cuh"
 #include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_wgmma_tiles.cuh"
@@ -125,6 +126,7 @@ __device__ __forceinline__ void evoformer_dkdv_wgmma_ds(
 template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDim>)
     evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   const BiasTypes types(p);
   constexpr int kOutTiles = kHeadDim / 8;
@@ -176,11 +178,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   }
 
   evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>)
     evoformer_bwd_dq_wgmma_kernel(const EvoformerDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   const BiasTypes types(p);
   constexpr int kOutTiles = kHeadDim / 8;
@@ -274,6 +280,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
                            p.grads_paired);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 // One CTA per (tile of dbias2[b, h], chunk of N), as evoformer_bwd_dbias2_kernel (whose grid,
@@ -287,6 +296,7 @@ template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::kDbias2Groups,
                                   detail::cuda_dbias2_ctas_per_sm(kHeadDim))
     evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   const BiasTypes types(p);
   constexpr int kStages = Smem::kDbias2Stages, kGroups = Smem::kDbias2Groups;
@@ -466,6 +476,9 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   }
 
   store_dbias2_tile(p, acc, b, h, at.chunk, q0, k0, my_row, lane % 4);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 }  // namespace sciattn::cuda

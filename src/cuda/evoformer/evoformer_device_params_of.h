@@ -167,6 +167,14 @@ inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
   p.any_dim_tiles = p.wgmma_tiles && !p.lean_tiles;
 }
 
+// Keeps a call on the mma.sync kernels, which take every shape the warpgroup kernels take: for a
+// device or build without the warpgroup kernels, or SCIATTN_CUDA_KERNELS=portable
+// (cuda/common/device_arch.h).
+inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
+  p.wgmma_tiles = 0;
+  p.any_dim_tiles = 0;
+}
+
 inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k,
                                            const TensorView& v, const TensorView& bias1,
                                            const TensorView& bias2, const TensorView& out,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/evoformer_cuda_plan.h"
+#include "cuda/common/device_arch.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/common/instance_switch.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
@@ -137,7 +138,11 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
   const Status copied =
       copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
   if (!copied.ok()) return copied;
-  const EvoformerDeviceParams p = forward_device_params(params, s, workspace);
+  EvoformerDeviceParams p = forward_device_params(params, s, workspace);
+  DeviceKernels kernels;
+  const Status usable = current_device_kernels(&kernels);
+  if (!usable.ok()) return usable;
+  if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
                          "Evoformer forward (fp32) kernel launch");
@@ -153,7 +158,11 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
   const Status copied =
       copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
   if (!copied.ok()) return copied;
-  const EvoformerDeviceParams p = backward_device_params(params, s, workspace);
+  EvoformerDeviceParams p = backward_device_params(params, s, workspace);
+  DeviceKernels kernels;
+  const Status usable = current_device_kernels(&kernels);
+  if (!usable.ok()) return usable;
+  if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
   const bool f32 = params.q.dtype == DType::kF32;
   cudaError_t e = cudaSuccess;
   if (f32) {

@@ -2,7 +2,7 @@
 // rows each, streaming over 64-key tiles with an online softmax on tensor cores (m16n8k16).
 // K/V tiles are double-buffered with cp.async, so the next tile loads while this one is used.
 // Writes O and the fp32 log-sum-exp. CUDA layer; instantiated per (dtype, head dim) in generated
-// evoformer_fwd_hd<D>_<dtype>_sm90.cu files.
+// evoformer_fwd_hd<D>_<dtype>.cu files.
 #pragma once
 
 #include "cuda/common/device_utils.cuh"

@@ -11,6 +11,7 @@
 // (evoformer_bias_types.cuh) is an instantiation. CUDA layer.
 #pragma once
 
+#include "cuda/common/wgmma.cuh"
 #include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_wgmma_tiles.cuh"
@@ -29,6 +30,7 @@ inline size_t evoformer_fwd_wgmma_smem(const EvoformerDeviceParams& p) {
 template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim>)
     evoformer_fwd_wgmma_kernel(const EvoformerDeviceParams p) {
+#if SCIATTN_WGMMA_DEVICE_CODE
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
   static_assert(EvoformerFwdTile::kBlockM == kWgmmaRows &&
@@ -104,6 +106,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   }
 
   evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t);
+#else
+  __trap();  // not in this architecture's image: never launched here
+#endif
 }
 
 }  // namespace sciattn::cuda

@@ -1,0 +1,55 @@
+# The CUDA architecture list of a build (cmake/sciattn_cuda_archs.cmake), checked in CMake's script
+# mode without a CUDA toolkit (label cpu; registered in tests/CMakeLists.txt):
+#   cmake -P tests/cmake/test_cuda_archs.cmake                  the translations and checks that pass
+#   cmake -DCASE=<name> -P tests/cmake/test_cuda_archs.cmake    one input that must stop with a
+#                                                               message naming it (ctest matches it)
+cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/../../cmake/sciattn_cuda_archs.cmake)
+
+function(expect_torch_list input want)
+  sciattn_archs_from_torch_list("${input}" got)
+  if(NOT got STREQUAL "${want}")
+    message(FATAL_ERROR "TORCH_CUDA_ARCH_LIST '${input}': got '${got}', want '${want}'")
+  endif()
+endfunction()
+
+function(expect_wgmma archs want)
+  sciattn_archs_have_wgmma("${archs}" got)
+  if(NOT got EQUAL want)
+    message(FATAL_ERROR "'${archs}' has sm_90a code: got ${got}, want ${want}")
+  endif()
+endfunction()
+
+if(NOT DEFINED CASE)
+  # TORCH_CUDA_ARCH_LIST as torch and DeepSpeed read it: SASS only unless +PTX, 9.0 as 90a,
+  # separators ';' or ' ', names, entries below 8.0 skipped (with a warning), duplicates dropped.
+  expect_torch_list("8.0" "80-real")
+  expect_torch_list("8.0;8.6;8.9;9.0" "80-real;86-real;89-real;90a-real")
+  expect_torch_list("8.0 8.6+PTX" "80-real;86")
+  expect_torch_list("7.0;7.5;8.0;9.0+PTX" "80-real;90a")
+  expect_torch_list("Ampere;Hopper" "80-real;86-real;90a-real")
+  expect_torch_list("8.6;Ampere" "86-real;80-real")
+  expect_torch_list("9.0a" "90a-real")
+  expect_torch_list("Ada+PTX" "89")
+  # Lists that pass the check.
+  sciattn_check_cuda_archs("80;86;89;90a" "test")
+  sciattn_check_cuda_archs("80-real;90a-virtual" "test")
+  sciattn_check_cuda_archs("100" "test")
+  expect_wgmma("80;86;89;90a" 1)
+  expect_wgmma("90a-real" 1)
+  expect_wgmma("80;90" 0)
+  expect_wgmma("80" 0)
+  message(STATUS "test_cuda_archs: all checks passed")
+elseif(CASE STREQUAL "torch_list_too_old")
+  expect_torch_list("7.0;7.5" "")
+elseif(CASE STREQUAL "torch_list_unreadable")
+  expect_torch_list("8.0;sm_86" "")
+elseif(CASE STREQUAL "arch_too_old")
+  sciattn_check_cuda_archs("75;80" "SCIATTN_CUDA_ARCHS")
+elseif(CASE STREQUAL "arch_unreadable")
+  sciattn_check_cuda_archs("80;sm_90a" "SCIATTN_CUDA_ARCHS")
+elseif(CASE STREQUAL "archs_empty")
+  sciattn_check_cuda_archs("" "SCIATTN_CUDA_ARCHS")
+else()
+  message(FATAL_ERROR "unknown CASE '${CASE}'")
+endif()
