@@ -4,7 +4,7 @@
 #      command-line program), then `sciattn demo` and `sciattn train --demo` (seconds);
 #   2. the C++ package: `cmake --install` of the cpu build into a temporary prefix, then examples/
 #      built as a separate CMake project against it (find_package(sciattn CONFIG)) and run;
-#   3. the `cuda` preset: compiles every kernel and GPU test for sm_90a (runs nothing on a GPU;
+#   3. the `cuda` preset: compiles every kernel for sm_80, 86, 89 and 90a and every GPU test (runs nothing on a GPU;
 #      skipped with a message when nvcc is absent);
 #   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
 #   5. the libFuzzer targets (scripts/fuzz.sh): each for 45 s from its seed corpus, failing on
