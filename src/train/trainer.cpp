@@ -332,11 +332,13 @@ Status Trainer::create(const GptConfig& model, const TrainConfig& config,
   // normal draws take tens of seconds). Every rank draws the same values from the model's seed.
   const ParameterLayout layout = gpt_parameter_layout(model, memory.parameter_multiple);
   // Stage 2 reduces each group's gradients as the backward finishes it: the layers need only
-  // as many gradient buffers as the buckets keep unreduced.
+  // as many gradient buffers as the buckets keep unreduced (one more with overlap_comm, so that
+  // a reduction in flight has a layer's backward to run beside before its buffer is reused).
   // Every other case keeps one whole buffer (the trainer's own setting, whatever the options say).
   memory.layer_gradient_buffers =
       zero && config.zero.stage == 2 && !options.zero2_whole_gradient_buffer
-          ? zero_layer_gradient_buffers(layout, config.zero.reduce_bucket_size)
+          ? zero_layer_gradient_buffers(layout, config.zero.reduce_bucket_size,
+                                        config.zero.overlap_comm)
           : 0;
   std::vector<float> init(static_cast<size_t>(layout.total));
   init_gpt_parameters(model, layout, init.data());
