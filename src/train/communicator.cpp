@@ -38,6 +38,49 @@ Status check_split(int color, const std::unique_ptr<Communicator>* out) {
   return Status::ok_status();
 }
 
+Status unknown_handle(CollectiveHandle handle) {
+  return Status::invalid_argument(
+      "wait: handle " + std::to_string(handle.id) +
+      " is not an outstanding collective of this communicator (never started here, or waited "
+      "for already)");
+}
+
+Status check_handle_out(const char* name, const CollectiveHandle* out) {
+  if (out != nullptr) return Status::ok_status();
+  return Status::invalid_argument(std::string(name) + ": the handle (out) must not be null");
+}
+
+Status Communicator::finished(const Status& s, CollectiveHandle* out) {
+  out->id = ++started_;
+  unwaited_[out->id] = s;
+  return Status::ok_status();
+}
+
+Status Communicator::start_all_reduce_mean(float* data, int64_t n, CollectiveHandle* out) {
+  SCIATTN_TRY(check_handle_out("start_all_reduce_mean", out));
+  return finished(all_reduce_mean(data, n), out);
+}
+
+Status Communicator::start_reduce_scatter(const float* send, float* recv, int64_t shard,
+                                          ReduceOp op, CollectiveHandle* out) {
+  SCIATTN_TRY(check_handle_out("start_reduce_scatter", out));
+  return finished(reduce_scatter(send, recv, shard, op), out);
+}
+
+Status Communicator::start_reduce(float* data, int64_t n, int root, ReduceOp op,
+                                  CollectiveHandle* out) {
+  SCIATTN_TRY(check_handle_out("start_reduce", out));
+  return finished(reduce(data, n, root, op), out);
+}
+
+Status Communicator::wait(CollectiveHandle handle) {
+  const auto it = unwaited_.find(handle.id);
+  if (it == unwaited_.end()) return unknown_handle(handle);
+  const Status s = it->second;
+  unwaited_.erase(it);
+  return s;
+}
+
 namespace {
 
 // One rank's out-of-place collective is a copy (host memory); in place it touches nothing, so

@@ -106,7 +106,7 @@ Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
     memory.layer_gradient_buffers =
         in.zero.stage == 2
             ? zero_layer_gradient_buffers(gpt_parameter_layout(in.model, memory.parameter_multiple),
-                                          in.zero.reduce_bucket_size)
+                                          in.zero.reduce_bucket_size, in.zero.overlap_comm)
             : 0;
   }
   SCIATTN_TRY(plan_gpt_memory(in.model, sparse, in.micro_batch, memory, in.compute_dtype,

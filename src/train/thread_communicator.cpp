@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -13,6 +14,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "train/status_try.h"
 
 namespace sciattn::train {
 
@@ -134,6 +137,86 @@ class ThreadRendezvous {
   std::map<std::pair<int64_t, int>, Child> children_;  // by (split serial, color)
 };
 
+// A rank's progress thread: runs the rank's started collectives one at a time in issue order and
+// keeps each one's Status until it is waited for.
+class ThreadProgress {
+ public:
+  ~ThreadProgress() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    // The loop runs what is queued before it ends.
+    if (thread_.joinable()) thread_.join();
+  }
+
+  uint64_t enqueue(std::function<Status()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back({++issued_, std::move(task)});
+    cv_.notify_all();
+    return issued_;
+  }
+
+  Status wait(CollectiveHandle handle) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (handle.id == 0 || handle.id > issued_) return unknown_handle(handle);
+    cv_.wait(lock, [&] { return completed_ >= handle.id; });
+    const auto it = done_.find(handle.id);
+    if (it == done_.end()) return unknown_handle(handle);
+    const Status s = it->second;
+    done_.erase(it);
+    return s;
+  }
+
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return completed_ == issued_; });
+  }
+
+  // Started collectives that have not run yet.
+  uint64_t pending() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return issued_ - completed_;
+  }
+
+ private:
+  struct Task {
+    uint64_t id;
+    std::function<Status()> run;
+  };
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      Status s;
+      try {
+        s = task.run();
+      } catch (const std::exception& e) {
+        s = Status(StatusCode::kInternal, std::string("a started collective threw: ") + e.what());
+      }
+      lock.lock();
+      done_[task.id] = s;
+      completed_ = task.id;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::map<uint64_t, Status> done_;  // run, not yet waited for
+  uint64_t issued_ = 0, completed_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 namespace {
 
 const float* as_floats(const void* p) {
@@ -147,7 +230,18 @@ const std::byte* as_bytes(const void* p) {
 
 ThreadCommunicator::ThreadCommunicator(std::shared_ptr<ThreadRendezvous> group, int rank)
     : group_(std::move(group)), rank_(rank) {}
-ThreadCommunicator::~ThreadCommunicator() = default;
+ThreadCommunicator::~ThreadCommunicator() {
+  if (progress_ == nullptr) return;
+  // Started collectives that have not run wait for this rank's part: fail them (and the group)
+  // rather than wait forever.
+  const uint64_t pending = progress_->pending();
+  if (pending > 0) {
+    group_->leave(rank_, Status(StatusCode::kInternal,
+                                "its ThreadCommunicator was destroyed with " +
+                                    std::to_string(pending) + " started collective(s) not run"));
+  }
+  progress_.reset();
+}
 
 int ThreadCommunicator::world_size() const {
   return group_->size();
@@ -168,7 +262,48 @@ Status ThreadCommunicator::create_group(int world_size,
 }
 
 void ThreadCommunicator::leave(const Status& status) {
+  // Leaving ok: the started collectives still run first, as the other ranks expect. With an
+  // error the group is poisoned first, so that they fail instead of waiting.
+  if (status.ok()) drain();
   group_->leave(rank_, status);
+  drain();
+}
+
+void ThreadCommunicator::drain() {
+  if (progress_ != nullptr) progress_->drain();
+}
+
+void ThreadCommunicator::enqueue(std::function<Status()> task, CollectiveHandle* out) {
+  if (progress_ == nullptr) progress_ = std::make_unique<ThreadProgress>();
+  out->id = progress_->enqueue(std::move(task));
+}
+
+Status ThreadCommunicator::start_all_reduce_mean(float* data, int64_t n, CollectiveHandle* out) {
+  SCIATTN_TRY(check_handle_out("start_all_reduce_mean", out));
+  SCIATTN_TRY(check_collective("all_reduce_mean", n, world_size(), DType::kF32));
+  enqueue([this, data, n] { return run_all_reduce_mean(data, n); }, out);
+  return Status::ok_status();
+}
+
+Status ThreadCommunicator::start_reduce_scatter(const float* send, float* recv, int64_t shard,
+                                                ReduceOp op, CollectiveHandle* out) {
+  SCIATTN_TRY(check_handle_out("start_reduce_scatter", out));
+  SCIATTN_TRY(check_collective("reduce_scatter", shard, world_size(), DType::kF32));
+  enqueue([this, send, recv, shard, op] { return run_reduce_scatter(send, recv, shard, op); }, out);
+  return Status::ok_status();
+}
+
+Status ThreadCommunicator::start_reduce(float* data, int64_t n, int root, ReduceOp op,
+                                        CollectiveHandle* out) {
+  SCIATTN_TRY(check_handle_out("start_reduce", out));
+  SCIATTN_TRY(check_collective("reduce", n, world_size(), DType::kF32, root));
+  enqueue([this, data, n, root, op] { return run_reduce(data, n, root, op); }, out);
+  return Status::ok_status();
+}
+
+Status ThreadCommunicator::wait(CollectiveHandle handle) {
+  if (progress_ == nullptr) return unknown_handle(handle);
+  return progress_->wait(handle);
 }
 
 Status ThreadCommunicator::run(const char* name, const void* a, const void* b,
@@ -211,6 +346,11 @@ Status ThreadCommunicator::run(const char* name, const void* a, const void* b,
   } while (0)
 
 Status ThreadCommunicator::all_reduce_mean(float* data, int64_t n) {
+  drain();
+  return run_all_reduce_mean(data, n);
+}
+
+Status ThreadCommunicator::run_all_reduce_mean(float* data, int64_t n) {
   Status s = check_collective("all_reduce_mean", n, world_size(), DType::kF32);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(n, 0);
@@ -231,6 +371,7 @@ Status ThreadCommunicator::all_reduce_mean(float* data, int64_t n) {
 }
 
 Status ThreadCommunicator::all_reduce_max(double* value) {
+  drain();
   SCIATTN_PUBLISH(1, 0);
   double result = 0.0;
   Status s = run("all_reduce_max", value, nullptr, [&] {
@@ -247,6 +388,7 @@ Status ThreadCommunicator::all_reduce_max(double* value) {
 }
 
 Status ThreadCommunicator::all_reduce_sum(double* value) {
+  drain();
   SCIATTN_PUBLISH(1, 0);
   double result = 0.0;
   Status s = run("all_reduce_sum", value, nullptr, [&] {
@@ -261,6 +403,12 @@ Status ThreadCommunicator::all_reduce_sum(double* value) {
 
 Status ThreadCommunicator::reduce_scatter(const float* send, float* recv, int64_t shard,
                                           ReduceOp op) {
+  drain();
+  return run_reduce_scatter(send, recv, shard, op);
+}
+
+Status ThreadCommunicator::run_reduce_scatter(const float* send, float* recv, int64_t shard,
+                                              ReduceOp op) {
   Status s = check_collective("reduce_scatter", shard, world_size(), DType::kF32);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(shard, 0);
@@ -284,6 +432,11 @@ Status ThreadCommunicator::reduce_scatter(const float* send, float* recv, int64_
 }
 
 Status ThreadCommunicator::reduce(float* data, int64_t n, int root, ReduceOp op) {
+  drain();
+  return run_reduce(data, n, root, op);
+}
+
+Status ThreadCommunicator::run_reduce(float* data, int64_t n, int root, ReduceOp op) {
   Status s = check_collective("reduce", n, world_size(), DType::kF32, root);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(n, root);
@@ -308,6 +461,7 @@ Status ThreadCommunicator::reduce(float* data, int64_t n, int root, ReduceOp op)
 }
 
 Status ThreadCommunicator::all_gather(const void* send, void* recv, int64_t shard, DType dtype) {
+  drain();
   Status s = check_collective("all_gather", shard, world_size(), dtype);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(shard, 0);
@@ -324,6 +478,7 @@ Status ThreadCommunicator::all_gather(const void* send, void* recv, int64_t shar
 }
 
 Status ThreadCommunicator::all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) {
+  drain();
   Status s = check_collective("all_to_all", chunk, world_size(), dtype);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(chunk, 0);
@@ -338,6 +493,7 @@ Status ThreadCommunicator::all_to_all(const void* send, void* recv, int64_t chun
 }
 
 Status ThreadCommunicator::broadcast(void* data, int64_t n, DType dtype, int root) {
+  drain();
   Status s = check_collective("broadcast", n, world_size(), dtype, root);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(n, root);
@@ -348,11 +504,13 @@ Status ThreadCommunicator::broadcast(void* data, int64_t n, DType dtype, int roo
 }
 
 Status ThreadCommunicator::barrier() {
+  drain();
   SCIATTN_PUBLISH(0, 0);
   return run("barrier", nullptr, nullptr, [] {});
 }
 
 Status ThreadCommunicator::split(int color, int key, std::unique_ptr<Communicator>* out) {
+  drain();
   Status s = check_split(color, out);
   if (!s.ok()) return s;
   SCIATTN_PUBLISH(0, 0);

@@ -21,7 +21,8 @@ TensorView flat(const float* p, int64_t n, Device device) {
 
 }  // namespace
 
-int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size) {
+int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size,
+                                    bool overlap_comm) {
   const auto layers = static_cast<int64_t>(layout.groups.size()) - 2;
   if (layers < 1) return 0;
   int64_t size = 1;
@@ -30,7 +31,7 @@ int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduc
     size = std::max(size, g.end - g.begin);
   }
   const int64_t carried = std::max<int64_t>(reduce_bucket_size - 1, 0);
-  return std::min(layers, 1 + (carried + size - 1) / size);
+  return std::min(layers, 1 + (carried + size - 1) / size + (overlap_comm ? 1 : 0));
 }
 
 Status for_each_decay_range(const ParameterLayout& layout, int64_t begin, int64_t end,
@@ -99,6 +100,7 @@ Status ZeroOptimizer::create(const ZeroConfig& config, Communicator* comm, GptMo
   z->total_ = total;
   z->shard_ = total / world;
   z->begin_ = z->shard_ * comm->rank();
+  z->overlap_ = config.overlap_comm && config.stage == 2;
   Backend& be = *z->backend_;
   const size_t bytes = static_cast<size_t>(z->shard_) * sizeof(float);
   SCIATTN_TRY(be.allocate(bytes, reinterpret_cast<void**>(&z->exp_avg_)));
@@ -119,6 +121,10 @@ Status ZeroOptimizer::create(const ZeroConfig& config, Communicator* comm, GptMo
 
 ZeroOptimizer::~ZeroOptimizer() {
   if (backend_ == nullptr) return;
+  // After a failure pieces may be in flight: every started collective is waited for.
+  for (const Piece& p : in_flight_) {
+    for (const CollectiveHandle& h : p.handles) comm_->wait(h);
+  }
   backend_->release(exp_avg_);
   backend_->release(exp_avg_sq_);
   if (grad_shard_ != nullptr) backend_->release(grad_shard_);
@@ -133,6 +139,7 @@ Status ZeroOptimizer::begin_step(Fp16Scaling scaling, double loss_scale) {
   loss_scale_ = loss_scale;
   local_overflow_ = false;
   buckets_ = 0;
+  max_in_flight_ = 0;
   if (grad_shard_ != nullptr) {
     SCIATTN_TRY(backend_->fill_zero(grad_shard_, static_cast<size_t>(shard_) * sizeof(float)));
   }
@@ -156,32 +163,64 @@ Status ZeroOptimizer::after_backward(int64_t group) {
     SCIATTN_TRY(reduce_bucket(reduced_lo_ - bucket, reduced_lo_));
     reduced_lo_ -= bucket;
   }
-  if (group == 0 && reduced_lo_ > 0) {
-    SCIATTN_TRY(reduce_bucket(0, reduced_lo_));
-    reduced_lo_ = 0;
+  if (group == 0) {
+    if (reduced_lo_ > 0) {
+      SCIATTN_TRY(reduce_bucket(0, reduced_lo_));
+      reduced_lo_ = 0;
+    }
+    // Nothing local outlives the micro-batch's backward.
+    return finish_pieces(in_flight_.size());
   }
-  return Status::ok_status();
+  // The backward writes group - 1's gradients next.
+  return finish_buffer_of(group - 1);
 }
 
 Status ZeroOptimizer::reduce_bucket(int64_t lo, int64_t hi) {
   ++buckets_;
-  if (model_->grads() != nullptr) return reduce_piece(lo, hi, model_->grads() + lo);
+  if (model_->grads() != nullptr) return reduce_piece({lo, hi, model_->grads() + lo, -1, {}});
   // Separate group buffers: the bucket group by group. Every step below is elementwise (or a
   // finiteness test that is or'ed), so the pieces give the whole bucket's bits.
   const std::vector<ParameterGroup>& groups = model_->layout().groups;
   for (size_t g = groups.size(); g-- > 0;) {
     const int64_t a = std::max(lo, groups[g].begin), b = std::min(hi, groups[g].end);
     if (a >= b) continue;
+    const auto group = static_cast<int64_t>(g);
     SCIATTN_TRY(
-        reduce_piece(a, b, model_->group_grads(static_cast<int64_t>(g)) + (a - groups[g].begin)));
+        reduce_piece({a, b, model_->group_grads(group) + (a - groups[g].begin), group, {}}));
   }
   return Status::ok_status();
 }
 
-Status ZeroOptimizer::reduce_piece(int64_t lo, int64_t hi, float* piece) {
+Status ZeroOptimizer::finish_buffer_of(int64_t group) {
+  if (in_flight_.empty() || model_->grads() != nullptr) return Status::ok_status();
+  const float* buffer = model_->group_grads(group);
+  size_t count = 0;
+  for (size_t i = 0; i < in_flight_.size(); ++i) {
+    const int64_t g = in_flight_[i].group;
+    if (g >= 0 && g != group && model_->group_grads(g) == buffer) count = i + 1;
+  }
+  return finish_pieces(count);
+}
+
+Status ZeroOptimizer::finish_pieces(size_t count) {
+  Status first;
+  for (size_t i = 0; i < count; ++i) {
+    const Piece p = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    for (const CollectiveHandle& h : p.handles) {
+      const Status s = comm_->wait(h);
+      if (first.ok() && !s.ok()) first = s;
+    }
+    if (first.ok()) first = finish_piece(p);
+  }
+  return first;
+}
+
+Status ZeroOptimizer::reduce_piece(Piece piece) {
   Backend& be = *backend_;
+  const int64_t lo = piece.lo, hi = piece.hi;
   // Flat element i's local gradient, for i in [lo, hi).
-  auto grads = [&](int64_t i) { return piece + (i - lo); };
+  auto grads = [&](int64_t i) { return piece.grads + (i - lo); };
   if (last_micro_ && inject_ >= lo && inject_ < hi) {
     const float inf = std::numeric_limits<float>::infinity();
     SCIATTN_TRY(be.copy_to_device(grads(inject_), &inf, sizeof inf));
@@ -196,13 +235,41 @@ Status ZeroOptimizer::reduce_piece(int64_t lo, int64_t hi, float* piece) {
       SCIATTN_TRY(be.scale_in_place(grads(lo), hi - lo, static_cast<float>(1.0 / loss_scale_)));
     }
   }
-  const int world = comm_->world_size(), me = comm_->rank();
-  if (!config_.reduce_scatter) SCIATTN_TRY(comm_->all_reduce_mean(grads(lo), hi - lo));
-  for (int r = 0; r < world; ++r) {
+  if (!overlap_) {
+    if (!config_.reduce_scatter) SCIATTN_TRY(comm_->all_reduce_mean(grads(lo), hi - lo));
+    for (int r = 0; config_.reduce_scatter && r < comm_->world_size(); ++r) {
+      const int64_t a = std::max(lo, shard_ * r), b = std::min(hi, shard_ * (r + 1));
+      if (a < b) SCIATTN_TRY(comm_->reduce(grads(a), b - a, r, ReduceOp::kMean));
+    }
+    return finish_piece(piece);
+  }
+  // Started: the piece is in flight (and its handles recorded, so that they are waited for)
+  // before each start.
+  in_flight_.push_back(std::move(piece));
+  max_in_flight_ = std::max(max_in_flight_, static_cast<int64_t>(in_flight_.size()));
+  std::vector<CollectiveHandle>& handles = in_flight_.back().handles;
+  CollectiveHandle h;
+  if (!config_.reduce_scatter) {
+    SCIATTN_TRY(comm_->start_all_reduce_mean(grads(lo), hi - lo, &h));
+    handles.push_back(h);
+  }
+  for (int r = 0; config_.reduce_scatter && r < comm_->world_size(); ++r) {
     const int64_t a = std::max(lo, shard_ * r), b = std::min(hi, shard_ * (r + 1));
     if (a >= b) continue;
-    if (config_.reduce_scatter) SCIATTN_TRY(comm_->reduce(grads(a), b - a, r, ReduceOp::kMean));
-    if (r != me) continue;
+    SCIATTN_TRY(comm_->start_reduce(grads(a), b - a, r, ReduceOp::kMean, &h));
+    handles.push_back(h);
+  }
+  return Status::ok_status();
+}
+
+Status ZeroOptimizer::finish_piece(const Piece& piece) {
+  Backend& be = *backend_;
+  const int64_t lo = piece.lo, hi = piece.hi;
+  auto grads = [&](int64_t i) { return piece.grads + (i - lo); };
+  const int me = comm_->rank();
+  for (int r = 0; r < comm_->world_size(); ++r) {
+    const int64_t a = std::max(lo, shard_ * r), b = std::min(hi, shard_ * (r + 1));
+    if (a >= b || r != me) continue;
     // The owner keeps its piece. The first micro-batch copies (so that a -0 stays -0, as in
     // stage 1); later ones add, in micro-batch order.
     float* dst = grad_shard_ + (a - begin_);
@@ -225,6 +292,7 @@ Status ZeroOptimizer::reduce(ReducedGradients* out) {
   *out = ReducedGradients{};
   Backend& be = *backend_;
   const bool enhanced = scaling_ == Fp16Scaling::kDsEnhanced;
+  SCIATTN_TRY(finish_pieces(in_flight_.size()));
   if (config_.stage == 2 && reduced_lo_ != 0) {
     return Status(StatusCode::kInternal,
                   "ZeroOptimizer: the backward did not finish every parameter group (reduced "

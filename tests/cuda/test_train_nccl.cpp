@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -143,8 +144,10 @@ std::string thread_script(int world, int rank) {
   return out[static_cast<size_t>(rank)];
 }
 
-// Runs the script on `world` NCCL ranks, threads of this process, rank r on device r.
-std::vector<std::string> nccl_script(int world) {
+// Runs body(comm, stream) on `world` NCCL ranks, threads of this process, rank r on device r
+// with a stream of its own (the trainer's stream), and returns each rank's result.
+std::vector<std::string> nccl_ranks(
+    int world, const std::function<std::string(Communicator&, cudaStream_t)>& body) {
   int port = 0;
   EXPECT_TRUE(pick_free_tcp_port(&port).ok());
   std::vector<std::string> out(static_cast<size_t>(world));
@@ -160,20 +163,106 @@ std::vector<std::string> nccl_script(int world) {
         o.timeout_seconds = 60;
         Status s = make_nccl_communicator(local_env(r, world, port), r, Stream{stream}, o, &comm);
         EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s.to_string();
-        if (s.ok()) {
-          HostAdapter host(comm.get());
-          try {
-            out[static_cast<size_t>(r)] = run_script(host);
-          } catch (const std::exception& e) {
-            ADD_FAILURE() << "rank " << r << ": " << e.what();
-          }
-        }
+        if (s.ok()) out[static_cast<size_t>(r)] = body(*comm, stream);
       }
       cudaStreamDestroy(stream);
     });
   }
   for (std::thread& t : threads) t.join();
   return out;
+}
+
+// Runs the script on `world` NCCL ranks through the host adapter.
+std::vector<std::string> nccl_script(int world) {
+  return nccl_ranks(world, [](Communicator& comm, cudaStream_t) {
+    HostAdapter host(&comm);
+    try {
+      return run_script(host);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << comm.rank() << ": " << e.what();
+    }
+    return std::string();
+  });
+}
+
+// The gradient path's collectives on one device buffer, started or called: a reduce-scatter in
+// place, then the mean of the whole buffer (which reads it), then a reduce to every root. The
+// started ones are waited for in reverse order with work queued on the trainer's stream between
+// the starts, and the result is read back through the trainer's stream only (the waits order it
+// after the collectives; the host never waits for the communication stream).
+std::string gradient_path(Communicator& comm, cudaStream_t stream, bool started) {
+  const int n = comm.world_size(), r = comm.rank();
+  constexpr int64_t kShard = 129;
+  const size_t count = static_cast<size_t>(kShard * n);
+  std::vector<float> host = random_floats(count, 77 + static_cast<uint64_t>(r));
+  for (size_t i = 0; i < count; ++i) host[i] *= static_cast<float>(1 << ((i + r) % 11));
+  float *data = nullptr, *other = nullptr;
+  EXPECT_EQ(cudaMalloc(&data, count * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(&other, count * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(data, host.data(), count * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<CollectiveHandle> handles;
+  auto step = [&](const std::function<Status(CollectiveHandle*)>& start,
+                  const std::function<Status()>& call) {
+    if (!started) {
+      EXPECT_TRUE(call().ok());
+      return;
+    }
+    CollectiveHandle h;
+    const Status s = start(&h);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    handles.push_back(h);
+    // The trainer's stream goes on with work of its own (the next layers' backward).
+    EXPECT_EQ(cudaMemsetAsync(other, r + 1, count * sizeof(float), stream), cudaSuccess);
+  };
+  float* mine = data + r * kShard;
+  step(
+      [&](CollectiveHandle* h) {
+        return comm.start_reduce_scatter(data, mine, kShard, ReduceOp::kSum, h);
+      },
+      [&] { return comm.reduce_scatter(data, mine, kShard, ReduceOp::kSum); });
+  step([&](CollectiveHandle* h) { return comm.start_all_reduce_mean(data, kShard * n, h); },
+       [&] { return comm.all_reduce_mean(data, kShard * n); });
+  for (int root = 0; root < n; ++root) {
+    float* piece = data + root * kShard;
+    step(
+        [&](CollectiveHandle* h) {
+          return comm.start_reduce(piece, kShard, root, ReduceOp::kMean, h);
+        },
+        [&] { return comm.reduce(piece, kShard, root, ReduceOp::kMean); });
+  }
+  for (auto h = handles.rbegin(); h != handles.rend(); ++h) {
+    const Status s = comm.wait(*h);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+  }
+  if (started) {
+    EXPECT_NE(comm.wait(handles[0]).message().find("waited for already"), std::string::npos);
+  }
+  EXPECT_EQ(
+      cudaMemcpyAsync(host.data(), data, count * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaFree(data);
+  cudaFree(other);
+  return std::string(reinterpret_cast<const char*>(host.data()), count * sizeof(float));
+}
+
+// Started collectives (overlap_comm) give the called ones' bytes, on every rank.
+TEST(NcclComm, StartedCollectivesGiveTheCalledBytes) {
+  const int devices = cuda_device_count();
+  if (devices < 1) GTEST_SKIP() << "no CUDA device";
+  for (int world : {1, 2, 4}) {
+    if (world > devices) break;
+    const std::vector<std::string> called = nccl_ranks(
+        world, [](Communicator& c, cudaStream_t s) { return gradient_path(c, s, false); });
+    const std::vector<std::string> started = nccl_ranks(
+        world, [](Communicator& c, cudaStream_t s) { return gradient_path(c, s, true); });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_FALSE(called[static_cast<size_t>(r)].empty());
+      EXPECT_TRUE(started[static_cast<size_t>(r)] == called[static_cast<size_t>(r)])
+          << world << " ranks, rank " << r;
+    }
+  }
 }
 
 TEST(NcclComm, OneRankOnOneGpu) {

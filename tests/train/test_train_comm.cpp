@@ -5,15 +5,20 @@
 // (cpu).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
 #include "sciattn/train/communicator.h"
 #include "sciattn/train/thread_communicator.h"
+#include "train/status_try.h"
 #include "train_test_util.h"
 
 namespace sciattn::train {
@@ -288,6 +293,141 @@ TEST_P(ThreadComm, SplitFormsGroupsByColorRankedByKey) {
   }
 }
 
+// One rank's sequence of gradient-path collectives, started (handles waited for at the end, in
+// reverse order) or called: a chain on one buffer (each reduction reads the previous one's
+// output, so another order gives other bits), reduce-scatters apart and in place, reduces to
+// every root, and a called collective in the middle (which runs after the started ones).
+struct Sequence {
+  std::vector<std::vector<float>> buffers;
+  double sum = 0.0;
+};
+
+Status run_sequence(Communicator& comm, bool started, int rounds, Sequence* out) {
+  const int ranks = comm.world_size(), me = comm.rank();
+  constexpr int64_t kShard = 7;
+  const size_t n = static_cast<size_t>(kShard) * static_cast<size_t>(ranks);
+  std::vector<std::vector<float>>& b = out->buffers;
+  b.clear();
+  for (int k = 0; k < 4; ++k) b.push_back(rank_input(me + 10 * k, n));
+  b.push_back(std::vector<float>(static_cast<size_t>(kShard), NAN));  // reduce_scatter apart
+  std::vector<CollectiveHandle> handles;
+  auto issue = [&](const std::function<Status(CollectiveHandle*)>& start,
+                   const std::function<Status()>& call) -> Status {
+    if (!started) return call();
+    CollectiveHandle h;
+    Status s = start(&h);
+    if (s.ok()) handles.push_back(h);
+    return s;
+  };
+  const auto count = static_cast<int64_t>(n);
+  for (int round = 0; round < rounds; ++round) {
+    // The chain: a sum into this rank's chunk in place, then the mean of the whole buffer.
+    float* mine = b[0].data() + me * kShard;
+    SCIATTN_TRY(issue(
+        [&](CollectiveHandle* h) {
+          return comm.start_reduce_scatter(b[0].data(), mine, kShard, ReduceOp::kSum, h);
+        },
+        [&] { return comm.reduce_scatter(b[0].data(), mine, kShard, ReduceOp::kSum); }));
+    SCIATTN_TRY(issue(
+        [&](CollectiveHandle* h) { return comm.start_all_reduce_mean(b[0].data(), count, h); },
+        [&] { return comm.all_reduce_mean(b[0].data(), count); }));
+    SCIATTN_TRY(issue(
+        [&](CollectiveHandle* h) {
+          return comm.start_reduce_scatter(b[1].data(), b[4].data(), kShard, ReduceOp::kSum, h);
+        },
+        [&] { return comm.reduce_scatter(b[1].data(), b[4].data(), kShard, ReduceOp::kSum); }));
+    SCIATTN_TRY(issue(
+        [&](CollectiveHandle* h) {
+          return comm.start_reduce_scatter(b[2].data(), b[2].data() + me * kShard, kShard,
+                                           ReduceOp::kMean, h);
+        },
+        [&] {
+          return comm.reduce_scatter(b[2].data(), b[2].data() + me * kShard, kShard,
+                                     ReduceOp::kMean);
+        }));
+    for (int root = 0; root < ranks; ++root) {
+      float* piece = b[3].data() + root * kShard;
+      SCIATTN_TRY(issue(
+          [&](CollectiveHandle* h) {
+            return comm.start_reduce(piece, kShard, root, ReduceOp::kMean, h);
+          },
+          [&] { return comm.reduce(piece, kShard, root, ReduceOp::kMean); }));
+    }
+    if (round == 0) {
+      // A called collective among started ones: it runs after them.
+      out->sum = me + 0.5;
+      SCIATTN_TRY(comm.all_reduce_sum(&out->sum));
+    }
+  }
+  for (auto h = handles.rbegin(); h != handles.rend(); ++h) SCIATTN_TRY(comm.wait(*h));
+  return Status::ok_status();
+}
+
+// Started collectives give the bits of the same collectives called in the same order, with many
+// handles outstanding and waited for in reverse order (most of them long finished by then).
+TEST_P(ThreadComm, StartedCollectivesRunInIssueOrder) {
+  const int ranks = GetParam();
+  constexpr int kRounds = 6;  // 6 x (4 + ranks) handles outstanding at the end
+  std::vector<Sequence> called(static_cast<size_t>(ranks)), started(called.size());
+  expect_all_ok(run_thread_ranks(ranks, [&](Communicator& comm) {
+    return run_sequence(comm, false, kRounds, &called[static_cast<size_t>(comm.rank())]);
+  }));
+  expect_all_ok(run_thread_ranks(ranks, [&](Communicator& comm) {
+    return run_sequence(comm, true, kRounds, &started[static_cast<size_t>(comm.rank())]);
+  }));
+  for (int r = 0; r < ranks; ++r) {
+    const Sequence &a = called[static_cast<size_t>(r)], &b = started[static_cast<size_t>(r)];
+    ASSERT_EQ(a.buffers.size(), b.buffers.size());
+    for (size_t k = 0; k < a.buffers.size(); ++k) {
+      EXPECT_TRUE(bitwise_equal(a.buffers[k].data(), b.buffers[k].data(), a.buffers[k].size()))
+          << "rank " << r << " buffer " << k;
+    }
+    EXPECT_EQ(a.sum, b.sum) << "rank " << r;
+  }
+  // The chain does something: its result is not the mean of the raw inputs.
+  const size_t n = 7 * static_cast<size_t>(ranks);
+  const std::vector<float> once = sequential_sum(ranks, n, 0, n, true);
+  EXPECT_FALSE(bitwise_equal(once.data(), called[0].buffers[0].data(), n));
+}
+
+// A start returns before its collective has run: rank 0 starts an all-reduce and only then lets
+// the other ranks reach it. (A start that ran the collective would wait for them forever; the
+// others then give up after a minute and the test fails, instead of hanging.)
+TEST_P(ThreadComm, StartReturnsBeforeALateRankArrives) {
+  const int ranks = GetParam();
+  const size_t n = 33;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool started = false;
+  std::vector<std::vector<float>> out(static_cast<size_t>(ranks));
+  expect_all_ok(run_thread_ranks(ranks, [&](Communicator& comm) -> Status {
+    std::vector<float> data = rank_input(comm.rank(), n);
+    if (comm.rank() == 0) {
+      CollectiveHandle h;
+      SCIATTN_TRY(comm.start_all_reduce_mean(data.data(), static_cast<int64_t>(n), &h));
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        started = true;
+      }
+      cv.notify_all();
+      SCIATTN_TRY(comm.wait(h));
+    } else {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return started; })) {
+        return Status::invalid_argument("rank 0's start did not return before the others came");
+      }
+      lock.unlock();
+      SCIATTN_TRY(comm.all_reduce_mean(data.data(), static_cast<int64_t>(n)));
+    }
+    out[static_cast<size_t>(comm.rank())] = data;
+    return Status::ok_status();
+  }));
+  const std::vector<float> ref = sequential_sum(ranks, n, 0, n, true);
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_TRUE(bitwise_equal(out[static_cast<size_t>(r)].data(), ref.data(), n)) << "rank " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadComm, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int>& i) {
                            return std::to_string(i.param) + "ranks";
@@ -406,6 +546,120 @@ TEST(ThreadCommErrors, SplitGroupsShareTheParentsFailures) {
   });
   EXPECT_NE(st[0].message().find("split: color must be >= 0"), std::string::npos)
       << st[0].message();
+}
+
+// A started collective's failure comes from its wait and names the collective: mismatched
+// counts, and a rank that fails while the others' reductions are in flight. Bad arguments are
+// refused by the start (no handle); unknown and already-waited handles by the wait.
+TEST(ThreadCommErrors, StartedCollectivesReportThroughWait) {
+  std::vector<Status> waits(2);
+  std::vector<Status> st = run_thread_ranks(2, [&](Communicator& comm) {
+    std::vector<float> data(4, 1.0f);
+    CollectiveHandle h;
+    Status s = comm.start_all_reduce_mean(data.data(), comm.rank() == 0 ? 4 : 3, &h);
+    if (!s.ok()) return s;
+    waits[static_cast<size_t>(comm.rank())] = comm.wait(h);
+    return Status::ok_status();
+  });
+  expect_all_ok(st);
+  for (const Status& s : waits) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("all_reduce_mean on rank"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("same counts"), std::string::npos) << s.message();
+  }
+  st = run_thread_ranks(3, [&](Communicator& comm) {
+    if (comm.rank() == 2) return Status::invalid_argument("the backward ran out of memory");
+    std::vector<float> data(8, 1.0f);
+    CollectiveHandle a, b;
+    Status s = comm.start_reduce(data.data(), 4, 0, ReduceOp::kMean, &a);
+    if (s.ok()) s = comm.start_reduce(data.data() + 4, 4, 1, ReduceOp::kMean, &b);
+    if (!s.ok()) return s;
+    const Status first = comm.wait(a), second = comm.wait(b);
+    EXPECT_NE(second.message().find("reduce on rank"), std::string::npos) << second.message();
+    return first;
+  });
+  for (int r : {0, 1}) {
+    ASSERT_FALSE(st[static_cast<size_t>(r)].ok());
+    EXPECT_NE(st[static_cast<size_t>(r)].message().find("reduce on rank"), std::string::npos)
+        << st[static_cast<size_t>(r)].message();
+    EXPECT_NE(st[static_cast<size_t>(r)].message().find("rank 2 failed: the backward ran out"),
+              std::string::npos)
+        << st[static_cast<size_t>(r)].message();
+  }
+  st = run_thread_ranks(2, [](Communicator& comm) {
+    float x[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    CollectiveHandle h;
+    Status s = comm.start_reduce(x, 4, 2, ReduceOp::kSum, &h);
+    EXPECT_NE(s.message().find("reduce: root must be in [0, 2); got 2"), std::string::npos)
+        << s.message();
+    EXPECT_EQ(h.id, 0u);
+    s = comm.start_reduce_scatter(x, x, -1, ReduceOp::kSum, &h);
+    EXPECT_NE(s.message().find("reduce_scatter: the count must be >= 0"), std::string::npos)
+        << s.message();
+    s = comm.start_all_reduce_mean(x, 4, nullptr);
+    EXPECT_NE(s.message().find("start_all_reduce_mean: the handle (out) must not be null"),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(comm.wait(CollectiveHandle{}).message().find("not an outstanding collective"),
+              std::string::npos);
+    SCIATTN_TRY(comm.start_all_reduce_mean(x, 4, &h));
+    SCIATTN_TRY(comm.barrier());  // the started one has run: the wait returns at once
+    SCIATTN_TRY(comm.wait(h));
+    EXPECT_EQ(x[3], 4.0f);  // the mean of equal inputs
+    EXPECT_NE(comm.wait(h).message().find("waited for already"), std::string::npos);
+    EXPECT_NE(comm.wait(CollectiveHandle{h.id + 1}).message().find("not an outstanding"),
+              std::string::npos);
+    return Status::ok_status();
+  });
+  expect_all_ok(st);
+}
+
+// A rank that returns ok with started collectives not waited for still runs them (the others
+// expect them); one that leaves them to a destroyed communicator fails the group instead of
+// leaving the others waiting.
+TEST(ThreadCommErrors, UnwaitedStartedCollectivesDoNotHang) {
+  std::vector<float> result(2, 0.0f);
+  std::vector<Status> st = run_thread_ranks(2, [&](Communicator& comm) {
+    float x = static_cast<float>(comm.rank()) + 1.0f;
+    if (comm.rank() == 0) {
+      CollectiveHandle h;
+      return comm.start_all_reduce_mean(&result[0], 1, &h);  // never waited for
+    }
+    Status s = comm.all_reduce_mean(&x, 1);
+    result[1] = x;
+    return s;
+  });
+  expect_all_ok(st);
+  std::vector<std::unique_ptr<ThreadCommunicator>> comms;
+  ASSERT_TRUE(ThreadCommunicator::create_group(2, &comms).ok());
+  float x = 1.0f;
+  CollectiveHandle h;
+  ASSERT_TRUE(comms[0]->start_all_reduce_mean(&x, 1, &h).ok());
+  comms[0].reset();  // rank 1 never came: the started collective fails instead of hanging
+  const Status s = comms[1]->barrier();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("destroyed with 1 started collective(s) not run"), std::string::npos)
+      << s.message();
+}
+
+// The base class's started collectives (SingleRankCommunicator, the TCP communicator) run at the
+// start and report at the wait.
+TEST(SingleRankComm, StartedCollectivesRunAtTheStart) {
+  SingleRankCommunicator comm;
+  std::vector<float> a = rank_input(0, 5), b(5, NAN);
+  CollectiveHandle h1, h2, h3;
+  ASSERT_TRUE(comm.start_reduce_scatter(a.data(), b.data(), 5, ReduceOp::kMean, &h1).ok());
+  EXPECT_TRUE(bitwise_equal(a.data(), b.data(), 5));  // already run
+  ASSERT_TRUE(comm.start_all_reduce_mean(a.data(), 5, &h2).ok());
+  ASSERT_TRUE(comm.start_reduce(a.data(), 5, 1, ReduceOp::kSum, &h3).ok());
+  EXPECT_EQ(h1.id + 1, h2.id);
+  EXPECT_TRUE(comm.wait(h2).ok());
+  EXPECT_TRUE(comm.wait(h1).ok());
+  const Status bad = comm.wait(h3);
+  EXPECT_NE(bad.message().find("reduce: root must be in [0, 1); got 1"), std::string::npos)
+      << bad.message();
+  EXPECT_NE(comm.wait(h1).message().find("waited for already"), std::string::npos);
+  EXPECT_FALSE(comm.start_reduce(a.data(), 5, 0, ReduceOp::kSum, nullptr).ok());
 }
 
 TEST(SingleRankComm, CopiesApartAndLeavesInPlace) {

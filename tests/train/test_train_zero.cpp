@@ -137,6 +137,7 @@ struct RankRuns {
   std::vector<std::vector<float>> gradients;  // per rank: the last step's reduced gradients
                                               // (ZeRO: its shard; otherwise all of them)
   std::vector<int64_t> shard_begin, buckets;
+  std::vector<int64_t> in_flight;  // per rank: ZeroOptimizer::max_in_flight_last_step
   int64_t total = 0;
   std::vector<MemoryLedger> ledgers;
 };
@@ -153,6 +154,7 @@ RankRuns train(int world, const std::string& json, int steps, const OptionsFn& o
   run.gradients.resize(static_cast<size_t>(world));
   run.shard_begin.assign(static_cast<size_t>(world), 0);
   run.buckets.assign(static_cast<size_t>(world), 0);
+  run.in_flight.assign(static_cast<size_t>(world), 0);
   run.ledgers.resize(static_cast<size_t>(world));
   const std::vector<Status> st = run_thread_ranks(world, [&](Communicator& comm) {
     const size_t r = static_cast<size_t>(comm.rank());
@@ -174,6 +176,7 @@ RankRuns train(int world, const std::string& json, int steps, const OptionsFn& o
     if (ZeroOptimizer* z = t->zero()) {
       run.shard_begin[r] = z->shard_begin();
       run.buckets[r] = z->buckets_last_step();
+      run.in_flight[r] = z->max_in_flight_last_step();
       s = z->shard_to_host(ZeroOptimizer::State::kExpAvg, &run.exp_avg[r]);
       if (!s.ok()) return s;
       return z->shard_to_host(ZeroOptimizer::State::kGradients, &run.gradients[r]);
@@ -557,6 +560,25 @@ GptConfig layered_config(int64_t layers) {
   return g;
 }
 
+// The plan of one of `world` ranks training `model` with the DeepSpeed config `json` on the CPU
+// (the tests' micro-batch and token chunk).
+PlanInput plan_input(const GptConfig& model, int world, const std::string& json) {
+  PlanInput in;
+  in.model = model;
+  in.micro_batch = 1;
+  in.compute_dtype = DType::kF32;
+  in.token_chunk = 8;
+  in.device = Device::kCpu;
+  in.world_size = world;
+  in.zero = parse(json, world).zero;
+  return in;
+}
+
+// fp16 with dynamic loss scaling from 2^10, ds_enhanced (config_json's `extra`).
+constexpr char kDsEnhancedFp16[] =
+    ", \"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 10, "
+    "\"hysteresis\": 1, \"type\": \"ds_enhanced\"}";
+
 // The gradient bytes of a ledger: its "model states" entries that hold gradients (the whole
 // buffer, or the group buffers and the ZeRO-2 shard).
 uint64_t gradient_bytes(const MemoryLedger& ledger) {
@@ -580,9 +602,7 @@ TEST_P(ZeroStages, ReusedGradientBuffersGiveTheWholeBufferBits) {
   const GptConfig model = layered_config(4);
   const ParameterLayout layout = gpt_parameter_layout(model, zero_parameter_multiple(world));
   const int gas = 3, steps = 3;
-  const std::string fp16 =
-      ", \"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 10, "
-      "\"hysteresis\": 1, \"type\": \"ds_enhanced\"}";
+  const std::string fp16 = kDsEnhancedFp16;
   auto whole = [](int, TrainerOptions* o) { o->zero2_whole_gradient_buffer = true; };
   auto overflow = [](bool whole_buffer) {
     return [whole_buffer](int rank, TrainerOptions* o) {
@@ -643,6 +663,99 @@ TEST_P(ZeroStages, ReusedGradientBuffersGiveTheWholeBufferBits) {
   EXPECT_LT(diff, 1e-2 * 3e-3);
 }
 
+// overlap_comm starts stage 2's bucket reductions and finishes them later (before their buffer
+// is reused, at the end of each backward): the same collectives in the same order, so the same
+// bits as calling them. Stages 0, 1 and 2, three micro-batches per rank, buckets from 13
+// elements (hundreds of pieces in flight at once) to one per micro-batch, with and without
+// reduce_scatter, fp32 and fp16 ds_enhanced with an overflow on one rank and clipping:
+// parameters, shards, m, losses, norms and bucket counts equal overlap_comm false's bit for bit.
+// The overlap costs one layer buffer more when the buckets leave layers to reuse, in the ledger
+// and in the plan alike.
+TEST_P(ZeroStages, OverlapCommGivesTheCalledBits) {
+  const int world = GetParam();
+  const GptConfig model = layered_config(4);
+  const ParameterLayout layout = gpt_parameter_layout(model, zero_parameter_multiple(world));
+  const int gas = 3, steps = 3;
+  const std::string fp16 = std::string(kDsEnhancedFp16) + ", \"gradient_clipping\": 0.05";
+  auto overflow = [](int rank, TrainerOptions* o) {
+    if (rank == 1) o->inject_overflow_steps = {2};
+  };
+  struct Case {
+    int stage;
+    int64_t bucket;
+    bool half;
+    std::string keys;
+  };
+  const std::vector<Case> cases = {
+      {0, 97, false, ""},        {0, 97, true, ""},
+      {1, 97, false, ""},        {1, 97, true, ""},
+      {2, 13, false, ""},        {2, 13, true, ""},
+      {2, 97, false, ""},        {2, 5000, true, ""},
+      {2, 500000000, false, ""}, {2, 97, false, ", \"reduce_scatter\": false"}};
+  const int64_t S = layout.groups[1].end - layout.groups[1].begin;
+  for (const Case& c : cases) {
+    const std::string what = "stage " + std::to_string(c.stage) + ", reduce_bucket_size " +
+                             std::to_string(c.bucket) + (c.half ? ", fp16 ds_enhanced" : "") +
+                             c.keys;
+    SCOPED_TRACE(what);
+    const std::string keys = ", \"reduce_bucket_size\": " + std::to_string(c.bucket) + c.keys;
+    const std::string extra = c.half ? fp16 : "";
+    const OptionsFn options = c.half ? OptionsFn(overflow) : OptionsFn();
+    const std::string json_off =
+        config_json(world, gas, c.stage, keys + ", \"overlap_comm\": false", extra);
+    const std::string json_on =
+        config_json(world, gas, c.stage, keys + ", \"overlap_comm\": true", extra);
+    const RankRuns off = train(world, json_off, steps, options, model);
+    const RankRuns on = train(world, json_on, steps, options, model);
+    ASSERT_EQ(on.total, off.total);
+    ASSERT_EQ(on.total, c.stage > 0 ? layout.total : gpt_parameter_layout(model).total);
+    for (int r = 0; r < world; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      EXPECT_TRUE(same_prefix(on.params[i], off.params[i], on.total))
+          << "rank " << r << ": max |diff| " << max_abs_diff(on.params[i], off.params[i], on.total);
+      EXPECT_TRUE(on.gradients[i] == off.gradients[i]) << "rank " << r;
+      EXPECT_TRUE(on.exp_avg[i] == off.exp_avg[i]) << "rank " << r;
+      EXPECT_EQ(on.buckets[i], off.buckets[i]) << "rank " << r;
+      EXPECT_EQ(off.in_flight[i], 0) << "rank " << r;
+      if (c.stage == 2 && c.bucket == 13) {
+        // Tiny buckets: many pieces in flight at once (a layer's worth before its buffer is
+        // needed again).
+        EXPECT_GT(on.in_flight[i], S / 13) << "rank " << r;
+      } else if (c.stage != 2) {
+        EXPECT_EQ(on.in_flight[i], 0) << "rank " << r;
+      }
+      for (int k = 0; k < steps; ++k) {
+        const StepReport &a = on.reports[i][static_cast<size_t>(k)],
+                         &b = off.reports[i][static_cast<size_t>(k)];
+        EXPECT_EQ(a.loss, b.loss) << "step " << k;
+        EXPECT_EQ(a.skipped, b.skipped) << "step " << k;
+        EXPECT_EQ(a.skipped, c.half && k == 1) << "step " << k;
+        if (!a.skipped) {
+          EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << k;
+          EXPECT_EQ(a.clip_coefficient, b.clip_coefficient) << "step " << k;
+        }
+      }
+      if (c.half) {
+        // The clipping threshold was met in some step, so the coefficient was exercised.
+        EXPECT_TRUE(std::any_of(on.reports[i].begin(), on.reports[i].end(),
+                                [](const StepReport& s) { return s.clip_coefficient < 1.0; }))
+            << "rank " << r;
+      }
+    }
+    if (c.stage == 2) {
+      // The memory: one layer buffer more with overlap, unless every layer has one already.
+      const int64_t k_off = zero_layer_gradient_buffers(layout, c.bucket);
+      const int64_t k_on = zero_layer_gradient_buffers(layout, c.bucket, true);
+      EXPECT_EQ(k_on, std::min<int64_t>(k_off + 1, model.n_layers));
+      EXPECT_EQ(gradient_bytes(on.ledgers[0]),
+                gradient_bytes(off.ledgers[0]) + 4 * static_cast<uint64_t>((k_on - k_off) * S));
+      MemoryPlan plan;
+      ASSERT_TRUE(plan_training_memory(plan_input(model, world, json_on), &plan).ok());
+      EXPECT_EQ(gradient_bytes(plan.ledger), gradient_bytes(on.ledgers[0]));
+    }
+  }
+}
+
 // The gradient memory of a stage-2 rank in its ledger is the arithmetic's: the embeddings' group
 // E, the head group H, k = zero_layer_gradient_buffers layer buffers of S elements and the
 // reduced shard total / N, 4 bytes each, where stage 1 holds the whole buffer (4 total bytes);
@@ -700,16 +813,8 @@ TEST_P(ZeroStages, PlanIsTheRanksLedger) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const std::string json = config_json(world, 2, stage, ", \"reduce_bucket_size\": 97");
     const RankRuns z = train(world, json, 1, {}, model);
-    PlanInput in;
-    in.model = model;
-    in.micro_batch = 1;
-    in.compute_dtype = DType::kF32;
-    in.token_chunk = 8;
-    in.device = Device::kCpu;
-    in.world_size = world;
-    in.zero = parse(json, world).zero;
     MemoryPlan plan;
-    ASSERT_TRUE(plan_training_memory(in, &plan).ok());
+    ASSERT_TRUE(plan_training_memory(plan_input(model, world, json), &plan).ok());
     uint64_t planned = 0;
     for (const auto& e : plan.ledger.entries()) {
       if (e.category != "back end") planned += e.bytes;

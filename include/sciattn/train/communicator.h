@@ -19,9 +19,33 @@
 //     an order of its own (equal to rank order for two ranks), so its last bits may differ.
 //   - A count of 0 is allowed and moves nothing; negative counts and a root outside
 //     [0, world_size()) are refused with kInvalidArgument naming the argument.
+//
+// Started collectives (start_all_reduce_mean, start_reduce_scatter, start_reduce; DeepSpeed's
+// overlap_comm): the gradient path's three reductions can also be started, returning a handle at
+// once, and waited for later, so that a rank computes (the backward of the next layers) while
+// they run. Their rules:
+//   - Issue order is run order. Started and called collectives of one communicator run one at a
+//     time in the order this rank issued them, and every rank issues the same sequence (the first
+//     rule above counts a start as the call). A called collective issued while started ones are
+//     outstanding runs after them. So the results are those of calling the same collectives in
+//     the same order, bit for bit, and the reduction order stays fixed.
+//   - Between the start and the wait the buffers belong to the communicator: the caller neither
+//     reads nor writes them. wait(handle) returns when the collective's outputs are this rank's
+//     and its inputs may be reused: written, for host-memory communicators; for a device
+//     communicator (NCCL), ordered before all the work queued afterwards on the stream it was
+//     made with (the back end's), so that the back end's later calls see them.
+//   - Each handle is waited for once, in any order (a handle whose collective has finished
+//     returns at once). A collective's failure is returned by its wait, naming the collective.
+//     A start that fails started nothing and issued no handle (bad arguments, checked at once by
+//     the thread and NCCL communicators; the base class reports them through the wait instead).
+//     Every handle must be waited for before the communicator is destroyed.
+//   - The base class's start runs the collective to completion and keeps its Status for the
+//     wait (no overlap), so every communicator supports the calls; ThreadCommunicator runs them
+//     on a progress thread per rank, and the NCCL communicator on a communication stream.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 
 #include "sciattn/dtype.h"
@@ -34,6 +58,12 @@ enum class ReduceOp {
   kMean,  // the sum divided by world_size()
 };
 const char* reduce_op_name(ReduceOp op);  // "sum", "mean"
+
+// A started collective, for Communicator::wait: its number in this communicator's sequence of
+// started collectives (1, 2, ...); 0 is no collective.
+struct CollectiveHandle {
+  uint64_t id = 0;
+};
 
 class Communicator {
  public:
@@ -71,6 +101,16 @@ class Communicator {
   // Returns when every rank has called it.
   virtual Status barrier() = 0;
 
+  // The started forms of all_reduce_mean, reduce_scatter and reduce (the rules at the top of
+  // this file): the same arguments and results, the handle in *out.
+  virtual Status start_all_reduce_mean(float* data, int64_t n, CollectiveHandle* out);
+  virtual Status start_reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op,
+                                      CollectiveHandle* out);
+  virtual Status start_reduce(float* data, int64_t n, int root, ReduceOp op, CollectiveHandle* out);
+  // Waits for a started collective and returns its Status. A handle that was not issued by this
+  // communicator, or was waited for already, gives kInvalidArgument.
+  virtual Status wait(CollectiveHandle handle);
+
   // Splits the group into subgroups (a collective; NCCL: ncclCommSplit). Every rank passes a
   // color (>= 0) and a key; the ranks with one color form one new group, ranked by key (ties by
   // their rank here), and each gets in *out its communicator of that group. The new group keeps
@@ -78,7 +118,18 @@ class Communicator {
   // of different colors run theirs independently. It must not outlive this communicator. (The
   // trainer's sequence-parallel groups are color rank / sequence_parallel_size, key rank.)
   virtual Status split(int color, int key, std::unique_ptr<Communicator>* out) = 0;
+
+ private:
+  // The base class's started collectives: their Status, kept until they are waited for.
+  Status finished(const Status& s, CollectiveHandle* out);
+  uint64_t started_ = 0;
+  std::map<uint64_t, Status> unwaited_;
 };
+
+// The message of a wait on a handle that a communicator did not issue or that was waited for.
+Status unknown_handle(CollectiveHandle handle);
+// The check of a start's handle pointer (not null); the message names the call.
+Status check_handle_out(const char* name, const CollectiveHandle* out);
 
 // One rank: every collective leaves the data as it is, or copies send to recv when they differ
 // (with memcpy: out-of-place calls need host memory; in-place calls touch nothing, so the

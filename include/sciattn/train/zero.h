@@ -25,6 +25,16 @@
 // fp16 "ds_enhanced": each rank checks its own scaled local gradients for Inf/NaN and unscales
 // them before any reduction (stage 2: bucket by bucket); standard: the reduced shard is checked.
 //
+// overlap_comm (stage 2): each piece of a bucket is started (Communicator::start_reduce, or
+// start_all_reduce_mean without reduce_scatter) instead of called, and finished later, in issue
+// order: its wait, the owner's addition to its shard and the zeroing of its local gradients. A
+// piece is finished just before the backward writes the buffer that holds it again (a reused
+// layer buffer) and at the end of each micro-batch's backward, so the reductions run while the
+// next layers' backward computes, and the results are the called path's bits. The trainer gives
+// the model one layer buffer more for it (zero_layer_gradient_buffers with overlap_comm), so
+// that the buffer the next layer takes was last used at least one layer earlier. Stage 1's
+// reduction is one call after the backward: overlap_comm changes nothing there.
+//
 // Reductions are elementwise and in rank order, so the result does not depend on the bucket size
 // or on reduce_scatter / allgather_partitions, and with one micro-batch per rank it equals the
 // replicated data-parallel trainer (stage 0) bit for bit; with several micro-batches per rank,
@@ -32,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -55,8 +66,11 @@ inline int64_t zero_parameter_multiple(int world_size) {
 // Stage 2's layer gradient buffers (MemoryOptions::layer_gradient_buffers) for buckets of
 // `reduce_bucket_size` elements: when a layer's backward starts, what is not reduced yet is
 // fewer than a bucket's elements above that layer, so buffers of layer size S are free again
-// after 1 + ceil((bucket - 1) / S) layers; never more than the layers.
-int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size);
+// after 1 + ceil((bucket - 1) / S) layers; never more than the layers. With overlap_comm, one
+// more (still at most the layers): a buffer is reused one layer after the last reduction that
+// reads it was started, so that the reduction has that layer's backward to run beside.
+int64_t zero_layer_gradient_buffers(const ParameterLayout& layout, int64_t reduce_bucket_size,
+                                    bool overlap_comm = false);
 
 // The ledger entries of a rank's ZeRO state (what ZeroOptimizer allocates): the master weights'
 // shard unless the weights are fp32 (they are their own master), m and v, and at stage 2 the
@@ -110,6 +124,9 @@ class ZeroOptimizer final : public ParameterHooks {
 
   // The buckets stage 2 reduced in the current or last step (all its micro-batches).
   int64_t buckets_last_step() const { return buckets_; }
+  // With overlap_comm, the most bucket pieces whose reductions were in flight at once in the
+  // current or last step (0 without overlap_comm: each piece is reduced when it is cut).
+  int64_t max_in_flight_last_step() const { return max_in_flight_; }
 
   // This rank's shard of the state, as host values (shard_size() floats each): the fp32 master
   // weights, AdamW's m and v, and the reduced gradients of the last step.
@@ -126,12 +143,29 @@ class ZeroOptimizer final : public ParameterHooks {
   void add_memory(MemoryLedger* ledger) const;
 
  private:
+  // One contiguous piece [lo, hi) of a bucket, whose local gradients start at `grads` in the
+  // buffer of parameter group `group` (-1: the whole gradient buffer), and the handles of its
+  // started collectives (overlap_comm).
+  struct Piece {
+    int64_t lo = 0, hi = 0;
+    float* grads = nullptr;
+    int64_t group = -1;
+    std::vector<CollectiveHandle> handles;
+  };
+
   ZeroOptimizer() = default;
   // Stage 2: checks (ds_enhanced), unscales and reduces flat range [lo, hi) of the local
-  // gradients into the owners' shards, then zeroes it.
+  // gradients into the owners' shards, then zeroes it (with overlap_comm: starts the reduction).
   Status reduce_bucket(int64_t lo, int64_t hi);
-  // One contiguous piece [lo, hi) of a bucket, whose local gradients start at `piece`.
-  Status reduce_piece(int64_t lo, int64_t hi, float* piece);
+  Status reduce_piece(Piece piece);
+  // After a piece's reduction: the owner's addition to its shard, the local gradients zeroed.
+  Status finish_piece(const Piece& piece);
+  // Waits for and finishes the first `count` pieces in flight, in order (all of them are waited
+  // for even after a failure; the first failure is returned).
+  Status finish_pieces(size_t count);
+  // Before the backward writes group `group`'s gradients: finishes the pieces in flight (and
+  // those before them) that another group left in the same buffer.
+  Status finish_buffer_of(int64_t group);
   const float* gradient_shard() const;
 
   ZeroConfig config_;
@@ -153,6 +187,9 @@ class ZeroOptimizer final : public ParameterHooks {
   int64_t reduced_lo_ = 0;  // stage 2: [reduced_lo_, total_) is reduced in this micro-batch
   int64_t buckets_ = 0;
   int64_t inject_ = -1;
+  bool overlap_ = false;         // stage 2 with overlap_comm
+  std::deque<Piece> in_flight_;  // started, not finished, in issue order
+  int64_t max_in_flight_ = 0;
 };
 
 }  // namespace sciattn::train

@@ -1,11 +1,21 @@
 // The Communicator over NCCL (make_nccl_communicator in process_group.h): one process per GPU,
-// buffers in that GPU's memory, every collective queued on the trainer's CUDA stream. CUDA layer
-// of the trainer; built only where NCCL is found (cmake/sciattn_nccl.cmake).
+// buffers in that GPU's memory, every collective queued on a communication stream of its own
+// after the work queued so far on the trainer's CUDA stream. CUDA layer of the trainer; built
+// only where NCCL is found (cmake/sciattn_nccl.cmake).
 //
 // What holds of communicator.h's rules here:
-//   - Every call returns after synchronizing the stream, so outputs are written and inputs may be
-//     reused when it returns, as the interface says (overlapping the reductions with the backward
-//     would need the trainer to wait on events instead).
+//   - Every collective, called or started, is queued on the communication stream in issue order,
+//     behind an event recorded on the trainer's stream at the call (so it reads what the work
+//     queued before it wrote). NCCL runs one communicator's collectives in the order they are
+//     queued, and one stream keeps that order on the device too.
+//   - A called collective returns after synchronizing the communication stream, so outputs are
+//     written and inputs may be reused when it returns, as the interface says.
+//   - A started collective records an event on the communication stream after its work; wait()
+//     makes the trainer's stream wait for that event (cudaStreamWaitEvent) without blocking the
+//     host, so the back end's later calls (the next writer of the buffer among them) run after
+//     the collective, and the kernels queued between the start and the wait (the backward's)
+//     run beside it. A failure while queueing is returned by the wait; an asynchronous NCCL
+//     error (ncclCommGetAsyncError) by the wait that sees it, or by the next called collective.
 //   - Sums over ranks are NCCL's (ncclSum), and a mean is that sum divided by world_size() once
 //     (a kernel here), as the interface defines it. NCCL does not add in rank order: the order
 //     depends on its algorithm (ring, tree, NVLS), protocol and topology. Its all-reduce and
@@ -22,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -69,8 +80,11 @@ class NcclCommunicator final : public Communicator {
       : rank_(rank), world_size_(world_size), device_(device), stream_(stream) {}
 
   ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    for (auto& entry : started_) {
+      if (entry.second.done != nullptr) cudaEventDestroy(entry.second.done);
+    }
     if (comm_ != nullptr) {
-      cudaSetDevice(device_);
       // A communicator whose last call failed may have peers that never answer: abort it rather
       // than wait in the destroy.
       if (failed_) {
@@ -80,12 +94,14 @@ class NcclCommunicator final : public Communicator {
       }
     }
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
   }
 
-  // Creates the NCCL communicator from the unique id (a collective over the group) and the
-  // scratch of the scalar calls.
+  // Creates the NCCL communicator from the unique id (a collective over the group), the
+  // communication stream and the scratch of the scalar calls.
   Status init(const ncclUniqueId& id) {
-    Status s = cuda("cudaMalloc", cudaMalloc(&scratch_, 2 * sizeof(double)));
+    Status s = allocate();
     if (!s.ok()) return s;
     return nccl("the group's creation", "ncclCommInitRank",
                 ncclCommInitRank(&comm_, world_size_, id, rank_));
@@ -97,10 +113,15 @@ class NcclCommunicator final : public Communicator {
   Status all_reduce_mean(float* data, int64_t n) override {
     Status s = check_collective("all_reduce_mean", n, world_size_, DType::kF32);
     if (!s.ok() || n == 0) return s;
-    SCIATTN_NCCL_TRY(
-        "all_reduce_mean", "ncclAllReduce",
-        ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, comm_, stream_));
-    return divide_and_finish("all_reduce_mean", data, n);
+    return call("all_reduce_mean", [&] { return queue_all_reduce_mean(data, n); });
+  }
+
+  Status start_all_reduce_mean(float* data, int64_t n, CollectiveHandle* out) override {
+    Status s = check_handle_out("start_all_reduce_mean", out);
+    if (s.ok()) s = check_collective("all_reduce_mean", n, world_size_, DType::kF32);
+    if (!s.ok()) return s;
+    return start(
+        "all_reduce_mean", n == 0, [&] { return queue_all_reduce_mean(data, n); }, out);
   }
 
   Status all_reduce_max(double* value) override {
@@ -126,30 +147,60 @@ class NcclCommunicator final : public Communicator {
   Status reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) override {
     Status s = check_collective("reduce_scatter", shard, world_size_, DType::kF32);
     if (!s.ok() || shard == 0) return s;
-    SCIATTN_NCCL_TRY("reduce_scatter", "ncclReduceScatter",
-                     ncclReduceScatter(send, recv, static_cast<size_t>(shard), ncclFloat32, ncclSum,
-                                       comm_, stream_));
-    return op == ReduceOp::kMean ? divide_and_finish("reduce_scatter", recv, shard)
-                                 : finish("reduce_scatter");
+    return call("reduce_scatter", [&] { return queue_reduce_scatter(send, recv, shard, op); });
+  }
+
+  Status start_reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op,
+                              CollectiveHandle* out) override {
+    Status s = check_handle_out("start_reduce_scatter", out);
+    if (s.ok()) s = check_collective("reduce_scatter", shard, world_size_, DType::kF32);
+    if (!s.ok()) return s;
+    return start(
+        "reduce_scatter", shard == 0, [&] { return queue_reduce_scatter(send, recv, shard, op); },
+        out);
   }
 
   Status reduce(float* data, int64_t n, int root, ReduceOp op) override {
     Status s = check_collective("reduce", n, world_size_, DType::kF32, root);
     if (!s.ok() || n == 0) return s;
-    SCIATTN_NCCL_TRY(
-        "reduce", "ncclReduce",
-        ncclReduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, root, comm_, stream_));
-    return op == ReduceOp::kMean && rank_ == root ? divide_and_finish("reduce", data, n)
-                                                  : finish("reduce");
+    return call("reduce", [&] { return queue_reduce(data, n, root, op); });
+  }
+
+  Status start_reduce(float* data, int64_t n, int root, ReduceOp op,
+                      CollectiveHandle* out) override {
+    Status s = check_handle_out("start_reduce", out);
+    if (s.ok()) s = check_collective("reduce", n, world_size_, DType::kF32, root);
+    if (!s.ok()) return s;
+    return start(
+        "reduce", n == 0, [&] { return queue_reduce(data, n, root, op); }, out);
+  }
+
+  Status wait(CollectiveHandle handle) override {
+    const auto it = started_.find(handle.id);
+    if (it == started_.end()) return unknown_handle(handle);
+    const Started e = it->second;
+    started_.erase(it);
+    cudaSetDevice(device_);
+    if (e.done == nullptr) return e.status;
+    // The trainer's stream (the buffer's next reader or writer) waits for the collective; the
+    // event's resources go once it has completed.
+    const cudaError_t w = cudaStreamWaitEvent(stream_, e.done, 0);
+    cudaEventDestroy(e.done);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess) return nccl(e.name, "the queued work", async);
+    return cuda((std::string(e.name) + ": cudaStreamWaitEvent").c_str(), w);
   }
 
   Status all_gather(const void* send, void* recv, int64_t shard, DType dtype) override {
     Status s = check_collective("all_gather", shard, world_size_, dtype);
     if (!s.ok() || shard == 0) return s;
-    SCIATTN_NCCL_TRY(
-        "all_gather", "ncclAllGather",
-        ncclAllGather(send, recv, static_cast<size_t>(shard), nccl_type(dtype), comm_, stream_));
-    return finish("all_gather");
+    return call("all_gather", [&]() -> Status {
+      SCIATTN_NCCL_TRY("all_gather", "ncclAllGather",
+                       ncclAllGather(send, recv, static_cast<size_t>(shard), nccl_type(dtype),
+                                     comm_, comm_stream_));
+      return Status::ok_status();
+    });
   }
 
   Status all_to_all(const void* send, void* recv, int64_t chunk, DType dtype) override {
@@ -158,32 +209,37 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = static_cast<size_t>(chunk) * dtype_size(dtype);
     const auto* src = static_cast<const unsigned char*>(send);
     auto* dst = static_cast<unsigned char*>(recv);
-    // One send and one receive per peer (itself included), fused into one group so that NCCL
-    // progresses them together.
-    SCIATTN_NCCL_TRY("all_to_all", "ncclGroupStart", ncclGroupStart());
-    for (int q = 0; q < world_size_; ++q) {
-      const size_t offset = static_cast<size_t>(q) * bytes;
-      ncclResult_t r =
-          ncclSend(src + offset, static_cast<size_t>(chunk), nccl_type(dtype), q, comm_, stream_);
-      if (r == ncclSuccess) {
-        r = ncclRecv(dst + offset, static_cast<size_t>(chunk), nccl_type(dtype), q, comm_, stream_);
+    return call("all_to_all", [&]() -> Status {
+      // One send and one receive per peer (itself included), fused into one group so that NCCL
+      // progresses them together.
+      SCIATTN_NCCL_TRY("all_to_all", "ncclGroupStart", ncclGroupStart());
+      for (int q = 0; q < world_size_; ++q) {
+        const size_t offset = static_cast<size_t>(q) * bytes;
+        ncclResult_t r = ncclSend(src + offset, static_cast<size_t>(chunk), nccl_type(dtype), q,
+                                  comm_, comm_stream_);
+        if (r == ncclSuccess) {
+          r = ncclRecv(dst + offset, static_cast<size_t>(chunk), nccl_type(dtype), q, comm_,
+                       comm_stream_);
+        }
+        if (r != ncclSuccess) {
+          ncclGroupEnd();
+          return nccl("all_to_all", "ncclSend/ncclRecv", r);
+        }
       }
-      if (r != ncclSuccess) {
-        ncclGroupEnd();
-        return nccl("all_to_all", "ncclSend/ncclRecv", r);
-      }
-    }
-    SCIATTN_NCCL_TRY("all_to_all", "ncclGroupEnd", ncclGroupEnd());
-    return finish("all_to_all");
+      SCIATTN_NCCL_TRY("all_to_all", "ncclGroupEnd", ncclGroupEnd());
+      return Status::ok_status();
+    });
   }
 
   Status broadcast(void* data, int64_t n, DType dtype, int root) override {
     Status s = check_collective("broadcast", n, world_size_, dtype, root);
     if (!s.ok() || n == 0) return s;
-    SCIATTN_NCCL_TRY(
-        "broadcast", "ncclBroadcast",
-        ncclBroadcast(data, data, static_cast<size_t>(n), nccl_type(dtype), root, comm_, stream_));
-    return finish("broadcast");
+    return call("broadcast", [&]() -> Status {
+      SCIATTN_NCCL_TRY("broadcast", "ncclBroadcast",
+                       ncclBroadcast(data, data, static_cast<size_t>(n), nccl_type(dtype), root,
+                                     comm_, comm_stream_));
+      return Status::ok_status();
+    });
   }
 
   Status barrier() override {
@@ -194,9 +250,13 @@ class NcclCommunicator final : public Communicator {
   }
 
   // ncclCommSplit: the ranks of one color form a group ranked by key, ties by rank (the
-  // interface's rule), on the same device and stream.
+  // interface's rule), on the same device and trainer stream, with a communication stream of
+  // its own.
   Status split(int color, int key, std::unique_ptr<Communicator>* out) override {
     Status s = check_split(color, out);
+    if (!s.ok()) return s;
+    // The split is a collective: it comes after every started collective of this group.
+    s = call("split", [] { return Status::ok_status(); });
     if (!s.ok()) return s;
     cudaSetDevice(device_);
     ncclComm_t sub = nullptr;
@@ -206,13 +266,35 @@ class NcclCommunicator final : public Communicator {
     SCIATTN_NCCL_TRY("split", "ncclCommCount", ncclCommCount(sub, &sub_size));
     auto group = std::make_unique<NcclCommunicator>(sub_rank, sub_size, device_, stream_);
     group->comm_ = sub;  // owned (destroyed) by the new communicator from here
-    s = group->cuda("cudaMalloc", cudaMalloc(&group->scratch_, 2 * sizeof(double)));
+    s = group->allocate();
     if (!s.ok()) return s;
     *out = std::move(group);
     return Status::ok_status();
   }
 
  private:
+  // A started collective until its wait: its name, the event after its work (null when nothing
+  // was queued) and the outcome of queueing it.
+  struct Started {
+    const char* name = nullptr;
+    cudaEvent_t done = nullptr;
+    Status status;
+  };
+
+  // The communication stream (non-blocking: it does not wait for the legacy default stream),
+  // the event that orders it after the trainer's stream, and the scalar calls' scratch.
+  Status allocate() {
+    cudaSetDevice(device_);
+    Status s = cuda("cudaStreamCreateWithFlags",
+                    cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    if (s.ok()) {
+      s = cuda("cudaEventCreateWithFlags",
+               cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    }
+    if (s.ok()) s = cuda("cudaMalloc", cudaMalloc(&scratch_, 2 * sizeof(double)));
+    return s;
+  }
+
   Status nccl(const char* collective, const char* call, ncclResult_t r) {
     failed_ = true;
     std::string text = std::string("NCCL ") + collective + " on rank " + std::to_string(rank_) +
@@ -231,37 +313,105 @@ class NcclCommunicator final : public Communicator {
                                                 " failed: " + cudaGetErrorString(e));
   }
 
-  // Waits for the stream, so that the call's outputs are written when it returns; a failure in
-  // the queued work (or an asynchronous NCCL error) names the collective.
+  // Orders the communication stream after the work queued so far on the trainer's stream.
+  Status after_trainer_stream(const char* collective) {
+    cudaSetDevice(device_);
+    cudaError_t e = cudaEventRecord(ready_, stream_);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(comm_stream_, ready_, 0);
+    return cuda((std::string(collective) + ": ordering after the trainer's stream").c_str(), e);
+  }
+
+  // A called collective: queued by `queue` behind the trainer's stream, then waited for.
+  template <class Queue>
+  Status call(const char* collective, Queue queue) {
+    Status s = after_trainer_stream(collective);
+    if (s.ok()) s = queue();
+    if (!s.ok()) return s;
+    return finish(collective);
+  }
+
+  // A started collective: queued the same way (unless `empty`), its completion event recorded,
+  // the handle issued; a failure is kept for the wait.
+  template <class Queue>
+  Status start(const char* collective, bool empty, Queue queue, CollectiveHandle* out) {
+    Started e;
+    e.name = collective;
+    if (!empty) {
+      e.status = after_trainer_stream(collective);
+      if (e.status.ok()) e.status = queue();
+      cudaEvent_t done = nullptr;
+      if (e.status.ok()) {
+        e.status = cuda((std::string(collective) + ": cudaEventCreateWithFlags").c_str(),
+                        cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      }
+      if (e.status.ok()) {
+        e.status = cuda((std::string(collective) + ": cudaEventRecord").c_str(),
+                        cudaEventRecord(done, comm_stream_));
+        if (e.status.ok()) {
+          e.done = done;
+        } else {
+          cudaEventDestroy(done);
+        }
+      }
+    }
+    out->id = ++issued_;
+    started_[out->id] = e;
+    return Status::ok_status();
+  }
+
+  Status queue_all_reduce_mean(float* data, int64_t n) {
+    SCIATTN_NCCL_TRY("all_reduce_mean", "ncclAllReduce",
+                     ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, comm_,
+                                   comm_stream_));
+    return divide("all_reduce_mean", data, n);
+  }
+
+  Status queue_reduce_scatter(const float* send, float* recv, int64_t shard, ReduceOp op) {
+    SCIATTN_NCCL_TRY("reduce_scatter", "ncclReduceScatter",
+                     ncclReduceScatter(send, recv, static_cast<size_t>(shard), ncclFloat32, ncclSum,
+                                       comm_, comm_stream_));
+    return op == ReduceOp::kMean ? divide("reduce_scatter", recv, shard) : Status::ok_status();
+  }
+
+  Status queue_reduce(float* data, int64_t n, int root, ReduceOp op) {
+    SCIATTN_NCCL_TRY("reduce", "ncclReduce",
+                     ncclReduce(data, data, static_cast<size_t>(n), ncclFloat32, ncclSum, root,
+                                comm_, comm_stream_));
+    return op == ReduceOp::kMean && rank_ == root ? divide("reduce", data, n) : Status::ok_status();
+  }
+
+  // Waits for the communication stream (every collective queued so far, started ones
+  // included), so that the call's outputs are written when it returns; a failure in the queued
+  // work (or an asynchronous NCCL error) names the collective.
   Status finish(const char* collective) {
-    const cudaError_t e = cudaStreamSynchronize(stream_);
+    const cudaError_t e = cudaStreamSynchronize(comm_stream_);
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess) return nccl(collective, "the queued work", async);
     return cuda((std::string(collective) + ": the queued work").c_str(), e);
   }
 
-  Status divide_and_finish(const char* collective, float* data, int64_t n) {
+  // The mean's division by the world size, queued on the communication stream.
+  Status divide(const char* collective, float* data, int64_t n) {
     const int64_t blocks =
         std::min<int64_t>(kDivideMaxBlocks, (n + kDivideThreads - 1) / kDivideThreads);
-    divide_kernel<<<static_cast<unsigned>(blocks), kDivideThreads, 0, stream_>>>(
+    divide_kernel<<<static_cast<unsigned>(blocks), kDivideThreads, 0, comm_stream_>>>(
         data, n, static_cast<float>(world_size_));
-    Status s = cuda((std::string(collective) + ": the division by the world size").c_str(),
-                    cudaGetLastError());
-    if (!s.ok()) return s;
-    return finish(collective);
+    return cuda((std::string(collective) + ": the division by the world size").c_str(),
+                cudaGetLastError());
   }
 
   // Two host doubles through the device scratch, reduced with `op` on every rank.
   Status scalar(const char* collective, const double host[2], double result[2], ncclRedOp_t op) {
-    cudaSetDevice(device_);
-    Status s = cuda(collective, cudaMemcpyAsync(scratch_, host, 2 * sizeof(double),
-                                                cudaMemcpyHostToDevice, stream_));
+    Status s = after_trainer_stream(collective);
+    if (!s.ok()) return s;
+    s = cuda(collective, cudaMemcpyAsync(scratch_, host, 2 * sizeof(double), cudaMemcpyHostToDevice,
+                                         comm_stream_));
     if (!s.ok()) return s;
     SCIATTN_NCCL_TRY(collective, "ncclAllReduce",
-                     ncclAllReduce(scratch_, scratch_, 2, ncclFloat64, op, comm_, stream_));
+                     ncclAllReduce(scratch_, scratch_, 2, ncclFloat64, op, comm_, comm_stream_));
     s = cuda(collective, cudaMemcpyAsync(result, scratch_, 2 * sizeof(double),
-                                         cudaMemcpyDeviceToHost, stream_));
+                                         cudaMemcpyDeviceToHost, comm_stream_));
     if (!s.ok()) return s;
     return finish(collective);
   }
@@ -271,10 +421,14 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0;
   int world_size_ = 1;
   int device_ = 0;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // the trainer's (the back end's) stream
+  cudaStream_t comm_stream_ = nullptr;  // every collective's work
+  cudaEvent_t ready_ = nullptr;         // recorded on stream_ before each collective
   ncclComm_t comm_ = nullptr;
   double* scratch_ = nullptr;
   bool failed_ = false;
+  uint64_t issued_ = 0;                  // started collectives so far
+  std::map<uint64_t, Started> started_;  // not yet waited for, by handle
 };
 
 }  // namespace
