@@ -74,6 +74,7 @@ DeviceEntry probe(int device) {
         capability(k.major, k.minor) + "\" (the Python package)");
     return e;
   }
+  k.smem_limit = static_cast<int>(prop.sharedMemPerBlockOptin);
   k.binary_arch = attr.binaryVersion;
   k.ptx_arch = attr.ptxVersion;
   k.warpgroup_mma =
@@ -101,7 +102,8 @@ Status current_device_kernels(DeviceKernels* out) {
   }
   if (!entry.status.ok()) return entry.status;
   *out = entry.kernels;
-  if (path == KernelPath::kPortable) out->warpgroup_mma = false;
+  if (path != KernelPath::kAuto) out->warpgroup_mma = false;
+  if (path == KernelPath::kPortable99k && out->smem_limit > kSmem99k) out->smem_limit = kSmem99k;
   return Status::ok_status();
 }
 

@@ -28,8 +28,15 @@ TEST(CudaKernelPath, PortableKeepsToTheMmaSyncKernels) {
   EXPECT_EQ(path, KernelPath::kPortable);
 }
 
+TEST(CudaKernelPath, Portable99kAlsoKeepsTo99KiBOfSharedMemory) {
+  KernelPath path = KernelPath::kAuto;
+  ASSERT_TRUE(kernel_path_of("portable-99k", &path).ok());
+  EXPECT_EQ(path, KernelPath::kPortable99k);
+  EXPECT_EQ(sciattn::cuda::kSmem99k, 99 * 1024);
+}
+
 TEST(CudaKernelPath, OtherValuesAreNamed) {
-  for (const char* value : {"Portable", "wgmma", " auto", "sm80"}) {
+  for (const char* value : {"Portable", "wgmma", " auto", "sm80", "portable-96k"}) {
     KernelPath path = KernelPath::kAuto;
     const Status s = kernel_path_of(value, &path);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << value;
@@ -38,6 +45,7 @@ TEST(CudaKernelPath, OtherValuesAreNamed) {
         << s.message();
     EXPECT_NE(s.message().find("auto"), std::string::npos) << s.message();
     EXPECT_NE(s.message().find("portable"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("portable-99k"), std::string::npos) << s.message();
   }
 }
 

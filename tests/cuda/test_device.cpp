@@ -88,11 +88,20 @@ TEST(CudaDevice, KernelsForThisDevice) {
   EXPECT_GE(k.ptx_arch, 80) << k.name;
   EXPECT_EQ(k.warpgroup_mma, cuda::kBuildHasWarpgroupMma && k.major == 9 && k.minor == 0)
       << k.name << " with the build's " << cuda::kBuildCudaArchs;
-  const KernelPathVariable portable("portable");
-  cuda::DeviceKernels p;
-  ASSERT_TRUE(cuda::current_device_kernels(&p).ok());
-  EXPECT_FALSE(p.warpgroup_mma);
-  EXPECT_EQ(p.major, k.major);
+  EXPECT_GE(k.smem_limit, 99 * 1024) << k.name;
+  {
+    const KernelPathVariable portable("portable");
+    cuda::DeviceKernels p;
+    ASSERT_TRUE(cuda::current_device_kernels(&p).ok());
+    EXPECT_FALSE(p.warpgroup_mma);
+    EXPECT_EQ(p.major, k.major);
+    EXPECT_EQ(p.smem_limit, k.smem_limit);
+  }
+  const KernelPathVariable small("portable-99k");
+  cuda::DeviceKernels q;
+  ASSERT_TRUE(cuda::current_device_kernels(&q).ok());
+  EXPECT_FALSE(q.warpgroup_mma);
+  EXPECT_EQ(q.smem_limit, cuda::kSmem99k);
 }
 
 // A bad value is an error naming the variable and the value, from the query and from an op.

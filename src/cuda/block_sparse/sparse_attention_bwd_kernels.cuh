@@ -15,17 +15,23 @@
 
 namespace sciattn::cuda {
 
-template <typename T, int kHeadDim>
+// kStages buffers of the streamed tiles (stream_tile, common/device_utils.cuh): two, or one where
+// the device's shared memory per block cannot hold two (head dim 128 on sm_86 and sm_89).
+template <typename T, int kHeadDim, int kStages = 2>
 struct SparseBwdSmem {
   static constexpr int kPitch = kHeadDim + 8;
   static constexpr int kTile = SparseTile::kSize * kPitch;
-  T a[kTile];                       // dK/dV kernel: K of this key tile; dQ kernel: Q
-  T b[kTile];                       // dK/dV kernel: V; dQ kernel: dO
-  T c[2][kTile];                    // the streamed tile, double-buffered: Q (dK/dV) or K (dQ)
-  T d[2][kTile];                    // the streamed tile, double-buffered: dO (dK/dV) or V (dQ)
-  float lse[2][SparseTile::kSize];  // lse and delta of the streamed query rows (dK/dV kernel)
-  float delta[2][SparseTile::kSize];
+  T a[kTile];                             // dK/dV kernel: K of this key tile; dQ kernel: Q
+  T b[kTile];                             // dK/dV kernel: V; dQ kernel: dO
+  T c[kStages][kTile];                    // the streamed tile: Q (dK/dV) or K (dQ)
+  T d[kStages][kTile];                    // the streamed tile: dO (dK/dV) or V (dQ)
+  float lse[kStages][SparseTile::kSize];  // lse and delta of the streamed query rows (dK/dV)
+  float delta[kStages][SparseTile::kSize];
 };
+
+// The head dims whose backward kernels also exist with one stage of streamed tiles.
+template <int kHeadDim>
+constexpr bool kSparseOneStage = kHeadDim >= 128;
 
 // Fragments kept in registers up to head dim 64; at 128 they are re-read from shared memory
 // (the accumulators of dK and dV, or dQ, already take 64-128 registers).
@@ -41,13 +47,13 @@ constexpr int kSparseBwdMinCtas = kHeadDim <= 64 ? 3 : 1;
 // Starts the cp.async loads of a CTA's own tile line into smem.a and smem.b (dK/dV kernel: K and
 // V of its keys; dQ kernel: Q and dO of its queries): 64 consecutive rows from the line's first
 // token, or a packed line's units slot by slot.
-template <typename T, int kHeadDim, bool kPacked>
-__device__ __forceinline__ void load_own_tile(SparseBwdSmem<T, kHeadDim>& smem,
-                                              const StridedSlice& a_src, const StridedSlice& b_src,
+template <typename T, int kHeadDim, bool kPacked, typename Smem>
+__device__ __forceinline__ void load_own_tile(Smem& smem, const StridedSlice& a_src,
+                                              const StridedSlice& b_src,
                                               const EntrySlots<kPacked>& slots,
                                               const TileLineTokens<kPacked>& line,
                                               const SparseAttentionDeviceParams& p) {
-  constexpr int kPitch = SparseBwdSmem<T, kHeadDim>::kPitch;
+  constexpr int kPitch = Smem::kPitch;
   if constexpr (kPacked) {
     load_slot_rows<T, kHeadDim, kPitch>(smem.a, a_src, slots, line.units, p.len, p.dim);
     load_slot_rows<T, kHeadDim, kPitch>(smem.b, b_src, slots, line.units, p.len, p.dim);
@@ -181,10 +187,10 @@ __device__ __forceinline__ void finish_dq_rows(const SparseAttentionDeviceParams
                                  p.grads_paired);
 }
 
-template <typename T, int kHeadDim, bool kPacked>
+template <typename T, int kHeadDim, bool kPacked, int kStages = 2>
 __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dkdv_kernel(const SparseAttentionDeviceParams p) {
-  using Smem = SparseBwdSmem<T, kHeadDim>;
+  using Smem = SparseBwdSmem<T, kHeadDim, kStages>;
   constexpr int kPitch = Smem::kPitch;
   constexpr int kSteps = kHeadDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -225,19 +231,14 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
     for (int x = 0; x < 4; ++x) dk[i][x] = dv[i][x] = 0.0f;
 
   for (int e = at.begin; e < at.end; ++e) {
-    const int buf = (e - at.begin) & 1;
     const int32_t* entry = slots.of(e);  // the entry's query units
     const int mask = p.tiles.col_masks[e];
-    if (e + 1 < at.end) {
-      const int32_t* next = slots.of(e + 1);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], q_src, slots, next, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], do_src, slots, next, p.len, p.dim);
-      load_sparse_row_stats(smem.lse[buf ^ 1], smem.delta[buf ^ 1], p, b, h, slots, next);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int buf = stream_tile<kStages>(e - at.begin, at.end - at.begin, [&](int to, int64_t i) {
+      const int32_t* next = slots.of(at.begin + static_cast<int>(i));
+      load_slot_rows<T, kHeadDim, kPitch>(smem.c[to], q_src, slots, next, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.d[to], do_src, slots, next, p.len, p.dim);
+      load_sparse_row_stats(smem.lse[to], smem.delta[to], p, b, h, slots, next);
+    });
     __syncthreads();
     const T* kw = smem.a + warp * 16 * kPitch;
     const T* vw = smem.b + warp * 16 * kPitch;
@@ -279,10 +280,10 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   finish_dkdv_rows<T, kHeadDim>(p, at, dk, dv, my_keys, warp, g, t);
 }
 
-template <typename T, int kHeadDim, bool kPacked>
+template <typename T, int kHeadDim, bool kPacked, int kStages = 2>
 __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadDim>)
     sparse_attention_dq_kernel(const SparseAttentionDeviceParams p) {
-  using Smem = SparseBwdSmem<T, kHeadDim>;
+  using Smem = SparseBwdSmem<T, kHeadDim, kStages>;
   constexpr int kPitch = Smem::kPitch;
   constexpr int kSteps = kHeadDim / 16;
   constexpr int kOutTiles = kHeadDim / 8;
@@ -331,18 +332,13 @@ __global__ void __launch_bounds__(SparseTile::kThreads, kSparseBwdMinCtas<kHeadD
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 
   for (int e = at.begin; e < at.end; ++e) {
-    const int buf = (e - at.begin) & 1;
     const int32_t* entry = slots.of(e);  // the entry's key units
     const int mask = p.tiles.row_masks[e];
-    if (e + 1 < at.end) {
-      const int32_t* next = slots.of(e + 1);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.c[buf ^ 1], k_src, slots, next, p.len, p.dim);
-      load_slot_rows<T, kHeadDim, kPitch>(smem.d[buf ^ 1], v_src, slots, next, p.len, p.dim);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int buf = stream_tile<kStages>(e - at.begin, at.end - at.begin, [&](int to, int64_t i) {
+      const int32_t* next = slots.of(at.begin + static_cast<int>(i));
+      load_slot_rows<T, kHeadDim, kPitch>(smem.c[to], k_src, slots, next, p.len, p.dim);
+      load_slot_rows<T, kHeadDim, kPitch>(smem.d[to], v_src, slots, next, p.len, p.dim);
+    });
     __syncthreads();
     const T* qw = smem.a + warp * 16 * kPitch;
     const T* dow = smem.b + warp * 16 * kPitch;

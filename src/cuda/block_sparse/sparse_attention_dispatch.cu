@@ -132,11 +132,13 @@ cudaError_t launch(DType dtype, int64_t dim, const DeviceParams& p, cudaStream_t
 }
 
 // The mma.sync kernels (which take every shape) where the device or build has no warpgroup
-// kernels or SCIATTN_CUDA_KERNELS asks for the portable ones (cuda/common/device_arch.h).
+// kernels or SCIATTN_CUDA_KERNELS asks for the portable ones (cuda/common/device_arch.h), within
+// the shared memory the device (or that variable) allows.
 Status keep_to_device_kernels(SparseAttentionDeviceParams& p) {
   DeviceKernels kernels;
   const Status usable = current_device_kernels(&kernels);
   if (usable.ok() && !kernels.warpgroup_mma) p.wgmma_tiles = 0;
+  p.smem_limit = kernels.smem_limit;
   return usable;
 }
 

@@ -2,6 +2,8 @@
 // sparse_attention_launch.h). CUDA layer.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_bwd_wgmma_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
@@ -77,15 +79,28 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
     }
   }
   if (!launched) {
-    const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim>);
-    const bool packed = p.tiles.sub > 1;
-    e = launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true>
-                                : sparse_attention_dkdv_kernel<T, kHeadDim, false>,
-                         dkdv_ctas, smem, stream, p);
-    if (e != cudaSuccess) return e;
-    e = launch_sparse_1d(packed ? sparse_attention_dq_kernel<T, kHeadDim, true>
-                                : sparse_attention_dq_kernel<T, kHeadDim, false>,
-                         dq_ctas, smem, stream, p);
+    // Two stages of streamed tiles where they fit the call's shared memory (smem_limit, 0: not
+    // given), else one where the head dim has that form (kSparseOneStage).
+    const auto mma_sync = [&](auto stages) {
+      constexpr int kStages = decltype(stages)::value;
+      const size_t smem = sizeof(SparseBwdSmem<T, kHeadDim, kStages>);
+      const bool packed = p.tiles.sub > 1;
+      cudaError_t err =
+          launch_sparse_1d(packed ? sparse_attention_dkdv_kernel<T, kHeadDim, true, kStages>
+                                  : sparse_attention_dkdv_kernel<T, kHeadDim, false, kStages>,
+                           dkdv_ctas, smem, stream, p);
+      if (err != cudaSuccess) return err;
+      return launch_sparse_1d(packed ? sparse_attention_dq_kernel<T, kHeadDim, true, kStages>
+                                     : sparse_attention_dq_kernel<T, kHeadDim, false, kStages>,
+                              dq_ctas, smem, stream, p);
+    };
+    bool one_stage = false;
+    if constexpr (kSparseOneStage<kHeadDim>) {
+      one_stage = p.smem_limit > 0 &&
+                  sizeof(SparseBwdSmem<T, kHeadDim, 2>) > static_cast<size_t>(p.smem_limit);
+      if (one_stage) e = mma_sync(std::integral_constant<int, 1>{});
+    }
+    if (!one_stage) e = mma_sync(std::integral_constant<int, 2>{});
     if (e != cudaSuccess) return e;
   }
   // The split lines' partials, added in piece order (each kernel reads what the kernels above

@@ -42,6 +42,10 @@ struct SparseAttentionDeviceParams {
   // lean_tiles (dO included in the backward), head dim 64 or 128, and L a multiple of 64, so that
   // every tile of Q, K, V and dO is whole and every token of a used slot inside L.
   int wgmma_tiles;
+  // Bytes of shared memory per block the launches may use (the device's limit, or less under
+  // SCIATTN_CUDA_KERNELS=portable-99k; 0: not given): the backward's mma.sync kernels with one
+  // stage of streamed tiles where two do not fit.
+  int smem_limit;
 
   // Score terms (BiasType::kNone when absent). A kMul mask (not bool) turns 0 into -inf and
   // anything else into 0; a bool mask reads as 0 (true) or -inf (false) in either mode.

@@ -19,6 +19,9 @@ struct DeviceKernels {
   // The sm_90a kernels are in that code and SCIATTN_CUDA_KERNELS does not ask for the portable
   // ones (kernel_path.h).
   bool warpgroup_mma = false;
+  // Bytes of shared memory a block may use: the device's opt-in limit (227 KiB on sm_90, 163 on
+  // sm_80, 99 on sm_86 and sm_89), at most 99 KiB under SCIATTN_CUDA_KERNELS=portable-99k.
+  int smem_limit = 0;
   std::string name;  // the device's name, for messages
 };
 

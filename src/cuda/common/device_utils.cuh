@@ -316,6 +316,37 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// The streamed tiles' pipeline of the mma.sync kernels, at the top of iteration i of `count`
+// (tile 0 already copied into buffer 0 and committed): returns the iteration's buffer once its
+// tile has landed (the caller's barrier then makes every thread's copies visible). Two stages:
+// the next tile is copied into the other buffer, freed by the barrier that ended the previous
+// iteration, while this one is used. One stage (GPUs whose shared memory per block cannot hold
+// two, sm_86 and sm_89 at the widest head dims): tile i is copied into the only buffer here, after
+// that barrier, and waited for at once. copy_to(buf, i) starts tile i's copies; the commit is
+// made here.
+template <int kStages, typename CopyTo>
+__device__ __forceinline__ int stream_tile(int64_t i, int64_t count, const CopyTo& copy_to) {
+  static_assert(kStages == 1 || kStages == 2, "one or two stages");
+  if constexpr (kStages == 2) {
+    const int buf = static_cast<int>(i & 1);
+    if (i + 1 < count) {
+      copy_to(buf ^ 1, i + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    return buf;
+  } else {
+    if (i > 0) {
+      copy_to(0, i);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    return 0;
+  }
+}
+
 // Starts 16-byte cp.async copies of rows [row0, row0 + kRows) x [0, 8 kChunks) of a row-major
 // source (rows row_stride elements apart) into shared memory (row pitch kPitch); rows >= len and
 // chunks at or past dim are zero-filled. Each thread owns one chunk column (threadIdx.x %

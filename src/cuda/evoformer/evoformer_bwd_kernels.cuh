@@ -46,16 +46,18 @@ struct EvoformerBwdTile {
 template <int kHeadDim>
 constexpr int kEvoformerBwdMinCtas = kHeadDim <= 32 ? 4 : 1;
 
-template <typename T, int kHeadDim>
+// kStages buffers of the streamed tiles (stream_tile, common/device_utils.cuh): two, or one where
+// the device's shared memory per block cannot hold two (kEvoformerOneStage).
+template <typename T, int kHeadDim, int kStages = 2>
 struct EvoformerBwdSmem {
   static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
   static constexpr int kTile = EvoformerBwdTile::kBlock * kPitch;
-  T a[kTile];     // dK/dV kernel: K of this n; dQ kernel: Q
-  T b[kTile];     // dK/dV kernel: V of this n; dQ kernel: dO
-  T c[2][kTile];  // the streamed tile, double-buffered: Q (dK/dV) or K (dQ)
-  T d[2][kTile];  // the streamed tile, double-buffered: dO (dK/dV) or V (dQ)
-  float lse[2][EvoformerBwdTile::kBlock];  // lse of the streamed query rows (dK/dV kernel)
-  float delta[2][EvoformerBwdTile::kBlock];
+  T a[kTile];                                    // dK/dV kernel: K of this n; dQ kernel: Q
+  T b[kTile];                                    // dK/dV kernel: V of this n; dQ kernel: dO
+  T c[kStages][kTile];                           // the streamed tile: Q (dK/dV) or K (dQ)
+  T d[kStages][kTile];                           // the streamed tile: dO (dK/dV) or V (dQ)
+  float lse[kStages][EvoformerBwdTile::kBlock];  // lse of the streamed query rows (dK/dV kernel)
+  float delta[kStages][EvoformerBwdTile::kBlock];
 };
 
 // The dbias2 kernel's CTA: kWarps warps of 16 query rows over one 64-key block (the shape is
@@ -70,17 +72,18 @@ struct EvoformerDbias2Tile {
 
 // Its tiles: Q, dO (query rows) and K, V (key block) of one n, double-buffered over n, with the
 // query rows' lse and delta and bias1's row of keys.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages = 2>
 struct EvoformerDbias2Smem {
   using Tile = EvoformerDbias2Tile<kHeadDim>;
   static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
-  T q[2][Tile::kRows * kPitch];
-  T dout[2][Tile::kRows * kPitch];
-  T k[2][EvoformerBwdTile::kBlock * kPitch];
-  T v[2][EvoformerBwdTile::kBlock * kPitch];
-  float lse[2][Tile::kRows];
-  float delta[2][Tile::kRows];
-  float bias1_log2[2][EvoformerBwdTile::kBlock];  // in log2 units, 0 past L
+  T q[kStages][Tile::kRows * kPitch];
+  T dout[kStages][Tile::kRows * kPitch];
+  T k[kStages][EvoformerBwdTile::kBlock * kPitch];
+  T v[kStages][EvoformerBwdTile::kBlock * kPitch];
+  float lse[kStages][Tile::kRows];
+  float delta[kStages][Tile::kRows];
+  // bias1 of n in log2 units, 0 past L; two buffers whatever kStages (written one n ahead).
+  float bias1_log2[2][EvoformerBwdTile::kBlock];
   // Each thread's 32 cells of bias2 in log2 units, [warp][j][e][lane]: written and read by the
   // same thread only (no barrier needed), lane-contiguous so that a warp's reads are
   // conflict-free. Kept here rather than in registers, which the sum and the operands need.
@@ -288,11 +291,11 @@ __device__ __forceinline__ void evoformer_row_ds(float (&ds)[8][4], const float 
     for (int e = 0; e < 4; ++e) ds[j][e] = pr[j][e] * (ds[j][e] - delta[e >> 1]);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dkdv_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerBwdTile;
-  using Smem = EvoformerBwdSmem<T, kHeadDim>;
+  using Smem = EvoformerBwdSmem<T, kHeadDim, kStages>;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
   constexpr int kSteps = kTileDim / 16;
@@ -320,7 +323,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
       smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
       smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.dim);
-  // The bias2 tile of each query tile ([64 queries][64 keys], double-buffered) is staged in
+  // The bias2 tile of each query tile ([64 queries][64 keys], in kStages buffers) is staged in
   // shared memory after the fixed part, copied with the Q/dO tile it belongs to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlock);
@@ -348,15 +351,8 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t qt = 0; qt < q_tiles; ++qt) {
-    const int buf = static_cast<int>(qt & 1);
-    const int64_t q0 = qt * Tile::kBlock;
-    if (qt + 1 < q_tiles) {
-      copy_query_tile_to(buf ^ 1, q0 + Tile::kBlock);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int buf = stream_tile<kStages>(
+        qt, q_tiles, [&](int to, int64_t next) { copy_query_tile_to(to, next * Tile::kBlock); });
     stage_lse_to_log2<Tile::kBlock>(smem.lse[buf]);
     __syncthreads();
     if (qt == 0) {
@@ -392,11 +388,11 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dq_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerBwdTile;
-  using Smem = EvoformerBwdSmem<T, kHeadDim>;
+  using Smem = EvoformerBwdSmem<T, kHeadDim, kStages>;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
   constexpr int kSteps = kTileDim / 16;
@@ -419,11 +415,11 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
       smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
       smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len, p.dim);
-  // The biases of each key tile are staged in shared memory (double-buffered like K and V, after
-  // the fixed part), copied with the K/V tile they belong to.
+  // The biases of each key tile are staged in shared memory (in kStages buffers like K and V,
+  // after the fixed part), copied with the K/V tile they belong to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlock);
-  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
+  unsigned char* const bias1_stage = bias2_stage + kStages * bias2_stage_bytes;
   const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
   auto copy_key_tile_to = [&](int buf, int64_t k0) {
     copy_key_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads, BiasCopyWidths::kTwoBytes>(
@@ -443,15 +439,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    const int buf = static_cast<int>(kt & 1);
     const int64_t k0 = kt * Tile::kBlock;
-    if (kt + 1 < k_tiles) {
-      copy_key_tile_to(buf ^ 1, k0 + Tile::kBlock);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int buf = stream_tile<kStages>(
+        kt, k_tiles, [&](int to, int64_t next) { copy_key_tile_to(to, next * Tile::kBlock); });
     __syncthreads();
     if (kt == 0) {
       load_a_frags<T, kSteps, kPitch>(q_frag, smem.a + warp * 16 * kPitch, g, t);
@@ -584,12 +574,12 @@ __device__ __forceinline__ void store_dbias2_tile(const EvoformerDeviceParams& p
 // One CTA per (kRows x 64 tile of dbias2[b, h], chunk of N): the sum over the chunk's n of dS, in
 // order, recomputing S and dP. Rows and columns past L get bias -inf and padded rows lse +inf, so
 // their P is exactly 0 with no per-element check; a fully masked row (lse -inf) gets +inf too.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
                                   EvoformerDbias2Tile<kHeadDim>::kCtasPerSm)
     evoformer_bwd_dbias2_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerDbias2Tile<kHeadDim>;
-  using Smem = EvoformerDbias2Smem<T, kHeadDim>;
+  using Smem = EvoformerDbias2Smem<T, kHeadDim, kStages>;
   constexpr int kKeys = EvoformerBwdTile::kBlock;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;
   constexpr int kPitch = Smem::kPitch;
@@ -630,7 +620,6 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
       lean_copy(std::integral_constant<int, kKeys>{}, smem.v[buf], p.v, p.v_stride, k0);
       copy_row_stats_whole<Tile::kRows, Tile::kThreads>(smem.lse[buf], smem.delta[buf], p,
                                                         b * p.n + n, h, q0);
-      cp_async_commit();
       return;
     }
     load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(
@@ -644,12 +633,12 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
         smem.v[buf], slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len, p.dim);
     load_row_stats<Tile::kRows, Tile::kThreads>(smem.lse[buf], smem.delta[buf], p, b * p.n + n, h,
                                                 q0);
-    cp_async_commit();
   };
   // bias1 of n is read into a register one n ahead and stored in shared memory at the end of the
   // iteration, so its latency hides behind the MMAs and it takes no registers in the cell loop.
   auto bias1_of = [&](int64_t n) { return dbias2_bias1_log2(p, b, n, k0); };
   load_n(n_begin, 0);
+  cp_async_commit();
   if (threadIdx.x < kKeys) smem.bias1_log2[0][threadIdx.x] = bias1_of(n_begin);
 
   // Kept in shared memory ([warp][j][e][lane]: written and read by the same thread only, a warp's
@@ -669,15 +658,11 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
   const float scale_log2 = p.scale * kLog2e;
 
   for (int64_t n = n_begin; n < n_end; ++n) {
-    const int buf = static_cast<int>((n - n_begin) & 1);
-    float bias1_next = 0.0f;
-    if (n + 1 < n_end) {
-      load_n(n + 1, buf ^ 1);
-      bias1_next = bias1_of(n + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    // bias1 alternates between its two buffers whatever kStages is.
+    const int bias1_buf = static_cast<int>((n - n_begin) & 1);
+    const float bias1_next = n + 1 < n_end ? bias1_of(n + 1) : 0.0f;
+    const int buf = stream_tile<kStages>(n - n_begin, n_end - n_begin,
+                                         [&](int to, int64_t next) { load_n(n_begin + next, to); });
     __syncthreads();
     uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
     load_a_frags<T, kSteps, kPitch>(q_frag, smem.q[buf] + warp * 16 * kPitch, g, t);
@@ -711,12 +696,14 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
         const float bias2[4] = {
             smem.bias2_log2[warp][j][0][lane], smem.bias2_log2[warp][j][1][lane],
             smem.bias2_log2[warp][j][2][lane], smem.bias2_log2[warp][j][3][lane]};
-        dbias2_add_cells(acc[j], dot[x], dp[x], bias2, smem.bias1_log2[buf], j, lane, scale_log2,
-                         lse_log2, row_delta);
+        dbias2_add_cells(acc[j], dot[x], dp[x], bias2, smem.bias1_log2[bias1_buf], j, lane,
+                         scale_log2, lse_log2, row_delta);
       }
     }
-    if (threadIdx.x < kKeys && n + 1 < n_end) smem.bias1_log2[buf ^ 1][threadIdx.x] = bias1_next;
-    __syncthreads();  // this buffer is refilled for n + 2
+    if (threadIdx.x < kKeys && n + 1 < n_end) {
+      smem.bias1_log2[bias1_buf ^ 1][threadIdx.x] = bias1_next;
+    }
+    __syncthreads();  // the tile buffers are refilled for the next n (two stages: n + 2)
   }
 
   store_dbias2_tile(p, acc, b, h, chunk, q0, k0, my_row, t);

@@ -90,6 +90,10 @@ struct EvoformerDeviceParams {
   // 1 when dQ, dK and dV are vectorizable and D is the instantiated head dim: the backward writes
   // their rows as aligned 32-bit pairs with no per-pair test.
   int grads_paired;
+  // Bytes of shared memory per block the launches may use (the device's limit, or less under
+  // SCIATTN_CUDA_KERNELS=portable-99k; 0: not given, take the two-stage forms): the mma.sync
+  // kernels with one stage of streamed tiles where two do not fit (launch_staged).
+  int smem_limit;
 
   // Workspace regions of the backward (fp32, packed).
   float* delta;           // [B*N, H, L]: <dO_i, O_i>

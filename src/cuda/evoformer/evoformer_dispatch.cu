@@ -143,6 +143,7 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
   const Status usable = current_device_kernels(&kernels);
   if (!usable.ok()) return usable;
   if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
+  p.smem_limit = kernels.smem_limit;
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
                          "Evoformer forward (fp32) kernel launch");
@@ -163,6 +164,7 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
   const Status usable = current_device_kernels(&kernels);
   if (!usable.ok()) return usable;
   if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
+  p.smem_limit = kernels.smem_limit;
   const bool f32 = params.q.dtype == DType::kF32;
   cudaError_t e = cudaSuccess;
   if (f32) {

@@ -18,15 +18,22 @@ struct EvoformerFwdTile {
   static constexpr int kThreads = kWarps * 32;
 };
 
-template <typename T, int kHeadDim>
+// kStages buffers of the streamed K/V tiles (stream_tile, common/device_utils.cuh): two, or one
+// where the device's shared memory per block cannot hold two (kEvoformerOneStage).
+template <typename T, int kHeadDim, int kStages = 2>
 struct EvoformerFwdSmem {
   // Rows padded by 8 elements (16 bytes) so that the fragment reads of one warp, which walk down
   // 8 rows, fall in different banks, and every row start stays 16-byte aligned for cp.async.
   static constexpr int kPitch = kTileDimFor<kHeadDim> + 8;
   T q[EvoformerFwdTile::kBlockM * kPitch];
-  T k[2][EvoformerFwdTile::kBlockN * kPitch];
-  T v[2][EvoformerFwdTile::kBlockN * kPitch];
+  T k[kStages][EvoformerFwdTile::kBlockN * kPitch];
+  T v[kStages][EvoformerFwdTile::kBlockN * kPitch];
 };
+
+// The head dims whose mma.sync kernels also exist with one stage of streamed tiles: those whose
+// two-stage forms (with staged fp32 biases) pass the 99 KiB per block of sm_86 and sm_89.
+template <int kHeadDim>
+constexpr bool kEvoformerOneStage = kHeadDim >= 64;
 
 // CTAs per SM the register count must allow: up to head dim 32 the kernel fits 128 registers
 // (four CTAs) without spilling in its loop. Left to itself the compiler took 137-158 (three CTAs):
@@ -171,11 +178,11 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
   }
 }
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCtas<kHeadDim>)
     evoformer_fwd_kernel(const EvoformerDeviceParams p) {
   using Tile = EvoformerFwdTile;
-  using Smem = EvoformerFwdSmem<T, kHeadDim>;
+  using Smem = EvoformerFwdSmem<T, kHeadDim, kStages>;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;  // head dim 8 runs in 16-wide tiles
   constexpr int kPitch = Smem::kPitch;
   constexpr int kSteps = kTileDim / 16;           // k-steps of S = Q K^T
@@ -199,12 +206,12 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
   const int64_t tiles = (p.len + Tile::kBlockN - 1) / Tile::kBlockN;
 
-  // The biases of each key tile are staged in shared memory (double-buffered like K and V, after
-  // the fixed part), copied with the K/V tile they belong to: in flight while the previous tile
-  // is computed, where per-thread global loads would wait a memory latency in every tile.
+  // The biases of each key tile are staged in shared memory (in kStages buffers like K and V,
+  // after the fixed part), copied with the K/V tile they belong to: in flight while the previous
+  // tile is computed, where per-thread global loads would wait a memory latency in every tile.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
   const int bias2_stage_bytes = bias_stage_bytes(p.bias2_type, Tile::kBlockM);
-  unsigned char* const bias1_stage = bias2_stage + 2 * bias2_stage_bytes;
+  unsigned char* const bias1_stage = bias2_stage + kStages * bias2_stage_bytes;
   const int bias1_stage_bytes = bias_stage_bytes(p.bias1_type, 1);
   auto copy_key_tile_to = [&](int buf, int64_t col0) {
     copy_key_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads, BiasCopyWidths::kAll>(
@@ -226,17 +233,11 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
   uint32_t q_frag[kSteps][4];
 
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int buf = static_cast<int>(tile & 1);
     const int64_t col0 = tile * Tile::kBlockN;
-    // Start the next tile's K and V into the other buffer (freed by the barrier at the end of the
-    // previous iteration), then wait for this tile's.
-    if (tile + 1 < tiles) {
-      copy_key_tile_to(buf ^ 1, col0 + Tile::kBlockN);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    // With two stages the next tile's K and V go into the other buffer (freed by the barrier at
+    // the end of the previous iteration) while this one's are waited for.
+    const int buf = stream_tile<kStages>(
+        tile, tiles, [&](int to, int64_t next) { copy_key_tile_to(to, next * Tile::kBlockN); });
     __syncthreads();
     if (tile == 0) {
       // Q stays in registers as A fragments for the whole key loop.

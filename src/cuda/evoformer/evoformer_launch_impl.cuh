@@ -1,6 +1,8 @@
 // The bodies of the per-instantiation launchers (see evoformer_launch.h). CUDA layer.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/common/kernel_smem_config.h"
 #include "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
@@ -26,11 +28,32 @@ cudaError_t launch_1d(Kernel kernel, int64_t ctas, int threads, size_t smem_byte
   return cudaGetLastError();
 }
 
-// Shared memory of the staged bias tiles (two stages of each bias present) of a kernel whose
-// tiles have `rows` rows of bias2.
-inline size_t bias_stage_smem(const EvoformerDeviceParams& p, int rows) {
-  return 2 * static_cast<size_t>(bias_stage_bytes(p.bias2_type, rows) +
-                                 bias_stage_bytes(p.bias1_type, 1));
+// Shared memory of the staged bias tiles (`stages` buffers of each bias present) of a kernel
+// whose tiles have `rows` rows of bias2.
+inline size_t bias_stage_smem(const EvoformerDeviceParams& p, int rows, int stages = 2) {
+  return static_cast<size_t>(stages) * static_cast<size_t>(bias_stage_bytes(p.bias2_type, rows) +
+                                                           bias_stage_bytes(p.bias1_type, 1));
+}
+
+// Whether a launch of `bytes` of shared memory per block fits what the call may use
+// (EvoformerDeviceParams::smem_limit; 0: no limit given).
+inline bool smem_fits(const EvoformerDeviceParams& p, size_t bytes) {
+  return p.smem_limit == 0 || bytes <= static_cast<size_t>(p.smem_limit);
+}
+
+// Launches the mma.sync kernel `Kernel<kStages>` with two stages of streamed tiles when their
+// shared memory (smem(2)) fits the call's limit, else with one where the head dim has that form
+// (kEvoformerOneStage; else two, and configure_kernel_smem's error names the sizes).
+template <int kHeadDim, typename KernelOf, typename SmemOf>
+cudaError_t launch_staged(const KernelOf& kernel_of, const SmemOf& smem, int64_t ctas, int threads,
+                          const EvoformerDeviceParams& p, cudaStream_t stream) {
+  if constexpr (kEvoformerOneStage<kHeadDim>) {
+    if (!smem_fits(p, smem(2))) {
+      return launch_1d(kernel_of(std::integral_constant<int, 1>{}), ctas, threads, smem(1), p,
+                       stream);
+    }
+  }
+  return launch_1d(kernel_of(std::integral_constant<int, 2>{}), ctas, threads, smem(2), p, stream);
 }
 
 // Head dims 32, 64 and 128 with the host's wgmma_tiles run the forward, dK/dV, dQ and dbias2
@@ -41,7 +64,6 @@ constexpr bool kEvoformerWgmmaHeadDim = kHeadDim == 32 || kHeadDim == 64 || kHea
 
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {
-  const size_t bias_smem = bias_stage_smem(p, EvoformerFwdTile::kBlockM);
   if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
     if (p.wgmma_tiles) {
       return with_bias_types<T>(p, [&](auto types) {
@@ -51,9 +73,14 @@ cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_
       });
     }
   }
-  return launch_1d(evoformer_fwd_kernel<T, kHeadDim>, evoformer_forward_ctas(p),
-                   EvoformerFwdTile::kThreads, sizeof(EvoformerFwdSmem<T, kHeadDim>) + bias_smem, p,
-                   stream);
+  return launch_staged<kHeadDim>(
+      [](auto stages) { return evoformer_fwd_kernel<T, kHeadDim, decltype(stages)::value>; },
+      [&](int stages) {
+        return (stages == 2 ? sizeof(EvoformerFwdSmem<T, kHeadDim, 2>)
+                            : sizeof(EvoformerFwdSmem<T, kHeadDim, 1>)) +
+               bias_stage_smem(p, EvoformerFwdTile::kBlockM, stages);
+      },
+      evoformer_forward_ctas(p), EvoformerFwdTile::kThreads, p, stream);
 }
 
 // The fused dK/dV/dQ kernel's plan for this call (head dim 32 on the warpgroup path): the host
@@ -159,17 +186,26 @@ cudaError_t launch_evoformer_backward(const EvoformerDeviceParams& p, cudaStream
   }
   cudaError_t e = launch_evoformer_backward_delta<T>(p, stream);
   if (e != cudaSuccess) return e;
-  const size_t smem =
-      sizeof(EvoformerBwdSmem<T, kHeadDim>) + bias_stage_smem(p, EvoformerBwdTile::kBlock);
-  e = launch_1d(evoformer_bwd_dkdv_kernel<T, kHeadDim>, evoformer_dkdv_ctas(p),
-                EvoformerBwdTile::kThreads, smem, p, stream);
+  const auto smem = [&](int stages) {
+    return (stages == 2 ? sizeof(EvoformerBwdSmem<T, kHeadDim, 2>)
+                        : sizeof(EvoformerBwdSmem<T, kHeadDim, 1>)) +
+           bias_stage_smem(p, EvoformerBwdTile::kBlock, stages);
+  };
+  e = launch_staged<kHeadDim>(
+      [](auto stages) { return evoformer_bwd_dkdv_kernel<T, kHeadDim, decltype(stages)::value>; },
+      smem, evoformer_dkdv_ctas(p), EvoformerBwdTile::kThreads, p, stream);
   if (e != cudaSuccess) return e;
-  e = launch_1d(evoformer_bwd_dq_kernel<T, kHeadDim>, evoformer_dq_ctas(p),
-                EvoformerBwdTile::kThreads, smem, p, stream);
+  e = launch_staged<kHeadDim>(
+      [](auto stages) { return evoformer_bwd_dq_kernel<T, kHeadDim, decltype(stages)::value>; },
+      smem, evoformer_dq_ctas(p), EvoformerBwdTile::kThreads, p, stream);
   if (e != cudaSuccess || p.dbias2 == nullptr) return e;
-  return launch_1d(evoformer_bwd_dbias2_kernel<T, kHeadDim>, evoformer_dbias2_ctas(p),
-                   EvoformerDbias2Tile<kHeadDim>::kThreads,
-                   sizeof(EvoformerDbias2Smem<T, kHeadDim>), p, stream);
+  return launch_staged<kHeadDim>(
+      [](auto stages) { return evoformer_bwd_dbias2_kernel<T, kHeadDim, decltype(stages)::value>; },
+      [](int stages) {
+        return stages == 2 ? sizeof(EvoformerDbias2Smem<T, kHeadDim, 2>)
+                           : sizeof(EvoformerDbias2Smem<T, kHeadDim, 1>);
+      },
+      evoformer_dbias2_ctas(p), EvoformerDbias2Tile<kHeadDim>::kThreads, p, stream);
 }
 
 }  // namespace sciattn::cuda

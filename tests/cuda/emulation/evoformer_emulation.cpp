@@ -93,7 +93,9 @@ void reduce_biases(const cuda::EvoformerDeviceParams& p, HostTensor& dbias1, Hos
 
 // huge_v: V filled with 1e37, whose weighted mean (the output) is finite although the sum of a
 // row's P V terms passes fp32's largest value; only the forward is checked.
-template <typename T, int kHD>
+// kStages: the mma.sync kernels' stages of streamed tiles (1: the form sm_86 and sm_89 run at the
+// widest head dims, kEvoformerOneStage).
+template <typename T, int kHD, int kStages = 2>
 bool run_case(const EvoConfig& cfg, bool huge_v) {
   EvoInputs in = make_inputs(cfg);
   if (huge_v) {
@@ -124,11 +126,11 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   copy_biases(f.bias1, f.bias2, fw.copies, fw.layout, fwd_workspace.data());
   const cuda::EvoformerDeviceParams pf = cuda::forward_device_params(f, s, fwd_workspace.data());
   const size_t bias_smem_fwd =
-      2 *
+      kStages *
       static_cast<size_t>(cuda::bias_stage_bytes(pf.bias2_type, cuda::EvoformerFwdTile::kBlockM) +
                           cuda::bias_stage_bytes(pf.bias1_type, 1));
-  launch(cuda::evoformer_fwd_kernel<T, kHD>, row_tiles, cuda::EvoformerFwdTile::kThreads,
-         sizeof(cuda::EvoformerFwdSmem<T, kHD>) + bias_smem_fwd, pf);
+  launch(cuda::evoformer_fwd_kernel<T, kHD, kStages>, row_tiles, cuda::EvoformerFwdTile::kThreads,
+         sizeof(cuda::EvoformerFwdSmem<T, kHD, kStages>) + bias_smem_fwd, pf);
 
   // Backward, from the emulated forward.
   HostTensor dq = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
@@ -149,18 +151,19 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
     return 0;
   });
   const size_t bias_smem_bwd =
-      2 *
+      kStages *
       static_cast<size_t>(cuda::bias_stage_bytes(pb.bias2_type, cuda::EvoformerBwdTile::kBlock) +
                           cuda::bias_stage_bytes(pb.bias1_type, 1));
-  const size_t bwd_smem = sizeof(cuda::EvoformerBwdSmem<T, kHD>) + bias_smem_bwd;
-  launch(cuda::evoformer_bwd_dkdv_kernel<T, kHD>, row_tiles, cuda::EvoformerBwdTile::kThreads,
-         bwd_smem, pb);
-  launch(cuda::evoformer_bwd_dq_kernel<T, kHD>, row_tiles, cuda::EvoformerBwdTile::kThreads,
-         bwd_smem, pb);
+  const size_t bwd_smem = sizeof(cuda::EvoformerBwdSmem<T, kHD, kStages>) + bias_smem_bwd;
+  launch(cuda::evoformer_bwd_dkdv_kernel<T, kHD, kStages>, row_tiles,
+         cuda::EvoformerBwdTile::kThreads, bwd_smem, pb);
+  launch(cuda::evoformer_bwd_dq_kernel<T, kHD, kStages>, row_tiles,
+         cuda::EvoformerBwdTile::kThreads, bwd_smem, pb);
   if (want_dbias2) {
-    launch(cuda::evoformer_bwd_dbias2_kernel<T, kHD>,
+    launch(cuda::evoformer_bwd_dbias2_kernel<T, kHD, kStages>,
            detail::cuda_dbias2_tiles(s) * pb.dbias2_chunks,
-           cuda::EvoformerDbias2Tile<kHD>::kThreads, sizeof(cuda::EvoformerDbias2Smem<T, kHD>), pb);
+           cuda::EvoformerDbias2Tile<kHD>::kThreads,
+           sizeof(cuda::EvoformerDbias2Smem<T, kHD, kStages>), pb);
   }
   reduce_biases(pb, dbias1, dbias2);
 
@@ -174,7 +177,7 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   check("out", within_tolerance("out", out.values(), fref.out.values(), f64.out, cfg.dtype));
   check("lse", within_tolerance("lse", lse.values(), fref.lse.values(), f64.lse, cfg.dtype));
   if (huge_v) {
-    std::printf("%s, V = 1e37: %s\n", cfg.str().c_str(), ok ? "OK" : "FAILED");
+    std::printf("%s, stages %d, V = 1e37: %s\n", cfg.str().c_str(), kStages, ok ? "OK" : "FAILED");
     return ok;
   }
   check("dq", within_tolerance("dq", dq.values(), bref.dq.values(), g64.dq, cfg.dtype));
@@ -188,9 +191,10 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
     check("dbias2", bias_grad_within_tolerance("dbias2", dbias2.values(), bref.dbias2.values(),
                                                g64.dbias2, cfg.dtype));
   }
-  std::printf("%s: vec %d%d%d%d%d, staged %d%d, dbias2 chunks %lld: %s\n", cfg.str().c_str(),
-              pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out, pb.bias1_staged,
-              pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks), ok ? "OK" : "FAILED");
+  std::printf("%s, stages %d: vec %d%d%d%d%d, staged %d%d, dbias2 chunks %lld: %s\n",
+              cfg.str().c_str(), kStages, pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
+              pb.bias1_staged, pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks),
+              ok ? "OK" : "FAILED");
   return ok;
 }
 
@@ -203,10 +207,10 @@ bool run_dim(const EvoConfig& c, bool huge_v) {
       return run_case<T, 16>(c, huge_v);
     case 32:
       return run_case<T, 32>(c, huge_v);
-    case 64:
-      return run_case<T, 64>(c, huge_v);
+    case 64:  // and the one-stage form of the widest head dims (kEvoformerOneStage)
+      return run_case<T, 64>(c, huge_v) & run_case<T, 64, 1>(c, huge_v);
     default:
-      return run_case<T, 128>(c, huge_v);
+      return run_case<T, 128>(c, huge_v) & run_case<T, 128, 1>(c, huge_v);
   }
 }
 

@@ -89,8 +89,10 @@ sciattn::Layout case_layout(const Case& c, std::mt19937_64& rng) {
   return layout;
 }
 
-template <typename T, int kHD>
-bool run_case(const Case& c) {
+// kStages: the backward's stages of streamed tiles (1: the form sm_86 and sm_89 run at head dim
+// 128, kSparseOneStage).
+template <typename T, int kHD, int kStages = 2>
+bool run_case_stages(const Case& c) {
   std::mt19937_64 rng(c.seed);
   const int64_t L = c.N * c.block;
   const sciattn::Layout layout = case_layout(c, rng);
@@ -255,11 +257,11 @@ bool run_case(const Case& c) {
   p.dq_partial = dqp.data();
   p.dk_partial = dkp.data();
   p.dv_partial = dvp.data();
-  launch(packed ? cuda::sparse_attention_dkdv_kernel<T, kHD, true>
-                : cuda::sparse_attention_dkdv_kernel<T, kHD, false>,
+  launch(packed ? cuda::sparse_attention_dkdv_kernel<T, kHD, true, kStages>
+                : cuda::sparse_attention_dkdv_kernel<T, kHD, false, kStages>,
          c.B * dt.head_repeat * dt.cols.pieces, p);
-  launch(packed ? cuda::sparse_attention_dq_kernel<T, kHD, true>
-                : cuda::sparse_attention_dq_kernel<T, kHD, false>,
+  launch(packed ? cuda::sparse_attention_dq_kernel<T, kHD, true, kStages>
+                : cuda::sparse_attention_dq_kernel<T, kHD, false, kStages>,
          c.B * dt.head_repeat * dt.rows.pieces, p);
   auto sum = [&](const BlockSparseDeviceIndex::TileWork& w, float* part, void* out,
                  const int64_t* st) {
@@ -276,11 +278,19 @@ bool run_case(const Case& c) {
   check("dk", within_tolerance("dk", gdk.values(), cdk.values(), og.dk.v, c.dtype));
   check("dv", within_tolerance("dv", gdv.values(), cdv.values(), og.dv.v, c.dtype));
   std::printf(
-      "B%ld H%ld %s b%ld N%ld D%ld kind%d split%ld causal%d kpm%d attn%d rpe%d keyt%d: rows pieces "
-      "%d (split lines %d) cols pieces %d (split lines %d): %s\n",
+      "B%ld H%ld %s b%ld N%ld D%ld kind%d split%ld causal%d kpm%d attn%d rpe%d keyt%d stages %d: "
+      "rows pieces %d (split lines %d) cols pieces %d (split lines %d): %s\n",
       c.B, c.H, dtype_name(c.dtype), c.block, c.N, c.D, c.kind, c.split, c.causal, c.kpm, c.attn,
-      c.rpe, c.keyt, dt.rows.pieces, dt.rows.num_split_lines, dt.cols.pieces,
+      c.rpe, c.keyt, kStages, dt.rows.pieces, dt.rows.num_split_lines, dt.cols.pieces,
       dt.cols.num_split_lines, ok ? "OK" : "FAILED");
+  return ok;
+}
+
+// Every case in the two-stage form, and at head dim 128 in the one-stage form too.
+template <typename T, int kHD>
+bool run_case(const Case& c) {
+  bool ok = run_case_stages<T, kHD>(c);
+  if constexpr (kHD == 128) ok = run_case_stages<T, kHD, 1>(c) && ok;
   return ok;
 }
 
