@@ -593,6 +593,14 @@ Status Parser::zero(ObjectReader& top, TrainConfig* c) {
   SCIATTN_TRY(z.get_bool("allgather_partitions", &zc.allgather_partitions));
   SCIATTN_TRY(z.get_bool("overlap_comm", &zc.overlap_comm));
   SCIATTN_TRY(z.get_bool("contiguous_gradients", &zc.contiguous_gradients));
+  if (autos_.world_size > 1 && stage < 2 && zc.overlap_comm) {
+    // Stages 0 and 1 reduce the gradients in one call after the backward (training.md, "Several
+    // ranks"): there is nothing for the reduction to overlap.
+    warn(z.path("overlap_comm"),
+         "overlaps stage 2's bucket reductions with the backward; at stage " +
+             std::to_string(stage) +
+             " the gradients are reduced in one call after the backward, so it has no effect");
+  }
   if (autos_.world_size == 1) {
     // One rank: nothing to partition or communicate; the keys are read (and checked) but act
     // only with several ranks.

@@ -102,6 +102,30 @@ TEST(TrainConfig, SpecExampleParsesWithDeepSpeedSemantics) {
   for (const std::string& line : w) EXPECT_EQ(line.find('\n'), std::string::npos) << line;
 }
 
+// overlap_comm acts at stage 2 only (stages 0 and 1 reduce once, after the backward): one
+// warning naming the key and the stage, and the value kept.
+TEST(TrainConfig, OverlapCommBelowStage2Warns) {
+  AutoValues autos;
+  autos.world_size = 2;
+  for (int stage : {0, 1}) {
+    std::vector<std::string> w;
+    const TrainConfig c = parse_ok(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                       std::to_string(stage) + R"(, "overlap_comm": true}})",
+                                   &w, autos);
+    ASSERT_EQ(w.size(), 1u) << stage;
+    EXPECT_NE(w[0].find("zero_optimization.overlap_comm"), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("at stage " + std::to_string(stage)), std::string::npos) << w[0];
+    EXPECT_TRUE(c.zero.overlap_comm);
+    // false asks for nothing that is ignored: no warning.
+    std::vector<std::string> none;
+    const TrainConfig off = parse_ok(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                         std::to_string(stage) + R"(, "overlap_comm": false}})",
+                                     &none, autos);
+    EXPECT_TRUE(none.empty()) << none.front();
+    EXPECT_FALSE(off.zero.overlap_comm);
+  }
+}
+
 // With several data-parallel ranks the ZeRO keys act: no warnings for them, their values kept,
 // and the batch arithmetic multiplies by the ranks.
 TEST(TrainConfig, ZeroKeysActWithSeveralRanks) {
@@ -109,12 +133,12 @@ TEST(TrainConfig, ZeroKeysActWithSeveralRanks) {
   autos.world_size = 4;
   std::vector<std::string> w;
   const std::string json = R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
-    "zero_optimization": {"stage": 1, "overlap_comm": true, "contiguous_gradients": false,
+    "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": false,
       "reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8, "reduce_scatter": false,
       "allgather_partitions": false}})";
   const TrainConfig c = parse_ok(json, &w, autos);
   EXPECT_TRUE(w.empty()) << w.front();
-  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_EQ(c.zero.stage, 2);
   EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
   EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
   EXPECT_FALSE(c.zero.reduce_scatter);
