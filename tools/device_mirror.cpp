@@ -56,7 +56,13 @@ bool nvidia_gpu_present() {
 }  // namespace
 
 Status check_device_usable(Device device) {
-  if (device != Device::kCuda || cuda_device_count() > 0) return Status::ok_status();
+  if (device != Device::kCuda) return Status::ok_status();
+  if (cuda_device_count() > 0) {
+    // A GPU this build's kernels cannot run on: one message before any work (--device cuda).
+    const Status kernels = cuda_check_kernels();
+    if (kernels.ok()) return kernels;
+    return Status(kernels.code(), "--device cuda: " + kernels.message());
+  }
   if (built_with_cuda()) {
     return Status::not_supported(
         "--device cuda: this build of sciattn has CUDA support, but no CUDA device is visible "

@@ -37,6 +37,10 @@ Status cuda_synchronize(Stream) {
 std::string cuda_device_description() {
   return "";
 }
+Status cuda_check_kernels(std::string* kernels) {
+  if (kernels != nullptr) kernels->clear();
+  return no_cuda();
+}
 Status cuda_memory_info(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = 0;
   *total_bytes = 0;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cuda/common/device_arch.h"
 #include "sciattn/device.h"
 
 namespace sciattn {
@@ -68,6 +69,17 @@ std::string cuda_device_description() {
   }
   return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
          std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
+}
+
+Status cuda_check_kernels(std::string* kernels) {
+  if (kernels != nullptr) kernels->clear();
+  if (cuda_device_count() == 0) {
+    return Status::not_supported("no CUDA device is visible on this machine");
+  }
+  cuda::DeviceKernels k;
+  const Status s = cuda::current_device_kernels(&k);
+  if (s.ok() && kernels != nullptr) *kernels = k.warpgroup_mma ? "warpgroup" : "portable";
+  return s;
 }
 
 Status cuda_memory_info(size_t* free_bytes, size_t* total_bytes) {

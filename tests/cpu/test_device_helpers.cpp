@@ -24,6 +24,11 @@ TEST(DeviceHelpers, WithoutCudaEveryCallSaysSo) {
   EXPECT_EQ(cuda_synchronize().code(), StatusCode::kNotSupported);
   EXPECT_TRUE(cuda_free(nullptr).ok());
   EXPECT_EQ(cuda_free(host).code(), StatusCode::kNotSupported);
+  std::string kernels = "stale";
+  const Status check = cuda_check_kernels(&kernels);
+  EXPECT_EQ(check.code(), StatusCode::kNotSupported);
+  EXPECT_NE(check.message().find("SCIATTN_WITH_CUDA"), std::string::npos) << check.message();
+  EXPECT_EQ(kernels, "");
 }
 
 }  // namespace

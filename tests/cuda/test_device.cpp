@@ -97,6 +97,9 @@ TEST(CudaDevice, KernelsForThisDevice) {
     EXPECT_EQ(p.major, k.major);
     EXPECT_EQ(p.smem_limit, k.smem_limit);
   }
+  std::string kernels;
+  ASSERT_TRUE(cuda_check_kernels(&kernels).ok());
+  EXPECT_EQ(kernels, k.warpgroup_mma ? "warpgroup" : "portable");
   const KernelPathVariable small("portable-99k");
   cuda::DeviceKernels q;
   ASSERT_TRUE(cuda::current_device_kernels(&q).ok());
@@ -112,6 +115,7 @@ TEST(CudaDevice, BadKernelPathVariableIsNamed) {
   const Status s = cuda::current_device_kernels(&k);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("SCIATTN_CUDA_KERNELS is 'wgmma'"), std::string::npos) << s.message();
+  EXPECT_EQ(cuda_check_kernels().code(), StatusCode::kInvalidArgument);
   // An Evoformer forward on device tensors reports the same.
   const int64_t n = 1 * 1 * 8 * 1 * 8;
   void* buffers[4] = {};

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sciattn/block_sparse_ops.h"
+#include "sciattn/device.h"
 #include "sciattn/train/cuda_backend.h"
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/layers_cuda.h"
@@ -114,6 +115,9 @@ class CudaBackendImpl final : public CudaBackend {
   Status init() {
     DeviceGuard guard(options_.device);
     SCIATTN_TRY(guard.status());
+    // One clear error for a GPU this build's kernels cannot run on (older than sm_80, or no code
+    // for its architecture) before anything is allocated.
+    SCIATTN_TRY(cuda_check_kernels());
     if (options_.stream.handle != nullptr) {
       stream_ = static_cast<cudaStream_t>(options_.stream.handle);
     } else {
