@@ -15,7 +15,8 @@ call it, `sciattn.evoformer_attention` through autograd, timed exactly as the pe
 
 Usage (on the GPU machine):
   python3 bench/compare/evoformer.py --lib build/gpu/bindings/capi/libsciattn_capi.so --out results/
-Prints a table; writes results/evoformer.json and results/evoformer.png.
+Prints a table; writes results/evoformer.json and results/evoformer.png. --kernels portable times
+sciattn's mma.sync kernels (the code Ampere and Ada run) on the same GPU.
 """
 import argparse
 import ctypes
@@ -293,7 +294,13 @@ def main():
     ap.add_argument("--out", default="results", help="folder for evoformer.json and evoformer.png")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--shapes", default="", help="comma-separated subset of shape names")
+    ap.add_argument("--kernels", default="auto", choices=["auto", "portable", "portable-99k"],
+                    help="SCIATTN_CUDA_KERNELS for sciattn's calls: auto (the fastest this GPU "
+                         "has), portable (the mma.sync kernels sm_80/86/89 run) or portable-99k "
+                         "(those within sm_86/89's 99 KiB of shared memory per block)")
     args = ap.parse_args()
+    # Read by the library at each call (src/cuda/common/kernel_path.h), so set before any.
+    os.environ["SCIATTN_CUDA_KERNELS"] = args.kernels
     if not torch.cuda.is_available():
         sys.exit("no CUDA device")
     raise_compile_limits()
@@ -317,7 +324,7 @@ def main():
             rows.append(run_shape(sci, package, name, shape, has_bias2, dtype, seed=1234 + i))
             print(f"done {name} {dtype_name}", file=sys.stderr, flush=True)
     print_table(rows)
-    meta = dict(gpu_meta(), ds4sci_ms_from_performance_md=DS4SCI_MS)
+    meta = dict(gpu_meta(), ds4sci_ms_from_performance_md=DS4SCI_MS, sciattn_kernels=args.kernels)
     write_json(os.path.join(args.out, "evoformer.json"), meta, rows)
     try:
         plot(rows, os.path.join(args.out, "evoformer.png"))
