@@ -6,6 +6,8 @@
 // sciattn/_ops.py their fake kernels for torch.compile. Binding layer.
 #include <torch/library.h>
 
+#include <string>
+
 #include "kernel_registry.h"
 #include "sciattn/device.h"
 
@@ -16,11 +18,21 @@ bool built_with_cuda_op() {
   return built_with_cuda();
 }
 
+// "warpgroup" or "portable" for CUDA device `device` (-1: the current one of the library's own
+// runtime), or the error that says why it cannot run this build's kernels.
+std::string cuda_kernels_op(int64_t device) {
+  std::string kernels;
+  const Status s = cuda_check_kernels(&kernels, static_cast<int>(device));
+  TORCH_CHECK(s.ok(), "sciattn: ", s.message());
+  return kernels;
+}
+
 }  // namespace
 }  // namespace sciattn::torch_ext
 
 TORCH_LIBRARY(sciattn, m) {
   m.def("built_with_cuda() -> bool", &sciattn::torch_ext::built_with_cuda_op);
+  m.def("cuda_kernels(int device) -> str", &sciattn::torch_ext::cuda_kernels_op);
 }
 
 TORCH_LIBRARY_IMPL(sciattn, CPU, m) {

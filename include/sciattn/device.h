@@ -36,13 +36,14 @@ Status cuda_copy_to_host(void* host_dst, const void* device_src, size_t bytes);
 Status cuda_synchronize(Stream stream = {});
 // "NVIDIA H200 (sm_90, 132 SMs)" for the current device; empty without one.
 std::string cuda_device_description();
-// Whether the current device can run this build's CUDA kernels, and which: ok, with `kernels`
-// (optional) set to "warpgroup" (Hopper's sm_90a kernels where they apply) or "portable" (the
-// mma.sync kernels of every architecture from sm_80); else kNotSupported saying what is missing
-// (no CUDA build or device, a GPU older than sm_80, no code for its architecture in this build:
-// SCIATTN_CUDA_ARCHS), or kInvalidArgument for a bad SCIATTN_CUDA_KERNELS. Every CUDA call checks
-// this itself; a caller may ask first to fail before it allocates anything.
-Status cuda_check_kernels(std::string* kernels = nullptr);
+// Whether CUDA device `device` (-1: the current one) can run this build's CUDA kernels, and which:
+// ok, with `kernels` (optional) set to "warpgroup" (Hopper's sm_90a kernels where they apply) or
+// "portable" (the mma.sync kernels of every architecture from sm_80); else kNotSupported saying
+// what is missing (no CUDA build, no such device, a GPU older than sm_80, no code for its
+// architecture in this build: SCIATTN_CUDA_ARCHS), or kInvalidArgument for a bad
+// SCIATTN_CUDA_KERNELS. Every CUDA call checks this itself; a caller may ask first to fail before
+// it allocates anything.
+Status cuda_check_kernels(std::string* kernels = nullptr, int device = -1);
 // Free and total memory of the current device in bytes (the runtime's cudaMemGetInfo), for a
 // caller that wants to know whether its tensors will fit before it allocates them.
 Status cuda_memory_info(size_t* free_bytes, size_t* total_bytes);

@@ -71,13 +71,26 @@ std::string cuda_device_description() {
          std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
 }
 
-Status cuda_check_kernels(std::string* kernels) {
+Status cuda_check_kernels(std::string* kernels, int device) {
   if (kernels != nullptr) kernels->clear();
-  if (cuda_device_count() == 0) {
-    return Status::not_supported("no CUDA device is visible on this machine");
+  const int count = cuda_device_count();
+  if (count == 0) return Status::not_supported("no CUDA device is visible on this machine");
+  if (device < -1 || device >= count) {
+    return Status::invalid_argument("device " + std::to_string(device) + " does not exist; this " +
+                                    "machine has " + std::to_string(count) +
+                                    " CUDA device(s): 0 to " + std::to_string(count - 1) +
+                                    ", or -1 for the current one");
+  }
+  int current = 0;
+  Status s = runtime_status(cudaGetDevice(&current), "cudaGetDevice");
+  if (!s.ok()) return s;
+  if (device >= 0 && device != current) {
+    s = runtime_status(cudaSetDevice(device), "cudaSetDevice");
+    if (!s.ok()) return s;
   }
   cuda::DeviceKernels k;
-  const Status s = cuda::current_device_kernels(&k);
+  s = cuda::current_device_kernels(&k);
+  if (device >= 0 && device != current) cudaSetDevice(current);
   if (s.ok() && kernels != nullptr) *kernels = k.warpgroup_mma ? "warpgroup" : "portable";
   return s;
 }

@@ -166,3 +166,23 @@ def test_sparse_self_attention_bad_input(device):
         module(q.long(), q.long(), q.long())
     with pytest.raises(ValueError, match="algorithm"):
         SparseSelfAttention(DenseSparsityConfig(2), algorithm="magic")
+
+
+def test_cuda_kernels_says_which_or_why(device, monkeypatch):
+    """sciattn.cuda_kernels(): "warpgroup" or "portable" where the CUDA kernels run (the portable
+    ones under SCIATTN_CUDA_KERNELS=portable), else a RuntimeError saying what is missing."""
+    with pytest.raises(ValueError, match="must be a CUDA device"):
+        sciattn.cuda_kernels("cpu")
+    if device.type != "cuda" or not sciattn.built_with_cuda():
+        with pytest.raises(RuntimeError, match="SCIATTN_WITH_CUDA|no CUDA device"):
+            sciattn.cuda_kernels()
+        return
+    assert sciattn.cuda_kernels() in ("warpgroup", "portable")
+    assert sciattn.cuda_kernels(0) == sciattn.cuda_kernels(torch.device("cuda", 0))
+    monkeypatch.setenv("SCIATTN_CUDA_KERNELS", "portable")
+    assert sciattn.cuda_kernels() == "portable"
+    monkeypatch.setenv("SCIATTN_CUDA_KERNELS", "fastest")
+    with pytest.raises(RuntimeError, match="SCIATTN_CUDA_KERNELS is 'fastest'"):
+        sciattn.cuda_kernels()
+    with pytest.raises(RuntimeError, match="does not exist"):
+        sciattn.cuda_kernels(torch.cuda.device_count())

@@ -13,7 +13,7 @@ The ops are torch.library ops (torch.ops.sciattn.*) with CPU kernels, CUDA kerne
 builds, fake (meta) kernels for torch.compile, and autograd formulas. See docs/python.md.
 """
 from . import _ops  # noqa: F401  (loads the extension; fake kernels, Python autograd)
-from ._ops import built_with_cuda
+from ._ops import built_with_cuda, cuda_kernels
 from .evoformer import DS4Sci_EvoformerAttention, evoformer_attention
 from . import sparse_attention  # noqa: F401
 from . import deepspeed4science  # noqa: F401
@@ -30,4 +30,5 @@ __all__ = [
     "optim",
     "training",
     "built_with_cuda",
+    "cuda_kernels",
 ]

@@ -53,6 +53,21 @@ def built_with_cuda() -> bool:
     return bool(ops.built_with_cuda())
 
 
+def cuda_kernels(device=None) -> str:
+    """Which of sciattn's CUDA kernels run on `device` (an int, a torch.device or None for the
+    current CUDA device): "warpgroup" (Hopper's sm_90a kernels where they apply) or "portable"
+    (the mma.sync kernels of every GPU from sm_80). Raises RuntimeError saying why when they cannot
+    run there (no CUDA build, a GPU older than sm_80, no code for its architecture in this build)."""
+    if device is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    else:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"cuda_kernels: device must be a CUDA device; got {device}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    return str(ops.cuda_kernels(index))
+
+
 def _lse_dtype(t):
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
