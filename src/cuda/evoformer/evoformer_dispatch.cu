@@ -131,6 +131,18 @@ Status copy_biases(const TensorView& bias1, const TensorView& bias2,
   return device_status(e, "Evoformer bias copy kernel launch");
 }
 
+// The mma.sync kernels (which take every shape) where the device or build has no warpgroup
+// kernels or SCIATTN_CUDA_KERNELS asks for the portable ones (cuda/common/device_arch.h), within
+// the shared memory the device (or that variable) allows.
+Status keep_to_device_kernels(EvoformerDeviceParams& p) {
+  DeviceKernels kernels;
+  const Status usable = current_device_kernels(&kernels);
+  if (!usable.ok()) return usable;
+  if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
+  p.smem_limit = kernels.smem_limit;
+  return usable;
+}
+
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
                         void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
@@ -139,11 +151,8 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
       copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
   if (!copied.ok()) return copied;
   EvoformerDeviceParams p = forward_device_params(params, s, workspace);
-  DeviceKernels kernels;
-  const Status usable = current_device_kernels(&kernels);
+  const Status usable = keep_to_device_kernels(p);
   if (!usable.ok()) return usable;
-  if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
-  p.smem_limit = kernels.smem_limit;
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
                          "Evoformer forward (fp32) kernel launch");
@@ -160,11 +169,8 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
       copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
   if (!copied.ok()) return copied;
   EvoformerDeviceParams p = backward_device_params(params, s, workspace);
-  DeviceKernels kernels;
-  const Status usable = current_device_kernels(&kernels);
+  const Status usable = keep_to_device_kernels(p);
   if (!usable.ok()) return usable;
-  if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
-  p.smem_limit = kernels.smem_limit;
   const bool f32 = params.q.dtype == DType::kF32;
   cudaError_t e = cudaSuccess;
   if (f32) {
