@@ -4,8 +4,10 @@
 #      command-line program), then `sciattn demo` and `sciattn train --demo` (seconds);
 #   2. the C++ package: `cmake --install` of the cpu build into a temporary prefix, then examples/
 #      built as a separate CMake project against it (find_package(sciattn CONFIG)) and run;
-#   3. the `cuda` preset: compiles every kernel for sm_80, 86, 89 and 90a and every GPU test (runs nothing on a GPU;
-#      skipped with a message when nvcc is absent);
+#   3. the `cuda` preset: compiles every kernel for sm_80, 86, 89 and 90a and every GPU test (runs
+#      nothing on a GPU; skipped with a message when nvcc is absent), then the host emulator's
+#      fixed cases of the mma.sync kernels (tests/cuda/emulation: Evoformer and block-sparse,
+#      against the fp64 oracle; about two minutes);
 #   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
 #   5. the libFuzzer targets (scripts/fuzz.sh): each for 45 s from its seed corpus, failing on
 #      any crash, leak or sanitizer report;
@@ -53,6 +55,14 @@ if command -v nvcc >/dev/null 2>&1; then
   cmake --build --preset cuda -j "$jobs"
 else
   echo "nvcc not found: skipping the cuda preset (install the CUDA toolkit to compile kernels)"
+fi
+
+stage "kernel emulation: the mma.sync kernels on the CPU against the fp64 oracle"
+if command -v nvcc >/dev/null 2>&1; then
+  tests/cuda/emulation/run_emulation.sh build/cpu evoformer
+  tests/cuda/emulation/run_emulation.sh build/cpu
+else
+  echo "nvcc not found: skipping the kernel emulation (it needs the CUDA toolkit's headers)"
 fi
 
 stage "asan preset: build and test"

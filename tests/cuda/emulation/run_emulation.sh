@@ -21,7 +21,13 @@ if [ "${1:-}" = evoformer ]; then
   program=evoformer_emulation.cpp
   shift
 fi
+# The CUDA headers (cuda_fp16.h, cuda_bf16.h) of the toolkit whose nvcc is on PATH, else
+# /usr/local/cuda's.
+cuda_include=/usr/local/cuda/include
+if command -v nvcc >/dev/null 2>&1; then
+  cuda_include=$(cd "$(dirname "$(readlink -f "$(command -v nvcc)")")/../include" && pwd)
+fi
 g++ -std=c++20 -O1 -fopenmp -I"$work" -I"$here" -I"$root/src" -I"$root/include" -I"$root/tests" \
-  -I/usr/local/cuda/include "$here/$program" -o "$work/emulation" \
+  -I"$cuda_include" "$here/$program" -o "$work/emulation" \
   "$build/src/libsciattn.a" "$build/src/libsciattn_sparse_tiles.a" -lgtest -lpthread
 "$work/emulation" "$@"
