@@ -5,16 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "common/status_try.h"
 #include "common/tensor_checks.h"
 
 namespace sciattn::detail {
 namespace {
-
-#define SCIATTN_RETURN_IF_ERROR(expr)  \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
 
 constexpr const char* kQkvShape = "[B, N, L, H, D]";
 constexpr const char* kBias1Shape = "[B, N, 1, 1, L]";
@@ -50,19 +45,17 @@ Status check_q(const TensorView& q, EvoformerShape* s) {
 Status check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                     const TensorView& bias1, const TensorView& bias2,
                     const EvoformerOptions& options, EvoformerShape* s) {
-  SCIATTN_RETURN_IF_ERROR(check_q(q, s));
+  SCIATTN_TRY(check_q(q, s));
   const std::vector<int64_t> qkv = {s->batch, s->n, s->len, s->heads, s->dim};
-  SCIATTN_RETURN_IF_ERROR(check_tensor(k, "k", kQkvShape, qkv, {q.dtype}, q.device));
-  SCIATTN_RETURN_IF_ERROR(check_tensor(v, "v", kQkvShape, qkv, {q.dtype}, q.device));
+  SCIATTN_TRY(check_tensor(k, "k", kQkvShape, qkv, {q.dtype}, q.device));
+  SCIATTN_TRY(check_tensor(v, "v", kQkvShape, qkv, {q.dtype}, q.device));
   if (bias1.present()) {
-    SCIATTN_RETURN_IF_ERROR(check_tensor(bias1, "bias1", kBias1Shape,
-                                         {s->batch, s->n, 1, 1, s->len},
-                                         {q.dtype, DType::kF32, DType::kBool}, q.device));
+    SCIATTN_TRY(check_tensor(bias1, "bias1", kBias1Shape, {s->batch, s->n, 1, 1, s->len},
+                             {q.dtype, DType::kF32, DType::kBool}, q.device));
   }
   if (bias2.present()) {
-    SCIATTN_RETURN_IF_ERROR(check_tensor(bias2, "bias2", kBias2Shape,
-                                         {s->batch, 1, s->heads, s->len, s->len},
-                                         {q.dtype, DType::kF32}, q.device));
+    SCIATTN_TRY(check_tensor(bias2, "bias2", kBias2Shape, {s->batch, 1, s->heads, s->len, s->len},
+                             {q.dtype, DType::kF32}, q.device));
   }
   if (options.scale.has_value() && !std::isfinite(*options.scale)) {
     return Status::invalid_argument("scale must be a finite number (or unset for 1/sqrt(D)); got " +
@@ -83,7 +76,7 @@ Status check_inputs(const TensorView& q, const TensorView& k, const TensorView& 
 Status check_output(const TensorView& t, const char* name, const char* symbolic,
                     const std::vector<int64_t>& sizes, std::initializer_list<DType> dtypes,
                     Device device) {
-  SCIATTN_RETURN_IF_ERROR(check_tensor(t, name, symbolic, sizes, dtypes, device));
+  SCIATTN_TRY(check_tensor(t, name, symbolic, sizes, dtypes, device));
   return check_non_overlapping(t, name);
 }
 
@@ -97,7 +90,7 @@ Status check_outputs_disjoint(const std::vector<Named>& outputs, const std::vect
   for (const Named& out : outputs) {
     for (const Named& other : all) {
       if (other.view == out.view) continue;
-      SCIATTN_RETURN_IF_ERROR(check_disjoint(*out.view, out.name, *other.view, other.name));
+      SCIATTN_TRY(check_disjoint(*out.view, out.name, *other.view, other.name));
     }
   }
   return Status::ok_status();
@@ -112,38 +105,37 @@ float evoformer_scale(const EvoformerOptions& options, int64_t dim) {
 
 Status check_evoformer_forward(const EvoformerForwardParams& p, EvoformerShape* shape) {
   EvoformerShape s;
-  SCIATTN_RETURN_IF_ERROR(check_inputs(p.q, p.k, p.v, p.bias1, p.bias2, p.options, &s));
+  SCIATTN_TRY(check_inputs(p.q, p.k, p.v, p.bias1, p.bias2, p.options, &s));
   const std::vector<int64_t> qkv = {s.batch, s.n, s.len, s.heads, s.dim};
-  SCIATTN_RETURN_IF_ERROR(check_output(p.out, "out", kQkvShape, qkv, {p.q.dtype}, p.q.device));
+  SCIATTN_TRY(check_output(p.out, "out", kQkvShape, qkv, {p.q.dtype}, p.q.device));
   if (p.lse.present()) {
-    SCIATTN_RETURN_IF_ERROR(check_output(p.lse, "lse", kLseShape, {s.batch * s.n, s.heads, s.len},
-                                         {DType::kF32}, p.q.device));
+    SCIATTN_TRY(check_output(p.lse, "lse", kLseShape, {s.batch * s.n, s.heads, s.len},
+                             {DType::kF32}, p.q.device));
   }
-  SCIATTN_RETURN_IF_ERROR(
-      check_outputs_disjoint({{&p.out, "out"}, {&p.lse, "lse"}}, {{&p.q, "q"},
-                                                                  {&p.k, "k"},
-                                                                  {&p.v, "v"},
-                                                                  {&p.bias1, "bias1"},
-                                                                  {&p.bias2, "bias2"},
-                                                                  {&p.out, "out"},
-                                                                  {&p.lse, "lse"}}));
+  SCIATTN_TRY(check_outputs_disjoint({{&p.out, "out"}, {&p.lse, "lse"}}, {{&p.q, "q"},
+                                                                          {&p.k, "k"},
+                                                                          {&p.v, "v"},
+                                                                          {&p.bias1, "bias1"},
+                                                                          {&p.bias2, "bias2"},
+                                                                          {&p.out, "out"},
+                                                                          {&p.lse, "lse"}}));
   *shape = s;
   return Status::ok_status();
 }
 
 Status check_evoformer_backward(const EvoformerBackwardParams& p, EvoformerShape* shape) {
   EvoformerShape s;
-  SCIATTN_RETURN_IF_ERROR(check_inputs(p.q, p.k, p.v, p.bias1, p.bias2, p.options, &s));
+  SCIATTN_TRY(check_inputs(p.q, p.k, p.v, p.bias1, p.bias2, p.options, &s));
   const std::vector<int64_t> qkv = {s.batch, s.n, s.len, s.heads, s.dim};
   const DType dt = p.q.dtype;
   const Device dev = p.q.device;
-  SCIATTN_RETURN_IF_ERROR(check_tensor(p.out, "out", kQkvShape, qkv, {dt}, dev));
-  SCIATTN_RETURN_IF_ERROR(
+  SCIATTN_TRY(check_tensor(p.out, "out", kQkvShape, qkv, {dt}, dev));
+  SCIATTN_TRY(
       check_tensor(p.lse, "lse", kLseShape, {s.batch * s.n, s.heads, s.len}, {DType::kF32}, dev));
-  SCIATTN_RETURN_IF_ERROR(check_tensor(p.dout, "dout", kQkvShape, qkv, {dt}, dev));
-  SCIATTN_RETURN_IF_ERROR(check_output(p.dq, "dq", kQkvShape, qkv, {dt}, dev));
-  SCIATTN_RETURN_IF_ERROR(check_output(p.dk, "dk", kQkvShape, qkv, {dt}, dev));
-  SCIATTN_RETURN_IF_ERROR(check_output(p.dv, "dv", kQkvShape, qkv, {dt}, dev));
+  SCIATTN_TRY(check_tensor(p.dout, "dout", kQkvShape, qkv, {dt}, dev));
+  SCIATTN_TRY(check_output(p.dq, "dq", kQkvShape, qkv, {dt}, dev));
+  SCIATTN_TRY(check_output(p.dk, "dk", kQkvShape, qkv, {dt}, dev));
+  SCIATTN_TRY(check_output(p.dv, "dv", kQkvShape, qkv, {dt}, dev));
   if (p.dbias1.present()) {
     if (!p.bias1.present()) {
       return Status::invalid_argument(
@@ -155,8 +147,8 @@ Status check_evoformer_backward(const EvoformerBackwardParams& p, EvoformerShape
           "dbias1 is requested but bias1 is a boolean mask, which has "
           "no gradient; leave dbias1 null or pass a float bias1");
     }
-    SCIATTN_RETURN_IF_ERROR(check_output(p.dbias1, "dbias1", kBias1Shape,
-                                         {s.batch, s.n, 1, 1, s.len}, {p.bias1.dtype}, dev));
+    SCIATTN_TRY(check_output(p.dbias1, "dbias1", kBias1Shape, {s.batch, s.n, 1, 1, s.len},
+                             {p.bias1.dtype}, dev));
   }
   if (p.dbias2.present()) {
     if (!p.bias2.present()) {
@@ -164,11 +156,10 @@ Status check_evoformer_backward(const EvoformerBackwardParams& p, EvoformerShape
           "dbias2 is requested but bias2 is absent; pass bias2 or "
           "leave dbias2 null");
     }
-    SCIATTN_RETURN_IF_ERROR(check_output(p.dbias2, "dbias2", kBias2Shape,
-                                         {s.batch, 1, s.heads, s.len, s.len}, {p.bias2.dtype},
-                                         dev));
+    SCIATTN_TRY(check_output(p.dbias2, "dbias2", kBias2Shape, {s.batch, 1, s.heads, s.len, s.len},
+                             {p.bias2.dtype}, dev));
   }
-  SCIATTN_RETURN_IF_ERROR(check_outputs_disjoint(
+  SCIATTN_TRY(check_outputs_disjoint(
       {{&p.dq, "dq"}, {&p.dk, "dk"}, {&p.dv, "dv"}, {&p.dbias1, "dbias1"}, {&p.dbias2, "dbias2"}},
       {{&p.q, "q"},
        {&p.k, "k"},

@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "common/sparsity_layouts.h"
+#include "common/status_try.h"
 #include "sciattn/block_sparse.h"
 
 namespace sciattn {
@@ -83,19 +84,13 @@ Status check_global_indices(const char* cls, const std::vector<int64_t>& starts,
   return Status::ok_status();
 }
 
-#define SCIATTN_RETURN_IF_ERROR(expr)  \
-  do {                                 \
-    Status status_ = (expr);           \
-    if (!status_.ok()) return status_; \
-  } while (0)
-
 Status check(const DenseSparsityConfig& c) {
   return check_common("DenseSparsityConfig", c);
 }
 
 Status check(const FixedSparsityConfig& c) {
   const char* cls = "FixedSparsityConfig";
-  SCIATTN_RETURN_IF_ERROR(check_common(cls, c));
+  SCIATTN_TRY(check_common(cls, c));
   if (c.num_local_blocks < 1) {
     return reject(cls, "num_local_blocks (" + int_str(c.num_local_blocks) + ") must be >= 1");
   }
@@ -108,8 +103,8 @@ Status check(const FixedSparsityConfig& c) {
                            ") must be divisible by num_global_blocks (" +
                            int_str(c.num_global_blocks) + ")");
   }
-  SCIATTN_RETURN_IF_ERROR(check_direction(cls, c.attention));
-  SCIATTN_RETURN_IF_ERROR(check_horizontal(cls, c.horizontal_global_attention, c.attention));
+  SCIATTN_TRY(check_direction(cls, c.attention));
+  SCIATTN_TRY(check_horizontal(cls, c.horizontal_global_attention, c.attention));
   if (c.num_different_global_patterns < 1) {
     return reject(cls, "num_different_global_patterns (" +
                            int_str(c.num_different_global_patterns) + ") must be >= 1");
@@ -132,8 +127,8 @@ Status check(const FixedSparsityConfig& c) {
 
 Status check(const VariableSparsityConfig& c) {
   const char* cls = "VariableSparsityConfig";
-  SCIATTN_RETURN_IF_ERROR(check_common(cls, c));
-  SCIATTN_RETURN_IF_ERROR(check_non_negative(cls, "num_random_blocks", c.num_random_blocks));
+  SCIATTN_TRY(check_common(cls, c));
+  SCIATTN_TRY(check_non_negative(cls, "num_random_blocks", c.num_random_blocks));
   if (c.local_window_blocks.empty()) {
     return reject(cls,
                   "local_window_blocks must not be empty: it lists the local window sizes, and "
@@ -150,44 +145,39 @@ Status check(const VariableSparsityConfig& c) {
                            "] (0), the last size, must be >= 1: it repeats to the end of the "
                            "sequence");
   }
-  SCIATTN_RETURN_IF_ERROR(
-      check_global_indices(cls, c.global_block_indices, c.global_block_end_indices));
-  SCIATTN_RETURN_IF_ERROR(check_direction(cls, c.attention));
-  SCIATTN_RETURN_IF_ERROR(check_horizontal(cls, c.horizontal_global_attention, c.attention));
+  SCIATTN_TRY(check_global_indices(cls, c.global_block_indices, c.global_block_end_indices));
+  SCIATTN_TRY(check_direction(cls, c.attention));
+  SCIATTN_TRY(check_horizontal(cls, c.horizontal_global_attention, c.attention));
   return Status::ok_status();
 }
 
 Status check(const BigBirdSparsityConfig& c) {
   const char* cls = "BigBirdSparsityConfig";
-  SCIATTN_RETURN_IF_ERROR(check_common(cls, c));
-  SCIATTN_RETURN_IF_ERROR(check_non_negative(cls, "num_random_blocks", c.num_random_blocks));
-  SCIATTN_RETURN_IF_ERROR(
-      check_non_negative(cls, "num_sliding_window_blocks", c.num_sliding_window_blocks));
-  SCIATTN_RETURN_IF_ERROR(check_non_negative(cls, "num_global_blocks", c.num_global_blocks));
+  SCIATTN_TRY(check_common(cls, c));
+  SCIATTN_TRY(check_non_negative(cls, "num_random_blocks", c.num_random_blocks));
+  SCIATTN_TRY(check_non_negative(cls, "num_sliding_window_blocks", c.num_sliding_window_blocks));
+  SCIATTN_TRY(check_non_negative(cls, "num_global_blocks", c.num_global_blocks));
   return check_direction(cls, c.attention);
 }
 
 Status check(const BSLongformerSparsityConfig& c) {
   const char* cls = "BSLongformerSparsityConfig";
-  SCIATTN_RETURN_IF_ERROR(check_common(cls, c));
-  SCIATTN_RETURN_IF_ERROR(
-      check_non_negative(cls, "num_sliding_window_blocks", c.num_sliding_window_blocks));
-  SCIATTN_RETURN_IF_ERROR(
-      check_global_indices(cls, c.global_block_indices, c.global_block_end_indices));
+  SCIATTN_TRY(check_common(cls, c));
+  SCIATTN_TRY(check_non_negative(cls, "num_sliding_window_blocks", c.num_sliding_window_blocks));
+  SCIATTN_TRY(check_global_indices(cls, c.global_block_indices, c.global_block_end_indices));
   return check_direction(cls, c.attention);
 }
 
 Status check(const LocalSlidingWindowSparsityConfig& c) {
   const char* cls = "LocalSlidingWindowSparsityConfig";
-  SCIATTN_RETURN_IF_ERROR(check_common(cls, c));
-  SCIATTN_RETURN_IF_ERROR(
-      check_non_negative(cls, "num_sliding_window_blocks", c.num_sliding_window_blocks));
+  SCIATTN_TRY(check_common(cls, c));
+  SCIATTN_TRY(check_non_negative(cls, "num_sliding_window_blocks", c.num_sliding_window_blocks));
   return check_direction(cls, c.attention);
 }
 
 Status check(const UserSparsityConfig& c) {
   const char* cls = "UserSparsityConfig";
-  SCIATTN_RETURN_IF_ERROR(check_common(cls, c));
+  SCIATTN_TRY(check_common(cls, c));
   const Layout& l = c.layout;
   if (l.num_heads != c.num_heads && l.num_heads != 1) {
     return reject(cls, "layout.num_heads (" + int_str(l.num_heads) + ") must be num_heads (" +
@@ -214,8 +204,6 @@ Status check(const UserSparsityConfig& c) {
   }
   return Status::ok_status();
 }
-
-#undef SCIATTN_RETURN_IF_ERROR
 
 // ---- descriptions ----
 

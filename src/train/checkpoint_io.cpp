@@ -13,7 +13,7 @@
 #include "sciattn/train/trainer.h"
 #include "train/checkpoint_io.h"
 #include "train/json_util.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace detail {

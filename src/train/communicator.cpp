@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 

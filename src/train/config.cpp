@@ -8,7 +8,7 @@
 #include <string>
 
 #include "train/json_util.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

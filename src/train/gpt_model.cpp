@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "sciattn/train/gpt.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

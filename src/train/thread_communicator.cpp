@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 

@@ -19,7 +19,7 @@
 #include "sciattn/train/lr_schedule.h"
 #include "train/checkpoint_io.h"
 #include "train/json_util.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

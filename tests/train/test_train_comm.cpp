@@ -18,7 +18,7 @@
 
 #include "sciattn/train/communicator.h"
 #include "sciattn/train/thread_communicator.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 #include "train_test_util.h"
 
 namespace sciattn::train {

@@ -15,7 +15,7 @@
 #include "sciattn/train/backend.h"
 #include "train/cpu/blas.h"
 #include "train/cpu/layers_cpu.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

@@ -20,7 +20,7 @@
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/layers_cuda.h"
 #include "train/cuda/matmul_cublaslt.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

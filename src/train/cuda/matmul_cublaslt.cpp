@@ -1,7 +1,7 @@
 // cuBLASLt products of the trainer's CUDA back end (see matmul_cublaslt.h). CUDA layer of the
 // trainer (host code).
 #include "train/cuda/matmul_cublaslt.h"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -8,7 +8,7 @@
 
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/kernels_common.cuh"
-#include "train/status_try.h"
+#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

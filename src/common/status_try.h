@@ -1,6 +1,7 @@
 // SCIATTN_TRY(expr): evaluate a Status expression and return it from the calling function when it
-// is an error. The trainer's host code chains many fallible steps (allocations, back-end calls,
-// file I/O); this keeps each step one line. Trainer layer (internal header, src/train only).
+// is an error. Host code that chains many fallible steps (argument checks, allocations, back-end
+// calls, file I/O) keeps each step one line. Internal header of src/ (the checks in src/common and
+// the trainer).
 #pragma once
 
 #include "sciattn/status.h"
