@@ -9,11 +9,11 @@
 #include <limits>
 #include <utility>
 
+#include "common/status_try.h"
 #include "sciattn/train/lr_schedule.h"
 #include "sciattn/train/trainer.h"
 #include "train/checkpoint_io.h"
 #include "train/json_util.h"
-#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace detail {

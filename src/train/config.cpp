@@ -7,8 +7,8 @@
 #include <map>
 #include <string>
 
-#include "train/json_util.h"
 #include "common/status_try.h"
+#include "train/json_util.h"
 
 namespace sciattn::train {
 namespace {

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "sciattn/train/gpt.h"
 #include "common/status_try.h"
+#include "sciattn/train/gpt.h"
 
 namespace sciattn::train {
 namespace {

@@ -7,10 +7,10 @@
 #include <string>
 #include <utility>
 
+#include "common/status_try.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/train/trainer.h"
 #include "sciattn/train/zero.h"
-#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

@@ -14,12 +14,12 @@
 #include <thread>
 #include <utility>
 
+#include "common/status_try.h"
 #include "sciattn/train/adamw.h"
 #include "sciattn/train/gradients.h"
 #include "sciattn/train/lr_schedule.h"
 #include "train/checkpoint_io.h"
 #include "train/json_util.h"
-#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "sciattn/train/backend.h"
 #include "common/status_try.h"
+#include "sciattn/train/backend.h"
 
 namespace sciattn::train {
 namespace {

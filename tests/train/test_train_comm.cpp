@@ -16,9 +16,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/status_try.h"
 #include "sciattn/train/communicator.h"
 #include "sciattn/train/thread_communicator.h"
-#include "common/status_try.h"
 #include "train_test_util.h"
 
 namespace sciattn::train {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "common/status_try.h"
 #include "sciattn/train/backend.h"
 #include "train/cpu/blas.h"
 #include "train/cpu/layers_cpu.h"
-#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

@@ -14,13 +14,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/status_try.h"
 #include "sciattn/block_sparse_ops.h"
 #include "sciattn/device.h"
 #include "sciattn/train/cuda_backend.h"
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/layers_cuda.h"
 #include "train/cuda/matmul_cublaslt.h"
-#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {

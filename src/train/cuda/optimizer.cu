@@ -6,9 +6,9 @@
 #include <string>
 #include <type_traits>
 
+#include "common/status_try.h"
 #include "sciattn/train/cuda_optimizer.h"
 #include "train/cuda/kernels_common.cuh"
-#include "common/status_try.h"
 
 namespace sciattn::train {
 namespace {
