@@ -20,6 +20,32 @@ namespace detail {
 
 constexpr size_t kDataAlign = 64;
 
+// Writes a file through "<path>.tmp", renamed into place once `write` has filled it, so that a
+// failure never leaves a partial file under `path` (nor the temporary one).
+template <class WriteFn>
+Status write_then_rename(const std::string& path, WriteFn&& write) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out)
+      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
+    write(out);
+    out.flush();
+    if (!out) {
+      const std::string reason = std::strerror(errno);
+      out.close();
+      std::remove(tmp.c_str());
+      return Status::invalid_argument("cannot write \"" + tmp + "\": " + reason);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string reason = std::strerror(errno);
+    std::remove(tmp.c_str());
+    return Status::invalid_argument("cannot rename \"" + tmp + "\" to \"" + path + "\": " + reason);
+  }
+  return Status::ok_status();
+}
+
 Status write_checkpoint_file(const std::string& path, Json header,
                              const std::vector<OutTensor>& tensors) {
   Json list = Json::array();
@@ -33,11 +59,7 @@ Status write_checkpoint_file(const std::string& path, Json header,
   const size_t fixed = 16;  // magic + length
   const size_t padded = (fixed + text.size() + kDataAlign - 1) / kDataAlign * kDataAlign - fixed;
   text.append(padded - text.size(), ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
+  return write_then_rename(path, [&](std::ofstream& out) {
     out.write(kCheckpointMagic, 8);
     unsigned char len[8];
     for (int i = 0; i < 8; ++i)
@@ -47,15 +69,7 @@ Status write_checkpoint_file(const std::string& path, Json header,
     for (const OutTensor& t : tensors) {
       out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.bytes));
     }
-    out.flush();
-    if (!out)
-      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::invalid_argument("cannot rename \"" + tmp + "\" to \"" + path +
-                                    "\": " + std::strerror(errno));
-  }
-  return Status::ok_status();
+  });
 }
 
 void add_slot_tensors(const ParameterLayout& layout, const std::string& prefix, const float* base,
@@ -106,21 +120,9 @@ std::pair<int64_t, int64_t> shard_bounds(int64_t total, int world, int r) {
 
 // Text through a temporary file renamed into place.
 Status write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
+  return detail::write_then_rename(path, [&](std::ofstream& out) {
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out)
-      return Status::invalid_argument("cannot write \"" + tmp + "\": " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::invalid_argument("cannot rename \"" + tmp + "\" to \"" + path +
-                                    "\": " + std::strerror(errno));
-  }
-  return Status::ok_status();
+  });
 }
 
 // Every rank learns whether any rank failed: this rank's own error, or one naming the (highest)

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -279,6 +280,29 @@ TEST(TrainTrainer, CheckpointOfAnotherModelIsRefused) {
   EXPECT_NE(s.message().find("was written for another model"), std::string::npos) << s.message();
   s = u->load_checkpoint(temp_path("none.ckpt"));
   EXPECT_NE(s.message().find("cannot read"), std::string::npos) << s.message();
+}
+
+// A checkpoint that cannot be written gets an error naming the path and leaves no file behind:
+// neither the checkpoint nor its temporary "<path>.tmp".
+TEST(TrainTrainer, UnwritableCheckpointPathIsReportedAndLeavesNothing) {
+  const TrainConfig c = config_from(R"({"train_batch_size": 2})");
+  auto data = pattern_file(4, 4);
+  auto t = make_trainer(tiny_config(), c, data.get());
+  const std::string missing_dir = temp_path("no-such-dir") + "/x.ckpt";
+  Status s = t->save_checkpoint(missing_dir);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot write \"" + missing_dir + ".tmp\""), std::string::npos)
+      << s.message();
+  // A folder where the file should go: the temporary file is written, the rename fails.
+  const std::string folder = temp_path("folder.ckpt");
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directories(folder + "/inside");
+  s = t->save_checkpoint(folder);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("\" to \"" + folder + "\""), std::string::npos) << s.message();
+  EXPECT_FALSE(std::filesystem::exists(folder + ".tmp"));
+  EXPECT_TRUE(std::filesystem::is_directory(folder + "/inside"));
+  std::filesystem::remove_all(folder);
 }
 
 // Without gradient clipping the clipper's threshold is +infinity (null in the JSON header); the
