@@ -6,8 +6,8 @@
 #      built as a separate CMake project against it (find_package(sciattn CONFIG)) and run;
 #   3. the `cuda` preset: compiles every kernel for sm_80, 86, 89 and 90a and every GPU test (runs
 #      nothing on a GPU; skipped with a message when nvcc is absent), then the host emulator's
-#      fixed cases of the mma.sync kernels (tests/cuda/emulation: Evoformer and block-sparse,
-#      against the fp64 oracle; about two minutes);
+#      fixed cases of the mma.sync and warpgroup kernels (tests/cuda/emulation: Evoformer and
+#      block-sparse, against the fp64 oracle; two to three minutes);
 #   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
 #   5. the libFuzzer targets (scripts/fuzz.sh): each for 45 s from its seed corpus, failing on
 #      any crash, leak or sanitizer report;
@@ -57,7 +57,7 @@ else
   echo "nvcc not found: skipping the cuda preset (install the CUDA toolkit to compile kernels)"
 fi
 
-stage "kernel emulation: the mma.sync kernels on the CPU against the fp64 oracle"
+stage "kernel emulation: the mma.sync and wgmma kernels on the CPU against the fp64 oracle"
 if command -v nvcc >/dev/null 2>&1; then
   tests/cuda/emulation/run_emulation.sh build/cpu evoformer
   tests/cuda/emulation/run_emulation.sh build/cpu

@@ -1,12 +1,16 @@
 // Host emulation of the CUDA features the fused sparse attention and Evoformer kernels use (test
 // layer, a developer tool): one CTA at a time as blockDim.x (up to 256) std::threads, std::barrier
 // for __syncthreads and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
-// fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz. The operand
-// alignment the hardware requires (cp.async: both addresses to the copy size; ldmatrix: each row
-// address to 16 bytes) is checked, and a violation stops the run as the GPU would.
+// fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz, and Hopper's
+// warpgroup MMA (wgmma.mma_async, completing at issue) reading its shared-memory operands through
+// their matrix descriptors and swizzle modes as the PTX ISA defines them. The operand alignment
+// the hardware requires (cp.async: both addresses to the copy size; ldmatrix: each row address to
+// 16 bytes) is checked, and a violation stops the run as the GPU would; so is a wgmma operand
+// read outside the launch's shared memory. Thread-block clusters are not emulated.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <driver_types.h>
 
 #include <barrier>
 #include <cmath>
@@ -18,6 +22,12 @@
 #include <thread>
 #include <vector>
 
+// Kernels are plain functions and shared memory plain storage here (replacing the CUDA headers'
+// host definitions of these keywords).
+#undef __global__
+#undef __launch_bounds__
+#undef __shared__
+#undef __align__
 #define __global__
 #define __launch_bounds__(...)
 #define __shared__
@@ -165,8 +175,6 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) {
   }
   warp_bar[w]->arrive_and_wait();
 }
-// Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads, one CTA at a time, with
-// the kernel's shared memory (`smem`, `smem_bytes`) filled with garbage before each CTA.
 // The CTA's shared memory (run_grid's buffer), so that a 32-bit shared-window address (an offset
 // into it here) can be made from a pointer and turned back into one.
 inline unsigned char* shared_base = nullptr;
@@ -177,6 +185,103 @@ inline void* shared_at(uint32_t offset) {
   return shared_base + offset;
 }
 
+// Stops the run at a feature this emulation does not have.
+[[noreturn]] inline void not_emulated(const char* what) {
+  std::fprintf(stderr, "emulator: %s are not emulated\n", what);
+  std::abort();
+}
+
+// wgmma.mma_async m64nNk16 with fp32 accumulators, for the calling thread of a warpgroup (four
+// warps; warp w % 4 owns rows 16 (w % 4) .. +15 of the 64 x N result in mma.sync m16n8's
+// accumulator layout, one [4] per eight columns). A shared-memory operand is read through its
+// matrix descriptor: start address, leading and stride byte offsets (bits 0-13, 16-29, 32-45, each
+// >> 4) and swizzle mode (bits 62-63: 1 = 128-byte, 2 = 64-byte, 3 = 32-byte). In the swizzled
+// layouts a matrix is made of 8-row atoms of W-byte rows (W the swizzle width); the byte address
+// of an element is computed unswizzled and then its bits 4.. (the 16-byte chunk within W) are
+// XORed with its bits 7.. (the row within the atom), as the hardware does with the absolute
+// shared address (the CTA's tiles are 1024-byte aligned, so offsets from the shared base do).
+//  - K-major (no transpose): element (r, k) at start + (r / 8) SBO + (r % 8) W + 2 k;
+//  - MN-major (transposed): element (k, c) at start + (c / (W / 2)) LBO + (k / 8) SBO
+//    + (k % 8) W + 2 (c % (W / 2)).
+inline size_t launch_smem_bytes = 0;  // the running launch's dynamic shared memory
+struct SmemMatrix {
+  uint32_t start, leading, stride, width;
+};
+inline SmemMatrix decode_descriptor(uint64_t desc) {
+  const unsigned mode = static_cast<unsigned>(desc >> 62);
+  if (mode == 0) not_emulated("wgmma descriptors without swizzle");
+  if (((desc >> 49) & 7) != 0) not_emulated("wgmma descriptors with a base offset");
+  return {static_cast<uint32_t>(desc & 0x3FFF) << 4,
+          static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4,
+          static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4, 256u >> mode};
+}
+template <typename T>
+inline float smem_element(const SmemMatrix& m, bool mn_major, int row, int k) {
+  // row: the M (or N) index; k: the reduction index.
+  const uint32_t w = m.width;
+  const uint32_t logical = mn_major ? m.start + (row / (w / 2)) * m.leading + (k / 8) * m.stride +
+                                          (k % 8) * w + 2 * (row % (w / 2))
+                                    : m.start + (row / 8) * m.stride + (row % 8) * w + 2 * k;
+  const uint32_t address = logical ^ (((logical >> 7) & (w / 16 - 1)) << 4);
+  if (address + 2 > launch_smem_bytes) {
+    std::fprintf(stderr,
+                 "emulator: wgmma operand read at shared offset %u, outside the %zu bytes\n",
+                 address, launch_smem_bytes);
+    std::abort();
+  }
+  uint16_t bits;
+  std::memcpy(&bits, shared_base + address, 2);
+  return half_bits<T>(bits);
+}
+template <typename T, int kN, typename AOf>
+inline void wgmma_product(float (&d)[kN / 8][4], const AOf& a_of, const SmemMatrix& b, bool b_mn,
+                          int accumulate) {
+  const int l = static_cast<int>(threadIdx.x) % 32, wg = (static_cast<int>(threadIdx.x) / 32) % 4;
+  const int g = l / 4, t = l % 4;
+  for (int j = 0; j < kN / 8; ++j) {
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * wg + g + 8 * (e >> 1), col = 8 * j + 2 * t + (e & 1);
+      float acc = accumulate ? d[j][e] : 0.0f;
+      for (int k = 0; k < 16; ++k) acc += a_of(row, k) * smem_element<T>(b, b_mn, col, k);
+      d[j][e] = acc;
+    }
+  }
+}
+// Both operands in shared memory; kTransA / kTransB: the MN-major (transposed) layouts.
+template <typename T, int kN, int kTransA, int kTransB>
+inline void wgmma_ss(float (&d)[kN / 8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  const SmemMatrix a = decode_descriptor(desc_a), b = decode_descriptor(desc_b);
+  wgmma_product<T, kN>(
+      d, [&](int row, int k) { return smem_element<T>(a, kTransA != 0, row, k); }, b, kTransB != 0,
+      accumulate);
+}
+// A in registers: each warp's 16 rows as mma.sync m16n8k16 A fragments of its 32 lanes.
+template <typename T, int kN, int kTransB>
+inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                     int accumulate) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  for (int i = 0; i < 4; ++i) a_buf[w][l][i] = a[i];
+  warp_bar[w]->arrive_and_wait();
+  float A[16][16];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
+    auto put = [&](int r, int c, uint32_t v) {
+      A[r][c] = half_bits<T>(static_cast<uint16_t>(v & 0xffff));
+      A[r][c + 1] = half_bits<T>(static_cast<uint16_t>(v >> 16));
+    };
+    put(g, 2 * t, a_buf[w][L][0]);
+    put(g + 8, 2 * t, a_buf[w][L][1]);
+    put(g, 2 * t + 8, a_buf[w][L][2]);
+    put(g + 8, 2 * t + 8, a_buf[w][L][3]);
+  }
+  warp_bar[w]->arrive_and_wait();
+  const SmemMatrix b = decode_descriptor(desc_b);
+  wgmma_product<T, kN>(
+      d, [&](int row, int k) { return A[row % 16][k]; }, b, kTransB != 0, accumulate);
+}
+
+// Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads, one CTA at a time, with
+// the kernel's shared memory (`smem`, `smem_bytes`) filled with garbage before each CTA.
 template <typename Kernel, typename... Args>
 void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
               const Args&... args) {
@@ -197,6 +302,28 @@ void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem
     }
     for (auto& th : pool) th.join();
   }
+}
+
+// A launch as the kernels' launchers make it (the <<<ctas, threads, smem_bytes>>> of
+// evoformer_launch_impl.cuh's launch_1d): run_grid on the emulation's shared memory buffer
+// (launch_smem, set by the program), which must hold `smem_bytes`.
+inline unsigned char* launch_smem = nullptr;
+inline size_t launch_smem_capacity = 0;
+template <typename Kernel, typename... Args>
+cudaError_t launch(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
+                   const Args&... args) {
+  if (ctas == 0) return cudaSuccess;
+  if (smem_bytes > launch_smem_capacity || threads > 32 * kMaxWarps || threads % 32 != 0) {
+    std::fprintf(stderr,
+                 "emulator: a launch of %d threads and %zu bytes of shared memory (at most "
+                 "%d and %zu here)\n",
+                 threads, smem_bytes, 32 * kMaxWarps, launch_smem_capacity);
+    std::abort();
+  }
+  launch_smem_bytes = smem_bytes;
+  run_grid(kernel, ctas, static_cast<unsigned>(threads), launch_smem, launch_smem_capacity,
+           args...);
+  return cudaSuccess;
 }
 }  // namespace emu
 

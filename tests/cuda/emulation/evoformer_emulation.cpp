@@ -2,26 +2,43 @@
 // tool run by run_emulation.sh, not part of CTest): the real kernel sources (forward, delta,
 // dK/dV, dQ, dbias2), compiled as host C++ with emulated CUDA (emu_runtime.h), run on small
 // problems with the arguments the dispatch builds (evoformer_device_params_of.h) and are compared
-// with the fp64 oracle, the CPU reference giving lowp_ref (the tolerance rule). The bias
-// reduction (dbias1 over heads, dbias2 over N chunks) is a plain loop in the dispatch's kernel and
-// is redone here on the host in the same order. It checks index arithmetic, fragments, copies and
-// the dbias2 chunking without a GPU; it cannot see cp.async races or alignment faults.
+// with the fp64 oracle, the CPU reference giving lowp_ref (the tolerance rule). Each case runs the
+// mma.sync kernels (the portable path, with two stages and, at head dims 64 and 128, one) and,
+// where the host picks them, the sm_90a warpgroup kernels through the launchers the dispatch
+// calls (evoformer_launch_impl.cuh; the fused dK/dV/dQ kernel included, not its cluster form). The
+// bias reduction (dbias1 over heads, dbias2 over N chunks) is a plain loop in the dispatch's kernel
+// and is redone here on the host in the same order. It checks index arithmetic, fragments, copies
+// and the dbias2 chunking without a GPU; it cannot see cp.async races or alignment faults.
 #include "emu_runtime.h"
 // clang-format off
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
+#include "cuda/evoformer/evoformer_launch_impl.cuh"
+#include "evoformer_ctas.h"
 // clang-format on
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/evoformer_test_util.h"
 #include "cuda/evoformer/evoformer_device_params_of.h"
 
 namespace sciattn::cuda {
-__attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
+// The launchers' delta step (the dispatch's, on a grid of three CTAs).
+template <typename T>
+cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cudaStream_t) {
+  return launch_with_delta_lanes(p.dim, evoformer_delta_vec<T>(p), [&](auto lanes) {
+    return ::emu::launch(evoformer_bwd_delta_kernel<T, decltype(lanes)::value>, 3, 256, 0, p);
+  });
 }
+// The kernels' `extern __shared__ smem_raw`, 1024-byte aligned as the warpgroup kernels' swizzled
+// tiles are on the GPU.
+__attribute__((aligned(1024))) unsigned char smem_raw[1 << 18];
+}  // namespace sciattn::cuda
 
 using namespace sciattn;
 using namespace sciattn::test;
@@ -31,11 +48,7 @@ namespace {
 template <typename Kernel>
 void launch(Kernel kernel, int64_t ctas, unsigned threads, size_t smem_bytes,
             const cuda::EvoformerDeviceParams& p) {
-  if (smem_bytes > sizeof(cuda::smem_raw)) {
-    std::printf("  shared memory %zu > %zu\n", smem_bytes, sizeof(cuda::smem_raw));
-    std::abort();
-  }
-  emu::run_grid(kernel, ctas, threads, cuda::smem_raw, sizeof(cuda::smem_raw), p);
+  emu::launch(kernel, ctas, static_cast<int>(threads), smem_bytes, p);
 }
 
 // The padded copy of an unaligned bias that the dispatch makes before a launch
@@ -91,10 +104,24 @@ void reduce_biases(const cuda::EvoformerDeviceParams& p, HostTensor& dbias1, Hos
   }
 }
 
+// "mma.sync, 2 stages", or for the launchers "wgmma" with the backward's form.
+std::string path_name(int stages, const cuda::EvoformerDeviceParams& p) {
+  if (stages > 0)
+    return "mma.sync, " + std::to_string(stages) + (stages == 1 ? " stage" : " stages");
+  std::string name = p.any_dim_tiles ? "wgmma AnyDimTypes" : "wgmma";
+  if (p.dim <= 32 && p.dq != nullptr) {
+    const detail::CudaFusedBackwardPlan plan = cuda::evoformer_fused_backward_plan(p);
+    name += plan.ranks > 0 ? ", fused backward (" + std::to_string(plan.stages) + " buffers)"
+                           : ", separate dK/dV and dQ";
+  }
+  return name;
+}
+
 // huge_v: V filled with 1e37, whose weighted mean (the output) is finite although the sum of a
 // row's P V terms passes fp32's largest value; only the forward is checked.
 // kStages: the mma.sync kernels' stages of streamed tiles (1: the form sm_86 and sm_89 run at the
-// widest head dims, kEvoformerOneStage).
+// widest head dims, kEvoformerOneStage); 0: the dispatch's launchers with the host's choice of
+// kernels (the warpgroup ones where it picks them; a case it keeps on mma.sync is skipped there).
 template <typename T, int kHD, int kStages = 2>
 bool run_case(const EvoConfig& cfg, bool huge_v) {
   EvoInputs in = make_inputs(cfg);
@@ -125,12 +152,17 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   std::vector<float> fwd_workspace(fw.layout.total_bytes() / 4 + 16, NAN);
   copy_biases(f.bias1, f.bias2, fw.copies, fw.layout, fwd_workspace.data());
   const cuda::EvoformerDeviceParams pf = cuda::forward_device_params(f, s, fwd_workspace.data());
-  const size_t bias_smem_fwd =
-      kStages *
-      static_cast<size_t>(cuda::bias_stage_bytes(pf.bias2_type, cuda::EvoformerFwdTile::kBlockM) +
-                          cuda::bias_stage_bytes(pf.bias1_type, 1));
-  launch(cuda::evoformer_fwd_kernel<T, kHD, kStages>, row_tiles, cuda::EvoformerFwdTile::kThreads,
-         sizeof(cuda::EvoformerFwdSmem<T, kHD, kStages>) + bias_smem_fwd, pf);
+  if (kStages == 0 && !pf.wgmma_tiles) return true;
+  if constexpr (kStages == 0) {
+    cuda::launch_evoformer_forward<T, kHD>(pf, nullptr);
+  } else {
+    const size_t bias_smem_fwd =
+        kStages *
+        static_cast<size_t>(cuda::bias_stage_bytes(pf.bias2_type, cuda::EvoformerFwdTile::kBlockM) +
+                            cuda::bias_stage_bytes(pf.bias1_type, 1));
+    launch(cuda::evoformer_fwd_kernel<T, kHD, kStages>, row_tiles, cuda::EvoformerFwdTile::kThreads,
+           sizeof(cuda::EvoformerFwdSmem<T, kHD, kStages>) + bias_smem_fwd, pf);
+  }
 
   // Backward, from the emulated forward.
   HostTensor dq = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
@@ -145,25 +177,29 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   std::vector<float> workspace(w.layout.total_bytes() / 4 + 16, NAN);
   copy_biases(b.bias1, b.bias2, w.copies, w.layout, workspace.data());
   const cuda::EvoformerDeviceParams pb = cuda::backward_device_params(b, s, workspace.data());
-  // The lanes per row the launcher picks, through the launcher's own selection.
-  cuda::launch_with_delta_lanes(pb.dim, cuda::evoformer_delta_vec<T>(pb), [&](auto lanes) {
-    launch(cuda::evoformer_bwd_delta_kernel<T, decltype(lanes)::value>, 3, 256, 0, pb);
-    return 0;
-  });
-  const size_t bias_smem_bwd =
-      kStages *
-      static_cast<size_t>(cuda::bias_stage_bytes(pb.bias2_type, cuda::EvoformerBwdTile::kBlock) +
-                          cuda::bias_stage_bytes(pb.bias1_type, 1));
-  const size_t bwd_smem = sizeof(cuda::EvoformerBwdSmem<T, kHD, kStages>) + bias_smem_bwd;
-  launch(cuda::evoformer_bwd_dkdv_kernel<T, kHD, kStages>, row_tiles,
-         cuda::EvoformerBwdTile::kThreads, bwd_smem, pb);
-  launch(cuda::evoformer_bwd_dq_kernel<T, kHD, kStages>, row_tiles,
-         cuda::EvoformerBwdTile::kThreads, bwd_smem, pb);
-  if (want_dbias2) {
-    launch(cuda::evoformer_bwd_dbias2_kernel<T, kHD, kStages>,
-           detail::cuda_dbias2_tiles(s) * pb.dbias2_chunks,
-           cuda::EvoformerDbias2Tile<kHD>::kThreads,
-           sizeof(cuda::EvoformerDbias2Smem<T, kHD, kStages>), pb);
+  if constexpr (kStages == 0) {
+    cuda::launch_evoformer_backward<T, kHD>(pb, nullptr);
+  } else {
+    // The lanes per row the launcher picks, through the launcher's own selection.
+    cuda::launch_with_delta_lanes(pb.dim, cuda::evoformer_delta_vec<T>(pb), [&](auto lanes) {
+      launch(cuda::evoformer_bwd_delta_kernel<T, decltype(lanes)::value>, 3, 256, 0, pb);
+      return 0;
+    });
+    const size_t bias_smem_bwd =
+        kStages *
+        static_cast<size_t>(cuda::bias_stage_bytes(pb.bias2_type, cuda::EvoformerBwdTile::kBlock) +
+                            cuda::bias_stage_bytes(pb.bias1_type, 1));
+    const size_t bwd_smem = sizeof(cuda::EvoformerBwdSmem<T, kHD, kStages>) + bias_smem_bwd;
+    launch(cuda::evoformer_bwd_dkdv_kernel<T, kHD, kStages>, row_tiles,
+           cuda::EvoformerBwdTile::kThreads, bwd_smem, pb);
+    launch(cuda::evoformer_bwd_dq_kernel<T, kHD, kStages>, row_tiles,
+           cuda::EvoformerBwdTile::kThreads, bwd_smem, pb);
+    if (want_dbias2) {
+      launch(cuda::evoformer_bwd_dbias2_kernel<T, kHD, kStages>,
+             detail::cuda_dbias2_tiles(s) * pb.dbias2_chunks,
+             cuda::EvoformerDbias2Tile<kHD>::kThreads,
+             sizeof(cuda::EvoformerDbias2Smem<T, kHD, kStages>), pb);
+    }
   }
   reduce_biases(pb, dbias1, dbias2);
 
@@ -177,7 +213,8 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   check("out", within_tolerance("out", out.values(), fref.out.values(), f64.out, cfg.dtype));
   check("lse", within_tolerance("lse", lse.values(), fref.lse.values(), f64.lse, cfg.dtype));
   if (huge_v) {
-    std::printf("%s, stages %d, V = 1e37: %s\n", cfg.str().c_str(), kStages, ok ? "OK" : "FAILED");
+    std::printf("%s, %s, V = 1e37: %s\n", cfg.str().c_str(), path_name(kStages, pf).c_str(),
+                ok ? "OK" : "FAILED");
     return ok;
   }
   check("dq", within_tolerance("dq", dq.values(), bref.dq.values(), g64.dq, cfg.dtype));
@@ -191,8 +228,8 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
     check("dbias2", bias_grad_within_tolerance("dbias2", dbias2.values(), bref.dbias2.values(),
                                                g64.dbias2, cfg.dtype));
   }
-  std::printf("%s, stages %d: vec %d%d%d%d%d, staged %d%d, dbias2 chunks %lld: %s\n",
-              cfg.str().c_str(), kStages, pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
+  std::printf("%s, %s: vec %d%d%d%d%d, staged %d%d, dbias2 chunks %lld: %s\n", cfg.str().c_str(),
+              path_name(kStages, pb).c_str(), pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
               pb.bias1_staged, pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks),
               ok ? "OK" : "FAILED");
   return ok;
@@ -206,11 +243,13 @@ bool run_dim(const EvoConfig& c, bool huge_v) {
     case 16:
       return run_case<T, 16>(c, huge_v);
     case 32:
-      return run_case<T, 32>(c, huge_v);
+      return run_case<T, 32>(c, huge_v) & run_case<T, 32, 0>(c, huge_v);
     case 64:  // and the one-stage form of the widest head dims (kEvoformerOneStage)
-      return run_case<T, 64>(c, huge_v) & run_case<T, 64, 1>(c, huge_v);
+      return run_case<T, 64>(c, huge_v) & run_case<T, 64, 1>(c, huge_v) &
+             run_case<T, 64, 0>(c, huge_v);
     default:
-      return run_case<T, 128>(c, huge_v) & run_case<T, 128, 1>(c, huge_v);
+      return run_case<T, 128>(c, huge_v) & run_case<T, 128, 1>(c, huge_v) &
+             run_case<T, 128, 0>(c, huge_v);
   }
 }
 
@@ -266,6 +305,38 @@ std::vector<EvoConfig> cases() {
   // Strided inputs (the element-wise copy paths) and transposed N / L.
   add({1, 2, 45, 2, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
   add({1, 3, 80, 2, 32}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kSameAsQ, Layout::kTransposedNL);
+  // Head dims that are not a multiple of 8 (the warpgroup kernels' AnyDimTypes).
+  add({1, 2, 77, 2, 20}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 1, 70, 1, 100}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kPacked);
+  return out;
+}
+
+// `count` random cases from `seed`: small B, N, H; L from 1 to 200; head dims 1 to 128 (half of
+// them the padded dims users bring: 20, 24, 40, 48, 56, 96, 100, 120), both 16-bit dtypes, every
+// bias kind and input / output layout.
+std::vector<EvoConfig> random_cases(int count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t common_dims[] = {20, 24, 32, 40, 48, 56, 64, 96, 100, 120, 128};
+  const Bias1Kind b1s[] = {Bias1Kind::kNone, Bias1Kind::kSameAsQ, Bias1Kind::kF32,
+                           Bias1Kind::kBool};
+  const Bias2Kind b2s[] = {Bias2Kind::kNone, Bias2Kind::kSameAsQ, Bias2Kind::kF32};
+  const Layout layouts[] = {Layout::kPacked, Layout::kPadded, Layout::kTransposedNL};
+  std::vector<EvoConfig> out;
+  for (int i = 0; i < count; ++i) {
+    EvoConfig c;
+    c.seed = seed + 1 + static_cast<uint64_t>(i);
+    c.dtype = rng() % 2 ? DType::kF16 : DType::kBF16;
+    c.shape.B = 1 + static_cast<int64_t>(rng() % 2);
+    c.shape.N = 1 + static_cast<int64_t>(rng() % 3);
+    c.shape.H = 1 + static_cast<int64_t>(rng() % 2);
+    c.shape.L = 1 + static_cast<int64_t>(rng() % 200);
+    c.shape.D = rng() % 2 ? common_dims[rng() % 11] : 1 + static_cast<int64_t>(rng() % 128);
+    c.bias1 = b1s[rng() % 4];
+    c.bias2 = b2s[rng() % 3];
+    c.in_layout = layouts[rng() % 3];
+    c.out_layout = rng() % 4 == 0 ? Layout::kPadded : Layout::kPacked;
+    out.push_back(c);
+  }
   return out;
 }
 
@@ -273,9 +344,15 @@ std::vector<EvoConfig> cases() {
 
 int main(int argc, char** argv) {
   emu::defer = std::getenv("EMU_DEFER") != nullptr;
+  emu::launch_smem = cuda::smem_raw;
+  emu::launch_smem_capacity = sizeof(cuda::smem_raw);
   const std::vector<EvoConfig> all = cases();
   int failures = 0;
-  if (argc > 1) {
+  if (argc > 1 && std::string(argv[1]) == "random") {
+    const int count = argc > 2 ? std::atoi(argv[2]) : 20;
+    const uint64_t seed = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : kBaseSeed + 91000;
+    for (const EvoConfig& c : random_cases(count, seed)) failures += !run(c);
+  } else if (argc > 1) {
     const int i = std::atoi(argv[1]);
     if (i < 0 || i >= static_cast<int>(all.size())) {
       std::printf("case index must be 0..%zu\n", all.size() - 1);

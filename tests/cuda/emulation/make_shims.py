@@ -13,7 +13,7 @@ from pathlib import Path
 
 root = Path(__file__).resolve().parents[3]
 out = Path(sys.argv[1])
-for folder in ("common", "evoformer"):
+for folder in ("common", "evoformer", "block_sparse"):
     (out / "cuda" / folder).mkdir(parents=True, exist_ok=True)
 
 src = (root / "src/cuda/common/device_utils.cuh").read_text()
@@ -56,6 +56,74 @@ ts, n3 = re.subn(r"(void store_chunk_words\(uint32_t dst, const uint32_t \(&word
 assert n1 == 1 and n3 == 1, "tile copies"
 assert not re.search(r"\basm\b", ts)
 (out / "cuda/common/tile_copies.cuh").write_text(ts)
+
+# The warpgroup MMA (sm_90a): every wgmma.mma_async becomes a call of ::emu::wgmma with its shape,
+# dtype, operand sources and transposes read from the instruction; the fences, commit and wait
+# become nothing (the emulated product completes at issue).
+wg = (root / "src/cuda/common/wgmma.cuh").read_text()
+
+
+def emulated_wgmma(m):
+    body = m.group(0)
+    n = int(re.search(r"m64n(\d+)k16", body).group(1))
+    dtype = "__nv_bfloat16" if ".f32.bf16.bf16" in body else "__half"
+    flags = re.search(r"p((?:, [01])+);", body).group(1).replace(",", " ").split()
+    if '"r"(a[0])' in body:  # A from registers: scale-a, scale-b, transpose-b
+        assert len(flags) == 3, body
+        return "::emu::wgmma_rs<%s, %d, %s>(d, a, desc_b, accumulate);" % (dtype, n, flags[2])
+    assert len(flags) == 4, body  # scale-a, scale-b, transpose-a, transpose-b
+    return "::emu::wgmma_ss<%s, %d, %s, %s>(d, desc_a, desc_b, accumulate);" % (
+        dtype, n, flags[2], flags[3])
+
+
+wg, n = re.subn(r"asm volatile\(\s*\"\{\\n\.reg \.pred p;.*?\);", emulated_wgmma, wg, flags=re.S)
+assert n >= 10, "wgmma products: %d" % n
+wg, n = re.subn(r"asm volatile\(\"(fence\.proxy|wgmma\.(fence|commit_group|wait_group))[^;]*;[^;]*;",
+                "", wg)
+assert n == 4, "wgmma fences: %d" % n
+assert not re.search(r"\basm\b", wg)
+wg = wg.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
+(out / "cuda/common/wgmma.cuh").write_text(wg)
+wt = (root / "src/cuda/common/wgmma_tiles.cuh").read_text()
+wt, n = re.subn(r'asm volatile\("" : "\+f"\(d\[i\]\[e\]\)::"memory"\);', "(void)d[i][e];", wt)
+assert n == 1 and not re.search(r"\basm\b", wt), "wgmma_pin"
+(out / "cuda/common/wgmma_tiles.cuh").write_text(wt)
+# Thread-block clusters are not emulated (one CTA runs at a time): a kernel that asks stops.
+cl = (root / "src/cuda/common/cluster.cuh").read_text()
+cl, n = re.subn(r"(__device__ __forceinline__ [^{]*\{).*?\n\}",
+                r'\1\n  ::emu::not_emulated("thread-block clusters");\n}', cl, flags=re.S)
+assert n == 5 and not re.search(r"\basm\b", cl), "cluster"
+cl = cl.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
+(out / "cuda/common/cluster.cuh").write_text(cl)
+# The Evoformer launchers as the dispatch runs them, each launch an emulated grid; the
+# shared-memory attributes have nothing to set; the per-kernel grid sizes from the dispatch.
+(out / "cuda/common/kernel_smem_config.h").write_text(
+    "#pragma once\n#include <cstddef>\n#include \"emu_runtime.h\"\n"
+    "namespace sciattn::cuda {\ninline cudaError_t configure_kernel_smem(const void*, size_t, bool) "
+    "{ return cudaSuccess; }\n}  // namespace sciattn::cuda\n")
+li = (root / "src/cuda/evoformer/evoformer_launch_impl.cuh").read_text()
+li, n1 = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), threads, smem_bytes, stream>>>\(p\);\s*"
+                 r"return cudaGetLastError\(\);",
+                 "return ::emu::launch(kernel, ctas, threads, smem_bytes, p);", li)
+li, n2 = re.subn(r"(cudaError_t launch_cluster_pairs\([^{]*\{).*?\n\}",
+                 r'\1\n  ::emu::not_emulated("cluster launches");\n  return cudaSuccess;\n}', li,
+                 flags=re.S)
+assert n1 == 1 and n2 == 1 and "<<<" not in li, "launch_impl"
+(out / "cuda/evoformer/evoformer_launch_impl.cuh").write_text(li)
+sl = (root / "src/cuda/block_sparse/sparse_attention_launch_impl.cuh").read_text()
+sl, n = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), SparseTile::kThreads, smem_bytes, stream>>>"
+                r"\(args\.\.\.\);\s*return cudaGetLastError\(\);",
+                "return ::emu::launch(kernel, ctas, SparseTile::kThreads, smem_bytes, args...);", sl)
+assert n == 1 and "<<<" not in sl, "sparse launch_impl"
+(out / "cuda/block_sparse/sparse_attention_launch_impl.cuh").write_text(sl)
+di = (root / "src/cuda/evoformer/evoformer_dispatch.cu").read_text()
+ctas = re.search(r"int64_t evoformer_forward_ctas\(.*?\nint64_t evoformer_dbias2_ctas\(.*?\n\}\n", di,
+                 flags=re.S).group(0)
+(out / "evoformer_ctas.h").write_text(
+    "#pragma once\n#include \"common/evoformer_cuda_plan.h\"\n"
+    "#include \"cuda/evoformer/evoformer_device_params.h\"\nnamespace sciattn::cuda {\n" + ctas +
+    "}  // namespace sciattn::cuda\n")
+
 (out / "cuda/evoformer/evoformer_bwd_kernels.cuh").write_text(
     (root / "src/cuda/evoformer/evoformer_bwd_kernels.cuh").read_text())
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs the fused block-sparse attention kernels, or with `evoformer` the Evoformer kernels, under
 # host emulation (no GPU): the kernel sources compiled as C++20 with emulated mma.sync / ldmatrix /
-# warp shuffles / barriers (one CTA at a time, one std::thread per CUDA thread; cp.async lands at
-# issue, or with EMU_DEFER=1 only at the wait that must complete it, the two extremes of the
-# pipeline's timing), against the fp64 oracle and the CPU path with the tolerance rule. Developer
-# tool (tests/cuda/emulation), not part of CTest. Usage:
+# warp shuffles / barriers / warpgroup MMA (one CTA at a time, one std::thread per CUDA thread;
+# cp.async lands at issue, or with EMU_DEFER=1 only at the wait that must complete it, the two
+# extremes of the pipeline's timing; wgmma completes at issue), against the fp64 oracle and the
+# CPU path with the tolerance rule: the mma.sync kernels, and the sm_90a warpgroup kernels where
+# the host picks them, through the dispatch's own launchers. Developer tool (tests/cuda/emulation),
+# not part of CTest. Usage:
 #   run_emulation.sh [CPU build dir, default build/cpu] [case | 100 (fp32) | 200 N (N random)]
-#   run_emulation.sh [CPU build dir] evoformer [case index]
+#   run_emulation.sh [CPU build dir] evoformer [case index | random [count [seed]]]
 # With no case argument the fixed cases run (and, for block-sparse, the fp32 ones).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

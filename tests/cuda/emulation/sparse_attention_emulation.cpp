@@ -8,9 +8,11 @@
 // clang-format off
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
+#include "cuda/block_sparse/sparse_attention_launch_impl.cuh"
 #include "f32_kernels.h"
 // clang-format on
 
+#include <string>
 #include <vector>
 
 #include "common/block_sparse_device_pack.h"
@@ -19,8 +21,10 @@
 #include "cuda/common/bias_type_of.h"
 
 namespace sciattn::cuda {
-__attribute__((aligned(16))) unsigned char smem_raw[1 << 18];
-}
+// The kernels' `extern __shared__ smem_raw`, 1024-byte aligned as the warpgroup kernels' swizzled
+// tiles are on the GPU.
+__attribute__((aligned(1024))) unsigned char smem_raw[1 << 18];
+}  // namespace sciattn::cuda
 
 using namespace sciattn;
 using namespace sciattn::bstest;
@@ -28,7 +32,7 @@ using cuda::SparseAttentionDeviceParams;
 
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, int64_t ctas, const Args&... args) {
-  emu::run_grid(kernel, ctas, 128, cuda::smem_raw, sizeof(cuda::smem_raw), args...);
+  emu::launch(kernel, ctas, 128, sizeof(cuda::smem_raw), args...);
 }
 
 // The tile arrays the kernels read: the upload's own int32 packing of the index
@@ -90,7 +94,8 @@ sciattn::Layout case_layout(const Case& c, std::mt19937_64& rng) {
 }
 
 // kStages: the backward's stages of streamed tiles (1: the form sm_86 and sm_89 run at head dim
-// 128, kSparseOneStage).
+// 128, kSparseOneStage); 0: the dispatch's launchers (sparse_attention_launch_impl.cuh) with the
+// host's choice of kernels, run only where that is the sm_90a warpgroup kernels.
 template <typename T, int kHD, int kStages = 2>
 bool run_case_stages(const Case& c) {
   std::mt19937_64 rng(c.seed);
@@ -173,13 +178,22 @@ bool run_case_stages(const Case& c) {
   p.fwd_partial = fwd_part.data();
   // The launcher's choice of instantiation (sparse_attention_launch_impl.cuh).
   const bool packed = dt.sub > 1;
-  launch(packed ? cuda::sparse_attention_fwd_kernel<T, kHD, true>
-                : cuda::sparse_attention_fwd_kernel<T, kHD, false>,
-         c.B * dt.head_repeat * dt.rows.pieces, p);
-  if (dt.rows.num_split_lines)
-    launch(cuda::sparse_attention_fwd_combine_kernel<T, kHD>,
-           c.B * dt.head_repeat * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine,
-           p);
+  if (kStages == 0 && !p.wgmma_tiles) return true;
+  if constexpr (kStages == 0) {
+    cuda::launch_sparse_attention_forward<T, kHD>(p, nullptr);
+  } else {
+    launch(packed ? cuda::sparse_attention_fwd_kernel<T, kHD, true>
+                  : cuda::sparse_attention_fwd_kernel<T, kHD, false>,
+           c.B * dt.head_repeat * dt.rows.pieces, p);
+    if (dt.rows.num_split_lines)
+      launch(
+          cuda::sparse_attention_fwd_combine_kernel<T, kHD>,
+          c.B * dt.head_repeat * dt.rows.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine,
+          p);
+  }
+  const std::string path =
+      kStages == 0 ? std::string("wgmma")
+                   : "mma.sync, " + std::to_string(kStages) + (kStages == 1 ? " stage" : " stages");
 
   bool ok = true;
   auto check = [&](const char* what, const testing::AssertionResult& r) {
@@ -191,8 +205,8 @@ bool run_case_stages(const Case& c) {
   check("out", within_tolerance("out", gout.values(), cout_.values(), o.out.v, c.dtype));
   check("lse", within_tolerance("lse", glse.values(), clse.values(), o.lse, DType::kF32));
   if (c.huge_v) {
-    std::printf("%s b%ld N%ld D%ld split%ld, V = 1e37: %s\n", dtype_name(c.dtype), c.block, c.N,
-                c.D, c.split, ok ? "OK" : "FAILED");
+    std::printf("%s b%ld N%ld D%ld split%ld, %s, V = 1e37: %s\n", dtype_name(c.dtype), c.block, c.N,
+                c.D, c.split, path.c_str(), ok ? "OK" : "FAILED");
     return ok;
   }
 
@@ -257,40 +271,46 @@ bool run_case_stages(const Case& c) {
   p.dq_partial = dqp.data();
   p.dk_partial = dkp.data();
   p.dv_partial = dvp.data();
-  launch(packed ? cuda::sparse_attention_dkdv_kernel<T, kHD, true, kStages>
-                : cuda::sparse_attention_dkdv_kernel<T, kHD, false, kStages>,
-         c.B * dt.head_repeat * dt.cols.pieces, p);
-  launch(packed ? cuda::sparse_attention_dq_kernel<T, kHD, true, kStages>
-                : cuda::sparse_attention_dq_kernel<T, kHD, false, kStages>,
-         c.B * dt.head_repeat * dt.rows.pieces, p);
-  auto sum = [&](const BlockSparseDeviceIndex::TileWork& w, float* part, void* out,
-                 const int64_t* st) {
-    if (!w.num_split_lines) return;
-    cuda::SparseSumTarget target{part, out, {st[0], st[1], st[2], st[3]}};
-    launch(cuda::sparse_attention_sum_kernel<T, kHD>,
-           c.B * dt.head_repeat * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p, w,
-           target);
-  };
-  sum(dt.cols, dkp.data(), p.dk, p.dk_stride);
-  sum(dt.cols, dvp.data(), p.dv, p.dv_stride);
-  sum(dt.rows, dqp.data(), p.dq, p.dq_stride);
+  if constexpr (kStages == 0) {
+    cuda::launch_sparse_attention_backward<T, kHD>(p, nullptr);
+  } else {
+    launch(packed ? cuda::sparse_attention_dkdv_kernel<T, kHD, true, kStages>
+                  : cuda::sparse_attention_dkdv_kernel<T, kHD, false, kStages>,
+           c.B * dt.head_repeat * dt.cols.pieces, p);
+    launch(packed ? cuda::sparse_attention_dq_kernel<T, kHD, true, kStages>
+                  : cuda::sparse_attention_dq_kernel<T, kHD, false, kStages>,
+           c.B * dt.head_repeat * dt.rows.pieces, p);
+    auto sum = [&](const BlockSparseDeviceIndex::TileWork& w, float* part, void* out,
+                   const int64_t* st) {
+      if (!w.num_split_lines) return;
+      cuda::SparseSumTarget target{part, out, {st[0], st[1], st[2], st[3]}};
+      launch(cuda::sparse_attention_sum_kernel<T, kHD>,
+             c.B * dt.head_repeat * w.num_split_lines * cuda::SplitLineChunk<kHD>::kCtasPerLine, p,
+             w, target);
+    };
+    sum(dt.cols, dkp.data(), p.dk, p.dk_stride);
+    sum(dt.cols, dvp.data(), p.dv, p.dv_stride);
+    sum(dt.rows, dqp.data(), p.dq, p.dq_stride);
+  }
   check("dq", within_tolerance("dq", gdq.values(), cdq.values(), og.dq.v, c.dtype));
   check("dk", within_tolerance("dk", gdk.values(), cdk.values(), og.dk.v, c.dtype));
   check("dv", within_tolerance("dv", gdv.values(), cdv.values(), og.dv.v, c.dtype));
   std::printf(
-      "B%ld H%ld %s b%ld N%ld D%ld kind%d split%ld causal%d kpm%d attn%d rpe%d keyt%d stages %d: "
+      "B%ld H%ld %s b%ld N%ld D%ld kind%d split%ld causal%d kpm%d attn%d rpe%d keyt%d %s: "
       "rows pieces %d (split lines %d) cols pieces %d (split lines %d): %s\n",
       c.B, c.H, dtype_name(c.dtype), c.block, c.N, c.D, c.kind, c.split, c.causal, c.kpm, c.attn,
-      c.rpe, c.keyt, kStages, dt.rows.pieces, dt.rows.num_split_lines, dt.cols.pieces,
+      c.rpe, c.keyt, path.c_str(), dt.rows.pieces, dt.rows.num_split_lines, dt.cols.pieces,
       dt.cols.num_split_lines, ok ? "OK" : "FAILED");
   return ok;
 }
 
-// Every case in the two-stage form, and at head dim 128 in the one-stage form too.
+// Every case in the two-stage form, at head dim 128 in the one-stage form too, and at head dims
+// 64 and 128 on the warpgroup kernels where the host picks them.
 template <typename T, int kHD>
 bool run_case(const Case& c) {
   bool ok = run_case_stages<T, kHD>(c);
   if constexpr (kHD == 128) ok = run_case_stages<T, kHD, 1>(c) && ok;
+  if constexpr (kHD == 64 || kHD == 128) ok = run_case_stages<T, kHD, 0>(c) && ok;
   return ok;
 }
 
@@ -423,6 +443,8 @@ bool run_f32(const Case& c) {
 
 int main(int argc, char** argv) {
   emu::defer = std::getenv("EMU_DEFER") != nullptr;
+  emu::launch_smem = cuda::smem_raw;
+  emu::launch_smem_capacity = sizeof(cuda::smem_raw);
   int which = argc > 1 ? std::atoi(argv[1]) : -1;
   std::vector<Case> cases;
   Case c;

@@ -1,6 +1,7 @@
 // The parts of the CUDA back end that the GPU ops' test suite needs besides the ops themselves,
 // for the host emulation (tests/cuda/ops_emulation): the device index "uploaded" to host memory,
-// one device, and the fused attention entry points (never called by the suite). Developer tool.
+// one device (an sm_80 with its shared memory), and the fused attention entry points (never called
+// by the suite). Developer tool.
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -8,6 +9,7 @@
 #include "common/block_sparse_checks.h"
 #include "common/block_sparse_device_index.h"
 #include "common/block_sparse_device_pack.h"
+#include "cuda/common/device_arch.h"
 #include "sciattn/device.h"
 namespace sciattn {
 BlockSparseDeviceIndex::~BlockSparseDeviceIndex() {
@@ -26,6 +28,17 @@ Status check_device_index(const BlockSparseIndex& ix, const void*) {
 }
 }  // namespace detail
 namespace cuda {
+// The emulated device: an sm_80 (the ops have no warpgroup kernels), 163 KiB of shared memory.
+Status current_device_kernels(DeviceKernels* out) {
+  out->major = 8;
+  out->minor = 0;
+  out->binary_arch = 80;
+  out->ptx_arch = 80;
+  out->warpgroup_mma = false;
+  out->smem_limit = 163 * 1024;
+  out->name = "host emulation";
+  return Status::ok_status();
+}
 // The CUDA side of upload_block_sparse_index: the packing (detail::pack_block_sparse_index), kept
 // in host memory.
 Status upload_block_sparse_index(BlockSparseIndex* ix, int) {

@@ -7,6 +7,9 @@
 # path is taken for any even address here). Developer tool, not part of CTest.
 # Usage: run_ops_emulation.sh [build dir of a CUDA-enabled configuration, default build/cuda]
 #        [gtest arguments, e.g. --gtest_filter='*Small*']
+# Without gtest arguments every test runs (215, about two minutes on 2 cores) except
+# BlockSparseCudaLimits.*, which asks the fused attention (not part of this emulation: its entry
+# points abort here) whether it accepts a shape, and the L = 65536 cases (tens of minutes here).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -30,4 +33,7 @@ g++ -std=c++20 -O1 -fopenmp -pthread -I"$work/include" -I"$here" -I"$root/src" -
   -I"$root/include" "$root/tests/cuda/test_block_sparse_ops_cuda.cpp" "$here/ops_emulation_stubs.cpp" \
   "$work"/src/*.cpp "$build/src/libsciattn.a" "$build/src/libsciattn_sparse_tiles.a" \
   -lgtest -lgtest_main -o "$work/ops_emulation"
+if [ $# -eq 0 ]; then
+  set -- --gtest_filter='-BlockSparseCudaLimits.*:*L65536*'
+fi
 "$work/ops_emulation" "$@"
