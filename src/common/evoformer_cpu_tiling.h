@@ -88,10 +88,12 @@ inline double cpu_forward_work(const EvoformerShape& s) {
 inline double cpu_backward_work(const EvoformerShape& s) {
   return cpu_scores(s) * (10.0 * static_cast<double>(s.dim) + kCpuExpFlops);
 }
-// The rate of the tiled path on one core in those units. Fits on the 2-core CPU machine: forward
-// 5.8 ns per score + 0.185 ns per score and head-dim element (21.6 per ns), backward 6 ns +
-// 0.48 ns (20.9 per ns at D 64, 21.1 at D 8).
-constexpr double kCpuTiledFlopsPerNs = 20.0;
+// The rate of the tiled path on one core in those units (its x86-64-v4 clones, both biases, the
+// 2-core CPU machine): forward 7.05 ns per score at D 32 and 9.31 at D 64 (36 and 41 per ns),
+// backward 10.5 and 19.1 ns (43 and 40 per ns); the exponential is vectorised
+// (cpu/vector_exp.h), so kCpuExpFlops now stands for the per-score work other than the head-dim
+// products as much as for the exponential itself.
+constexpr double kCpuTiledFlopsPerNs = 40.0;
 
 // Threads of the tiled forward, one task per (b, n, h), given at most `limit`.
 inline int cpu_forward_threads(int limit, const EvoformerShape& s) {

@@ -11,6 +11,7 @@
 #include "common/workspace_layout.h"
 #include "cpu/block_sparse_cpu.h"
 #include "cpu/softmax_row.h"
+#include "cpu/vector_exp.h"
 
 namespace sciattn::cpu {
 namespace {
@@ -86,11 +87,7 @@ SCIATTN_CPU_CLONES void softmax_task(const BlockSparseIndex& ix, const TensorVie
       // Fully masked: 0 rather than DeepSpeed's NaN from exp(-inf - (-inf)) (Decision 4).
       std::fill(vals, vals + width, 0.0f);
     } else {
-      float sum = 0.0f;
-      for (int64_t c = 0; c < width; ++c) {
-        vals[c] = std::exp(vals[c] - max);
-        sum += vals[c];
-      }
+      const float sum = exp_shifted_row(vals, width, max);
       for (int64_t c = 0; c < width; ++c) vals[c] /= sum;
       row_lse = max + std::log(sum);
     }

@@ -13,29 +13,13 @@
 
 #include "common/cpu_threads.h"
 #include "common/workspace_layout.h"
+#include "cpu/cpu_clones.h"
 #include "cpu/strided_access.h"
 #include "sciattn/block_sparse_ops.h"
 
 namespace sciattn::cpu {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// The task functions of the kernels (one task = one output tile, with every helper below inlined)
-// are compiled three times, for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and the baseline, and
-// the loader picks the best one the CPU runs (target_clones, an ifunc resolved once per process).
-// Within one process every call runs the same clone, so results stay deterministic and
-// independent of the thread count; between CPUs of different levels the last bits of a result can
-// differ, because the v3 and v4 clones contract a * b + c into one FMA.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(SCIATTN_NO_CPU_CLONES)
-#define SCIATTN_CPU_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#define SCIATTN_CPU_INLINE inline __attribute__((always_inline))
-#else
-#define SCIATTN_CPU_CLONES
-#define SCIATTN_CPU_INLINE inline
-#endif
-// The helpers below are forced inline: a helper the compiler keeps out of line would be the
-// baseline version, called from every clone, and the wide clones would gain nothing.
 
 // Threads a call may use: the request, or all hardware threads for 0. Its workspace holds scratch
 // for that many; each loop runs on block_loop_threads() of them. Results never depend on either.
@@ -44,9 +28,13 @@ inline int block_sparse_threads(int requested) {
 }
 
 // The block-sparse kernels' rate on one core in cpu_threads.h's units (their x86-64-v4 clones on
-// the 2-core CPU machine): the fused forward takes 6.2 ns per score at D 64 (62 per ns), the
-// composite forward 7.9 ns (49 per ns), the fused backward 12.8 ns (90 per ns). The baseline
-// clone is 2-3x slower, so there a loop needs 2-3x the time before it takes a second thread.
+// the 2-core CPU machine, 2026-12-04): the fused forward took 6.2 ns per score at D 64 (62 per
+// ns), the composite forward 7.9 ns (49 per ns), the fused backward 12.8 ns (90 per ns). The
+// vectorised exponential (cpu/vector_exp.h) has since made them 1.2-1.4x faster (BigBird at
+// L 4096: fused forward 1.4x, backward 1.2x, composite forward 1.4x), so this rate undercounts
+// by that much: a loop takes its second thread at 2.1-2.5 ms of one core rather than 3. The
+// baseline clone is 2-3x slower, so there a loop needs 2-3x the time before it takes a second
+// thread.
 constexpr double kBlockSparseFlopsPerNs = 60.0;
 
 // Threads of one loop of a call that may use `threads`: the loop has `tasks` tasks, which together

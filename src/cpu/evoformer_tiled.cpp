@@ -19,8 +19,10 @@
 #include <limits>
 
 #include "common/evoformer_cpu_tiling.h"
+#include "cpu/cpu_clones.h"
 #include "cpu/softmax_row.h"
 #include "cpu/strided_access.h"
+#include "cpu/vector_exp.h"
 
 namespace sciattn::cpu {
 namespace {
@@ -65,8 +67,9 @@ struct ScoreTileArgs {
 
 // scores[r][c] = <scale*q_{i0+r}, k_{j0+c}> + bias1[j0+c] + bias2[b, 0, h, i0+r, j0+c] for the
 // tile; rows of `scores` are kCpuKeyTile apart. The forward and the backward both call this, so
-// the backward's recomputed scores are bitwise those of the forward.
-void score_tile(const ScoreTileArgs& a, const EvoformerShape& s, float* scores) {
+// the backward's recomputed scores are bitwise those of the forward (one function, cloned per
+// instruction set: cpu_clones.h).
+SCIATTN_CPU_CLONES void score_tile(const ScoreTileArgs& a, const EvoformerShape& s, float* scores) {
   for (int64_t r = 0; r < a.tq; ++r) {
     float* srow = scores + r * kCpuKeyTile;
     std::fill(srow, srow + a.tk, 0.0f);
@@ -95,8 +98,9 @@ const float* load_bias1(const TensorView& bias1, int64_t b, int64_t n, const Evo
   return dst;
 }
 
-void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, float scale, int64_t b,
-                  int64_t n, int64_t h, const CpuForwardScratch& plan, void* scratch) {
+SCIATTN_CPU_CLONES void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s,
+                                     float scale, int64_t b, int64_t n, int64_t h,
+                                     const CpuForwardScratch& plan, void* scratch) {
   const WorkspaceLayout w;  // `scratch` is already aligned; offsets come from `plan`
   float* k_t = w.at<float>(scratch, plan.k_t);
   float* v = w.at<float>(scratch, plan.v);
@@ -137,12 +141,8 @@ void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, floa
         const float new_max = running_softmax_max(row_max[r], softmax_row_max(srow, tk));
         // Every key so far is masked: nothing to add, and no -inf - -inf = NaN to compute.
         if (new_max == kNegInf) continue;
-        const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first unmasked tile
-        float tile_sum = 0.0f;
-        for (int64_t c = 0; c < tk; ++c) {
-          srow[c] = std::exp(srow[c] - new_max);
-          tile_sum += srow[c];
-        }
+        const float rescale = vector_exp(row_max[r] - new_max);  // 0 on the first unmasked tile
+        const float tile_sum = exp_shifted_row(srow, tk, new_max);
         // The accumulator holds the output so far divided by the running sum: a weighted mean of
         // V's rows, whose weights add up to at most 1, so it stays finite wherever the result is.
         // Accumulating exp(s - max) v unnormalised reaches L * max|v|, which overflows fp32 for
@@ -181,9 +181,10 @@ void forward_task(const EvoformerForwardParams& p, const EvoformerShape& s, floa
 
 // The backward of one (b, n, h) slice. Adds dS into dbias1_partial ([L], this slice's own) and
 // dbias2_acc ([L, L], the task's chunk accumulator) when they are not null.
-void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s, float scale,
-                    int64_t b, int64_t n, int64_t h, const CpuBackwardScratch& plan, void* scratch,
-                    float* dbias1_partial, float* dbias2_acc) {
+SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s,
+                                       float scale, int64_t b, int64_t n, int64_t h,
+                                       const CpuBackwardScratch& plan, void* scratch,
+                                       float* dbias1_partial, float* dbias2_acc) {
   const WorkspaceLayout w;
   float* q = w.at<float>(scratch, plan.q);
   float* k = w.at<float>(scratch, plan.k);
@@ -239,7 +240,7 @@ void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s, f
         if (row_lse == kNegInf) {
           std::fill(prow, prow + tk, 0.0f);
         } else {
-          for (int64_t c = 0; c < tk; ++c) prow[c] = std::exp(prow[c] - row_lse);
+          for (int64_t c = 0; c < tk; ++c) prow[c] = vector_exp(prow[c] - row_lse);
         }
       }
       for (int64_t r = 0; r < tq; ++r) {

@@ -16,6 +16,7 @@
 #include "common/workspace_layout.h"
 #include "cpu/block_sparse_cpu.h"
 #include "cpu/softmax_row.h"
+#include "cpu/vector_exp.h"
 
 namespace sciattn::cpu {
 namespace {
@@ -100,12 +101,8 @@ SCIATTN_CPU_CLONES void forward_task(const SparseAttentionForwardParams& p, cons
         std::fill(srow, srow + b, 0.0f);
         continue;
       }
-      const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first unmasked block
-      float block_sum = 0.0f;
-      for (int64_t c = 0; c < b; ++c) {
-        srow[c] = std::exp(srow[c] - new_max);
-        block_sum += srow[c];
-      }
+      const float rescale = vector_exp(row_max[r] - new_max);  // 0 on the first unmasked block
+      const float block_sum = exp_shifted_row(srow, b, new_max);
       // acc holds the output so far divided by the running sum, a weighted mean of V's rows with
       // weights adding up to at most 1: it stays finite wherever the result is, where the
       // unnormalised sum of exp(s - max) v overflows fp32 for |v| above FLT_MAX / L.
@@ -208,10 +205,11 @@ SCIATTN_CPU_INLINE void block_gradients(const ScoreTerms& terms, int64_t z, int6
   score_block(terms, z, h, i_blk, j_blk, b, dim, q_blk, k_t, scores, tmp);
   for (int64_t r = 0; r < b; ++r) {
     float* prow = scores + r * b;
-    if (lse[r] == kNegInf) {
+    const float row_lse = lse[r];  // a local, so that the loop below vectorises
+    if (row_lse == kNegInf) {
       std::fill(prow, prow + b, 0.0f);
     } else {
-      for (int64_t c = 0; c < b; ++c) prow[c] = std::exp(prow[c] - lse[r]);
+      for (int64_t c = 0; c < b; ++c) prow[c] = vector_exp(prow[c] - row_lse);
     }
   }
   std::fill(dscores, dscores + b * b, 0.0f);

@@ -54,29 +54,29 @@ TEST(EvoformerCpuThreads, SmallShapesRunOnOneThread) {
 }
 
 TEST(EvoformerCpuThreads, ThreadsFollowTheWork) {
-  // [1, 8, L, 4, 32] has 32 * L^2 scores of 4*32 + 128 = 256 forward units, at 20 per ns: a
-  // second thread from 6 ms, which L 122 reaches and L 121 does not.
-  EXPECT_EQ(cpu_forward_threads(64, shape(1, 8, 121, 4, 32)), 1);
-  EXPECT_EQ(cpu_forward_threads(64, shape(1, 8, 122, 4, 32)), 2);
-  // The backward's 10*32 + 128 units per score at L 128: 11.7 ms, three threads.
-  EXPECT_EQ(cpu_backward_threads(64, shape(1, 8, 128, 4, 32), false), 3);
-  // The benchmark's demo triangle shape [1, 128, 128, 4, 32] has 512 tasks and 107 ms of work:
-  // 35 threads' worth.
+  // [1, 8, L, 4, 32] has 32 * L^2 scores of 4*32 + 128 = 256 forward units, at 40 per ns: a
+  // second thread from 6 ms, which L 172 reaches and L 171 does not.
+  EXPECT_EQ(cpu_forward_threads(64, shape(1, 8, 171, 4, 32)), 1);
+  EXPECT_EQ(cpu_forward_threads(64, shape(1, 8, 172, 4, 32)), 2);
+  // The backward's 10*32 + 128 units per score at L 160: 9.2 ms, three threads.
+  EXPECT_EQ(cpu_backward_threads(64, shape(1, 8, 160, 4, 32), false), 3);
+  // The benchmark's demo triangle shape [1, 128, 128, 4, 32] has 512 tasks and 53.7 ms of work:
+  // 17 threads' worth.
   const EvoformerShape triangle = shape(1, 128, 128, 4, 32);
   EXPECT_EQ(cpu_forward_threads(2, triangle), 2);
   EXPECT_EQ(cpu_forward_threads(16, triangle), 16);
-  EXPECT_EQ(cpu_forward_threads(1000, triangle), 35);
+  EXPECT_EQ(cpu_forward_threads(1000, triangle), 17);
 }
 
 TEST(EvoformerCpuThreads, BackwardTasksFollowTheDbias2Chunks) {
   // With dbias2 the tasks are (b, h, chunk of N), at most 8 chunks: [2, 64, 256, 4, 32] has
-  // 2 * 4 * 8 = 64 tasks and work for 250 threads.
+  // 2 * 4 * 8 = 64 tasks and work for 125 threads.
   const EvoformerShape s = shape(2, 64, 256, 4, 32);
   EXPECT_EQ(cpu_backward_chunks(s, true), 8);
   EXPECT_EQ(cpu_backward_threads(1000, s, true), 64);
   // Without dbias2 every (b, n, h) is a task: 512, and the work decides.
   EXPECT_EQ(cpu_backward_chunks(s, false), 64);
-  EXPECT_EQ(cpu_backward_threads(1000, s, false), 250);
+  EXPECT_EQ(cpu_backward_threads(1000, s, false), 125);
 }
 
 TEST(BlockSparseCpuThreads, ThreadsFollowTheBlocks) {

@@ -117,8 +117,8 @@ std::vector<EvoConfig> determinism_cases() {
   // The cases above have too little work for a second thread (common/cpu_threads.h), so they run
   // on one whatever num_threads says. These have enough for two threads in the forward and
   // three in the backward, so the split of the work over threads is exercised as well.
-  add({1, 8, 136, 4, 32}, DType::kF32, Bias1Kind::kF32, Bias2Kind::kF32);
-  add({1, 8, 136, 4, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ);
+  add({1, 8, 180, 4, 32}, DType::kF32, Bias1Kind::kF32, Bias2Kind::kF32);
+  add({1, 8, 180, 4, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ);
   return cases;
 }
 
