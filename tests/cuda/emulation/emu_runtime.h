@@ -6,7 +6,8 @@
 // their matrix descriptors and swizzle modes as the PTX ISA defines them. The operand alignment
 // the hardware requires (cp.async: both addresses to the copy size; ldmatrix: each row address to
 // 16 bytes) is checked, and a violation stops the run as the GPU would; so is a wgmma operand
-// read outside the launch's shared memory. Thread-block clusters are not emulated.
+// read outside the launch's shared memory. Thread-block clusters run their CTAs at once, each with
+// its own shared memory, a cluster barrier and stores into a partner CTA's shared memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,10 +42,23 @@ inline EmuDim blockDim{128, 1, 1}, gridDim{1, 1, 1};
 
 namespace emu {
 constexpr int kMaxWarps = 8;
-inline std::unique_ptr<std::barrier<>> block_bar;
-inline std::unique_ptr<std::barrier<>> warp_bar[kMaxWarps];
-inline float shfl_buf[kMaxWarps][32];
-inline uint32_t a_buf[kMaxWarps][32][4], b_buf[kMaxWarps][32][2];
+constexpr int kMaxClusterCtas = 2;
+// One CTA of the running cluster (a launch without clusters runs one CTA at a time): its barriers,
+// the staging its warp collectives exchange through, and its shared memory.
+struct CtaState {
+  std::unique_ptr<std::barrier<>> block_bar;
+  std::unique_ptr<std::barrier<>> warp_bar[kMaxWarps];
+  float shfl_buf[kMaxWarps][32];
+  uint32_t a_buf[kMaxWarps][32][4], b_buf[kMaxWarps][32][2];
+  const void* row_buf[kMaxWarps][32];
+  unsigned char* shared_base = nullptr;
+};
+inline CtaState cta_states[kMaxClusterCtas];
+inline thread_local int cta_rank = 0;  // the calling thread's CTA in its cluster
+inline CtaState& cta() {
+  return cta_states[cta_rank];
+}
+inline std::unique_ptr<std::barrier<>> cluster_bar;  // every thread of the running cluster
 
 // cp.async: immediate copies by default (the earliest a copy can land), or, with `defer` (the
 // EMU_DEFER environment variable), held back until the cp.async.wait_group that must complete
@@ -125,10 +139,10 @@ inline float half_bits<__nv_bfloat16>(uint16_t bits) {
 template <typename T>
 inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
-  for (int i = 0; i < 4; ++i) a_buf[w][l][i] = a[i];
-  b_buf[w][l][0] = b[0];
-  b_buf[w][l][1] = b[1];
-  warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
+  emu::cta().b_buf[w][l][0] = b[0];
+  emu::cta().b_buf[w][l][1] = b[1];
+  emu::cta().warp_bar[w]->arrive_and_wait();
   float A[16][16], B[16][8];
   for (int L = 0; L < 32; ++L) {
     const int g = L / 4, t = L % 4;
@@ -136,14 +150,14 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
       A[r][c] = half_bits<T>(static_cast<uint16_t>(v & 0xffff));
       A[r][c + 1] = half_bits<T>(static_cast<uint16_t>(v >> 16));
     };
-    put(g, 2 * t, a_buf[w][L][0]);
-    put(g + 8, 2 * t, a_buf[w][L][1]);
-    put(g, 2 * t + 8, a_buf[w][L][2]);
-    put(g + 8, 2 * t + 8, a_buf[w][L][3]);
-    B[2 * t][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][0] & 0xffff));
-    B[2 * t + 1][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][0] >> 16));
-    B[2 * t + 8][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][1] & 0xffff));
-    B[2 * t + 9][g] = half_bits<T>(static_cast<uint16_t>(b_buf[w][L][1] >> 16));
+    put(g, 2 * t, emu::cta().a_buf[w][L][0]);
+    put(g + 8, 2 * t, emu::cta().a_buf[w][L][1]);
+    put(g, 2 * t + 8, emu::cta().a_buf[w][L][2]);
+    put(g + 8, 2 * t + 8, emu::cta().a_buf[w][L][3]);
+    B[2 * t][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][0] & 0xffff));
+    B[2 * t + 1][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][0] >> 16));
+    B[2 * t + 8][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][1] & 0xffff));
+    B[2 * t + 9][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][1] >> 16));
   }
   const int g = l / 4, t = l % 4;
   for (int e = 0; e < 4; ++e) {
@@ -152,20 +166,19 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
     c[e] = acc;
   }
-  warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w]->arrive_and_wait();
 }
 // ldmatrix .x4 (optionally .trans): lane l passes the address of row l % 8 of matrix l / 8; of
 // matrix i it receives elements (l / 4, 2 (l % 4) .. +1), or with kTrans (2 (l % 4) .. +1, l / 4).
-inline const void* row_buf[kMaxWarps][32];
 template <bool kTrans>
 inline void ldmatrix_x4(uint32_t r[4], const void* row) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   require_aligned(row, 16, "ldmatrix row");
-  row_buf[w][l] = row;
-  warp_bar[w]->arrive_and_wait();
+  emu::cta().row_buf[w][l] = row;
+  emu::cta().warp_bar[w]->arrive_and_wait();
   auto element = [&](int m, int rr, int c) {
     uint16_t v;
-    std::memcpy(&v, static_cast<const char*>(row_buf[w][m * 8 + rr]) + 2 * c, 2);
+    std::memcpy(&v, static_cast<const char*>(emu::cta().row_buf[w][m * 8 + rr]) + 2 * c, 2);
     return static_cast<uint32_t>(v);
   };
   for (int m = 0; m < 4; ++m) {
@@ -173,16 +186,15 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) {
     r[m] = kTrans ? element(m, 2 * t, g) | (element(m, 2 * t + 1, g) << 16)
                   : element(m, g, 2 * t) | (element(m, g, 2 * t + 1) << 16);
   }
-  warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w]->arrive_and_wait();
 }
 // The CTA's shared memory (run_grid's buffer), so that a 32-bit shared-window address (an offset
 // into it here) can be made from a pointer and turned back into one.
-inline unsigned char* shared_base = nullptr;
 inline uint32_t shared_offset(const void* p) {
-  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - shared_base);
+  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - ::emu::cta().shared_base);
 }
 inline void* shared_at(uint32_t offset) {
-  return shared_base + offset;
+  return ::emu::cta().shared_base + offset;
 }
 
 // Stops the run at a feature this emulation does not have.
@@ -230,7 +242,7 @@ inline float smem_element(const SmemMatrix& m, bool mn_major, int row, int k) {
     std::abort();
   }
   uint16_t bits;
-  std::memcpy(&bits, shared_base + address, 2);
+  std::memcpy(&bits, ::emu::cta().shared_base + address, 2);
   return half_bits<T>(bits);
 }
 template <typename T, int kN, typename AOf>
@@ -260,8 +272,8 @@ template <typename T, int kN, int kTransB>
 inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
                      int accumulate) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
-  for (int i = 0; i < 4; ++i) a_buf[w][l][i] = a[i];
-  warp_bar[w]->arrive_and_wait();
+  for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
+  emu::cta().warp_bar[w]->arrive_and_wait();
   float A[16][16];
   for (int L = 0; L < 32; ++L) {
     const int g = L / 4, t = L % 4;
@@ -269,66 +281,112 @@ inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t des
       A[r][c] = half_bits<T>(static_cast<uint16_t>(v & 0xffff));
       A[r][c + 1] = half_bits<T>(static_cast<uint16_t>(v >> 16));
     };
-    put(g, 2 * t, a_buf[w][L][0]);
-    put(g + 8, 2 * t, a_buf[w][L][1]);
-    put(g, 2 * t + 8, a_buf[w][L][2]);
-    put(g + 8, 2 * t + 8, a_buf[w][L][3]);
+    put(g, 2 * t, emu::cta().a_buf[w][L][0]);
+    put(g + 8, 2 * t, emu::cta().a_buf[w][L][1]);
+    put(g, 2 * t + 8, emu::cta().a_buf[w][L][2]);
+    put(g + 8, 2 * t + 8, emu::cta().a_buf[w][L][3]);
   }
-  warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w]->arrive_and_wait();
   const SmemMatrix b = decode_descriptor(desc_b);
   wgmma_product<T, kN>(
       d, [&](int row, int k) { return A[row % 16][k]; }, b, kTransB != 0, accumulate);
 }
 
-// Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads, one CTA at a time, with
-// the kernel's shared memory (`smem`, `smem_bytes`) filled with garbage before each CTA.
+// Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads in clusters of `cluster`
+// CTAs (1: one CTA at a time), the CTAs of one cluster at once, CTA rank r with the shared memory
+// smem[r] (`smem_bytes`, filled with garbage before each cluster).
 template <typename Kernel, typename... Args>
-void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
-              const Args&... args) {
+void run_clusters(Kernel kernel, int64_t ctas, unsigned threads, int cluster,
+                  unsigned char* const* smem, size_t smem_bytes, const Args&... args) {
   gridDim.x = static_cast<unsigned>(ctas);
   blockDim.x = threads;
-  shared_base = smem;
-  for (int64_t cta = 0; cta < ctas; ++cta) {
-    std::memset(smem, 0xA5, smem_bytes);
-    block_bar = std::make_unique<std::barrier<>>(threads);
-    for (auto& w : warp_bar) w = std::make_unique<std::barrier<>>(32);
+  for (int64_t first = 0; first < ctas; first += cluster) {
+    cluster_bar = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads) * cluster);
+    for (int r = 0; r < cluster; ++r) {
+      CtaState& c = cta_states[r];
+      c.shared_base = smem[r];
+      std::memset(smem[r], 0xA5, smem_bytes);
+      c.block_bar = std::make_unique<std::barrier<>>(threads);
+      for (auto& w : c.warp_bar) w = std::make_unique<std::barrier<>>(32);
+    }
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        threadIdx.x = t;
-        blockIdx.x = static_cast<unsigned>(cta);
-        kernel(args...);
-      });
+    for (int r = 0; r < cluster; ++r) {
+      for (unsigned t = 0; t < threads; ++t) {
+        pool.emplace_back([&, r, t] {
+          cta_rank = r;
+          threadIdx.x = t;
+          blockIdx.x = static_cast<unsigned>(first + r);
+          kernel(args...);
+        });
+      }
     }
     for (auto& th : pool) th.join();
   }
 }
+template <typename Kernel, typename... Args>
+void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
+              const Args&... args) {
+  run_clusters(kernel, ctas, threads, 1, &smem, smem_bytes, args...);
+}
+
+// Thread-block clusters: the CTA's rank, the cluster barrier, and stores into another CTA's shared
+// memory, whose cluster-window address carries the rank + 1 above the shared offset (bits 24..).
+inline uint32_t cluster_rank() {
+  return static_cast<uint32_t>(cta_rank);
+}
+inline void cluster_sync() {
+  cluster_bar->arrive_and_wait();
+}
+inline uint32_t cluster_address(uint32_t address, uint32_t rank) {
+  return address | ((rank + 1) << 24);
+}
+template <typename V>
+inline void cluster_store(uint32_t address, const V& v) {
+  const uint32_t rank = (address >> 24) - 1;
+  if (rank >= kMaxClusterCtas) not_emulated("stores outside a cluster's shared memory");
+  std::memcpy(cta_states[rank].shared_base + (address & 0xFFFFFFu), &v, sizeof v);
+}
 
 // A launch as the kernels' launchers make it (the <<<ctas, threads, smem_bytes>>> of
-// evoformer_launch_impl.cuh's launch_1d): run_grid on the emulation's shared memory buffer
-// (launch_smem, set by the program), which must hold `smem_bytes`.
+// evoformer_launch_impl.cuh's launch_1d, or a cluster launch of `cluster` CTAs): run_clusters on
+// the emulation's shared memory buffer (launch_smem, set by the program, for rank 0; further
+// ranks get buffers of the same size here), which must hold `smem_bytes`.
 inline unsigned char* launch_smem = nullptr;
 inline size_t launch_smem_capacity = 0;
 template <typename Kernel, typename... Args>
-cudaError_t launch(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
-                   const Args&... args) {
+cudaError_t launch_cluster(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes, int cluster,
+                           const Args&... args) {
   if (ctas == 0) return cudaSuccess;
-  if (smem_bytes > launch_smem_capacity || threads > 32 * kMaxWarps || threads % 32 != 0) {
+  if (smem_bytes > launch_smem_capacity || threads > 32 * kMaxWarps || threads % 32 != 0 ||
+      cluster < 1 || cluster > kMaxClusterCtas || ctas % cluster != 0) {
     std::fprintf(stderr,
-                 "emulator: a launch of %d threads and %zu bytes of shared memory (at most "
-                 "%d and %zu here)\n",
-                 threads, smem_bytes, 32 * kMaxWarps, launch_smem_capacity);
+                 "emulator: a launch of %lld CTAs of %d threads in clusters of %d, %zu bytes of "
+                 "shared memory (at most %d threads, %d CTAs a cluster, %zu bytes here)\n",
+                 static_cast<long long>(ctas), threads, cluster, smem_bytes, 32 * kMaxWarps,
+                 kMaxClusterCtas, launch_smem_capacity);
     std::abort();
   }
+  static std::vector<std::vector<unsigned char>> extra;  // ranks 1.., 1024-byte aligned below
+  unsigned char* smem[kMaxClusterCtas] = {launch_smem};
+  for (int r = 1; r < cluster; ++r) {
+    if (extra.size() < static_cast<size_t>(r)) extra.emplace_back(launch_smem_capacity + 1024);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(extra[static_cast<size_t>(r - 1)].data());
+    smem[r] = reinterpret_cast<unsigned char*>((at + 1023) & ~uintptr_t{1023});
+  }
   launch_smem_bytes = smem_bytes;
-  run_grid(kernel, ctas, static_cast<unsigned>(threads), launch_smem, launch_smem_capacity,
-           args...);
+  run_clusters(kernel, ctas, static_cast<unsigned>(threads), cluster, smem, launch_smem_capacity,
+               args...);
   return cudaSuccess;
+}
+template <typename Kernel, typename... Args>
+cudaError_t launch(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
+                   const Args&... args) {
+  return launch_cluster(kernel, ctas, threads, smem_bytes, 1, args...);
 }
 }  // namespace emu
 
 inline void __syncthreads() {
-  emu::block_bar->arrive_and_wait();
+  ::emu::cta().block_bar->arrive_and_wait();
 }
 // The fast math intrinsics, as their exact host counterparts (the hardware's are within 2 ulp).
 inline float __fdividef(float x, float y) {
@@ -353,9 +411,9 @@ inline unsigned int __float_as_uint(float f) {
 }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
-  emu::shfl_buf[w][l] = v;
-  emu::warp_bar[w]->arrive_and_wait();
-  const float r = emu::shfl_buf[w][l ^ m];
-  emu::warp_bar[w]->arrive_and_wait();
+  emu::cta().shfl_buf[w][l] = v;
+  emu::cta().warp_bar[w]->arrive_and_wait();
+  const float r = emu::cta().shfl_buf[w][l ^ m];
+  emu::cta().warp_bar[w]->arrive_and_wait();
   return r;
 }

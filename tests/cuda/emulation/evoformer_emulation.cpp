@@ -5,10 +5,11 @@
 // with the fp64 oracle, the CPU reference giving lowp_ref (the tolerance rule). Each case runs the
 // mma.sync kernels (the portable path, with two stages and, at head dims 64 and 128, one) and,
 // where the host picks them, the sm_90a warpgroup kernels through the launchers the dispatch
-// calls (evoformer_launch_impl.cuh; the fused dK/dV/dQ kernel included, not its cluster form). The
-// bias reduction (dbias1 over heads, dbias2 over N chunks) is a plain loop in the dispatch's kernel
-// and is redone here on the host in the same order. It checks index arithmetic, fragments, copies
-// and the dbias2 chunking without a GPU; it cannot see cp.async races or alignment faults.
+// calls (evoformer_launch_impl.cuh; the fused dK/dV/dQ kernel included, and at head dim 32 also
+// its form in clusters of two CTAs). The bias reduction (dbias1 over heads, dbias2 over N chunks)
+// is a plain loop in the dispatch's kernel and is redone here on the host in the same order. It
+// checks index arithmetic, fragments, copies and the dbias2 chunking without a GPU; it cannot see
+// cp.async races or alignment faults.
 #include "emu_runtime.h"
 // clang-format off
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
@@ -106,6 +107,7 @@ void reduce_biases(const cuda::EvoformerDeviceParams& p, HostTensor& dbias1, Hos
 
 // "mma.sync, 2 stages", or for the launchers "wgmma" with the backward's form.
 std::string path_name(int stages, const cuda::EvoformerDeviceParams& p) {
+  if (stages == -2) return "wgmma, fused backward in clusters of two CTAs";
   if (stages > 0)
     return "mma.sync, " + std::to_string(stages) + (stages == 1 ? " stage" : " stages");
   std::string name = p.any_dim_tiles ? "wgmma AnyDimTypes" : "wgmma";
@@ -121,7 +123,10 @@ std::string path_name(int stages, const cuda::EvoformerDeviceParams& p) {
 // row's P V terms passes fp32's largest value; only the forward is checked.
 // kStages: the mma.sync kernels' stages of streamed tiles (1: the form sm_86 and sm_89 run at the
 // widest head dims, kEvoformerOneStage); 0: the dispatch's launchers with the host's choice of
-// kernels (the warpgroup ones where it picks them; a case it keeps on mma.sync is skipped there).
+// kernels (the warpgroup ones where it picks them; a case it keeps on mma.sync is skipped there);
+// -2 (head dim 32): the same forward, and the backward's fused kernel in clusters of two CTAs per
+// slice, the form the host plans where one CTA cannot hold a slice's dQ (triangle 768), forced
+// here at lengths the emulator runs quickly.
 template <typename T, int kHD, int kStages = 2>
 bool run_case(const EvoConfig& cfg, bool huge_v) {
   EvoInputs in = make_inputs(cfg);
@@ -152,8 +157,8 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   std::vector<float> fwd_workspace(fw.layout.total_bytes() / 4 + 16, NAN);
   copy_biases(f.bias1, f.bias2, fw.copies, fw.layout, fwd_workspace.data());
   const cuda::EvoformerDeviceParams pf = cuda::forward_device_params(f, s, fwd_workspace.data());
-  if (kStages == 0 && !pf.wgmma_tiles) return true;
-  if constexpr (kStages == 0) {
+  if (kStages <= 0 && !pf.wgmma_tiles) return true;
+  if constexpr (kStages <= 0) {
     cuda::launch_evoformer_forward<T, kHD>(pf, nullptr);
   } else {
     const size_t bias_smem_fwd =
@@ -179,6 +184,19 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   const cuda::EvoformerDeviceParams pb = cuda::backward_device_params(b, s, workspace.data());
   if constexpr (kStages == 0) {
     cuda::launch_evoformer_backward<T, kHD>(pb, nullptr);
+  } else if constexpr (kStages == -2) {
+    // launch_evoformer_backward_wgmma's fused branch with the plan {2 CTAs, 2 buffers}.
+    using Smem = cuda::EvoformerWgmmaSmem<kHD>;
+    cuda::launch_evoformer_backward_delta<T>(pb, nullptr);
+    cuda::launch_evoformer_backward_fused<T, kHD>(pb, detail::CudaFusedBackwardPlan{2, 2}, nullptr);
+    if (pb.dbias2 != nullptr) {
+      cuda::with_bias_types<T>(pb, [&](auto types) {
+        return cuda::launch_1d(cuda::evoformer_bwd_dbias2_wgmma_kernel<T, kHD, decltype(types)>,
+                               cuda::evoformer_dbias2_ctas(pb),
+                               cuda::kWgmmaThreads * Smem::kDbias2Groups, Smem::kDbias2Bytes + 1024,
+                               pb, nullptr);
+      });
+    }
   } else {
     // The lanes per row the launcher picks, through the launcher's own selection.
     cuda::launch_with_delta_lanes(pb.dim, cuda::evoformer_delta_vec<T>(pb), [&](auto lanes) {
@@ -243,7 +261,8 @@ bool run_dim(const EvoConfig& c, bool huge_v) {
     case 16:
       return run_case<T, 16>(c, huge_v);
     case 32:
-      return run_case<T, 32>(c, huge_v) & run_case<T, 32, 0>(c, huge_v);
+      return run_case<T, 32>(c, huge_v) & run_case<T, 32, 0>(c, huge_v) &
+             (huge_v || run_case<T, 32, -2>(c, huge_v));
     case 64:  // and the one-stage form of the widest head dims (kEvoformerOneStage)
       return run_case<T, 64>(c, huge_v) & run_case<T, 64, 1>(c, huge_v) &
              run_case<T, 64, 0>(c, huge_v);

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Writes the host-emulation shims of the fused sparse attention kernels into OUT_DIR.
+"""Writes the host-emulation shims of the attention kernels into OUT_DIR.
 
 Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The shared device
-helpers the kernels include (src/cuda/common/device_utils.cuh, tile_copies.cuh) are copied
-with their inline PTX (mma.sync, ldmatrix, cp.async, ex2.approx) and shared-window addresses
-replaced by calls into emu_runtime.h, and the fp32 kernels of sparse_attention_f32.cu
-are copied without their launchers, so that the kernel sources compile unchanged as host C++.
+helpers the kernels include (src/cuda/common/device_utils.cuh, tile_copies.cuh, wgmma.cuh,
+wgmma_tiles.cuh, cluster.cuh) are copied with their inline PTX (mma.sync, ldmatrix, cp.async,
+ex2.approx, wgmma and its fences) and shared-window addresses replaced by calls into
+emu_runtime.h; both families' launchers (evoformer_launch_impl.cuh,
+sparse_attention_launch_impl.cuh) are copied with each <<<...>>> launch replaced by an emulated
+grid; and the fp32 kernels of sparse_attention_f32.cu are copied without their launchers, so that
+the kernel sources compile unchanged as host C++. Every replacement asserts that it matched, so a
+change to those sources that the shims no longer fit stops here.
 """
 import re
 import sys
@@ -88,11 +92,21 @@ wt = (root / "src/cuda/common/wgmma_tiles.cuh").read_text()
 wt, n = re.subn(r'asm volatile\("" : "\+f"\(d\[i\]\[e\]\)::"memory"\);', "(void)d[i][e];", wt)
 assert n == 1 and not re.search(r"\basm\b", wt), "wgmma_pin"
 (out / "cuda/common/wgmma_tiles.cuh").write_text(wt)
-# Thread-block clusters are not emulated (one CTA runs at a time): a kernel that asks stops.
+# Thread-block clusters: each function's body becomes the emulator's (emu::cluster_*).
 cl = (root / "src/cuda/common/cluster.cuh").read_text()
-cl, n = re.subn(r"(__device__ __forceinline__ [^{]*\{).*?\n\}",
-                r'\1\n  ::emu::not_emulated("thread-block clusters");\n}', cl, flags=re.S)
-assert n == 5 and not re.search(r"\basm\b", cl), "cluster"
+cluster_bodies = {
+    "cluster_cta_rank()": "return ::emu::cluster_rank();",
+    "cluster_sync()": "::emu::cluster_sync();",
+    "cluster_shared_address(uint32_t address, uint32_t rank)":
+        "return ::emu::cluster_address(address, rank);",
+    "store_cluster_shared(uint32_t address, float4 v)": "::emu::cluster_store(address, v);",
+    "store_cluster_shared(uint32_t address, float v)": "::emu::cluster_store(address, v);",
+}
+for signature, body in cluster_bodies.items():
+    cl, n = re.subn(r"(" + re.escape(signature) + r" \{).*?\n\}", lambda m: m.group(1) + "\n  " +
+                    body + "\n}", cl, flags=re.S)
+    assert n == 1, signature
+assert not re.search(r"\basm\b", cl), "cluster"
 cl = cl.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
 (out / "cuda/common/cluster.cuh").write_text(cl)
 # The Evoformer launchers as the dispatch runs them, each launch an emulated grid; the
@@ -106,10 +120,17 @@ li, n1 = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), threads, smem_bytes, 
                  r"return cudaGetLastError\(\);",
                  "return ::emu::launch(kernel, ctas, threads, smem_bytes, p);", li)
 li, n2 = re.subn(r"(cudaError_t launch_cluster_pairs\([^{]*\{).*?\n\}",
-                 r'\1\n  ::emu::not_emulated("cluster launches");\n  return cudaSuccess;\n}', li,
-                 flags=re.S)
+                 r"\1\n  return ::emu::launch_cluster(kernel, 2 * pairs, kWgmmaThreads, smem, 2, p);\n}",
+                 li, flags=re.S)
 assert n1 == 1 and n2 == 1 and "<<<" not in li, "launch_impl"
 (out / "cuda/evoformer/evoformer_launch_impl.cuh").write_text(li)
+# The fused backward runs in clusters, whose CTAs run at once here: its shared memory is its CTA's
+# (emu::cta()), not the one buffer the other kernels' `extern __shared__` names.
+fu = (root / "src/cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh").read_text()
+fu, n = re.subn(r"extern __shared__ __align__\(16\) unsigned char smem_raw\[\];",
+                "unsigned char* const smem_raw = ::emu::cta().shared_base;", fu)
+assert n == 1, "fused kernel's shared memory"
+(out / "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh").write_text(fu)
 sl = (root / "src/cuda/block_sparse/sparse_attention_launch_impl.cuh").read_text()
 sl, n = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), SparseTile::kThreads, smem_bytes, stream>>>"
                 r"\(args\.\.\.\);\s*return cudaGetLastError\(\);",
