@@ -24,8 +24,8 @@ namespace sciattn::detail {
 // An exponential with its softmax bookkeeping (the row maximum, the sum, the normalisation, the
 // per-key loop overhead around the head-dim products) costs as long as about 128 FLOP of those
 // products: the tiled Evoformer forward on one core of the 2-core CPU machine (AMD EPYC, its
-// AVX-512 clone) takes 7.05 ns per score at head dim 32 and 9.31 ns at 64, 0.071 ns per score and
-// head-dim element (4 FLOP) plus 4.8 ns.
+// AVX-512 clone) took 7.05 ns per score at head dim 32 and 9.31 ns at 64 when the rates were
+// fitted (src/common/evoformer_cpu_tiling.h).
 constexpr double kCpuExpFlops = 128.0;
 // A core streams roughly 10-20 GB/s from memory: a float as long as about 4 FLOP at 20 FLOP/ns
 // (an estimate; it only decides when such a loop, rarely worth a second thread, gets one).

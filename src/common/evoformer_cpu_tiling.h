@@ -89,8 +89,10 @@ inline double cpu_backward_work(const EvoformerShape& s) {
   return cpu_scores(s) * (10.0 * static_cast<double>(s.dim) + kCpuExpFlops);
 }
 // The rate of the tiled path on one core in those units (its x86-64-v4 clones, both biases, the
-// 2-core CPU machine): forward 7.05 ns per score at D 32 and 9.31 at D 64 (36 and 41 per ns),
-// backward 10.5 and 19.1 ns (43 and 40 per ns); the exponential is vectorised
+// 2-core CPU machine), fitted at 2eb7207: forward 7.05 ns per score at D 32 and 9.31 at D 64 (36
+// and 41 per ns), backward 10.5 and 19.1 ns (43 and 40 per ns). The forward has since become
+// faster (4.8 and 8.4 ns: output rows held in registers), so it takes its second thread at
+// about 4.5 ms of one core's work rather than 6. The exponential is vectorised
 // (cpu/vector_exp.h), so kCpuExpFlops now stands for the per-score work other than the head-dim
 // products as much as for the exponential itself.
 constexpr double kCpuTiledFlopsPerNs = 40.0;

@@ -90,6 +90,40 @@ SCIATTN_CPU_CLONES void score_tile(const ScoreTileArgs& a, const EvoformerShape&
   }
 }
 
+// out[d] += w[c] * rows[c * dim + d] for every c in [0, n) whose weight is not 0 (a masked key
+// adds nothing, not 0 * v), the terms added in c order for each d as a plain loop over c would
+// add them, but with 16 (then 8) columns of `out` held in registers across all n rows instead of
+// stored and reloaded for each: that store-to-load chain per key was most of the P V and dQ
+// products' cost at head dims 8 to 64.
+template <int64_t kChunk>
+SCIATTN_CPU_INLINE void add_weighted_chunk(float* out, const float* w, const float* rows, int64_t n,
+                                           int64_t dim) {
+  float acc[kChunk];
+  for (int64_t e = 0; e < kChunk; ++e) acc[e] = out[e];
+  for (int64_t c = 0; c < n; ++c) {
+    const float wc = w[c];
+    if (wc == 0.0f) continue;
+    const float* row = rows + c * dim;
+    for (int64_t e = 0; e < kChunk; ++e) acc[e] += wc * row[e];
+  }
+  for (int64_t e = 0; e < kChunk; ++e) out[e] = acc[e];
+}
+SCIATTN_CPU_INLINE void add_weighted_rows(float* out, const float* w, const float* rows, int64_t n,
+                                          int64_t dim) {
+  int64_t d0 = 0;
+  for (; d0 + 16 <= dim; d0 += 16) add_weighted_chunk<16>(out + d0, w, rows + d0, n, dim);
+  if (d0 + 8 <= dim) {
+    add_weighted_chunk<8>(out + d0, w, rows + d0, n, dim);
+    d0 += 8;
+  }
+  if (d0 == dim) return;
+  for (int64_t c = 0; c < n; ++c) {
+    const float wc = w[c];
+    if (wc == 0.0f) continue;
+    for (int64_t d = d0; d < dim; ++d) out[d] += wc * rows[c * dim + d];
+  }
+}
+
 // bias1 of (b, n) as the additive row it contributes ([L]); nullptr when absent.
 const float* load_bias1(const TensorView& bias1, int64_t b, int64_t n, const EvoformerShape& s,
                         float* dst) {
@@ -156,12 +190,7 @@ SCIATTN_CPU_CLONES void forward_task(const EvoformerForwardParams& p, const Evof
         float* o = out_acc + r * s.dim;
         const float keep = kept * inv;
         for (int64_t d = 0; d < s.dim; ++d) o[d] *= keep;
-        for (int64_t c = 0; c < tk; ++c) {
-          const float prob = srow[c];
-          if (prob == 0.0f) continue;
-          const float* vr = v + (j0 + c) * s.dim;
-          for (int64_t d = 0; d < s.dim; ++d) o[d] += prob * vr[d];
-        }
+        add_weighted_rows(o, srow, v + j0 * s.dim, tk, s.dim);
       }
     }
 
@@ -264,14 +293,12 @@ SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const E
         const float delta = row_delta[i0 + r];
         for (int64_t c = 0; c < tk; ++c) dsrow[c] = prow[c] * (dsrow[c] - delta);
         // dQ_i += dS_ij K_j (times scale at the end); dK_j += dS_ij (scale Q_i).
-        float* dq = dq_acc + (i0 + r) * s.dim;
+        add_weighted_rows(dq_acc + (i0 + r) * s.dim, dsrow, k + j0 * s.dim, tk, s.dim);
         const float* qs = q + (i0 + r) * s.dim;
         for (int64_t c = 0; c < tk; ++c) {
           const float g = dsrow[c];
           if (g == 0.0f) continue;
-          const float* kr = k + (j0 + c) * s.dim;
           float* dk = dk_acc + c * s.dim;
-          for (int64_t d = 0; d < s.dim; ++d) dq[d] += g * kr[d];
           for (int64_t d = 0; d < s.dim; ++d) dk[d] += g * qs[d];
         }
         if (dbias1_partial != nullptr) {
