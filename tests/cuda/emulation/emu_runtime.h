@@ -136,14 +136,11 @@ inline float half_bits<__nv_bfloat16>(uint16_t bits) {
   return f;
 }
 
+// The 16 x 16 A operand of warp w's mma.sync m16n8k16 (or its 16 rows of a wgmma with A in
+// registers) from the fragments its 32 lanes left in a_buf: lane (g, t) = (l / 4, l % 4) holds
+// rows g and g + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9.
 template <typename T>
-inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
-  for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
-  emu::cta().b_buf[w][l][0] = b[0];
-  emu::cta().b_buf[w][l][1] = b[1];
-  emu::cta().warp_bar[w]->arrive_and_wait();
-  float A[16][16], B[16][8];
+inline void a_fragments(int w, float (&A)[16][16]) {
   for (int L = 0; L < 32; ++L) {
     const int g = L / 4, t = L % 4;
     auto put = [&](int r, int c, uint32_t v) {
@@ -154,6 +151,20 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     put(g + 8, 2 * t, emu::cta().a_buf[w][L][1]);
     put(g, 2 * t + 8, emu::cta().a_buf[w][L][2]);
     put(g + 8, 2 * t + 8, emu::cta().a_buf[w][L][3]);
+  }
+}
+
+template <typename T>
+inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
+  emu::cta().b_buf[w][l][0] = b[0];
+  emu::cta().b_buf[w][l][1] = b[1];
+  emu::cta().warp_bar[w]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  a_fragments<T>(w, A);
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
     B[2 * t][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][0] & 0xffff));
     B[2 * t + 1][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][0] >> 16));
     B[2 * t + 8][g] = half_bits<T>(static_cast<uint16_t>(emu::cta().b_buf[w][L][1] & 0xffff));
@@ -275,17 +286,7 @@ inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t des
   for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
   emu::cta().warp_bar[w]->arrive_and_wait();
   float A[16][16];
-  for (int L = 0; L < 32; ++L) {
-    const int g = L / 4, t = L % 4;
-    auto put = [&](int r, int c, uint32_t v) {
-      A[r][c] = half_bits<T>(static_cast<uint16_t>(v & 0xffff));
-      A[r][c + 1] = half_bits<T>(static_cast<uint16_t>(v >> 16));
-    };
-    put(g, 2 * t, emu::cta().a_buf[w][L][0]);
-    put(g + 8, 2 * t, emu::cta().a_buf[w][L][1]);
-    put(g, 2 * t + 8, emu::cta().a_buf[w][L][2]);
-    put(g + 8, 2 * t + 8, emu::cta().a_buf[w][L][3]);
-  }
+  a_fragments<T>(w, A);
   emu::cta().warp_bar[w]->arrive_and_wait();
   const SmemMatrix b = decode_descriptor(desc_b);
   wgmma_product<T, kN>(
