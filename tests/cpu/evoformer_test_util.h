@@ -396,7 +396,10 @@ enum class Bias2Kind { kNone, kSameAsQ, kF32 };
 // kPadded: a view into a larger buffer (padding in every dim, unaligned start).
 // kTransposedNL: [B, N, L, H, D] views of a packed [B, L, N, H, D] buffer (the N and L strides
 // swapped), the layout of triangle attention around the ending node.
-enum class Layout { kPacked, kPadded, kTransposedNL };
+// kWideRows: rows of D elements at the start of rows of D + 8 (the first D columns of a wider
+// tensor), the 8 past D poisoned; aligned like a packed tensor (16-bit rows stay whole 16-byte
+// chunks), so the kernels that pad D read past it unless they zero-fill there.
+enum class Layout { kPacked, kPadded, kTransposedNL, kWideRows };
 
 inline const char* bias1_name(Bias1Kind k) {
   switch (k) {
@@ -430,6 +433,8 @@ inline const char* layout_name(Layout l) {
       return "padded";
     case Layout::kTransposedNL:
       return "transposedNL";
+    case Layout::kWideRows:
+      return "widerows";
   }
   return "?";
 }
@@ -503,6 +508,11 @@ inline HostTensor make_tensor(DType dtype, const std::vector<int64_t>& sizes, La
     case Layout::kTransposedNL:
       if (sizes.size() == 5) return HostTensor::permuted(dtype, sizes, {0, 2, 1, 3, 4});
       return HostTensor::packed(dtype, sizes);
+    case Layout::kWideRows: {
+      std::vector<int64_t> pads(sizes.size(), 0);
+      pads.back() = 8;
+      return HostTensor::padded(dtype, sizes, pads, 0);
+    }
   }
   return HostTensor::packed(dtype, sizes);
 }

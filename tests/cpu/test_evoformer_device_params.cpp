@@ -155,14 +155,45 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
       }
     }
   }
-  // A D padded in whole aligned 16-byte chunks (24, 40, 48, 96, 120) keeps the mma.sync kernels;
-  // a D that is not a multiple of 8 takes them as AnyDimTypes, rows copied in the largest pieces
-  // their alignment allows (granule).
-  for (const int64_t d : {24, 40, 48, 96, 120}) {
+  // A D padded in whole aligned 16-byte chunks (24, 40, 48, 96, 120) takes them as PaddedDimTypes
+  // when each bias is absent or in the inputs' type (the pairs FixedBiasTypes compiles), and keeps
+  // the mma.sync kernels with any other pair; a D that is not a multiple of 8 takes them as
+  // AnyDimTypes, rows copied in the largest pieces their alignment allows (granule).
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t d : {24, 40, 48, 96, 120}) {
+      const Shape s{1, 2, 300, 2, d};
+      Views v = views(s, dtype);
+      for (int absent = 0; absent < 4; ++absent) {  // bit 0: no bias1, bit 1: no bias2
+        v = views(s, dtype);
+        if (absent & 1) v.f.bias1 = v.b.bias1 = TensorView{};
+        if (absent & 2) v.f.bias2 = v.b.bias2 = TensorView{};
+        const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+        const cuda::EvoformerDeviceParams b = backward(v, s);
+        EXPECT_EQ(f.wgmma_tiles, 1) << d << " " << absent;
+        EXPECT_EQ(f.padded_tiles, 1) << d << " " << absent;
+        EXPECT_EQ(f.any_dim_tiles, 0) << d << " " << absent;
+        EXPECT_EQ(f.lean_tiles, 0) << d << " " << absent;
+        EXPECT_EQ(b.wgmma_tiles, 1) << d << " " << absent;
+        EXPECT_EQ(b.padded_tiles, 1) << d << " " << absent;
+        EXPECT_EQ(b.any_dim_tiles, 0) << d << " " << absent;
+      }
+      v = views(s, dtype);
+      v.f.bias1 = v.b.bias1 =
+          TensorView::contiguous(address(4 << 24), DType::kBool, {s.B, s.N, 1, 1, s.L});
+      EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
+      EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).padded_tiles, 0) << d;
+      EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
+      v = views(s, dtype);
+      v.f.bias2 = v.b.bias2 =
+          TensorView::contiguous(address(5 << 24), DType::kF32, {s.B, 1, s.H, s.L, s.L});
+      EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
+      EXPECT_EQ(backward(v, s).padded_tiles, 0) << d;
+    }
+  }
+  // The head dim itself is never padded; nor are rows off a 16-byte boundary (AnyDimTypes).
+  for (const int64_t d : {32, 64, 128}) {
     const Shape s{1, 2, 300, 2, d};
-    const Views v = views(s, DType::kBF16);
-    EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
-    EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
+    EXPECT_EQ(cuda::forward_device_params(views(s, DType::kBF16).f, s.evo()).padded_tiles, 0);
   }
   struct PaddedDim {
     int64_t d;
@@ -177,6 +208,7 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
     EXPECT_EQ(f.lean_tiles, 0) << x.d;
     EXPECT_EQ(f.granule, x.granule) << x.d;
     EXPECT_EQ(f.any_dim_tiles, 1) << x.d;
+    EXPECT_EQ(f.padded_tiles, 0) << x.d;
     EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << x.d;
     EXPECT_EQ(backward(v, s).any_dim_tiles, 1) << x.d;
   }
@@ -196,6 +228,7 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   EXPECT_EQ(f.wgmma_tiles, 1);
   EXPECT_EQ(f.granule, 2);
   EXPECT_EQ(f.any_dim_tiles, 1);
+  EXPECT_EQ(f.padded_tiles, 0);
   v = views(s, DType::kBF16);
   v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);  // dO is copied like Q
   EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).granule, 16);

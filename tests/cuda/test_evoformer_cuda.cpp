@@ -154,6 +154,21 @@ std::vector<EvoConfig> gpu_cases() {
       }
     }
   }
+  // Head dims padded in whole chunks (PaddedDimTypes on the warpgroup kernels) read from the
+  // first D columns of wider rows whose columns past D are poisoned: a copy that reads past D
+  // instead of zero-filling there turns the products into NaN.
+  for (int64_t D : {24, 48, 120}) {
+    for (int64_t L : {129, 300}) {
+      EvoConfig c;
+      c.shape = {1, 2, L, 2, D};
+      c.dtype = L == 129 ? DType::kBF16 : DType::kF16;
+      c.bias1 = Bias1Kind::kSameAsQ;
+      c.bias2 = D == 48 ? Bias2Kind::kNone : Bias2Kind::kSameAsQ;
+      c.in_layout = Layout::kWideRows;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
   // Head dims that are not multiples of 8 (rows copied in 8-, 4- or 2-byte pieces) on the
   // warpgroup kernels of the head dim they are padded to.
   for (int64_t D : {20, 33, 34, 63, 100, 127}) {

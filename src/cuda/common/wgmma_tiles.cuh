@@ -18,6 +18,20 @@ namespace sciattn::cuda {
 constexpr int kWgmmaRows = 64;      // rows of every tile and accumulator
 constexpr int kWgmmaThreads = 128;  // one warpgroup
 
+// How a kernel instantiation's tiles hold rows of D 16-bit elements (kHeadDim the instantiated
+// head dim; the Evoformer kernels' bias-type structs carry it, evoformer_bias_types.cuh):
+//   kExact:  D = kHeadDim, rows 16-byte aligned: whole chunks, no column test anywhere;
+//   kPadded: D < kHeadDim a multiple of 8, rows 16-byte aligned: the same copies, a thread's chunk
+//            past D (fixed per thread: its chunk column) zero-filled by a source size of 0;
+//   kAny:    any D <= kHeadDim and alignment: the granular copies (copy_tile_swizzled_granular).
+enum class TileCols { kExact, kPadded, kAny };
+
+// Source size of a 16-byte chunk copy (16, or 0: zero-filled, nothing read) of chunk column c in
+// rows of `dim_bytes` bytes (TileCols::kPadded).
+__device__ __forceinline__ int chunk_source_bytes(int c, int dim_bytes) {
+  return c * 16 < dim_bytes ? 16 : 0;
+}
+
 // Starts cp.async copies of 64 rows x kHeadDim 16-bit columns whose first element is at `rows`
 // (rows `row_bytes` apart, 16-byte aligned) into the swizzled tile at shared address `tile`;
 // rows at or past `rows_inside` are zero-filled (nothing is read for them). Thread x owns chunk
@@ -25,14 +39,39 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 // the same for all its rows) and both its offsets are fixed across the copy. A whole tile
 // (rows_inside >= 64, a value the caller knows per tile) takes the copy without tests. `thread`:
 // the calling thread's index in the warpgroup that makes the copy (0..127).
-template <int kHeadDim>
+// kPadded (TileCols::kPadded): rows of `dim_bytes` bytes (a multiple of 16 below 2 kHeadDim), the
+// chunks past them zero-filled too (a thread's chunk column, so its source size, is fixed; its
+// reads start at the row's first chunk and read nothing). Without it `dim_bytes` is unused and the
+// code is the head dim's alone, written apart: folding the head dim's copies into the padded form
+// (a source size that is a constant 16) changed how nvcc scheduled the aligned kernels.
+template <int kHeadDim, bool kPadded = false>
 __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* rows,
                                                    int32_t row_bytes, int64_t rows_inside = 64,
-                                                   int thread = static_cast<int>(threadIdx.x)) {
+                                                   int thread = static_cast<int>(threadIdx.x),
+                                                   [[maybe_unused]] int dim_bytes = 2 * kHeadDim) {
   constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   constexpr int kWidth = kSwizzleBytes<kHeadDim>;
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
   const int c = thread % kChunks, r0 = thread / kChunks;
+  if constexpr (kPadded) {
+    const int bytes = chunk_source_bytes(c, dim_bytes);
+    const char* src = rows + (r0 * row_bytes + (bytes != 0 ? c * 16 : 0));
+    const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
+    if (rows_inside >= kWgmmaRows) {
+#pragma unroll
+      for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+        cp_async_16_to(dst + i * kRowStep * kWidth, src + i * kRowStep * row_bytes, bytes);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+        const bool inside = r0 + i * kRowStep < rows_inside;
+        cp_async_16_to(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
+                       inside ? bytes : 0);
+      }
+    }
+    return;
+  }
   const char* src = rows + (r0 * row_bytes + c * 16);
   const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
   if (rows_inside >= kWgmmaRows) {
@@ -93,11 +132,13 @@ __device__ __forceinline__ void copy_tile_swizzled_granular(uint32_t tile, const
 // kCopies cp.async from one pointer plus fixed offsets, with no branch (the rows-past-L test is a
 // bit mask, turned into the copies' zero-fill sizes), and the next slice is a 64-bit add
 // (`advance`) instead of a multiply from the loop's index.
-// kAnyDim: rows of any head dim D <= kHeadDim and alignment, as copy_tile_swizzled_granular
-// (the constructor's `dim_bytes` and `granule`); without it, rows of exactly kHeadDim elements in
-// whole, aligned 16-byte chunks.
-template <int kHeadDim, bool kAnyDim = false>
+// kCols (TileCols): kAny, rows of any head dim D <= kHeadDim and alignment, as
+// copy_tile_swizzled_granular (the constructor's `dim_bytes` and `granule`); kPadded, rows of D
+// (`dim_bytes`, a multiple of 16) in whole aligned chunks, the chunks past D zero-filled; kExact,
+// rows of exactly kHeadDim elements in whole aligned chunks.
+template <int kHeadDim, TileCols kCols = TileCols::kExact>
 struct SwizzledTileCopier {
+  static constexpr bool kAnyDim = kCols == TileCols::kAny;
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   static constexpr int kCopies = kWgmmaRows / kRowStep;
   static constexpr int kWidth = kSwizzleBytes<kHeadDim>;
@@ -106,8 +147,8 @@ struct SwizzledTileCopier {
   int32_t first;     // this thread's first chunk, in bytes from `rows`
   int32_t step;      // bytes between this thread's successive rows (kRowStep rows)
   uint32_t dst;      // this thread's first chunk in a tile
-  uint32_t inside;   // bit i: this thread's i-th row is inside the tensor (kAnyDim: and its chunk)
-  int chunk_bytes;   // kAnyDim: bytes of this thread's chunk inside D
+  uint32_t inside;   // bit i: this thread's i-th row is inside the tensor (and its chunk in D)
+  int chunk_bytes;   // kAny, kPadded: bytes of this thread's chunk inside D
   int granule;       // kAnyDim: copy_chunk_granular's pieces
 
   // `rows`: the tile's first row, rows `row_bytes` apart, `rows_inside` of them inside the tensor;
@@ -125,6 +166,8 @@ struct SwizzledTileCopier {
     if constexpr (kAnyDim) {
       const int left = dim_bytes - (thread % kChunks) * 16;
       chunk_bytes = left < 0 ? 0 : left > 16 ? 16 : left;
+    } else if constexpr (kCols == TileCols::kPadded) {
+      chunk_bytes = chunk_source_bytes(thread % kChunks, dim_bytes);
     }
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
@@ -133,7 +176,7 @@ struct SwizzledTileCopier {
   }
 
   // Starts the copies of the current slice's tile into the tile at `tile`. A row past the tensor
-  // (kAnyDim: or a chunk past D) is zero-filled: its copy reads nothing (its address is the
+  // (or a chunk past D) is zero-filled: its copy reads nothing (its address is the
   // tile's first row's).
   __device__ __forceinline__ void copy(uint32_t tile) const {
     if constexpr (kAnyDim) {
@@ -177,25 +220,39 @@ struct SwizzledTileCopier {
 // after another), worked out once: tile t's copies are kCopies 16-byte chunks from
 // src + t * advance + i * step (global memory) to dst + i * kDstStep from the tile's shared
 // base, each an add and a cp.async (no per-tile address arithmetic from the CTA's coordinates).
-template <int kCopies, int kDstStep>
+// kSourceBytes: every copy of this thread reads `bytes` (16, or 0: its chunk is zero-filled and
+// nothing is read; TileCols::kPadded's chunks past D); else whole chunks, and `bytes` is unused.
+template <int kCopies, int kDstStep, bool kSourceBytes = false>
 struct ChunkStream {
   const char* src;  // this thread's first chunk of tile 0
   int32_t step;     // bytes between this thread's chunks of a tile
   int32_t advance;  // bytes from one tile to the next
   uint32_t dst;     // this thread's first chunk in a tile
+  int32_t bytes;    // kSourceBytes: the copies' source size
 
   __device__ __forceinline__ void copy(uint32_t tile, int64_t t) const {
     const char* const from = src + t * advance;
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i)
-      cp_async_16_to(tile + dst + i * kDstStep, from + i * step, 16);
+    for (int i = 0; i < kCopies; ++i) {
+      if constexpr (kSourceBytes) {
+        cp_async_16_to(tile + dst + i * kDstStep, from + i * step, bytes);
+      } else {
+        cp_async_16_to(tile + dst + i * kDstStep, from + i * step, 16);
+      }
+    }
   }
 
   // The same for a loop that copies tiles 0, 1, 2, ... in order: copies the next tile and moves
   // on to the one after it (a pointer carried in registers, no per-tile address arithmetic).
   __device__ __forceinline__ void copy_next(uint32_t tile) {
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) cp_async_16_to(tile + dst + i * kDstStep, src + i * step, 16);
+    for (int i = 0; i < kCopies; ++i) {
+      if constexpr (kSourceBytes) {
+        cp_async_16_to(tile + dst + i * kDstStep, src + i * step, bytes);
+      } else {
+        cp_async_16_to(tile + dst + i * kDstStep, src + i * step, 16);
+      }
+    }
     src += advance;
   }
 };

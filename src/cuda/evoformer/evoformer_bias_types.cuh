@@ -4,7 +4,9 @@
 // (with every type's path the forward's loop was 2,882 instructions, and its warps stalled on
 // instruction fetch in 22% of the profiler's samples). ParamBiasTypes reads them from the
 // parameters, for every other pair. Both are read the same way (types.bias1, types.bias2), so a
-// kernel body serves both. CUDA layer.
+// kernel body serves both. Each also names how its tiles hold a row of D elements (kCols,
+// TileCols of cuda/common/wgmma_tiles.cuh): the head dim itself, a D padded to it in whole
+// chunks, or any D. CUDA layer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,19 +14,23 @@
 
 #include <type_traits>
 
+#include "cuda/common/wgmma_tiles.cuh"
 #include "cuda/evoformer/evoformer_device_params.h"
 
 namespace sciattn::cuda {
 
-template <BiasType kBias1, BiasType kBias2>
+template <BiasType kBias1, BiasType kBias2, TileCols kTileCols = TileCols::kExact>
 struct FixedBiasTypes {
   static constexpr BiasType bias1 = kBias1, bias2 = kBias2;
-  static constexpr bool kAnyDim = false;
+  static constexpr TileCols kCols = kTileCols;
+  // D may be below the head dim: columns past D are zero in the tiles and never stored.
+  static constexpr bool kAnyDim = kTileCols != TileCols::kExact;
   __host__ __device__ __forceinline__ explicit FixedBiasTypes(const EvoformerDeviceParams&) {}
 };
 
 struct ParamBiasTypes {
   BiasType bias1, bias2;
+  static constexpr TileCols kCols = TileCols::kExact;
   static constexpr bool kAnyDim = false;
   __host__ __device__ __forceinline__ explicit ParamBiasTypes(const EvoformerDeviceParams& p)
       : bias1(p.bias1_type), bias2(p.bias2_type) {}
@@ -36,10 +42,20 @@ struct ParamBiasTypes {
 // parameters. Its own instantiation, so that the usual tiles' code is untouched by it (run-time
 // tests of D in the shared code made the backward 4-13% slower on the aligned shapes).
 struct AnyDimTypes : ParamBiasTypes {
+  static constexpr TileCols kCols = TileCols::kAny;
   static constexpr bool kAnyDim = true;
   __host__ __device__ __forceinline__ explicit AnyDimTypes(const EvoformerDeviceParams& p)
       : ParamBiasTypes(p) {}
 };
+
+// The warpgroup kernels for a D padded to the instantiated head dim in whole 16-byte chunks with
+// rows 16-byte aligned (24, 40, 48, 56, 72-120; p.padded_tiles), for the bias pairs FixedBiasTypes
+// compiles: the exact head dim's copies and per-thread streams, each thread's chunk past D
+// zero-filled (a source size of 0, fixed per thread), so a whole tile costs what it costs at the
+// head dim; the stores and delta stop at D as AnyDimTypes's do. Other bias pairs with such a D run
+// the mma.sync kernels (set_warpgroup_tiles).
+template <BiasType kBias1, BiasType kBias2>
+using PaddedDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPadded>;
 
 // The 16-bit bias type of the inputs' element type T.
 template <typename T>
@@ -47,17 +63,22 @@ constexpr BiasType kBiasTypeOf = std::is_same_v<T, __half> ? BiasType::kF16 : Bi
 
 // Calls launch(types) with AnyDimTypes for tiles that need them (p.any_dim_tiles), else with the
 // FixedBiasTypes of the call's pair where one is compiled (bias1 in T's type or absent, bias2 in
-// T's type or absent), else with ParamBiasTypes: the one place a launcher maps the run-time bias
-// types and tile shape to an instantiation.
+// T's type or absent; as PaddedDimTypes for p.padded_tiles), else with ParamBiasTypes: the one
+// place a launcher maps the run-time bias types and tile shape to an instantiation.
 template <typename T, typename Launch>
 auto with_bias_types(const EvoformerDeviceParams& p, const Launch& launch) {
   if (p.any_dim_tiles) return launch(AnyDimTypes{p});
   constexpr BiasType kT = kBiasTypeOf<T>, kNone = BiasType::kNone;
   const bool bias1_t = p.bias1_type == kT, bias1_none = p.bias1_type == kNone;
-  if (bias1_t && p.bias2_type == kT) return launch(FixedBiasTypes<kT, kT>{p});
-  if (bias1_t && p.bias2_type == kNone) return launch(FixedBiasTypes<kT, kNone>{p});
-  if (bias1_none && p.bias2_type == kT) return launch(FixedBiasTypes<kNone, kT>{p});
-  if (bias1_none && p.bias2_type == kNone) return launch(FixedBiasTypes<kNone, kNone>{p});
+  const auto fixed = [&](auto exact) {
+    using Exact = decltype(exact);
+    if (p.padded_tiles) return launch(PaddedDimTypes<Exact::bias1, Exact::bias2>{p});
+    return launch(exact);
+  };
+  if (bias1_t && p.bias2_type == kT) return fixed(FixedBiasTypes<kT, kT>{p});
+  if (bias1_t && p.bias2_type == kNone) return fixed(FixedBiasTypes<kT, kNone>{p});
+  if (bias1_none && p.bias2_type == kT) return fixed(FixedBiasTypes<kNone, kT>{p});
+  if (bias1_none && p.bias2_type == kNone) return fixed(FixedBiasTypes<kNone, kNone>{p});
   return launch(ParamBiasTypes{p});
 }
 

@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     const int64_t key0 = kt * kWgmmaRows;
     const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
     const bool first_keys = kt == 0, last_keys = kt + 1 == tiles;
-    const EvoformerQueryTileLoader<T, kHeadDim, kStages, BiasTypes::kAnyDim> queries(
+    const EvoformerQueryTileLoader<T, kHeadDim, kStages, BiasTypes::kCols> queries(
         p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kQ, smem.address + Smem::kDo, stats,
         bias2_stages, types.bias2);
     auto load_query_tile = [&](int64_t i, int buf) { queries.load(p, kRanks * i + rank, buf); };
@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     // cluster, the partial sums received there).
     if (!first_keys) __syncthreads();
     if (kRanks == 1 || my_tiles > 0) {
-      copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(k_tile, k_src, key0, p);
-      copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(v_tile, v_src, key0, p);
+      copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(k_tile, k_src, key0, p);
+      copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(v_tile, v_src, key0, p);
       load_query_tile(0, 0);
       cp_async_commit();
     }

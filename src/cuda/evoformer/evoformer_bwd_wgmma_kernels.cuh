@@ -29,19 +29,19 @@ namespace sciattn::cuda {
 // into its stage (bias2_stages + buf * the stage's bytes). Whole tiles through per-thread streams
 // at head dim 32 (282 against 307 us at triangle 384 in the dK/dV kernel; at 64 their registers
 // spill at three CTAs per SM: 151 against 141 us at [1,256,256,4,64]); a partial last tile and
-// other biases through the generic copies (all tiles with kAnyDim, as copy_slice_swizzled). In
-// the caller's cp.async group.
-template <typename T, int kHeadDim, int kStages = 2, bool kAnyDim = false>
+// other biases through the generic copies (all tiles with TileCols::kAny, as copy_slice_swizzled).
+// In the caller's cp.async group.
+template <typename T, int kHeadDim, int kStages = 2, TileCols kCols = TileCols::kExact>
 struct EvoformerQueryTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  static constexpr bool kStreamed = kHeadDim <= 32;
+  static constexpr bool kStreamed = kHeadDim <= 32 && kCols != TileCols::kAny;
   SliceSource q_src, do_src;
   uint32_t q_tiles, do_tiles;
   float* stats;
   unsigned char* bias2_stages;
   int bias2_stage_bytes;
   int64_t b, bn, h, key0;
-  EvoformerQueryTileStreams<kHeadDim> streams;
+  EvoformerQueryTileStreams<kHeadDim, kCols == TileCols::kPadded> streams;
 
   __device__ __forceinline__ EvoformerQueryTileLoader(
       const EvoformerDeviceParams& p, const SliceSource& q_src_, const SliceSource& do_src_,
@@ -77,13 +77,13 @@ struct EvoformerQueryTileLoader {
   // Starts query tile qt's copies into buffer `buf`.
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t qt, int buf) const {
     const int64_t q0 = qt * kWgmmaRows;
-    if (kStreamed && !kAnyDim && streams.usable && q0 + kWgmmaRows <= p.len) {
+    if (kStreamed && streams.usable && q0 + kWgmmaRows <= p.len) {
       streams.copy(qt, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
                    shared_address(bias2_stage(buf)));
       return;
     }
-    copy_slice_swizzled<T, kHeadDim, kAnyDim>(q_tile(buf), q_src, q0, p);
-    copy_slice_swizzled<T, kHeadDim, kAnyDim>(do_tile(buf), do_src, q0, p);
+    copy_slice_swizzled<T, kHeadDim, kCols>(q_tile(buf), q_src, q0, p);
+    copy_slice_swizzled<T, kHeadDim, kCols>(do_tile(buf), do_src, q0, p);
     copy_query_tile_stats_and_bias<kWgmmaThreads>(p, b, bn, h, key0, q0, q0 + kWgmmaRows <= p.len,
                                                   lse(buf), delta(buf), bias2_stage(buf));
   }
@@ -106,12 +106,11 @@ __device__ __forceinline__ void zero_key_tile_sums(float (&dk)[kOutTiles][4],
 // dS: S^T = K Q^T and dP^T = V dO^T issued together, P^T from S^T while dP^T runs, dV += P^T dO
 // (which waits for both), then dS^T = P^T (dP^T - delta) in pt, each key's share of dbias1 added
 // to key_dbias1. bias2_type: the kernel's (evoformer_bias_types.cuh).
-template <typename T, int kHeadDim, int kStages, bool kAnyDim>
+template <typename T, int kHeadDim, int kStages, TileCols kCols>
 __device__ __forceinline__ void evoformer_dkdv_wgmma_ds(
     float (&pt)[8][4], float (&dv)[kHeadDim / 8][4], float (&key_dbias1)[2], uint32_t k_tile,
-    uint32_t v_tile, const EvoformerQueryTileLoader<T, kHeadDim, kStages, kAnyDim>& queries,
-    int buf, BiasType bias2_type, float scale_log2, const float (&key_bias1)[2], int warp,
-    int lane) {
+    uint32_t v_tile, const EvoformerQueryTileLoader<T, kHeadDim, kStages, kCols>& queries, int buf,
+    BiasType bias2_type, float scale_log2, const float (&key_bias1)[2], int warp, int lane) {
   float dpt[8][4];
   wgmma_tile_nt_issue<T, kHeadDim>(pt, k_tile, queries.q_tile(buf));
   wgmma_tile_nt_issue<T, kHeadDim>(dpt, v_tile, queries.do_tile(buf));
@@ -145,7 +144,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   const int64_t my_keys[2] = {key0 + warp * 16 + lane / 4, key0 + warp * 16 + lane / 4 + 8};
   const int64_t q_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const EvoformerQueryTileLoader<T, kHeadDim, 2, BiasTypes::kAnyDim> queries(
+  const EvoformerQueryTileLoader<T, kHeadDim, 2, BiasTypes::kCols> queries(
       p, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h),
       slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), b, bn, h, key0,
       smem.address + Smem::kC, smem.address + Smem::kD,
@@ -155,9 +154,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
   uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
   load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       k_tile, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p);
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       v_tile, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p);
   load_query_tile(0, 0);
   cp_async_commit();
@@ -202,13 +201,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
   const int64_t k_tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
-  const EvoformerKeyTileLoader<T, kHeadDim, true, BiasTypes::kAnyDim> keys(
+  const EvoformerKeyTileLoader<T, kHeadDim, true, BiasTypes::kCols> keys(
       p, b, n, h, q0, smem.address + Smem::kC, smem.address + Smem::kD,
       smem.pointer + Smem::kBwdBytes, types.bias1, types.bias2);
   auto load_key_tile = [&](int64_t kt, int buf) { keys.load(p, kt, buf); };
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p);
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       do_tile, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p);
   load_key_tile(0, 0);
   cp_async_commit();
@@ -329,7 +328,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     const SliceSource src = slice_of(data, stride, 1, sizeof(T), b, 0, h);
     const int32_t row_bytes =
         static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
-    SwizzledTileCopier<kHeadDim, BiasTypes::kAnyDim> copy(
+    SwizzledTileCopier<kHeadDim, BiasTypes::kCols> copy(
         static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes, p.len - row0,
         group_thread, static_cast<int>(2 * p.dim), p.granule);
     copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
@@ -338,13 +337,12 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   const auto n_bytes = [](const int64_t stride[4]) {
     return stride[1] * static_cast<int64_t>(sizeof(T));
   };
-  SwizzledTileCopier<kHeadDim, BiasTypes::kAnyDim> q_copy = copier(p.q, p.q_stride, group_q0);
-  SwizzledTileCopier<kHeadDim, BiasTypes::kAnyDim> do_copy =
-      copier(p.dout, p.dout_stride, group_q0);
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> q_copy = copier(p.q, p.q_stride, group_q0);
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> do_copy = copier(p.dout, p.dout_stride, group_q0);
   const bool copies_k = kGroups == 1 || group == 0;
-  SwizzledTileCopier<kHeadDim, BiasTypes::kAnyDim> kv_copy =
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> kv_copy =
       copies_k ? copier(p.k, p.k_stride, k0) : copier(p.v, p.v_stride, k0);
-  SwizzledTileCopier<kHeadDim, BiasTypes::kAnyDim> v_copy =
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> v_copy =
       copier(p.v, p.v_stride, k0);  // one warpgroup only
   const int64_t q_n_bytes = n_bytes(p.q_stride), do_n_bytes = n_bytes(p.dout_stride),
                 kv_n_bytes = copies_k ? n_bytes(p.k_stride) : n_bytes(p.v_stride),

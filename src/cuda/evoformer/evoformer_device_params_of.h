@@ -150,21 +150,31 @@ inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaBiasCopi
 }
 
 // Which kernels run a 16-bit call at head dims 32, 64 and 128 (offsets_fit: every tile's offsets
-// below 2^31): the warpgroup kernels on lean tiles (D the head dim, rows 16-byte aligned); the
-// warpgroup kernels as AnyDimTypes for rows that are not whole aligned 16-byte chunks (D not a
-// multiple of 8, or a tensor off a 16-byte boundary), whose element-wise copies made the mma.sync
-// kernels 15-30x slower than the aligned shape; and the mma.sync kernels for a D padded to the
-// head dim in whole aligned chunks (24, 40, 48, 96, ...), which they run faster than AnyDimTypes
-// does (H200, [1, 256, 256, 4, D]: D 48 1.5x the time of D 64 against 1.75x, D 96 2.6x of 128 on
-// AnyDimTypes).
+// below 2^31; aligned_rows: Q, K, V, O (and dO) vectorizable):
+// - the warpgroup kernels on lean tiles (D the head dim, rows 16-byte aligned);
+// - the warpgroup kernels as PaddedDimTypes (padded_tiles) for a D padded to the head dim in whole
+//   chunks (24, 40, 48, 56, 72-120) with aligned rows and a bias pair FixedBiasTypes compiles
+//   (each bias absent or in the inputs' type): the lean tiles' copies with a thread's chunk past D
+//   zero-filled;
+// - the warpgroup kernels as AnyDimTypes for rows that are not whole aligned 16-byte chunks (D not
+//   a multiple of 8, or a tensor off a 16-byte boundary), whose element-wise copies made the
+//   mma.sync kernels 15-30x slower than the aligned shape;
+// - the mma.sync kernels for a padded D with any other bias pair, which they run faster than
+//   AnyDimTypes does (H200, [1, 256, 256, 4, D]: D 48 1.5x the time of D 64 against 1.75x, D 96
+//   2.6x of 128 on AnyDimTypes).
 inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
                                 const detail::EvoformerShape& s, bool offsets_fit,
                                 bool aligned_rows) {
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
   const bool eligible =
       offsets_fit && dtype != DType::kF32 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
-  p.wgmma_tiles = eligible && (p.lean_tiles || !aligned_rows);
-  p.any_dim_tiles = p.wgmma_tiles && !p.lean_tiles;
+  const BiasType inputs = dtype == DType::kF16 ? BiasType::kF16 : BiasType::kBF16;
+  const auto fixed = [&](BiasType t) { return t == inputs || t == BiasType::kNone; };
+  const bool padded = eligible && aligned_rows && !p.lean_tiles && s.dim < head_dim &&
+                      fixed(p.bias1_type) && fixed(p.bias2_type);
+  p.wgmma_tiles = eligible && (p.lean_tiles || !aligned_rows || padded);
+  p.padded_tiles = padded;
+  p.any_dim_tiles = p.wgmma_tiles && !p.lean_tiles && !padded;
 }
 
 // Keeps a call on the mma.sync kernels, which take every shape the warpgroup kernels take: for a
@@ -172,6 +182,7 @@ inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
 // (cuda/common/device_arch.h).
 inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
   p.wgmma_tiles = 0;
+  p.padded_tiles = 0;
   p.any_dim_tiles = 0;
 }
 

@@ -1,8 +1,9 @@
 // The Evoformer attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for head dims 32, 64
-// and 128 (and every D padded to them: AnyDimTypes) (the host's wgmma_tiles). The grid, the bias
-// stages, the online softmax and the epilogue are evoformer_fwd_kernel's (shared helpers); what
-// differs is how the two products run: the four warps issue them together as one warpgroup, S = Q
-// K^T as head dim / 16 m64n64k16 steps reading Q and K straight from swizzled shared tiles, and O
+// and 128 (and every D padded to them: PaddedDimTypes, AnyDimTypes) (the host's wgmma_tiles). The
+// grid, the bias stages, the online softmax and the epilogue are evoformer_fwd_kernel's (shared
+// helpers); what differs is how the two products run: the four warps issue them together as one
+// warpgroup, S = Q K^T as head dim / 16 m64n64k16 steps reading Q and K straight from swizzled
+// shared tiles, and O
 // += P V as four m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16 with
 // ldmatrix fragment loads. Any L: the tiles' rows past L are zero-filled, and the last key tile's
 // keys past L are masked as in the mma.sync kernel. Biases: bias2 through its stages; bias1, one
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
   const BiasTypes types(p);
-  EvoformerKeyTileLoader<T, kHeadDim, false, BiasTypes::kAnyDim> keys(
+  EvoformerKeyTileLoader<T, kHeadDim, false, BiasTypes::kCols> keys(
       p, b, n, h, row0, smem.address + Smem::kK, smem.address + Smem::kV,
       smem.pointer + Smem::kFwdBytes, types.bias1, types.bias2);
   // bias1 of the key tile's 64 keys in log2 units (buffer buf at bias1_log2 + 64 buf, after
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     }
   };
 
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kAnyDim>(
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), row0, p);
   load_key_tile(0, 0);
   cp_async_commit();

@@ -67,18 +67,22 @@ template <int kHeadDim>
 constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
 // Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
-// or past L are zero-filled. Without kAnyDim the rows are 16-byte aligned rows of exactly kHeadDim
-// elements; with it (AnyDimTypes) rows of p.dim elements, the columns past D zero-filled, copied
-// in pieces of p.granule bytes. `thread`: as copy_tile_swizzled's.
-template <typename T, int kHeadDim, bool kAnyDim = false>
+// or past L are zero-filled. kCols (the kernel's, TileCols): kExact, 16-byte aligned rows of
+// exactly kHeadDim elements; kPadded, aligned rows of p.dim elements in whole chunks, the chunks
+// past D zero-filled; kAny (AnyDimTypes), rows of p.dim elements, the columns past D zero-filled,
+// copied in pieces of p.granule bytes. `thread`: as copy_tile_swizzled's.
+template <typename T, int kHeadDim, TileCols kCols = TileCols::kExact>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
                                                     int64_t row0, const EvoformerDeviceParams& p,
                                                     int thread = static_cast<int>(threadIdx.x)) {
   const int32_t row_bytes = static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
-  if constexpr (kAnyDim) {
+  if constexpr (kCols == TileCols::kAny) {
     copy_tile_swizzled_granular<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread,
                                           static_cast<int>(2 * p.dim), p.granule);
+  } else if constexpr (kCols == TileCols::kPadded) {
+    copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
+                                       static_cast<int>(2 * p.dim));
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -86,10 +90,12 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
 
 // The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
 // (16-bit, the host's wgmma_tiles) into the swizzled tile layout: tile t is rows [64 t, 64 t + 64).
-template <int kHeadDim>
+// kPadded (TileCols::kPadded): rows of D = p.dim elements, this thread's chunk zero-filled when it
+// lies past D (its reads then start at the row's first chunk and read nothing).
+template <int kHeadDim, bool kPadded = false>
 struct SliceTileStream {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
-  using Stream = ChunkStream<kWgmmaRows / kRowStep, kRowStep * kSwizzleBytes<kHeadDim>>;
+  using Stream = ChunkStream<kWgmmaRows / kRowStep, kRowStep * kSwizzleBytes<kHeadDim>, kPadded>;
   __device__ __forceinline__ static Stream of(const SliceSource& src) {
     const int c = static_cast<int>(threadIdx.x) % kChunks,
               r = static_cast<int>(threadIdx.x) / kChunks;
@@ -98,7 +104,29 @@ struct SliceTileStream {
             kWgmmaRows * row_bytes,
             swizzled_chunk_offset<kWgmmaRows, kSwizzleBytes<kHeadDim>>(r, c)};
   }
+  // The same for rows of D = p.dim elements (kPadded): this thread's chunk past D reads nothing.
+  __device__ __forceinline__ static Stream of(const SliceSource& src,
+                                              const EvoformerDeviceParams& p) {
+    static_assert(kPadded, "rows of the head dim: of(src)");
+    const int c = static_cast<int>(threadIdx.x) % kChunks;
+    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * p.dim));
+    Stream stream = of(src);
+    if (bytes == 0) stream.src -= c * 16;
+    stream.bytes = bytes;
+    return stream;
+  }
 };
+
+// SliceTileStream<kHeadDim, kPadded>::of for the call's rows (p.dim read only when kPadded).
+template <int kHeadDim, bool kPadded>
+__device__ __forceinline__ typename SliceTileStream<kHeadDim, kPadded>::Stream slice_stream(
+    const SliceSource& src, [[maybe_unused]] const EvoformerDeviceParams& p) {
+  if constexpr (kPadded) {
+    return SliceTileStream<kHeadDim, true>::of(src, p);
+  } else {
+    return SliceTileStream<kHeadDim, false>::of(src);
+  }
+}
 
 // A 16-bit bias staged whole (a tile of 64 rows x 64 columns in the stage layout of
 // bias_stage_pitch: 144-byte rows): thread x copies chunk x % 8 of rows x / 8 + 16 i.
@@ -124,9 +152,9 @@ __device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, in
 // take the generic copies (copy_slice_swizzled, copy_key_tile_biases). kStageBias1 = false: bias1
 // is not copied (the forward reads it into registers itself). The bias types are the kernel's
 // (evoformer_bias_types.cuh), so that fixed ones leave no test in the copies.
-template <int kHeadDim, bool kStageBias1 = true>
+template <int kHeadDim, bool kStageBias1 = true, bool kPadded = false>
 struct EvoformerKeyTileStreams {
-  typename SliceTileStream<kHeadDim>::Stream k, v;
+  typename SliceTileStream<kHeadDim, kPadded>::Stream k, v;
   BiasTileStream bias2;
   ChunkStream<1, 0> bias1;  // the 64 keys' 128 bytes: threads 0..7
   bool usable, has_bias2, has_bias1;
@@ -136,8 +164,8 @@ struct EvoformerKeyTileStreams {
                                                      const SliceSource& v_src, int64_t b, int64_t n,
                                                      int64_t h, int64_t row0, BiasType bias1_type,
                                                      BiasType bias2_type)
-      : k(SliceTileStream<kHeadDim>::of(k_src)),
-        v(SliceTileStream<kHeadDim>::of(v_src)),
+      : k(slice_stream<kHeadDim, kPadded>(k_src, p)),
+        v(slice_stream<kHeadDim, kPadded>(v_src, p)),
         bias2{},
         bias1{},
         has_bias2(bias2_type != BiasType::kNone),
@@ -179,9 +207,11 @@ struct EvoformerKeyTileStreams {
 // into the double-buffered swizzled tiles (buffer `buf` at k_tiles / v_tiles + buf * kTileBytes)
 // and the tile's columns of the biases into their stages (bias2's rows row0 .. row0 + 63), whole
 // tiles through EvoformerKeyTileStreams, a partial last tile and other biases through the
-// generic copies (all tiles with kAnyDim, as copy_slice_swizzled). In the caller's cp.async group.
-template <typename T, int kHeadDim, bool kStageBias1 = true, bool kAnyDim = false>
+// generic copies (all tiles with TileCols::kAny, as copy_slice_swizzled). In the caller's cp.async
+// group.
+template <typename T, int kHeadDim, bool kStageBias1 = true, TileCols kCols = TileCols::kExact>
 struct EvoformerKeyTileLoader {
+  static constexpr bool kStreams = kCols != TileCols::kAny;
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   SliceSource k_src, v_src;
   uint32_t k_tiles, v_tiles;
@@ -189,7 +219,7 @@ struct EvoformerKeyTileLoader {
   unsigned char* bias1_stages;
   int bias2_stage_bytes, bias1_stage_bytes;
   int64_t b, n, h, row0;
-  EvoformerKeyTileStreams<kHeadDim, kStageBias1> streams;
+  EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols == TileCols::kPadded> streams;
 
   // The bias stages start at `bias_stages` (bias2's two, then bias1's two where kStageBias1).
   __device__ __forceinline__ EvoformerKeyTileLoader(const EvoformerDeviceParams& p, int64_t b_,
@@ -228,7 +258,7 @@ struct EvoformerKeyTileLoader {
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t tile,
                                        int buf) const {
     const int64_t col0 = tile * kWgmmaRows;
-    if (!kAnyDim && streams.usable && col0 + kWgmmaRows <= p.len) {
+    if (kStreams && streams.usable && col0 + kWgmmaRows <= p.len) {
       streams.copy(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                    shared_address(bias1_stage(buf)));
       return;
@@ -238,7 +268,7 @@ struct EvoformerKeyTileLoader {
   // The same for a loop that loads tiles 0, 1, 2, ... in order (each exactly once).
   __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
     const int64_t col0 = tile * kWgmmaRows;
-    if (!kAnyDim && streams.usable && col0 + kWgmmaRows <= p.len) {
+    if (kStreams && streams.usable && col0 + kWgmmaRows <= p.len) {
       streams.copy_next(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                         shared_address(bias1_stage(buf)));
       return;
@@ -249,8 +279,8 @@ struct EvoformerKeyTileLoader {
  private:
   __device__ __forceinline__ void load_generic(const EvoformerDeviceParams& p, int64_t col0,
                                                int buf) const {
-    copy_slice_swizzled<T, kHeadDim, kAnyDim>(k_tile(buf), k_src, col0, p);
-    copy_slice_swizzled<T, kHeadDim, kAnyDim>(v_tile(buf), v_src, col0, p);
+    copy_slice_swizzled<T, kHeadDim, kCols>(k_tile(buf), k_src, col0, p);
+    copy_slice_swizzled<T, kHeadDim, kCols>(v_tile(buf), v_src, col0, p);
     copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll, kStageBias1>(
         p, b, n, h, row0, col0, col0 + kWgmmaRows <= p.len, bias2_stage(buf), bias1_stage(buf));
   }
@@ -259,9 +289,9 @@ struct EvoformerKeyTileLoader {
 // The same for the dK/dV wgmma kernel's whole query tiles: Q and dO rows [64 t, 64 t + 64), their
 // lse and delta (threads 0..63, one row each), and bias2's tile [those queries][the CTA's 64
 // keys]. `usable`: the CTA's key block inside L and bias2 absent or 16-bit, staged and lean.
-template <int kHeadDim>
+template <int kHeadDim, bool kPadded = false>
 struct EvoformerQueryTileStreams {
-  typename SliceTileStream<kHeadDim>::Stream q, dout;
+  typename SliceTileStream<kHeadDim, kPadded>::Stream q, dout;
   BiasTileStream bias2;
   const float* lse;  // row threadIdx.x of tile 0 (threads 0..63)
   const float* delta;
@@ -273,8 +303,8 @@ struct EvoformerQueryTileStreams {
                                                        const SliceSource& do_src, int64_t b,
                                                        int64_t bn, int64_t h, int64_t key0,
                                                        BiasType bias2_type)
-      : q(SliceTileStream<kHeadDim>::of(q_src)),
-        dout(SliceTileStream<kHeadDim>::of(do_src)),
+      : q(slice_stream<kHeadDim, kPadded>(q_src, p)),
+        dout(slice_stream<kHeadDim, kPadded>(do_src, p)),
         bias2{},
         lse(p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + threadIdx.x * p.lse_stride[2]),
         delta(p.delta + (bn * p.heads + h) * p.len + threadIdx.x),

@@ -110,7 +110,9 @@ std::string path_name(int stages, const cuda::EvoformerDeviceParams& p) {
   if (stages == -2) return "wgmma, fused backward in clusters of two CTAs";
   if (stages > 0)
     return "mma.sync, " + std::to_string(stages) + (stages == 1 ? " stage" : " stages");
-  std::string name = p.any_dim_tiles ? "wgmma AnyDimTypes" : "wgmma";
+  std::string name = p.any_dim_tiles  ? "wgmma AnyDimTypes"
+                     : p.padded_tiles ? "wgmma PaddedDimTypes"
+                                      : "wgmma";
   if (p.dim <= 32 && p.dq != nullptr) {
     const detail::CudaFusedBackwardPlan plan = cuda::evoformer_fused_backward_plan(p);
     name += plan.ranks > 0 ? ", fused backward (" + std::to_string(plan.stages) + " buffers)"
@@ -327,6 +329,13 @@ std::vector<EvoConfig> cases() {
   // Head dims that are not a multiple of 8 (the warpgroup kernels' AnyDimTypes).
   add({1, 2, 77, 2, 20}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);
   add({1, 1, 70, 1, 100}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kPacked);
+  // Head dims padded in whole chunks with a compiled bias pair (PaddedDimTypes): whole tiles
+  // through the streams with the chunks past D zero-filled (the first two read from rows with
+  // poisoned columns past D), a partial last tile, each head dim.
+  add({1, 3, 130, 2, 24}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
+      Layout::kWideRows);
+  add({1, 2, 200, 1, 48}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kWideRows);
+  add({1, 1, 130, 2, 120}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kPacked);
   return out;
 }
 
@@ -339,7 +348,8 @@ std::vector<EvoConfig> random_cases(int count, uint64_t seed) {
   const Bias1Kind b1s[] = {Bias1Kind::kNone, Bias1Kind::kSameAsQ, Bias1Kind::kF32,
                            Bias1Kind::kBool};
   const Bias2Kind b2s[] = {Bias2Kind::kNone, Bias2Kind::kSameAsQ, Bias2Kind::kF32};
-  const Layout layouts[] = {Layout::kPacked, Layout::kPadded, Layout::kTransposedNL};
+  const Layout layouts[] = {Layout::kPacked, Layout::kPadded, Layout::kTransposedNL,
+                            Layout::kWideRows};
   std::vector<EvoConfig> out;
   for (int i = 0; i < count; ++i) {
     EvoConfig c;
@@ -352,7 +362,7 @@ std::vector<EvoConfig> random_cases(int count, uint64_t seed) {
     c.shape.D = rng() % 2 ? common_dims[rng() % 11] : 1 + static_cast<int64_t>(rng() % 128);
     c.bias1 = b1s[rng() % 4];
     c.bias2 = b2s[rng() % 3];
-    c.in_layout = layouts[rng() % 3];
+    c.in_layout = layouts[rng() % 4];
     c.out_layout = rng() % 4 == 0 ? Layout::kPadded : Layout::kPacked;
     out.push_back(c);
   }
