@@ -20,6 +20,7 @@
 
 #include "common/evoformer_cpu_tiling.h"
 #include "cpu/cpu_clones.h"
+#include "cpu/gemm_acc.h"
 #include "cpu/softmax_row.h"
 #include "cpu/strided_access.h"
 #include "cpu/vector_exp.h"
@@ -71,14 +72,11 @@ struct ScoreTileArgs {
 // instruction set: cpu_clones.h).
 SCIATTN_CPU_CLONES void score_tile(const ScoreTileArgs& a, const EvoformerShape& s, float* scores) {
   for (int64_t r = 0; r < a.tq; ++r) {
+    std::fill(scores + r * kCpuKeyTile, scores + r * kCpuKeyTile + a.tk, 0.0f);
+  }
+  gemm_acc(a.tq, a.tk, s.dim, a.q_rows, s.dim, a.k_t + a.j0, s.len, scores, kCpuKeyTile);
+  for (int64_t r = 0; r < a.tq; ++r) {
     float* srow = scores + r * kCpuKeyTile;
-    std::fill(srow, srow + a.tk, 0.0f);
-    const float* q = a.q_rows + r * s.dim;
-    for (int64_t d = 0; d < s.dim; ++d) {
-      const float qd = q[d];
-      const float* k = a.k_t + d * s.len + a.j0;
-      for (int64_t c = 0; c < a.tk; ++c) srow[c] += qd * k[c];
-    }
     if (a.bias1 != nullptr) {
       for (int64_t c = 0; c < a.tk; ++c) srow[c] += a.bias1[a.j0 + c];
     }
