@@ -181,6 +181,20 @@ def plot(rows, peers, path):
     fig.savefig(path, dpi=120)
 
 
+def parse_sizes(flag, text, low, high):
+    """The comma-separated positive integers of `text` (each within [low, high]), or exit naming
+    the flag and the first bad entry."""
+    sizes = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or int(item) < low or (high is not None and int(item) > high):
+            bound = f"{low}..{high}" if high is not None else f"integers >= {low}"
+            sys.exit(f"{flag}: {item!r} is not a size; give comma-separated {bound}")
+        sizes.append(int(item))
+    return sizes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True, help="path of libsciattn_capi.so")
@@ -193,6 +207,10 @@ def main():
                     help="head dims at which the peers run ('all': every swept head dim)")
     ap.add_argument("--quick", action="store_true",
                     help=f"a coarser grid: L in {QUICK_LENGTHS}, D in {QUICK_DIMS}")
+    ap.add_argument("--lengths", default=None,
+                    help="comma-separated lengths replacing the length grid ('' skips it)")
+    ap.add_argument("--dims", default=None,
+                    help="comma-separated head dims (1..128) replacing the head-dim grid ('' skips it)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("evoformer_sweep.py needs a CUDA GPU (it times kernels)")
@@ -203,6 +221,10 @@ def main():
     raise_compile_limits()
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
     dims = QUICK_DIMS if args.quick else DIMS
+    if args.lengths is not None:
+        lengths = parse_sizes("--lengths", args.lengths, 1, None)
+    if args.dims is not None:
+        dims = parse_sizes("--dims", args.dims, 1, 128)
     peer_lengths = set(lengths) if args.peer_lengths == "all" else {int(x) for x in args.peer_lengths.split(",") if x}
     peer_dims = set(dims) if args.peer_dims == "all" else {int(x) for x in args.peer_dims.split(",") if x}
 

@@ -1,6 +1,6 @@
 // Host-side plan of the Evoformer CUDA kernels: which head dims are instantiated, how N is
-// chunked for the deterministic dbias2 sum, and the workspace regions (padded bias copies, the
-// backward's partial sums). Host-only common
+// chunked for the deterministic dbias2 sum, and the workspace regions (padded copies of unaligned
+// biases and inputs, the backward's partial sums). Host-only common
 // layer (no CUDA headers), so that workspace_size() and the launch agree by construction.
 #pragma once
 
@@ -165,17 +165,40 @@ inline CudaFusedBackwardPlan cuda_fused_backward_plan(const EvoformerShape& s,
   return {ranks, ranks == 1 && fits(1, 3) ? 3 : 2};
 }
 
-// The tensor-core kernels stage bias tiles with 16-byte copies, which needs every bias row to
-// start on a 16-byte boundary: L a multiple of 8 for a 16-bit bias. A bias whose rows do not
-// (most real lengths: AlphaFold runs at the protein's own residue count) is first copied into the
-// workspace with rows padded to a 16-byte multiple, `bias*_bytes` being its element size (0: no
-// copy). The copy reads the bias once; the kernels then take their fast copies for every whole
-// tile, where reading such a bias element by element made L = 300 2.6x slower than L = 320.
-// bias1 [B, N, 1, 1, L] becomes [B, N, row], bias2 [B, 1, H, L, L] becomes [B, H, L, row].
-struct CudaBiasCopies {
+// Copies the tensor-core kernels read instead of an input, made in the workspace before the
+// launch (CudaInputCopies), so that every tile takes the 16-byte copies.
+//
+// Biases: the kernels stage bias tiles with 16-byte copies, which needs every bias row to start on
+// a 16-byte boundary: L a multiple of 8 for a 16-bit bias. A bias whose rows do not (most real
+// lengths: AlphaFold runs at the protein's own residue count) is first copied with rows padded to
+// a 16-byte multiple, `bias*_bytes` being its element size (0: no copy). The copy reads the bias
+// once; the kernels then take their fast copies for every whole tile, where reading such a bias
+// element by element made L = 300 2.6x slower than L = 320. bias1 [B, N, 1, 1, L] becomes
+// [B, N, row], bias2 [B, 1, H, L, L] becomes [B, H, L, row].
+//
+// Q, K, V and dO: rows that are not whole aligned 16-byte chunks (D not a multiple of 8, or a
+// tensor off a 16-byte boundary) are copied into packed [B, N, L, H, input_row] tensors, D rounded
+// up to 8 elements, the columns past D zeros. The kernels read the copies as they read a D that is
+// a multiple of 8 (whole chunks), and write the outputs at D; reading such rows in 2-, 4- or 8-byte
+// pieces in every tile made the kernels 2-3x slower than at the head dim (H200, [1, 256, 256, 4,
+// D]), and a copy is one read and one write of the tensor. The copies make the workspace that much
+// larger (about the size of the copied tensors).
+enum CudaStagedInput { kStagedQ, kStagedK, kStagedV, kStagedDout, kStagedInputs };
+
+struct CudaCopyNeeds {
+  int64_t bias1_bytes = 0, bias2_bytes = 0;  // element size of each bias copy; 0: none
+  unsigned inputs = 0;                       // bit i: input i of CudaStagedInput is copied
+  int64_t input_bytes = 0;                   // the inputs' element size
+};
+
+struct CudaInputCopies {
   int64_t bias1_bytes = 0, bias2_bytes = 0;  // element size of each copy; 0: none
   int64_t bias1_row = 0, bias2_row = 0;      // elements per padded row
   size_t bias1 = 0, bias2 = 0;               // the copies' workspace regions
+  int64_t input_bytes = 0;                   // element size of the staged inputs; 0: none staged
+  int64_t input_row = 0;                     // elements per staged row: D rounded up to 8
+  bool staged[kStagedInputs] = {};
+  size_t input[kStagedInputs] = {};  // the staged inputs' workspace regions
 };
 
 // L rounded up to whole 16-byte chunks of `elem_bytes`-byte elements.
@@ -183,31 +206,41 @@ constexpr int64_t cuda_padded_bias_row(int64_t len, int64_t elem_bytes) {
   return (len * elem_bytes + 15) / 16 * 16 / elem_bytes;
 }
 
-inline CudaBiasCopies plan_cuda_bias_copies(const EvoformerShape& s, int64_t bias1_bytes,
-                                            int64_t bias2_bytes, WorkspaceLayout* layout) {
-  CudaBiasCopies c;
-  if (bias1_bytes > 0) {
-    c.bias1_bytes = bias1_bytes;
-    c.bias1_row = cuda_padded_bias_row(s.len, bias1_bytes);
-    c.bias1 = layout->add<unsigned char>(s.batch * s.n * c.bias1_row * bias1_bytes);
+inline CudaInputCopies plan_cuda_copies(const EvoformerShape& s, const CudaCopyNeeds& needs,
+                                        WorkspaceLayout* layout) {
+  CudaInputCopies c;
+  if (needs.bias1_bytes > 0) {
+    c.bias1_bytes = needs.bias1_bytes;
+    c.bias1_row = cuda_padded_bias_row(s.len, needs.bias1_bytes);
+    c.bias1 = layout->add<unsigned char>(s.batch * s.n * c.bias1_row * needs.bias1_bytes);
   }
-  if (bias2_bytes > 0) {
-    c.bias2_bytes = bias2_bytes;
-    c.bias2_row = cuda_padded_bias_row(s.len, bias2_bytes);
-    c.bias2 = layout->add<unsigned char>(s.batch * s.heads * s.len * c.bias2_row * bias2_bytes);
+  if (needs.bias2_bytes > 0) {
+    c.bias2_bytes = needs.bias2_bytes;
+    c.bias2_row = cuda_padded_bias_row(s.len, needs.bias2_bytes);
+    c.bias2 =
+        layout->add<unsigned char>(s.batch * s.heads * s.len * c.bias2_row * needs.bias2_bytes);
+  }
+  if (needs.inputs != 0 && needs.input_bytes > 0) {
+    c.input_bytes = needs.input_bytes;
+    c.input_row = (s.dim + 7) / 8 * 8;
+    for (int i = 0; i < kStagedInputs; ++i) {
+      if ((needs.inputs >> i & 1u) == 0) continue;
+      c.staged[i] = true;
+      c.input[i] = layout->add<unsigned char>(s.batch * s.n * s.len * s.heads * c.input_row *
+                                              needs.input_bytes);
+    }
   }
   return c;
 }
 
-// The forward's workspace: only the padded bias copies (none for aligned biases).
+// The forward's workspace: only the copies (none for aligned inputs and biases).
 struct CudaForwardWorkspace {
   WorkspaceLayout layout;
-  CudaBiasCopies copies;
+  CudaInputCopies copies;
 };
-inline CudaForwardWorkspace plan_cuda_forward(const EvoformerShape& s, int64_t bias1_copy_bytes,
-                                              int64_t bias2_copy_bytes) {
+inline CudaForwardWorkspace plan_cuda_forward(const EvoformerShape& s, const CudaCopyNeeds& needs) {
   CudaForwardWorkspace w;
-  w.copies = plan_cuda_bias_copies(s, bias1_copy_bytes, bias2_copy_bytes, &w.layout);
+  w.copies = plan_cuda_copies(s, needs, &w.layout);
   return w;
 }
 
@@ -215,14 +248,14 @@ struct CudaBackwardWorkspace {
   WorkspaceLayout layout;
   size_t delta = 0, dbias1_partial = 0, dbias2_partial = 0;
   int64_t chunks = 1;  // dbias2 chunks; with one, the kernel writes dbias2 itself (no partial)
-  CudaBiasCopies copies;
+  CudaInputCopies copies;
 };
 
 // `tensor_cores` is false for fp32 inputs, whose kernels sum dbias2 over N in one pass.
-// `bias*_copy_bytes`: as plan_cuda_bias_copies (the copies follow the backward's own regions).
+// `needs`: as plan_cuda_copies (the copies follow the backward's own regions).
 inline CudaBackwardWorkspace plan_cuda_backward(const EvoformerShape& s, bool dbias1, bool dbias2,
-                                                bool tensor_cores, int64_t bias1_copy_bytes = 0,
-                                                int64_t bias2_copy_bytes = 0) {
+                                                bool tensor_cores,
+                                                const CudaCopyNeeds& needs = {}) {
   CudaBackwardWorkspace w;
   w.chunks = dbias2 && tensor_cores ? cuda_dbias2_chunks(s) : 1;
   w.delta = w.layout.add<float>(s.batch * s.n * s.heads * s.len);
@@ -230,7 +263,7 @@ inline CudaBackwardWorkspace plan_cuda_backward(const EvoformerShape& s, bool db
   if (dbias2 && w.chunks > 1) {
     w.dbias2_partial = w.layout.add<float>(w.chunks * s.batch * s.heads * s.len * s.len);
   }
-  w.copies = plan_cuda_bias_copies(s, bias1_copy_bytes, bias2_copy_bytes, &w.layout);
+  w.copies = plan_cuda_copies(s, needs, &w.layout);
   return w;
 }
 

@@ -60,6 +60,10 @@ Views views(const Shape& s, DType dtype) {
   return v;
 }
 
+// The kernels' arguments with the workspace at a fake address (the staged copies' regions).
+cuda::EvoformerDeviceParams forward(const Views& v, const Shape& s) {
+  return cuda::forward_device_params(v.f, s.evo(), address(12 << 24));
+}
 cuda::EvoformerDeviceParams backward(const Views& v, const Shape& s) {
   return cuda::backward_device_params(v.b, s.evo(), address(11 << 24));
 }
@@ -67,7 +71,7 @@ cuda::EvoformerDeviceParams backward(const Views& v, const Shape& s) {
 TEST(EvoformerDeviceParams, PackedTensorsTakeTheLeanPaths) {
   const Shape s{1, 2, 192, 2, 32};  // bias2 rows of 384 bytes: staged
   const Views v = views(s, DType::kBF16);
-  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+  const cuda::EvoformerDeviceParams f = forward(v, s);
   EXPECT_EQ(f.lean_tiles, 1);
   EXPECT_EQ(f.bias2_staged, 1);
   EXPECT_EQ(f.bias2_lean, 1);
@@ -92,12 +96,12 @@ TEST(EvoformerDeviceParams, PaddedHeadDimsKeepTheGenericCopies) {
   // are not whole pairs of the instantiated width.
   const Shape s24{1, 2, 128, 2, 24};
   const Views v24 = views(s24, DType::kF16);
-  EXPECT_EQ(cuda::forward_device_params(v24.f, s24.evo()).lean_tiles, 0);
+  EXPECT_EQ(forward(v24, s24).lean_tiles, 0);
   EXPECT_EQ(backward(v24, s24).grads_paired, 0);
   // D = 8 runs in 16-wide tiles (no lean copy) but writes whole 8-wide rows.
   const Shape s8{1, 2, 128, 2, 8};
   const Views v8 = views(s8, DType::kBF16);
-  EXPECT_EQ(cuda::forward_device_params(v8.f, s8.evo()).lean_tiles, 0);
+  EXPECT_EQ(forward(v8, s8).lean_tiles, 0);
   EXPECT_EQ(backward(v8, s8).grads_paired, 1);
 }
 
@@ -107,40 +111,43 @@ TEST(EvoformerDeviceParams, OffsetsBeyond31BitsKeepTheGenericCopies) {
   // Rows of K 2^24 elements (32 MiB) apart: a 128-row tile spans 4 GiB.
   v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 1, 128, 1, 32},
                               {int64_t{1} << 31, int64_t{1} << 31, int64_t{1} << 24, 32, 1});
-  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+  const cuda::EvoformerDeviceParams f = forward(v, s);
   EXPECT_EQ(f.vec_k, 1);  // still 16-byte copies, through the generic path
   EXPECT_EQ(f.lean_tiles, 0);
   // The largest row stride that fits: 128 rows x stride x 2 bytes < 2^31.
   const int64_t fits = (int64_t{1} << 31) / 128 / 2 - 8;
   v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 1, 128, 1, 32},
                               {int64_t{1} << 31, int64_t{1} << 31, fits, 32, 1});
-  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).lean_tiles, 1);
+  EXPECT_EQ(forward(v, s).lean_tiles, 1);
   // bias2 rows 2^24 elements apart: still staged, not lean.
   v = views(s, DType::kBF16);
   v.f.bias2 = TensorView::strided(
       address(5 << 24), DType::kBF16, {1, 1, 1, 128, 128},
       {int64_t{1} << 32, int64_t{1} << 32, int64_t{1} << 32, int64_t{1} << 24, 1});
-  const cuda::EvoformerDeviceParams g = cuda::forward_device_params(v.f, s.evo());
+  const cuda::EvoformerDeviceParams g = forward(v, s);
   EXPECT_EQ(g.bias2_staged, 1);
   EXPECT_EQ(g.bias2_lean, 0);
 }
 
-TEST(EvoformerDeviceParams, MisalignedTensorsKeepTheGenericPaths) {
+TEST(EvoformerDeviceParams, MisalignedOutputsKeepTheGenericStores) {
   const Shape s{1, 2, 128, 2, 32};
   Views v = views(s, DType::kBF16);
   v.f.out = qkv(s, DType::kBF16, (3 << 24) + 2);  // one element past a 16-byte boundary
   v.b.out = v.f.out;
-  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+  const cuda::EvoformerDeviceParams f = forward(v, s);
   EXPECT_EQ(f.vec_out, 0);
   EXPECT_EQ(f.lean_tiles, 0);
+  EXPECT_EQ(f.padded_tiles, 1);  // stores (and the backward's delta) at any alignment
+  EXPECT_EQ(backward(v, s).padded_tiles, 1);
   v = views(s, DType::kBF16);
   v.b.dk = qkv(s, DType::kBF16, (9 << 24) + 2);
   const cuda::EvoformerDeviceParams b = backward(v, s);
   EXPECT_EQ(b.lean_tiles, 1);  // dK is written, not copied
   EXPECT_EQ(b.grads_paired, 0);
+  // An input off a 16-byte boundary is read through its staged copy (next test).
   v = views(s, DType::kBF16);
   v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);
-  EXPECT_EQ(backward(v, s).lean_tiles, 0);
+  EXPECT_EQ(backward(v, s).lean_tiles, 1);
 }
 
 TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) {
@@ -149,25 +156,24 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
       for (const int64_t len : {1, 17, 64, 300}) {  // any L: rows past L are zero-filled
         const Shape s{1, 2, len, 2, d};
         const Views v = views(s, dtype);
-        EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 1) << d << " " << len;
-        EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).any_dim_tiles, 0) << d << " " << len;
+        EXPECT_EQ(forward(v, s).wgmma_tiles, 1) << d << " " << len;
+        EXPECT_EQ(forward(v, s).any_dim_tiles, 0) << d << " " << len;
         EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << d << " " << len;
       }
     }
   }
-  // A D padded in whole aligned 16-byte chunks (24, 40, 48, 96, 120) takes them as PaddedDimTypes
-  // when each bias is absent or in the inputs' type (the pairs FixedBiasTypes compiles), and keeps
-  // the mma.sync kernels with any other pair; a D that is not a multiple of 8 takes them as
-  // AnyDimTypes, rows copied in the largest pieces their alignment allows (granule).
+  // Any other D (24, 40, 48, 96, 120, and through staged copies those that are not multiples of
+  // 8) takes them as PaddedDimTypes when each bias is absent or in the inputs' type (the pairs
+  // FixedBiasTypes compiles), and keeps the mma.sync kernels with any other pair.
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    for (const int64_t d : {24, 40, 48, 96, 120}) {
+    for (const int64_t d : {24, 40, 48, 96, 120, 20, 33, 127}) {
       const Shape s{1, 2, 300, 2, d};
       Views v = views(s, dtype);
       for (int absent = 0; absent < 4; ++absent) {  // bit 0: no bias1, bit 1: no bias2
         v = views(s, dtype);
         if (absent & 1) v.f.bias1 = v.b.bias1 = TensorView{};
         if (absent & 2) v.f.bias2 = v.b.bias2 = TensorView{};
-        const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+        const cuda::EvoformerDeviceParams f = forward(v, s);
         const cuda::EvoformerDeviceParams b = backward(v, s);
         EXPECT_EQ(f.wgmma_tiles, 1) << d << " " << absent;
         EXPECT_EQ(f.padded_tiles, 1) << d << " " << absent;
@@ -180,67 +186,74 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
       v = views(s, dtype);
       v.f.bias1 = v.b.bias1 =
           TensorView::contiguous(address(4 << 24), DType::kBool, {s.B, s.N, 1, 1, s.L});
-      EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
-      EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).padded_tiles, 0) << d;
+      EXPECT_EQ(forward(v, s).wgmma_tiles, 0) << d;
+      EXPECT_EQ(forward(v, s).padded_tiles, 0) << d;
       EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
       v = views(s, dtype);
       v.f.bias2 = v.b.bias2 =
           TensorView::contiguous(address(5 << 24), DType::kF32, {s.B, 1, s.H, s.L, s.L});
-      EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
+      EXPECT_EQ(forward(v, s).wgmma_tiles, 0) << d;
       EXPECT_EQ(backward(v, s).padded_tiles, 0) << d;
     }
   }
-  // The head dim itself is never padded; nor are rows off a 16-byte boundary (AnyDimTypes).
+  // The head dim itself is never padded.
   for (const int64_t d : {32, 64, 128}) {
     const Shape s{1, 2, 300, 2, d};
-    EXPECT_EQ(cuda::forward_device_params(views(s, DType::kBF16).f, s.evo()).padded_tiles, 0);
+    EXPECT_EQ(forward(views(s, DType::kBF16), s).padded_tiles, 0);
   }
-  struct PaddedDim {
+  // Without the staged copies (a workspace given where the plan needs one is the dispatch's
+  // only call), rows that are not whole aligned chunks would take AnyDimTypes, copied in the
+  // largest pieces their alignment allows (granule).
+  struct AnyDim {
     int64_t d;
     int granule;
   };
-  for (const PaddedDim x : {PaddedDim{20, 8}, PaddedDim{100, 8}, PaddedDim{36, 8}, PaddedDim{34, 4},
-                            PaddedDim{33, 2}, PaddedDim{127, 2}}) {
+  for (const AnyDim x : {AnyDim{20, 8}, AnyDim{100, 8}, AnyDim{36, 8}, AnyDim{34, 4}, AnyDim{33, 2},
+                         AnyDim{127, 2}}) {
     const Shape s{1, 2, 300, 2, x.d};
     const Views v = views(s, DType::kBF16);
-    const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+    cuda::EvoformerDeviceParams f = cuda::evoformer_params::common_params(
+        v.f.q, v.f.k, v.f.v, v.f.bias1, v.f.bias2, v.f.out, v.f.lse, v.f.options, s.evo());
     EXPECT_EQ(f.wgmma_tiles, 1) << x.d;
     EXPECT_EQ(f.lean_tiles, 0) << x.d;
     EXPECT_EQ(f.granule, x.granule) << x.d;
     EXPECT_EQ(f.any_dim_tiles, 1) << x.d;
     EXPECT_EQ(f.padded_tiles, 0) << x.d;
-    EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << x.d;
-    EXPECT_EQ(backward(v, s).any_dim_tiles, 1) << x.d;
+    EXPECT_EQ(f.load_dim, x.d) << x.d;
+    f = forward(v, s);
+    EXPECT_EQ(f.granule, 16) << x.d;
+    EXPECT_EQ(f.any_dim_tiles, 0) << x.d;
+    EXPECT_EQ(f.padded_tiles, 1) << x.d;
+    EXPECT_EQ(f.load_dim, (x.d + 7) / 8 * 8) << x.d;
   }
   // Head dims 8 and 16 (and the D padded to them) keep the mma.sync kernels, as do fp32 inputs.
   for (const int64_t d : {1, 7, 8, 12, 16}) {
     const Shape s{1, 2, 128, 2, d};
     const Views v = views(s, DType::kBF16);
-    EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0) << d;
+    EXPECT_EQ(forward(v, s).wgmma_tiles, 0) << d;
     EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
   }
   const Shape s{1, 2, 128, 2, 64};
-  EXPECT_EQ(cuda::forward_device_params(views(s, DType::kF32).f, s.evo()).wgmma_tiles, 0);
-  // A tensor one element past a 16-byte boundary: copied in 2-byte pieces.
+  EXPECT_EQ(forward(views(s, DType::kF32), s).wgmma_tiles, 0);
+  // A tensor one element past a 16-byte boundary: read from its staged copy, so the lean tiles.
   Views v = views(s, DType::kBF16);
   v.f.q = qkv(s, DType::kBF16, 2);
-  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+  const cuda::EvoformerDeviceParams f = forward(v, s);
   EXPECT_EQ(f.wgmma_tiles, 1);
-  EXPECT_EQ(f.granule, 2);
-  EXPECT_EQ(f.any_dim_tiles, 1);
+  EXPECT_EQ(f.granule, 16);
+  EXPECT_EQ(f.lean_tiles, 1);
+  EXPECT_EQ(f.any_dim_tiles, 0);
   EXPECT_EQ(f.padded_tiles, 0);
   v = views(s, DType::kBF16);
-  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);  // dO is copied like Q
-  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).granule, 16);
+  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);  // dO is staged like Q
   EXPECT_EQ(backward(v, s).wgmma_tiles, 1);
-  EXPECT_EQ(backward(v, s).granule, 4);
-  EXPECT_EQ(backward(v, s).any_dim_tiles, 1);
-  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).any_dim_tiles, 0);
+  EXPECT_EQ(backward(v, s).lean_tiles, 1);
+  EXPECT_EQ(backward(v, s).any_dim_tiles, 0);
   // Rows 2^24 elements apart keep the mma.sync kernels (tile offsets past 31 bits).
   v = views(s, DType::kBF16);
   v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 128, 2, 64},
                               {int64_t{1} << 33, int64_t{1} << 32, int64_t{1} << 24, 64, 1});
-  EXPECT_EQ(cuda::forward_device_params(v.f, s.evo()).wgmma_tiles, 0);
+  EXPECT_EQ(forward(v, s).wgmma_tiles, 0);
 }
 
 // Biases whose rows do not start on 16-byte boundaries (L not a multiple of 8 for 16-bit ones)
@@ -257,11 +270,6 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   // bias1 [1, 2, 304] then bias2 [1, 2, 300, 304], each region rounded to 64 bytes, plus the
   // base's alignment slack.
   EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 64});
-  // Read in place without a workspace (the generic copies), from the copies with one.
-  const cuda::EvoformerDeviceParams in_place = cuda::forward_device_params(v.f, s.evo());
-  EXPECT_EQ(in_place.bias2_staged, 0);
-  EXPECT_EQ(in_place.bias1_staged, 0);
-  EXPECT_EQ(in_place.bias2, v.f.bias2.data);
   void* const ws = address(12 << 24);
   const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo(), ws);
   EXPECT_EQ(f.bias1, w.layout.at<unsigned char>(ws, w.copies.bias1));
@@ -276,20 +284,22 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   EXPECT_EQ(f.bias2_stride[1], 300 * 304);
   EXPECT_EQ(f.bias2_stride[2], 304);
   EXPECT_EQ(f.bias2_stride[3], 1);
-  // The copy jobs: bias2's rows over (B, H, L) in the caller's strides, into rows of 304.
-  const cuda::EvoformerBiasCopyArgs a =
-      cuda::evoformer_params::bias2_copy_args(v.f.bias2, w.copies, w.layout, ws);
+  // The copy jobs: bias1, then bias2's rows over (B, H, L) in the caller's strides, into rows of
+  // 304.
+  const cuda::EvoformerCopyJobs jobs = cuda::forward_copy_jobs(v.f, s.evo(), ws);
+  ASSERT_EQ(jobs.count, 2);
+  const cuda::EvoformerRowCopyArgs& a = jobs.job[1];
   EXPECT_EQ(a.src, v.f.bias2.data);
   EXPECT_EQ(a.dst, f.bias2);
   EXPECT_EQ(a.outer[1], 2);
   EXPECT_EQ(a.outer[2], 300);
   EXPECT_EQ(a.outer_stride[2], 300);
+  EXPECT_EQ(a.outer[3], 1);
   EXPECT_EQ(a.len, 300);
   EXPECT_EQ(a.row, 304);
-  const cuda::EvoformerBiasCopyArgs a1 =
-      cuda::evoformer_params::bias1_copy_args(v.f.bias1, w.copies, w.layout, ws);
+  const cuda::EvoformerRowCopyArgs& a1 = jobs.job[0];
   EXPECT_EQ(a1.dst, f.bias1);
-  EXPECT_EQ(a1.outer[0] * a1.outer[1] * a1.outer[2], 2);  // [B = 1, N = 2, 1]
+  EXPECT_EQ(a1.outer[0] * a1.outer[1] * a1.outer[2] * a1.outer[3], 2);  // [B = 1, N = 2, 1, 1]
   EXPECT_EQ(a1.outer_stride[1], 300);
   EXPECT_EQ(a1.outer_stride[2], 0);
   EXPECT_EQ(a1.elem_bytes, 2);
@@ -316,6 +326,87 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   EXPECT_EQ(cuda::forward_workspace(views(s, DType::kF32).f, s.evo()).layout.total_bytes(), 0u);
 }
 
+// Q, K, V and dO of 16-bit inputs whose rows are not whole aligned 16-byte chunks (D not a
+// multiple of 8, or a tensor off a 16-byte boundary) are copied into the workspace as packed
+// rows of D rounded up to 8, zeros past D; the kernels read those copies (load_dim columns,
+// 16-byte copies) and write the outputs at D where they are.
+TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
+  const Shape s{1, 2, 300, 2, 33};
+  const Views v = views(s, DType::kBF16);
+  const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo());
+  EXPECT_EQ(w.copies.input_bytes, 2);
+  EXPECT_EQ(w.copies.input_row, 40);
+  EXPECT_TRUE(w.copies.staged[detail::kStagedQ]);
+  EXPECT_TRUE(w.copies.staged[detail::kStagedK]);
+  EXPECT_TRUE(w.copies.staged[detail::kStagedV]);
+  EXPECT_FALSE(w.copies.staged[detail::kStagedDout]);
+  // The two bias copies (L = 300), then Q, K, V of 1 x 2 x 300 x 2 rows of 40 bf16 (96,000
+  // bytes each, a multiple of 64), plus the base's alignment slack.
+  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 3 * 96000 + 64});
+  void* const ws = address(12 << 24);
+  const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo(), ws);
+  EXPECT_EQ(f.q, w.layout.at<unsigned char>(ws, w.copies.input[detail::kStagedQ]));
+  EXPECT_EQ(f.v, w.layout.at<unsigned char>(ws, w.copies.input[detail::kStagedV]));
+  EXPECT_EQ(f.out, v.f.out.data);  // written where it is, at D
+  EXPECT_EQ(f.q_stride[0], 2 * 300 * 2 * 40);
+  EXPECT_EQ(f.q_stride[1], 300 * 2 * 40);
+  EXPECT_EQ(f.q_stride[2], 2 * 40);
+  EXPECT_EQ(f.q_stride[3], 40);
+  EXPECT_EQ(f.dim, 33);
+  EXPECT_EQ(f.load_dim, 40);
+  EXPECT_EQ(f.vec_q + f.vec_k + f.vec_v, 3);
+  EXPECT_EQ(f.vec_out, 0);
+  EXPECT_EQ(f.granule, 16);
+  EXPECT_EQ(f.padded_tiles, 1);
+  const cuda::EvoformerCopyJobs jobs = cuda::forward_copy_jobs(v.f, s.evo(), ws);
+  ASSERT_EQ(jobs.count, 5);  // bias1, bias2, Q, K, V
+  const cuda::EvoformerRowCopyArgs& k = jobs.job[3];
+  EXPECT_EQ(k.src, v.f.k.data);
+  EXPECT_EQ(k.dst, f.k);
+  EXPECT_EQ(k.elem_bytes, 2);
+  for (int d = 0; d < 4; ++d) {
+    EXPECT_EQ(k.outer[d], v.f.k.sizes[d]) << d;
+    EXPECT_EQ(k.outer_stride[d], v.f.k.strides[d]) << d;
+  }
+  EXPECT_EQ(k.len, 33);
+  EXPECT_EQ(k.len_stride, 1);
+  EXPECT_EQ(k.row, 40);
+  // The backward stages dO as well, after its own regions.
+  const detail::CudaBackwardWorkspace bw = cuda::backward_workspace(v.b, s.evo());
+  EXPECT_TRUE(bw.copies.staged[detail::kStagedDout]);
+  EXPECT_GT(bw.copies.input[detail::kStagedQ], bw.delta);
+  const cuda::EvoformerDeviceParams b = backward(v, s);
+  EXPECT_EQ(b.dout,
+            bw.layout.at<unsigned char>(address(11 << 24), bw.copies.input[detail::kStagedDout]));
+  EXPECT_EQ(b.dout_stride[3], 40);
+  EXPECT_EQ(b.vec_dout, 1);
+  EXPECT_EQ(b.load_dim, 40);
+  EXPECT_EQ(b.padded_tiles, 1);
+  EXPECT_EQ(cuda::backward_copy_jobs(v.b, s.evo(), address(11 << 24)).count, 6);
+
+  // One misaligned input of an aligned D: only it is staged, in rows of D.
+  const Shape s8{1, 2, 64, 2, 8};
+  Views v8 = views(s8, DType::kF16);
+  v8.f.k = qkv(s8, DType::kF16, (1 << 24) + 2);
+  const detail::CudaForwardWorkspace w8 = cuda::forward_workspace(v8.f, s8.evo());
+  EXPECT_FALSE(w8.copies.staged[detail::kStagedQ]);
+  EXPECT_TRUE(w8.copies.staged[detail::kStagedK]);
+  EXPECT_EQ(w8.copies.input_row, 8);
+  const cuda::EvoformerDeviceParams f8 = forward(v8, s8);
+  EXPECT_EQ(f8.vec_k, 1);
+  EXPECT_EQ(f8.load_dim, 8);
+  EXPECT_EQ(cuda::forward_copy_jobs(v8.f, s8.evo(), address(12 << 24)).count, 1);
+  // Head dims 1..16 (the mma.sync kernels) are staged too; fp32 inputs and aligned rows never.
+  const Shape s5{1, 2, 64, 2, 5};
+  EXPECT_EQ(forward(views(s5, DType::kBF16), s5).load_dim, 8);
+  EXPECT_EQ(forward(views(s5, DType::kBF16), s5).vec_q, 1);
+  EXPECT_EQ(cuda::forward_workspace(views(s5, DType::kF32).f, s5.evo()).copies.input_bytes, 0);
+  EXPECT_EQ(forward(views(s5, DType::kF32), s5).load_dim, 5);
+  const Shape s32{1, 2, 64, 2, 32};
+  EXPECT_EQ(cuda::forward_workspace(views(s32, DType::kBF16).f, s32.evo()).layout.total_bytes(),
+            0u);
+}
+
 // The forwards' probability shift (cuda/common/probability_shift.h): with bf16 inputs 2^k is the
 // smallest power of two at least L, so a row's sum of P |v| stays below max |v|; f16 (and fp32)
 // keep k = 0. The kernels add k ln 2 back to lse, so the field must equal what they assume.
@@ -323,10 +414,8 @@ TEST(EvoformerDeviceParams, Bf16ProbabilitiesAreShiftedByTheKeysLog2) {
   for (const auto& [L, k] : std::initializer_list<std::pair<int64_t, float>>{
            {1, 0.0f}, {2, 1.0f}, {3, 2.0f}, {64, 6.0f}, {65, 7.0f}, {300, 9.0f}, {2048, 11.0f}}) {
     const Shape s{1, 1, L, 2, 32};
-    EXPECT_EQ(cuda::forward_device_params(views(s, DType::kBF16).f, s.evo()).prob_shift_log2, k)
-        << L;
-    EXPECT_EQ(cuda::forward_device_params(views(s, DType::kF16).f, s.evo()).prob_shift_log2, 0.0f)
-        << L;
+    EXPECT_EQ(forward(views(s, DType::kBF16), s).prob_shift_log2, k) << L;
+    EXPECT_EQ(forward(views(s, DType::kF16), s).prob_shift_log2, 0.0f) << L;
   }
   EXPECT_EQ(cuda::probability_shift_log2(DType::kBF16, int64_t{1} << 40), 40.0f);
   EXPECT_EQ(cuda::probability_shift_log2(DType::kBF16, (int64_t{1} << 40) + 1), 41.0f);
@@ -340,7 +429,7 @@ TEST(EvoformerDeviceParams, PortableCallsKeepToTheMmaSyncKernels) {
   for (const int64_t d : {32, 33, 64, 128}) {
     const Shape s{1, 2, 256, 2, d};
     const Views v = views(s, DType::kBF16);
-    cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo());
+    cuda::EvoformerDeviceParams f = forward(v, s);
     cuda::EvoformerDeviceParams b = backward(v, s);
     EXPECT_EQ(f.wgmma_tiles, 1) << d;  // the host's choice for a Hopper GPU
     EXPECT_EQ(b.wgmma_tiles, 1) << d;

@@ -169,8 +169,8 @@ std::vector<EvoConfig> gpu_cases() {
       cases.push_back(c);
     }
   }
-  // Head dims that are not multiples of 8 (rows copied in 8-, 4- or 2-byte pieces) on the
-  // warpgroup kernels of the head dim they are padded to.
+  // Head dims that are not multiples of 8, read from staged copies with rows of D rounded up to
+  // 8 (detail::CudaInputCopies), the outputs written at D.
   for (int64_t D : {20, 33, 34, 63, 100, 127}) {
     for (int64_t L : {129, 300}) {
       EvoConfig c;

@@ -320,9 +320,9 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
   const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-      smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.dim);
+      smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.load_dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-      smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.dim);
+      smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.load_dim);
   // The bias2 tile of each query tile ([64 queries][64 keys], in kStages buffers) is staged in
   // shared memory after the fixed part, copied with the Q/dO tile it belongs to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
@@ -412,9 +412,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
   const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-      smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
+      smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.load_dim);
   load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
-      smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len, p.dim);
+      smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len,
+      p.load_dim);
   // The biases of each key tile are staged in shared memory (in kStages buffers like K and V,
   // after the fixed part), copied with the K/V tile they belong to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
@@ -623,14 +624,14 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
       return;
     }
     load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(
-        smem.q[buf], slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.dim);
+        smem.q[buf], slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.load_dim);
     load_tile<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(
         smem.dout[buf], slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len,
-        p.dim);
+        p.load_dim);
     load_tile<T, kKeys, kTileDim, kPitch, Tile::kThreads>(
-        smem.k[buf], slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len, p.dim);
+        smem.k[buf], slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), k0, p.len, p.load_dim);
     load_tile<T, kKeys, kTileDim, kPitch, Tile::kThreads>(
-        smem.v[buf], slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len, p.dim);
+        smem.v[buf], slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), k0, p.len, p.load_dim);
     load_row_stats<Tile::kRows, Tile::kThreads>(smem.lse[buf], smem.delta[buf], p, b * p.n + n, h,
                                                 q0);
   };

@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
         static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
     SwizzledTileCopier<kHeadDim, BiasTypes::kCols> copy(
         static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes, p.len - row0,
-        group_thread, static_cast<int>(2 * p.dim), p.granule);
+        group_thread, static_cast<int>(2 * p.load_dim), p.granule);
     copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
     return copy;
   };

@@ -12,6 +12,10 @@ namespace sciattn::cuda {
 struct EvoformerDeviceParams {
   // Sizes: Q, K, V are [B, N, L, H, D]; `dim` is the real head dim, the kernel's kHeadDim >= dim.
   int64_t batch, n, len, heads, dim;
+  // Columns of a Q, K, V (and dO) row that the tile copies read: `dim`, or D rounded up to 8 where
+  // those tensors are read from staged copies (detail::CudaInputCopies: their columns past D are
+  // zeros). Outputs (O, dQ, dK, dV) are written at `dim`, and delta reads `dim` columns.
+  int64_t load_dim;
   float scale;  // multiplies <q, k>
   // The forwards' probabilities are 2^(s - max - prob_shift_log2)
   // (cuda/common/probability_shift.h).
@@ -109,15 +113,25 @@ struct EvoformerDeviceParams {
   FastDivisor tiles64_div, heads_div, n_div, batch_div, dbias2_rows_div;
 };
 
-// One padded bias copy (detail::CudaBiasCopies): rows of `len` elements, `len_stride` apart
-// inside a row, at `src` plus the outer indices' strides (bias1: B, N, 1; bias2: B, H, L), into
-// packed rows of `row` elements at `dst`, the elements past `len` zero.
-struct EvoformerBiasCopyArgs {
+// One padded copy (detail::CudaInputCopies): rows of `len` elements, `len_stride` apart inside a
+// row, at `src` plus the outer indices' strides (bias1: B, N; bias2: B, H, L; Q, K, V, dO: B, N,
+// L, H; unused outer dims have size 1), into packed rows of `row` elements at `dst` (a multiple of
+// 16 bytes), the elements past `len` zero.
+struct EvoformerRowCopyArgs {
   const void* src;
   void* dst;
   int elem_bytes;
-  int64_t outer[3], outer_stride[3];
+  int64_t outer[4], outer_stride[4];
   int64_t len, len_stride, row;
+};
+
+// The copies a launch makes before its kernels (at most both biases and Q, K, V, dO), in order:
+// the dispatch launches each (launch_evoformer_row_copy), the kernel emulator does them on the
+// host.
+struct EvoformerCopyJobs {
+  static constexpr int kMax = 6;
+  EvoformerRowCopyArgs job[kMax];
+  int count = 0;
 };
 
 }  // namespace sciattn::cuda

@@ -83,50 +83,90 @@ inline int copy_granule(const TensorView& t) {
 }
 
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
-// not 16-byte aligned: detail::CudaBiasCopies), or 0: absent, staged as it is, or fp32 inputs
+// not 16-byte aligned: detail::CudaInputCopies), or 0: absent, staged as it is, or fp32 inputs
 // (whose kernels read biases per element).
 inline int64_t bias_copy_bytes(const TensorView& bias, DType inputs) {
   if (!bias.present() || inputs == DType::kF32 || bias_staged(bias)) return 0;
   return static_cast<int64_t>(dtype_size(bias.dtype));
 }
 
-// The copy job of one bias into workspace region `region` with rows of `row` elements of
-// `bytes` bytes: its rows over the dims `outer` (-1: a dim of one), each of its last dim.
-inline EvoformerBiasCopyArgs bias_copy_args(const TensorView& bias, const int (&outer)[3],
-                                            size_t region, int64_t bytes, int64_t row,
-                                            const detail::WorkspaceLayout& layout,
-                                            void* workspace) {
-  EvoformerBiasCopyArgs a{bias.data,
-                          layout.at<unsigned char>(workspace, region),
-                          static_cast<int>(bytes),
-                          {},
-                          {},
-                          bias.sizes[4],
-                          bias.strides[4],
-                          row};
-  for (int d = 0; d < 3; ++d) {
-    a.outer[d] = outer[d] < 0 ? 1 : bias.sizes[outer[d]];
-    a.outer_stride[d] = outer[d] < 0 ? 0 : bias.strides[outer[d]];
+// The copies a call's kernels read (detail::CudaCopyNeeds): its unaligned biases, and each of Q,
+// K, V (and dO: `dout`, absent in the forward) of 16-bit inputs whose rows are not whole aligned
+// 16-byte chunks.
+inline detail::CudaCopyNeeds copy_needs(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const TensorView& dout,
+                                        const TensorView& bias1, const TensorView& bias2) {
+  detail::CudaCopyNeeds n;
+  n.bias1_bytes = bias_copy_bytes(bias1, q.dtype);
+  n.bias2_bytes = bias_copy_bytes(bias2, q.dtype);
+  if (q.dtype == DType::kF32) return n;
+  const TensorView* inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
+  for (int i = 0; i < detail::kStagedInputs; ++i) {
+    if (inputs[i]->present() && !vectorizable(*inputs[i])) n.inputs |= 1u << i;
+  }
+  n.input_bytes = static_cast<int64_t>(dtype_size(q.dtype));
+  return n;
+}
+
+// The copy job of rows of `t`'s last dim over its dims `outer` (-1: a dim of one) into workspace
+// region `region`, rows of `row` elements of `bytes` bytes.
+inline EvoformerRowCopyArgs row_copy_args(const TensorView& t, const int (&outer)[4], size_t region,
+                                          int64_t bytes, int64_t row,
+                                          const detail::WorkspaceLayout& layout, void* workspace) {
+  EvoformerRowCopyArgs a{t.data,
+                         layout.at<unsigned char>(workspace, region),
+                         static_cast<int>(bytes),
+                         {},
+                         {},
+                         t.sizes[4],
+                         t.strides[4],
+                         row};
+  for (int d = 0; d < 4; ++d) {
+    a.outer[d] = outer[d] < 0 ? 1 : t.sizes[outer[d]];
+    a.outer_stride[d] = outer[d] < 0 ? 0 : t.strides[outer[d]];
   }
   return a;
 }
-// bias1 [B, N, 1, 1, L] and bias2 [B, 1, H, L, L] into their regions of plan `c`.
-inline EvoformerBiasCopyArgs bias1_copy_args(const TensorView& bias1,
-                                             const detail::CudaBiasCopies& c,
-                                             const detail::WorkspaceLayout& layout,
-                                             void* workspace) {
-  return bias_copy_args(bias1, {0, 1, -1}, c.bias1, c.bias1_bytes, c.bias1_row, layout, workspace);
+
+// Every copy plan `c` lists, in the order the launch makes them: bias1 [B, N, 1, 1, L], bias2
+// [B, 1, H, L, L], then the staged Q, K, V and dO ([B, N, L, H, D]; `dout` absent in the
+// forward).
+inline EvoformerCopyJobs copy_jobs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& dout, const TensorView& bias1,
+                                   const TensorView& bias2, const detail::CudaInputCopies& c,
+                                   const detail::WorkspaceLayout& layout, void* workspace) {
+  static_assert(EvoformerCopyJobs::kMax == 2 + detail::kStagedInputs, "two biases, the inputs");
+  EvoformerCopyJobs jobs;
+  if (c.bias1_bytes > 0) {
+    jobs.job[jobs.count++] = row_copy_args(bias1, {0, 1, -1, -1}, c.bias1, c.bias1_bytes,
+                                           c.bias1_row, layout, workspace);
+  }
+  if (c.bias2_bytes > 0) {
+    jobs.job[jobs.count++] =
+        row_copy_args(bias2, {0, 2, 3, -1}, c.bias2, c.bias2_bytes, c.bias2_row, layout, workspace);
+  }
+  const TensorView* inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
+  for (int i = 0; i < detail::kStagedInputs; ++i) {
+    if (!c.staged[i]) continue;
+    jobs.job[jobs.count++] = row_copy_args(*inputs[i], {0, 1, 2, 3}, c.input[i], c.input_bytes,
+                                           c.input_row, layout, workspace);
+  }
+  return jobs;
 }
-inline EvoformerBiasCopyArgs bias2_copy_args(const TensorView& bias2,
-                                             const detail::CudaBiasCopies& c,
-                                             const detail::WorkspaceLayout& layout,
-                                             void* workspace) {
-  return bias_copy_args(bias2, {0, 2, 3}, c.bias2, c.bias2_bytes, c.bias2_row, layout, workspace);
+
+// The staged copy of input i that plan `c` lists (packed [B, N, L, H, input_row] in the
+// workspace), or `t` itself where it is read as it is.
+inline TensorView staged_view(const TensorView& t, int i, const detail::CudaInputCopies& c,
+                              const detail::WorkspaceLayout& layout, void* workspace) {
+  if (!c.staged[i]) return t;
+  return TensorView::contiguous(layout.at<unsigned char>(workspace, c.input[i]), t.dtype,
+                                {t.sizes[0], t.sizes[1], t.sizes[2], t.sizes[3], c.input_row},
+                                t.device);
 }
 
 // Points the kernels' bias arguments at the padded copies of plan `c` (made before the launch)
 // and sets their copy flags as for any packed bias with 16-byte rows.
-inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaBiasCopies& c,
+inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaInputCopies& c,
                             const detail::WorkspaceLayout& layout, void* workspace) {
   if (c.bias1_bytes > 0) {
     p.bias1 = layout.at<unsigned char>(workspace, c.bias1);
@@ -150,29 +190,31 @@ inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaBiasCopi
 }
 
 // Which kernels run a 16-bit call at head dims 32, 64 and 128 (offsets_fit: every tile's offsets
-// below 2^31; aligned_rows: Q, K, V, O (and dO) vectorizable):
-// - the warpgroup kernels on lean tiles (D the head dim, rows 16-byte aligned);
-// - the warpgroup kernels as PaddedDimTypes (padded_tiles) for a D padded to the head dim in whole
-//   chunks (24, 40, 48, 56, 72-120) with aligned rows and a bias pair FixedBiasTypes compiles
-//   (each bias absent or in the inputs' type): the lean tiles' copies with a thread's chunk past D
-//   zero-filled;
-// - the warpgroup kernels as AnyDimTypes for rows that are not whole aligned 16-byte chunks (D not
-//   a multiple of 8, or a tensor off a 16-byte boundary), whose element-wise copies made the
-//   mma.sync kernels 15-30x slower than the aligned shape;
-// - the mma.sync kernels for a padded D with any other bias pair, which they run faster than
+// below 2^31; aligned_inputs: the Q, K, V (and dO) rows the kernels copy are vectorizable, which
+// the dispatch's staged copies make them, detail::CudaInputCopies):
+// - the warpgroup kernels on lean tiles (D the head dim, rows 16-byte aligned, O too);
+// - the warpgroup kernels as PaddedDimTypes (padded_tiles) for any other D or an unaligned O with
+//   aligned inputs and a bias pair FixedBiasTypes compiles (each bias absent or in the inputs'
+//   type): the lean tiles' copies of load_dim columns, a thread's chunk past them zero-filled; the
+//   outputs written and delta read at D in any alignment;
+// - the mma.sync kernels for aligned inputs with any other bias pair, which they run faster than
 //   AnyDimTypes does (H200, [1, 256, 256, 4, D]: D 48 1.5x the time of D 64 against 1.75x, D 96
-//   2.6x of 128 on AnyDimTypes).
+//   2.6x of 128 on AnyDimTypes);
+// - the warpgroup kernels as AnyDimTypes for inputs read as they are in rows that are not whole
+//   aligned 16-byte chunks (their copies in pieces of p.granule bytes), which only a call given no
+//   workspace for the staged copies makes; the mma.sync kernels' element-wise copies were 15-30x
+//   slower there.
 inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
                                 const detail::EvoformerShape& s, bool offsets_fit,
-                                bool aligned_rows) {
+                                bool aligned_inputs) {
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
   const bool eligible =
       offsets_fit && dtype != DType::kF32 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
   const BiasType inputs = dtype == DType::kF16 ? BiasType::kF16 : BiasType::kBF16;
   const auto fixed = [&](BiasType t) { return t == inputs || t == BiasType::kNone; };
-  const bool padded = eligible && aligned_rows && !p.lean_tiles && s.dim < head_dim &&
-                      fixed(p.bias1_type) && fixed(p.bias2_type);
-  p.wgmma_tiles = eligible && (p.lean_tiles || !aligned_rows || padded);
+  const bool padded =
+      eligible && aligned_inputs && !p.lean_tiles && fixed(p.bias1_type) && fixed(p.bias2_type);
+  p.wgmma_tiles = eligible && (p.lean_tiles || !aligned_inputs || padded);
   p.padded_tiles = padded;
   p.any_dim_tiles = p.wgmma_tiles && !p.lean_tiles && !padded;
 }
@@ -197,6 +239,9 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.len = s.len;
   p.heads = s.heads;
   p.dim = s.dim;
+  // A staged copy's rows are D rounded up to 8 (any of Q, K, V staged with D not a multiple of 8
+  // means all are: none is vectorizable then).
+  p.load_dim = std::max({q.sizes[4], k.sizes[4], v.sizes[4]});
   p.scale = detail::evoformer_scale(options, s.dim);
   p.prob_shift_log2 = probability_shift_log2(q.dtype, s.len);
   p.q = q.data;
@@ -233,7 +278,7 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.lean_tiles =
       p.vec_q && p.vec_k && p.vec_v && p.vec_out && offsets_fit && s.dim == head_dim && s.dim >= 16;
   p.granule = std::min({copy_granule(q), copy_granule(k), copy_granule(v)});
-  set_warpgroup_tiles(p, q.dtype, s, offsets_fit, p.vec_q && p.vec_k && p.vec_v && p.vec_out);
+  set_warpgroup_tiles(p, q.dtype, s, offsets_fit, p.vec_q && p.vec_k && p.vec_v);
   // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
   // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
   const auto divisor = [](int64_t d) {
@@ -252,57 +297,85 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
 
 namespace sciattn::cuda {
 
-// The forward's workspace plan: the padded copies of its unaligned biases.
+// The forward's workspace plan: the padded copies of its unaligned biases and inputs.
 inline detail::CudaForwardWorkspace forward_workspace(const EvoformerForwardParams& params,
                                                       const detail::EvoformerShape& s) {
-  using evoformer_params::bias_copy_bytes;
-  return detail::plan_cuda_forward(s, bias_copy_bytes(params.bias1, params.q.dtype),
-                                   bias_copy_bytes(params.bias2, params.q.dtype));
+  return detail::plan_cuda_forward(
+      s, evoformer_params::copy_needs(params.q, params.k, params.v, TensorView{}, params.bias1,
+                                      params.bias2));
 }
 
-// `workspace` holds forward_workspace's regions, filled with the bias copies before the launch;
-// nullptr leaves the biases where they are (read through the generic copies).
+// The copies the forward's kernels read, into `workspace` (forward_workspace's regions).
+inline EvoformerCopyJobs forward_copy_jobs(const EvoformerForwardParams& params,
+                                           const detail::EvoformerShape& s, void* workspace) {
+  const detail::CudaForwardWorkspace w = forward_workspace(params, s);
+  return evoformer_params::copy_jobs(params.q, params.k, params.v, TensorView{}, params.bias1,
+                                     params.bias2, w.copies, w.layout, workspace);
+}
+
+// `workspace` holds forward_workspace's regions (workspace_size bytes; nullptr where there are
+// none), filled by forward_copy_jobs before the launch: the kernels read the copies.
 inline EvoformerDeviceParams forward_device_params(const EvoformerForwardParams& params,
                                                    const detail::EvoformerShape& s,
-                                                   void* workspace = nullptr) {
+                                                   void* workspace) {
+  using namespace evoformer_params;
+  const detail::CudaForwardWorkspace w = forward_workspace(params, s);
+  const auto staged = [&](const TensorView& t, int i) {
+    return staged_view(t, i, w.copies, w.layout, workspace);
+  };
   EvoformerDeviceParams p =
-      evoformer_params::common_params(params.q, params.k, params.v, params.bias1, params.bias2,
-                                      params.out, params.lse, params.options, s);
-  if (workspace != nullptr) {
-    const detail::CudaForwardWorkspace w = forward_workspace(params, s);
-    evoformer_params::use_bias_copies(p, w.copies, w.layout, workspace);
-  }
+      common_params(staged(params.q, detail::kStagedQ), staged(params.k, detail::kStagedK),
+                    staged(params.v, detail::kStagedV), params.bias1, params.bias2, params.out,
+                    params.lse, params.options, s);
+  use_bias_copies(p, w.copies, w.layout, workspace);
   return p;
 }
 
-// The backward's workspace plan: detail::plan_cuda_backward with the padded bias copies.
+// The backward's workspace plan: detail::plan_cuda_backward with the padded copies.
 inline detail::CudaBackwardWorkspace backward_workspace(const EvoformerBackwardParams& params,
                                                         const detail::EvoformerShape& s) {
-  using evoformer_params::bias_copy_bytes;
   return detail::plan_cuda_backward(
       s, params.dbias1.present(), params.dbias2.present(), params.q.dtype != DType::kF32,
-      bias_copy_bytes(params.bias1, params.q.dtype), bias_copy_bytes(params.bias2, params.q.dtype));
+      evoformer_params::copy_needs(params.q, params.k, params.v, params.dout, params.bias1,
+                                   params.bias2));
 }
 
-// `workspace` holds backward_workspace's regions (workspace_size bytes), the bias copies made.
+// The copies the backward's kernels read, into `workspace` (backward_workspace's regions).
+inline EvoformerCopyJobs backward_copy_jobs(const EvoformerBackwardParams& params,
+                                            const detail::EvoformerShape& s, void* workspace) {
+  const detail::CudaBackwardWorkspace w = backward_workspace(params, s);
+  return evoformer_params::copy_jobs(params.q, params.k, params.v, params.dout, params.bias1,
+                                     params.bias2, w.copies, w.layout, workspace);
+}
+
+// `workspace` holds backward_workspace's regions (workspace_size bytes), filled by
+// backward_copy_jobs before the launch.
 inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParams& params,
                                                     const detail::EvoformerShape& s,
                                                     void* workspace) {
   using namespace evoformer_params;
-  EvoformerDeviceParams p = common_params(params.q, params.k, params.v, params.bias1, params.bias2,
-                                          params.out, params.lse, params.options, s);
-  p.dout = params.dout.data;
-  qkv_strides(params.dout, p.dout_stride);
-  p.vec_dout = vectorizable(params.dout);
-  p.granule = std::min(p.granule, copy_granule(params.dout));
-  const bool dout_fits = tile_offsets_fit_32_bits(params.dout, 2);
+  const detail::CudaBackwardWorkspace w = backward_workspace(params, s);
+  const auto staged = [&](const TensorView& t, int i) {
+    return staged_view(t, i, w.copies, w.layout, workspace);
+  };
+  const TensorView q = staged(params.q, detail::kStagedQ), k = staged(params.k, detail::kStagedK),
+                   v = staged(params.v, detail::kStagedV),
+                   dout = staged(params.dout, detail::kStagedDout);
+  EvoformerDeviceParams p =
+      common_params(q, k, v, params.bias1, params.bias2, params.out, params.lse, params.options, s);
+  p.dout = dout.data;
+  qkv_strides(dout, p.dout_stride);
+  p.vec_dout = vectorizable(dout);
+  p.load_dim = std::max(p.load_dim, dout.sizes[4]);
+  p.granule = std::min(p.granule, copy_granule(dout));
+  const bool dout_fits = tile_offsets_fit_32_bits(dout, 2);
   if (!p.vec_dout || !dout_fits) p.lean_tiles = 0;
   bool offsets_fit = dout_fits;
-  for (const TensorView* t : {&params.q, &params.k, &params.v, &params.out}) {
+  for (const TensorView* t : {&q, &k, &v, &params.out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) offsets_fit = false;
   }
   set_warpgroup_tiles(p, params.q.dtype, s, offsets_fit,
-                      p.vec_q && p.vec_k && p.vec_v && p.vec_out && p.vec_dout);
+                      p.vec_q && p.vec_k && p.vec_v && p.vec_dout);
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;
@@ -315,7 +388,6 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
   p.dbias2 = params.dbias2.data;
   copy_strides(params.dbias2, p.dbias2_stride, {0, 2, 3, 4});
-  const detail::CudaBackwardWorkspace w = backward_workspace(params, s);
   use_bias_copies(p, w.copies, w.layout, workspace);
   p.delta = w.layout.at<float>(workspace, w.delta);
   p.dbias1_partial =

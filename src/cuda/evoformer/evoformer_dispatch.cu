@@ -87,7 +87,7 @@ Status check_evoformer_cuda(const EvoformerBackwardParams& p, const detail::Evof
 
 size_t evoformer_workspace_size_cuda(const EvoformerForwardParams& p,
                                      const detail::EvoformerShape& s) {
-  return forward_workspace(p, s).layout.total_bytes();  // unaligned biases' copies, if any
+  return forward_workspace(p, s).layout.total_bytes();  // unaligned biases' and inputs' copies
 }
 
 size_t evoformer_workspace_size_cuda(const EvoformerBackwardParams& p,
@@ -116,19 +116,14 @@ Status run_evoformer_cuda(const EvoformerBackwardParams& params, const detail::E
 
 namespace {
 
-// Makes the padded copies of the unaligned biases that plan `c` lists (into `workspace`).
-Status copy_biases(const TensorView& bias1, const TensorView& bias2,
-                   const detail::CudaBiasCopies& c, const detail::WorkspaceLayout& layout,
-                   void* workspace, cudaStream_t stream) {
-  using namespace evoformer_params;
+// Makes the padded copies of the unaligned biases and inputs (forward_copy_jobs /
+// backward_copy_jobs) that the kernels then read.
+Status make_copies(const EvoformerCopyJobs& jobs, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  if (c.bias1_bytes > 0) {
-    e = launch_evoformer_bias_copy(bias1_copy_args(bias1, c, layout, workspace), stream);
+  for (int i = 0; i < jobs.count && e == cudaSuccess; ++i) {
+    e = launch_evoformer_row_copy(jobs.job[i], stream);
   }
-  if (e == cudaSuccess && c.bias2_bytes > 0) {
-    e = launch_evoformer_bias_copy(bias2_copy_args(bias2, c, layout, workspace), stream);
-  }
-  return device_status(e, "Evoformer bias copy kernel launch");
+  return device_status(e, "Evoformer padded copy kernel launch");
 }
 
 // The mma.sync kernels (which take every shape) where the device or build has no warpgroup
@@ -146,9 +141,7 @@ Status keep_to_device_kernels(EvoformerDeviceParams& p) {
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
                         void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  const detail::CudaForwardWorkspace w = forward_workspace(params, s);
-  const Status copied =
-      copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
+  const Status copied = make_copies(forward_copy_jobs(params, s, workspace), cuda_stream);
   if (!copied.ok()) return copied;
   EvoformerDeviceParams p = forward_device_params(params, s, workspace);
   const Status usable = keep_to_device_kernels(p);
@@ -164,9 +157,7 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
 Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
                          void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  const detail::CudaBackwardWorkspace w = backward_workspace(params, s);
-  const Status copied =
-      copy_biases(params.bias1, params.bias2, w.copies, w.layout, workspace, cuda_stream);
+  const Status copied = make_copies(backward_copy_jobs(params, s, workspace), cuda_stream);
   if (!copied.ok()) return copied;
   EvoformerDeviceParams p = backward_device_params(params, s, workspace);
   const Status usable = keep_to_device_kernels(p);

@@ -219,7 +219,8 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
         bias2_stage + buf * bias2_stage_bytes, bias1_stage + buf * bias1_stage_bytes, col0);
   };
 
-  load_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len, p.dim);
+  load_tile<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads>(smem.q, q_src, row0, p.len,
+                                                                p.load_dim);
   copy_key_tile_to(0, 0);
   cp_async_commit();
 

@@ -60,11 +60,11 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
     copy_slice_tile_lean<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0);
     copy_slice_tile_lean<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0);
   } else if (whole && a_src.vec && b_src.vec) {
-    copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.dim);
-    copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.dim);
+    copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.load_dim);
+    copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.load_dim);
   } else {
-    load_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.len, p.dim);
-    load_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.len, p.dim);
+    load_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.len, p.load_dim);
+    load_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.len, p.load_dim);
   }
 }
 

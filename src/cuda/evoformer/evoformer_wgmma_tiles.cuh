@@ -68,9 +68,9 @@ constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
 // Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
 // or past L are zero-filled. kCols (the kernel's, TileCols): kExact, 16-byte aligned rows of
-// exactly kHeadDim elements; kPadded, aligned rows of p.dim elements in whole chunks, the chunks
-// past D zero-filled; kAny (AnyDimTypes), rows of p.dim elements, the columns past D zero-filled,
-// copied in pieces of p.granule bytes. `thread`: as copy_tile_swizzled's.
+// exactly kHeadDim elements; kPadded, aligned rows of p.load_dim elements in whole chunks, the
+// chunks past them zero-filled; kAny (AnyDimTypes), rows of p.load_dim elements, the columns past
+// them zero-filled, copied in pieces of p.granule bytes. `thread`: as copy_tile_swizzled's.
 template <typename T, int kHeadDim, TileCols kCols = TileCols::kExact>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
                                                     int64_t row0, const EvoformerDeviceParams& p,
@@ -79,10 +79,10 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
   if constexpr (kCols == TileCols::kAny) {
     copy_tile_swizzled_granular<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread,
-                                          static_cast<int>(2 * p.dim), p.granule);
+                                          static_cast<int>(2 * p.load_dim), p.granule);
   } else if constexpr (kCols == TileCols::kPadded) {
     copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
-                                       static_cast<int>(2 * p.dim));
+                                       static_cast<int>(2 * p.load_dim));
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -90,8 +90,8 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
 
 // The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
 // (16-bit, the host's wgmma_tiles) into the swizzled tile layout: tile t is rows [64 t, 64 t + 64).
-// kPadded (TileCols::kPadded): rows of D = p.dim elements, this thread's chunk zero-filled when it
-// lies past D (its reads then start at the row's first chunk and read nothing).
+// kPadded (TileCols::kPadded): rows of p.load_dim elements, this thread's chunk zero-filled when
+// it lies past them (its reads then start at the row's first chunk and read nothing).
 template <int kHeadDim, bool kPadded = false>
 struct SliceTileStream {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
@@ -104,12 +104,13 @@ struct SliceTileStream {
             kWgmmaRows * row_bytes,
             swizzled_chunk_offset<kWgmmaRows, kSwizzleBytes<kHeadDim>>(r, c)};
   }
-  // The same for rows of D = p.dim elements (kPadded): this thread's chunk past D reads nothing.
+  // The same for rows of p.load_dim elements (kPadded): this thread's chunk past them reads
+  // nothing.
   __device__ __forceinline__ static Stream of(const SliceSource& src,
                                               const EvoformerDeviceParams& p) {
     static_assert(kPadded, "rows of the head dim: of(src)");
     const int c = static_cast<int>(threadIdx.x) % kChunks;
-    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * p.dim));
+    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * p.load_dim));
     Stream stream = of(src);
     if (bytes == 0) stream.src -= c * 16;
     stream.bytes = bytes;
@@ -117,7 +118,7 @@ struct SliceTileStream {
   }
 };
 
-// SliceTileStream<kHeadDim, kPadded>::of for the call's rows (p.dim read only when kPadded).
+// SliceTileStream<kHeadDim, kPadded>::of for the call's rows (p.load_dim read only when kPadded).
 template <int kHeadDim, bool kPadded>
 __device__ __forceinline__ typename SliceTileStream<kHeadDim, kPadded>::Stream slice_stream(
     const SliceSource& src, [[maybe_unused]] const EvoformerDeviceParams& p) {

@@ -52,35 +52,31 @@ void launch(Kernel kernel, int64_t ctas, unsigned threads, size_t smem_bytes,
   emu::launch(kernel, ctas, static_cast<int>(threads), smem_bytes, p);
 }
 
-// The padded copy of an unaligned bias that the dispatch makes before a launch
-// (evoformer_bias_copy.cu), element by element in the same layout.
-void copy_bias(const cuda::EvoformerBiasCopyArgs& a) {
-  const auto* src = static_cast<const unsigned char*>(a.src);
-  auto* dst = static_cast<unsigned char*>(a.dst);
-  const size_t e = static_cast<size_t>(a.elem_bytes);
-  int64_t row = 0;
-  for (int64_t i0 = 0; i0 < a.outer[0]; ++i0)
-    for (int64_t i1 = 0; i1 < a.outer[1]; ++i1)
-      for (int64_t i2 = 0; i2 < a.outer[2]; ++i2, ++row) {
-        const int64_t from =
-            i0 * a.outer_stride[0] + i1 * a.outer_stride[1] + i2 * a.outer_stride[2];
-        for (int64_t j = 0; j < a.row; ++j) {
-          unsigned char* to = dst + static_cast<size_t>(row * a.row + j) * e;
-          if (j < a.len) {
-            std::memcpy(to, src + static_cast<size_t>(from + j * a.len_stride) * e, e);
-          } else {
-            std::memset(to, 0, e);
+// The padded copies of unaligned biases and inputs that the dispatch makes before a launch
+// (evoformer_row_copy.cu), element by element in the same layout.
+void make_copies(const cuda::EvoformerCopyJobs& jobs) {
+  for (int i = 0; i < jobs.count; ++i) {
+    const cuda::EvoformerRowCopyArgs& a = jobs.job[i];
+    const auto* src = static_cast<const unsigned char*>(a.src);
+    auto* dst = static_cast<unsigned char*>(a.dst);
+    const size_t e = static_cast<size_t>(a.elem_bytes);
+    int64_t row = 0;
+    for (int64_t i0 = 0; i0 < a.outer[0]; ++i0)
+      for (int64_t i1 = 0; i1 < a.outer[1]; ++i1)
+        for (int64_t i2 = 0; i2 < a.outer[2]; ++i2)
+          for (int64_t i3 = 0; i3 < a.outer[3]; ++i3, ++row) {
+            const int64_t from = i0 * a.outer_stride[0] + i1 * a.outer_stride[1] +
+                                 i2 * a.outer_stride[2] + i3 * a.outer_stride[3];
+            for (int64_t j = 0; j < a.row; ++j) {
+              unsigned char* to = dst + static_cast<size_t>(row * a.row + j) * e;
+              if (j < a.len) {
+                std::memcpy(to, src + static_cast<size_t>(from + j * a.len_stride) * e, e);
+              } else {
+                std::memset(to, 0, e);
+              }
+            }
           }
-        }
-      }
-}
-
-void copy_biases(const TensorView& bias1, const TensorView& bias2, const detail::CudaBiasCopies& c,
-                 const detail::WorkspaceLayout& layout, void* workspace) {
-  if (c.bias1_bytes > 0)
-    copy_bias(cuda::evoformer_params::bias1_copy_args(bias1, c, layout, workspace));
-  if (c.bias2_bytes > 0)
-    copy_bias(cuda::evoformer_params::bias2_copy_args(bias2, c, layout, workspace));
+  }
 }
 
 // The sum the dispatch's reduction kernel makes: dbias1[b, n, j] over heads, dbias2[b, h, i, j]
@@ -157,7 +153,7 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   f.options.scale = cfg.scale;
   const detail::CudaForwardWorkspace fw = cuda::forward_workspace(f, s);
   std::vector<float> fwd_workspace(fw.layout.total_bytes() / 4 + 16, NAN);
-  copy_biases(f.bias1, f.bias2, fw.copies, fw.layout, fwd_workspace.data());
+  make_copies(cuda::forward_copy_jobs(f, s, fwd_workspace.data()));
   const cuda::EvoformerDeviceParams pf = cuda::forward_device_params(f, s, fwd_workspace.data());
   if (kStages <= 0 && !pf.wgmma_tiles) return true;
   if constexpr (kStages <= 0) {
@@ -182,7 +178,7 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
                                                        dv.view(), dbias1.view(), dbias2.view());
   const detail::CudaBackwardWorkspace w = cuda::backward_workspace(b, s);
   std::vector<float> workspace(w.layout.total_bytes() / 4 + 16, NAN);
-  copy_biases(b.bias1, b.bias2, w.copies, w.layout, workspace.data());
+  make_copies(cuda::backward_copy_jobs(b, s, workspace.data()));
   const cuda::EvoformerDeviceParams pb = cuda::backward_device_params(b, s, workspace.data());
   if constexpr (kStages == 0) {
     cuda::launch_evoformer_backward<T, kHD>(pb, nullptr);
@@ -248,10 +244,10 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
     check("dbias2", bias_grad_within_tolerance("dbias2", dbias2.values(), bref.dbias2.values(),
                                                g64.dbias2, cfg.dtype));
   }
-  std::printf("%s, %s: vec %d%d%d%d%d, staged %d%d, dbias2 chunks %lld: %s\n", cfg.str().c_str(),
-              path_name(kStages, pb).c_str(), pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
-              pb.bias1_staged, pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks),
-              ok ? "OK" : "FAILED");
+  std::printf("%s, %s: vec %d%d%d%d%d, load_dim %lld, staged %d%d, dbias2 chunks %lld: %s\n",
+              cfg.str().c_str(), path_name(kStages, pb).c_str(), pb.vec_q, pb.vec_k, pb.vec_v,
+              pb.vec_dout, pb.vec_out, static_cast<long long>(pb.load_dim), pb.bias1_staged,
+              pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks), ok ? "OK" : "FAILED");
   return ok;
 }
 
@@ -326,7 +322,8 @@ std::vector<EvoConfig> cases() {
   // Strided inputs (the element-wise copy paths) and transposed N / L.
   add({1, 2, 45, 2, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
   add({1, 3, 80, 2, 32}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kSameAsQ, Layout::kTransposedNL);
-  // Head dims that are not a multiple of 8 (the warpgroup kernels' AnyDimTypes).
+  // Head dims that are not a multiple of 8, read from staged copies with rows of 24 and 104 (bias
+  // pairs that keep the mma.sync kernels).
   add({1, 2, 77, 2, 20}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);
   add({1, 1, 70, 1, 100}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kPacked);
   // Head dims padded in whole chunks with a compiled bias pair (PaddedDimTypes): whole tiles
@@ -336,6 +333,11 @@ std::vector<EvoConfig> cases() {
       Layout::kWideRows);
   add({1, 2, 200, 1, 48}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kWideRows);
   add({1, 1, 130, 2, 120}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kPacked);
+  // Inputs read from staged copies (detail::CudaInputCopies) by PaddedDimTypes: D 33 from an
+  // unaligned strided view (rows of 40 zero-padded past 33, the outputs written at 33 in place),
+  // and by the head dim 8 kernels: D 5.
+  add({1, 2, 130, 2, 33}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
+  add({1, 2, 70, 2, 5}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
   return out;
 }
 
