@@ -127,7 +127,7 @@ TEST(EvoformerCudaPlan, FusedBackwardWhereSlicesFillTheGpu) {
   for (int64_t dim : {8, 16, 40, 64, 128}) {
     EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 384, 384, 4, dim), {true, true}), 0) << dim;
   }
-  // The warpgroup backward of a D padded to 32 (D from 17, AnyDimTypes) plans as 32 does.
+  // The warpgroup backward of a D padded to 32 (D from 17, PaddedDimTypes) plans as 32 does.
   EXPECT_EQ(cuda_fused_backward_ranks(shape(1, 384, 384, 4, 24), {true, true}), 1);
   // Triangle 384 worked by hand: 1536 slices over 264 slots, 6 waves of 6 x 6 steps (216),
   // against 9216 tiles over 396 and 528 slots, 24 + 18 waves of 6 steps (252).

@@ -157,7 +157,6 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
         const Shape s{1, 2, len, 2, d};
         const Views v = views(s, dtype);
         EXPECT_EQ(forward(v, s).wgmma_tiles, 1) << d << " " << len;
-        EXPECT_EQ(forward(v, s).any_dim_tiles, 0) << d << " " << len;
         EXPECT_EQ(backward(v, s).wgmma_tiles, 1) << d << " " << len;
       }
     }
@@ -177,11 +176,9 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
         const cuda::EvoformerDeviceParams b = backward(v, s);
         EXPECT_EQ(f.wgmma_tiles, 1) << d << " " << absent;
         EXPECT_EQ(f.padded_tiles, 1) << d << " " << absent;
-        EXPECT_EQ(f.any_dim_tiles, 0) << d << " " << absent;
         EXPECT_EQ(f.lean_tiles, 0) << d << " " << absent;
         EXPECT_EQ(b.wgmma_tiles, 1) << d << " " << absent;
         EXPECT_EQ(b.padded_tiles, 1) << d << " " << absent;
-        EXPECT_EQ(b.any_dim_tiles, 0) << d << " " << absent;
       }
       v = views(s, dtype);
       v.f.bias1 = v.b.bias1 =
@@ -201,30 +198,21 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
     const Shape s{1, 2, 300, 2, d};
     EXPECT_EQ(forward(views(s, DType::kBF16), s).padded_tiles, 0);
   }
-  // Without the staged copies (a workspace given where the plan needs one is the dispatch's
-  // only call), rows that are not whole aligned chunks would take AnyDimTypes, copied in the
-  // largest pieces their alignment allows (granule).
-  struct AnyDim {
-    int64_t d;
-    int granule;
-  };
-  for (const AnyDim x : {AnyDim{20, 8}, AnyDim{100, 8}, AnyDim{36, 8}, AnyDim{34, 4}, AnyDim{33, 2},
-                         AnyDim{127, 2}}) {
-    const Shape s{1, 2, 300, 2, x.d};
+  // Rows that are not whole aligned chunks take the warpgroup kernels only through their staged
+  // copies (load_dim: D rounded up to 8); read as they are (a call without the copies' workspace,
+  // which the dispatch never makes) they would keep the mma.sync kernels' element-wise copies.
+  for (const int64_t d : {20, 100, 36, 34, 33, 127}) {
+    const Shape s{1, 2, 300, 2, d};
     const Views v = views(s, DType::kBF16);
     cuda::EvoformerDeviceParams f = cuda::evoformer_params::common_params(
         v.f.q, v.f.k, v.f.v, v.f.bias1, v.f.bias2, v.f.out, v.f.lse, v.f.options, s.evo());
-    EXPECT_EQ(f.wgmma_tiles, 1) << x.d;
-    EXPECT_EQ(f.lean_tiles, 0) << x.d;
-    EXPECT_EQ(f.granule, x.granule) << x.d;
-    EXPECT_EQ(f.any_dim_tiles, 1) << x.d;
-    EXPECT_EQ(f.padded_tiles, 0) << x.d;
-    EXPECT_EQ(f.load_dim, x.d) << x.d;
+    EXPECT_EQ(f.wgmma_tiles, 0) << d;
+    EXPECT_EQ(f.load_dim, d) << d;
     f = forward(v, s);
-    EXPECT_EQ(f.granule, 16) << x.d;
-    EXPECT_EQ(f.any_dim_tiles, 0) << x.d;
-    EXPECT_EQ(f.padded_tiles, 1) << x.d;
-    EXPECT_EQ(f.load_dim, (x.d + 7) / 8 * 8) << x.d;
+    EXPECT_EQ(f.wgmma_tiles, 1) << d;
+    EXPECT_EQ(f.lean_tiles, 0) << d;
+    EXPECT_EQ(f.padded_tiles, 1) << d;
+    EXPECT_EQ(f.load_dim, (d + 7) / 8 * 8) << d;
   }
   // Head dims 8 and 16 (and the D padded to them) keep the mma.sync kernels, as do fp32 inputs.
   for (const int64_t d : {1, 7, 8, 12, 16}) {
@@ -240,15 +228,12 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   v.f.q = qkv(s, DType::kBF16, 2);
   const cuda::EvoformerDeviceParams f = forward(v, s);
   EXPECT_EQ(f.wgmma_tiles, 1);
-  EXPECT_EQ(f.granule, 16);
   EXPECT_EQ(f.lean_tiles, 1);
-  EXPECT_EQ(f.any_dim_tiles, 0);
   EXPECT_EQ(f.padded_tiles, 0);
   v = views(s, DType::kBF16);
   v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);  // dO is staged like Q
   EXPECT_EQ(backward(v, s).wgmma_tiles, 1);
   EXPECT_EQ(backward(v, s).lean_tiles, 1);
-  EXPECT_EQ(backward(v, s).any_dim_tiles, 0);
   // Rows 2^24 elements apart keep the mma.sync kernels (tile offsets past 31 bits).
   v = views(s, DType::kBF16);
   v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 128, 2, 64},
@@ -356,7 +341,6 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   EXPECT_EQ(f.load_dim, 40);
   EXPECT_EQ(f.vec_q + f.vec_k + f.vec_v, 3);
   EXPECT_EQ(f.vec_out, 0);
-  EXPECT_EQ(f.granule, 16);
   EXPECT_EQ(f.padded_tiles, 1);
   const cuda::EvoformerCopyJobs jobs = cuda::forward_copy_jobs(v.f, s.evo(), ws);
   ASSERT_EQ(jobs.count, 5);  // bias1, bias2, Q, K, V
@@ -436,9 +420,7 @@ TEST(EvoformerDeviceParams, PortableCallsKeepToTheMmaSyncKernels) {
     cuda::evoformer_params::use_mma_sync_kernels(f);
     cuda::evoformer_params::use_mma_sync_kernels(b);
     EXPECT_EQ(f.wgmma_tiles, 0) << d;
-    EXPECT_EQ(f.any_dim_tiles, 0) << d;
     EXPECT_EQ(b.wgmma_tiles, 0) << d;
-    EXPECT_EQ(b.any_dim_tiles, 0) << d;
   }
 }
 

@@ -33,58 +33,6 @@ __device__ __forceinline__ uint32_t shared_address(const void* smem) {
 __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
-// The same for 8 and 4 bytes (through L1: cp.async.cg takes only 16).
-__device__ __forceinline__ void cp_async_8_to(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
-// The 16-bit elements of a chunk whose first `inside_bytes` come from `src` (2-byte aligned),
-// zeros after them, as four 32-bit words; and their store to a shared-window address.
-__device__ __forceinline__ void load_chunk_elements(uint32_t (&words)[4], const char* src,
-                                                    int inside_bytes) {
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t lo = 4 * w < inside_bytes ? *reinterpret_cast<const uint16_t*>(src + 4 * w) : 0u;
-    const uint32_t hi =
-        4 * w + 2 < inside_bytes ? *reinterpret_cast<const uint16_t*>(src + 4 * w + 2) : 0u;
-    words[w] = lo | (hi << 16);
-  }
-}
-__device__ __forceinline__ void store_chunk_words(uint32_t dst, const uint32_t (&words)[4]) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(words[0]),
-               "r"(words[1]), "r"(words[2]), "r"(words[3])
-               : "memory");
-}
-
-// One 16-byte chunk of 16-bit elements of which the first `inside_bytes` (0..16, a multiple of
-// `granule`) come from `src` and the rest are zeros, in pieces of `granule` bytes (16, 8 or 4:
-// cp.async of that size, in the caller's group; 2, an odd head dim or row start: plain loads and
-// one shared store before returning). `src` is granule-aligned, `dst` (a
-// shared-window address) 16-byte aligned.
-__device__ __forceinline__ void copy_chunk_granular(uint32_t dst, const char* src, int inside_bytes,
-                                                    int granule) {
-  if (granule == 16) {
-    cp_async_16_to(dst, src, inside_bytes);
-  } else if (granule == 8) {
-#pragma unroll
-    for (int x = 0; x < 16; x += 8) {
-      cp_async_8_to(dst + x, x < inside_bytes ? src + x : src, x < inside_bytes ? 8 : 0);
-    }
-  } else if (granule == 4) {
-#pragma unroll
-    for (int x = 0; x < 16; x += 4) {
-      cp_async_4_to(dst + x, x < inside_bytes ? src + x : src, x < inside_bytes ? 4 : 0);
-    }
-  } else {
-    uint32_t words[4];
-    load_chunk_elements(words, src, inside_bytes);
-    store_chunk_words(dst, words);
-  }
-}
-
 // Starts 16-byte cp.async copies of a tile of kRows rows of kRowChunks chunks whose element
 // (0, 0) is at `tile` (inside the tensor) and whose rows are `row_stride` bytes apart, into the
 // stage at shared address `stage` (rows kPitchBytes apart), in the caller's group; chunks of rows

@@ -22,9 +22,10 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 // head dim; the Evoformer kernels' bias-type structs carry it, evoformer_bias_types.cuh):
 //   kExact:  D = kHeadDim, rows 16-byte aligned: whole chunks, no column test anywhere;
 //   kPadded: D < kHeadDim a multiple of 8, rows 16-byte aligned: the same copies, a thread's chunk
-//            past D (fixed per thread: its chunk column) zero-filled by a source size of 0;
-//   kAny:    any D <= kHeadDim and alignment: the granular copies (copy_tile_swizzled_granular).
-enum class TileCols { kExact, kPadded, kAny };
+//            past D (fixed per thread: its chunk column) zero-filled by a source size of 0.
+// (Rows of any other D or alignment are copied into such rows before the kernels run: the
+// Evoformer dispatch's staged copies.)
+enum class TileCols { kExact, kPadded };
 
 // Source size of a 16-byte chunk copy (16, or 0: zero-filled, nothing read) of chunk column c in
 // rows of `dim_bytes` bytes (TileCols::kPadded).
@@ -89,56 +90,16 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
   }
 }
 
-// copy_tile_swizzled for rows of any head dim D <= kHeadDim and alignment (the Evoformer kernels'
-// AnyDimTypes): the same rows and chunks per thread, each chunk's bytes past `dim_bytes` (the
-// row's 2 D) and rows at or past `rows_inside` zero-filled, copied in pieces of `granule` bytes
-// (copy_chunk_granular: 16 when the rows are 16-byte aligned in whole chunks, else 8, 4 or 2).
-template <int kHeadDim>
-__device__ __forceinline__ void copy_tile_swizzled_granular(uint32_t tile, const char* rows,
-                                                            int32_t row_bytes, int64_t rows_inside,
-                                                            int thread, int dim_bytes,
-                                                            int granule) {
-  constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
-  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
-  constexpr int kCopies = kWgmmaRows / kRowStep;
-  const int c = thread % kChunks, r0 = thread / kChunks;
-  const int left = dim_bytes - c * 16;
-  const int chunk_bytes = left < 0 ? 0 : left > 16 ? 16 : left;
-  const char* src = rows + (r0 * row_bytes + c * 16);
-  const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
-  if (granule == 2) {
-    // Element loads: every row's issued before the first store, so that the thread waits for
-    // them once, not once per row.
-    uint32_t words[kCopies][4];
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const bool inside = r0 + i * kRowStep < rows_inside;
-      load_chunk_elements(words[i], src + i * kRowStep * row_bytes, inside ? chunk_bytes : 0);
-    }
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) store_chunk_words(dst + i * kRowStep * kWidth, words[i]);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kCopies; ++i) {
-    const bool inside = r0 + i * kRowStep < rows_inside;
-    copy_chunk_granular(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
-                        inside ? chunk_bytes : 0, granule);
-  }
-}
-
 // copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
 // Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is
 // kCopies cp.async from one pointer plus fixed offsets, with no branch (the rows-past-L test is a
 // bit mask, turned into the copies' zero-fill sizes), and the next slice is a 64-bit add
 // (`advance`) instead of a multiply from the loop's index.
-// kCols (TileCols): kAny, rows of any head dim D <= kHeadDim and alignment, as
-// copy_tile_swizzled_granular (the constructor's `dim_bytes` and `granule`); kPadded, rows of D
-// (`dim_bytes`, a multiple of 16) in whole aligned chunks, the chunks past D zero-filled; kExact,
-// rows of exactly kHeadDim elements in whole aligned chunks.
+// kCols (TileCols): kPadded, rows of D (`dim_bytes`, a multiple of 16) in whole aligned chunks,
+// the chunks past D zero-filled; kExact, rows of exactly kHeadDim elements in whole aligned
+// chunks.
 template <int kHeadDim, TileCols kCols = TileCols::kExact>
 struct SwizzledTileCopier {
-  static constexpr bool kAnyDim = kCols == TileCols::kAny;
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   static constexpr int kCopies = kWgmmaRows / kRowStep;
   static constexpr int kWidth = kSwizzleBytes<kHeadDim>;
@@ -148,25 +109,20 @@ struct SwizzledTileCopier {
   int32_t step;      // bytes between this thread's successive rows (kRowStep rows)
   uint32_t dst;      // this thread's first chunk in a tile
   uint32_t inside;   // bit i: this thread's i-th row is inside the tensor (and its chunk in D)
-  int chunk_bytes;   // kAny, kPadded: bytes of this thread's chunk inside D
-  int granule;       // kAnyDim: copy_chunk_granular's pieces
+  int chunk_bytes;   // kPadded: bytes of this thread's chunk inside D
 
   // `rows`: the tile's first row, rows `row_bytes` apart, `rows_inside` of them inside the tensor;
   // `thread`: as copy_tile_swizzled's.
   __device__ __forceinline__ SwizzledTileCopier(const char* tile_rows, int32_t row_bytes,
                                                 int64_t rows_inside, int thread,
-                                                int dim_bytes = 2 * kHeadDim, int granule_ = 16)
+                                                int dim_bytes = 2 * kHeadDim)
       : rows(tile_rows),
         first((thread / kChunks) * row_bytes + (thread % kChunks) * 16),
         step(kRowStep * row_bytes),
         dst(swizzled_chunk_offset<kWgmmaRows, kWidth>(thread / kChunks, thread % kChunks)),
         inside(0),
-        chunk_bytes(16),
-        granule(granule_) {
-    if constexpr (kAnyDim) {
-      const int left = dim_bytes - (thread % kChunks) * 16;
-      chunk_bytes = left < 0 ? 0 : left > 16 ? 16 : left;
-    } else if constexpr (kCols == TileCols::kPadded) {
+        chunk_bytes(16) {
+    if constexpr (kCols == TileCols::kPadded) {
       chunk_bytes = chunk_source_bytes(thread % kChunks, dim_bytes);
     }
 #pragma unroll
@@ -179,34 +135,11 @@ struct SwizzledTileCopier {
   // (or a chunk past D) is zero-filled: its copy reads nothing (its address is the
   // tile's first row's).
   __device__ __forceinline__ void copy(uint32_t tile) const {
-    if constexpr (kAnyDim) {
-      if (granule == 2) {  // every row's element loads before the first store
-        uint32_t words[kCopies][4];
 #pragma unroll
-        for (int i = 0; i < kCopies; ++i) {
-          const bool in = (inside >> i) & 1u;
-          load_chunk_elements(words[i], in ? rows + (first + i * step) : rows,
-                              in ? chunk_bytes : 0);
-        }
-#pragma unroll
-        for (int i = 0; i < kCopies; ++i) {
-          store_chunk_words(tile + dst + i * kRowStep * kWidth, words[i]);
-        }
-        return;
-      }
-#pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        const bool in = (inside >> i) & 1u;
-        copy_chunk_granular(tile + dst + i * kRowStep * kWidth,
-                            in ? rows + (first + i * step) : rows, in ? chunk_bytes : 0, granule);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        const bool in = (inside >> i) & 1u;
-        cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? rows + (first + i * step) : rows,
-                       in ? 16 : 0);
-      }
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? rows + (first + i * step) : rows,
+                     in ? 16 : 0);
     }
   }
 

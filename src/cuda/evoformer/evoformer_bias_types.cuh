@@ -5,8 +5,8 @@
 // instruction fetch in 22% of the profiler's samples). ParamBiasTypes reads them from the
 // parameters, for every other pair. Both are read the same way (types.bias1, types.bias2), so a
 // kernel body serves both. Each also names how its tiles hold a row of D elements (kCols,
-// TileCols of cuda/common/wgmma_tiles.cuh): the head dim itself, a D padded to it in whole
-// chunks, or any D. CUDA layer.
+// TileCols of cuda/common/wgmma_tiles.cuh): the head dim itself, or a D padded to it in whole
+// chunks. CUDA layer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,24 +36,13 @@ struct ParamBiasTypes {
       : bias1(p.bias1_type), bias2(p.bias2_type) {}
 };
 
-// The warpgroup kernels for any head dim D below the instantiated one, or rows that are not
-// 16-byte aligned in whole chunks (p.any_dim_tiles): every tile through the generic copies that
-// zero-fill the columns past D and copy in pieces of p.granule bytes, bias types from the
-// parameters. Its own instantiation, so that the usual tiles' code is untouched by it (run-time
-// tests of D in the shared code made the backward 4-13% slower on the aligned shapes).
-struct AnyDimTypes : ParamBiasTypes {
-  static constexpr TileCols kCols = TileCols::kAny;
-  static constexpr bool kAnyDim = true;
-  __host__ __device__ __forceinline__ explicit AnyDimTypes(const EvoformerDeviceParams& p)
-      : ParamBiasTypes(p) {}
-};
-
-// The warpgroup kernels for a D padded to the instantiated head dim in whole 16-byte chunks with
-// rows 16-byte aligned (24, 40, 48, 56, 72-120; p.padded_tiles), for the bias pairs FixedBiasTypes
-// compiles: the exact head dim's copies and per-thread streams, each thread's chunk past D
-// zero-filled (a source size of 0, fixed per thread), so a whole tile costs what it costs at the
-// head dim; the stores and delta stop at D as AnyDimTypes's do. Other bias pairs with such a D run
-// the mma.sync kernels (set_warpgroup_tiles).
+// The warpgroup kernels for a D below the instantiated head dim, read in whole 16-byte chunks
+// from rows 16-byte aligned (p.load_dim columns: 24, 40, 48, 56, 72-120, or any other D's staged
+// copy; p.padded_tiles), for the bias pairs FixedBiasTypes compiles: the exact head dim's copies
+// and per-thread streams, each thread's chunk past load_dim zero-filled (a source size of 0,
+// fixed per thread), so a whole tile costs what it costs at the head dim; the stores and delta
+// stop at D in any alignment. Other bias pairs with such a D run the mma.sync kernels
+// (set_warpgroup_tiles).
 template <BiasType kBias1, BiasType kBias2>
 using PaddedDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPadded>;
 
@@ -61,13 +50,12 @@ using PaddedDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPadded>;
 template <typename T>
 constexpr BiasType kBiasTypeOf = std::is_same_v<T, __half> ? BiasType::kF16 : BiasType::kBF16;
 
-// Calls launch(types) with AnyDimTypes for tiles that need them (p.any_dim_tiles), else with the
-// FixedBiasTypes of the call's pair where one is compiled (bias1 in T's type or absent, bias2 in
-// T's type or absent; as PaddedDimTypes for p.padded_tiles), else with ParamBiasTypes: the one
-// place a launcher maps the run-time bias types and tile shape to an instantiation.
+// Calls launch(types) with the FixedBiasTypes of the call's pair where one is compiled (bias1 in
+// T's type or absent, bias2 in T's type or absent; as PaddedDimTypes for p.padded_tiles), else with
+// ParamBiasTypes: the one place a launcher maps the run-time bias types and tile shape to an
+// instantiation.
 template <typename T, typename Launch>
 auto with_bias_types(const EvoformerDeviceParams& p, const Launch& launch) {
-  if (p.any_dim_tiles) return launch(AnyDimTypes{p});
   constexpr BiasType kT = kBiasTypeOf<T>, kNone = BiasType::kNone;
   const bool bias1_t = p.bias1_type == kT, bias1_none = p.bias1_type == kNone;
   const auto fixed = [&](auto exact) {

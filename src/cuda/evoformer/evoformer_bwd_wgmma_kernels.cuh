@@ -29,12 +29,11 @@ namespace sciattn::cuda {
 // into its stage (bias2_stages + buf * the stage's bytes). Whole tiles through per-thread streams
 // at head dim 32 (282 against 307 us at triangle 384 in the dK/dV kernel; at 64 their registers
 // spill at three CTAs per SM: 151 against 141 us at [1,256,256,4,64]); a partial last tile and
-// other biases through the generic copies (all tiles with TileCols::kAny, as copy_slice_swizzled).
-// In the caller's cp.async group.
+// other biases through the generic copies (copy_slice_swizzled). In the caller's cp.async group.
 template <typename T, int kHeadDim, int kStages = 2, TileCols kCols = TileCols::kExact>
 struct EvoformerQueryTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
-  static constexpr bool kStreamed = kHeadDim <= 32 && kCols != TileCols::kAny;
+  static constexpr bool kStreamed = kHeadDim <= 32;
   SliceSource q_src, do_src;
   uint32_t q_tiles, do_tiles;
   float* stats;
@@ -330,7 +329,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
         static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
     SwizzledTileCopier<kHeadDim, BiasTypes::kCols> copy(
         static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes, p.len - row0,
-        group_thread, static_cast<int>(2 * p.load_dim), p.granule);
+        group_thread, static_cast<int>(2 * p.load_dim));
     copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
     return copy;
   };

@@ -77,22 +77,14 @@ struct EvoformerDeviceParams {
   // rows of it below 2^31 bytes).
   int lean_tiles, bias2_lean;
   // 1 when head dims 32, 64 and 128 run the warpgroup-MMA kernels (evoformer_*_wgmma_kernel*.cuh):
-  // 16-bit inputs with offsets inside a tile of Q, K, V, O (and dO) below 2^31, and lean_tiles,
-  // padded_tiles or any_dim_tiles (set_warpgroup_tiles in evoformer_device_params_of.h; a D padded
-  // in whole aligned chunks with another bias pair runs the mma.sync kernels).
+  // 16-bit inputs with offsets inside a tile of Q, K, V, O (and dO) below 2^31, and lean_tiles or
+  // padded_tiles (set_warpgroup_tiles in evoformer_device_params_of.h; a D below the head dim with
+  // another bias pair runs the mma.sync kernels).
   int wgmma_tiles;
-  // The piece, in bytes, in which the warpgroup kernels copy rows of Q, K, V (and dO in the
-  // backward): 16 (whole 16-byte chunks with cp.async, rows 16-byte aligned and D % 8 == 0), else
-  // 8 or 4 (smaller cp.async pieces) or 2 (an odd D: element loads), the largest that divides
-  // every one of those tensors' addresses, strides and row lengths in bytes.
-  int granule;
-  // 1 when the warpgroup kernels run as AnyDimTypes (evoformer_bias_types.cuh): wgmma_tiles
-  // without lean_tiles (D not a multiple of 8, or a tensor off a 16-byte boundary); their tiles'
-  // columns past D are zero-filled and rows copied in pieces of `granule` bytes.
-  int any_dim_tiles;
-  // 1 when the warpgroup kernels run as PaddedDimTypes (evoformer_bias_types.cuh): D a multiple
-  // of 8 below the head dim, Q, K, V, O (and dO) vectorizable, each bias absent or in the inputs'
-  // type; whole tiles take the lean copies, a thread's chunk past D zero-filled.
+  // 1 when the warpgroup kernels run as PaddedDimTypes (evoformer_bias_types.cuh): Q, K, V (and
+  // dO) vectorizable, as they are or through their staged copies, without lean_tiles (D below the
+  // head dim, or O not vectorizable), each bias absent or in the inputs' type; whole tiles take the
+  // lean copies, a thread's chunk past load_dim zero-filled, the outputs written at D.
   int padded_tiles;
   // 1 when dQ, dK and dV are vectorizable and D is the instantiated head dim: the backward writes
   // their rows as aligned 32-bit pairs with no per-pair test.

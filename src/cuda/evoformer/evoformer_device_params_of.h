@@ -69,19 +69,6 @@ inline int vectorizable(const TensorView& t) {
   return 1;
 }
 
-// The largest of 16, 8, 4 and 2 bytes that divides t's address, its strides over (B, N, L, H)
-// (dims larger than 1) and its rows (D elements), all in bytes: the pieces its rows can be copied
-// in (evoformer_device_params.h, granule).
-inline int copy_granule(const TensorView& t) {
-  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
-  uint64_t bits = 16u | static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data)) |
-                  static_cast<uint64_t>(t.sizes[4] * elem);
-  for (int d = 0; d < 4; ++d) {
-    if (t.sizes[d] > 1) bits |= static_cast<uint64_t>(t.strides[d] * elem);
-  }
-  return static_cast<int>(bits & (~bits + 1));  // the lowest set bit
-}
-
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
 // not 16-byte aligned: detail::CudaInputCopies), or 0: absent, staged as it is, or fp32 inputs
 // (whose kernels read biases per element).
@@ -197,13 +184,9 @@ inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaInputCop
 //   aligned inputs and a bias pair FixedBiasTypes compiles (each bias absent or in the inputs'
 //   type): the lean tiles' copies of load_dim columns, a thread's chunk past them zero-filled; the
 //   outputs written and delta read at D in any alignment;
-// - the mma.sync kernels for aligned inputs with any other bias pair, which they run faster than
-//   AnyDimTypes does (H200, [1, 256, 256, 4, D]: D 48 1.5x the time of D 64 against 1.75x, D 96
-//   2.6x of 128 on AnyDimTypes);
-// - the warpgroup kernels as AnyDimTypes for inputs read as they are in rows that are not whole
-//   aligned 16-byte chunks (their copies in pieces of p.granule bytes), which only a call given no
-//   workspace for the staged copies makes; the mma.sync kernels' element-wise copies were 15-30x
-//   slower there.
+// - the mma.sync kernels for any other bias pair, and for inputs read as they are in rows that
+//   are not whole aligned 16-byte chunks (element-wise copies, 15-30x slower: only a call made
+//   without the staged copies' workspace; the dispatch never makes one).
 inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
                                 const detail::EvoformerShape& s, bool offsets_fit,
                                 bool aligned_inputs) {
@@ -214,9 +197,8 @@ inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
   const auto fixed = [&](BiasType t) { return t == inputs || t == BiasType::kNone; };
   const bool padded =
       eligible && aligned_inputs && !p.lean_tiles && fixed(p.bias1_type) && fixed(p.bias2_type);
-  p.wgmma_tiles = eligible && (p.lean_tiles || !aligned_inputs || padded);
+  p.wgmma_tiles = eligible && (p.lean_tiles || padded);
   p.padded_tiles = padded;
-  p.any_dim_tiles = p.wgmma_tiles && !p.lean_tiles && !padded;
 }
 
 // Keeps a call on the mma.sync kernels, which take every shape the warpgroup kernels take: for a
@@ -225,7 +207,6 @@ inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
 inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
   p.wgmma_tiles = 0;
   p.padded_tiles = 0;
-  p.any_dim_tiles = 0;
 }
 
 inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k,
@@ -277,7 +258,6 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
   p.lean_tiles =
       p.vec_q && p.vec_k && p.vec_v && p.vec_out && offsets_fit && s.dim == head_dim && s.dim >= 16;
-  p.granule = std::min({copy_granule(q), copy_granule(k), copy_granule(v)});
   set_warpgroup_tiles(p, q.dtype, s, offsets_fit, p.vec_q && p.vec_k && p.vec_v);
   // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
   // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
@@ -367,7 +347,6 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   qkv_strides(dout, p.dout_stride);
   p.vec_dout = vectorizable(dout);
   p.load_dim = std::max(p.load_dim, dout.sizes[4]);
-  p.granule = std::min(p.granule, copy_granule(dout));
   const bool dout_fits = tile_offsets_fit_32_bits(dout, 2);
   if (!p.vec_dout || !dout_fits) p.lean_tiles = 0;
   bool offsets_fit = dout_fits;

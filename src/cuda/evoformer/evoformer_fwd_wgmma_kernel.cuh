@@ -1,5 +1,5 @@
 // The Evoformer attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for head dims 32, 64
-// and 128 (and every D padded to them: PaddedDimTypes, AnyDimTypes) (the host's wgmma_tiles). The
+// and 128 (and every D padded to them: PaddedDimTypes) (the host's wgmma_tiles). The
 // grid, the bias stages, the online softmax and the epilogue are evoformer_fwd_kernel's (shared
 // helpers); what differs is how the two products run: the four warps issue them together as one
 // warpgroup, S = Q K^T as head dim / 16 m64n64k16 steps reading Q and K straight from swizzled

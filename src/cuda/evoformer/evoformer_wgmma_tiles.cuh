@@ -69,18 +69,14 @@ constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 // Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
 // or past L are zero-filled. kCols (the kernel's, TileCols): kExact, 16-byte aligned rows of
 // exactly kHeadDim elements; kPadded, aligned rows of p.load_dim elements in whole chunks, the
-// chunks past them zero-filled; kAny (AnyDimTypes), rows of p.load_dim elements, the columns past
-// them zero-filled, copied in pieces of p.granule bytes. `thread`: as copy_tile_swizzled's.
+// chunks past them zero-filled. `thread`: as copy_tile_swizzled's.
 template <typename T, int kHeadDim, TileCols kCols = TileCols::kExact>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
                                                     int64_t row0, const EvoformerDeviceParams& p,
                                                     int thread = static_cast<int>(threadIdx.x)) {
   const int32_t row_bytes = static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
-  if constexpr (kCols == TileCols::kAny) {
-    copy_tile_swizzled_granular<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread,
-                                          static_cast<int>(2 * p.load_dim), p.granule);
-  } else if constexpr (kCols == TileCols::kPadded) {
+  if constexpr (kCols == TileCols::kPadded) {
     copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
                                        static_cast<int>(2 * p.load_dim));
   } else {
@@ -208,11 +204,9 @@ struct EvoformerKeyTileStreams {
 // into the double-buffered swizzled tiles (buffer `buf` at k_tiles / v_tiles + buf * kTileBytes)
 // and the tile's columns of the biases into their stages (bias2's rows row0 .. row0 + 63), whole
 // tiles through EvoformerKeyTileStreams, a partial last tile and other biases through the
-// generic copies (all tiles with TileCols::kAny, as copy_slice_swizzled). In the caller's cp.async
-// group.
+// generic copies (copy_slice_swizzled). In the caller's cp.async group.
 template <typename T, int kHeadDim, bool kStageBias1 = true, TileCols kCols = TileCols::kExact>
 struct EvoformerKeyTileLoader {
-  static constexpr bool kStreams = kCols != TileCols::kAny;
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   SliceSource k_src, v_src;
   uint32_t k_tiles, v_tiles;
@@ -259,7 +253,7 @@ struct EvoformerKeyTileLoader {
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t tile,
                                        int buf) const {
     const int64_t col0 = tile * kWgmmaRows;
-    if (kStreams && streams.usable && col0 + kWgmmaRows <= p.len) {
+    if (streams.usable && col0 + kWgmmaRows <= p.len) {
       streams.copy(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                    shared_address(bias1_stage(buf)));
       return;
@@ -269,7 +263,7 @@ struct EvoformerKeyTileLoader {
   // The same for a loop that loads tiles 0, 1, 2, ... in order (each exactly once).
   __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
     const int64_t col0 = tile * kWgmmaRows;
-    if (kStreams && streams.usable && col0 + kWgmmaRows <= p.len) {
+    if (streams.usable && col0 + kWgmmaRows <= p.len) {
       streams.copy_next(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                         shared_address(bias1_stage(buf)));
       return;

@@ -106,9 +106,7 @@ std::string path_name(int stages, const cuda::EvoformerDeviceParams& p) {
   if (stages == -2) return "wgmma, fused backward in clusters of two CTAs";
   if (stages > 0)
     return "mma.sync, " + std::to_string(stages) + (stages == 1 ? " stage" : " stages");
-  std::string name = p.any_dim_tiles  ? "wgmma AnyDimTypes"
-                     : p.padded_tiles ? "wgmma PaddedDimTypes"
-                                      : "wgmma";
+  std::string name = p.padded_tiles ? "wgmma PaddedDimTypes" : "wgmma";
   if (p.dim <= 32 && p.dq != nullptr) {
     const detail::CudaFusedBackwardPlan plan = cuda::evoformer_fused_backward_plan(p);
     name += plan.ranks > 0 ? ", fused backward (" + std::to_string(plan.stages) + " buffers)"

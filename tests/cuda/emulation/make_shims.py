@@ -49,15 +49,9 @@ src = src.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 
 ts = (root / "src/cuda/common/tile_copies.cuh").read_text()
 ts, n1 = re.subn(r"return static_cast<uint32_t>\(__cvta_generic_to_shared\(smem\)\);",
                  "return ::emu::shared_offset(smem);", ts)
-for size in (16, 8, 4):
-    ts, n2 = re.subn(r"(void cp_async_" + str(size) +
-                     r"_to\(uint32_t dst, const void\* src, int bytes\) \{).*?\n\}",
-                     r"\1\n  ::emu::cp_async(::emu::shared_at(dst), src, " + str(size) +
-                     r", bytes);\n}", ts, flags=re.S)
-    assert n2 == 1, "cp_async_%d_to" % size
-ts, n3 = re.subn(r"(void store_chunk_words\(uint32_t dst, const uint32_t \(&words\)\[4\]\) \{).*?\n\}",
-                 r"\1\n  std::memcpy(::emu::shared_at(dst), words, 16);\n}", ts, flags=re.S)
-assert n1 == 1 and n3 == 1, "tile copies"
+ts, n2 = re.subn(r"(void cp_async_16_to\(uint32_t dst, const void\* src, int bytes\) \{).*?\n\}",
+                 r"\1\n  ::emu::cp_async(::emu::shared_at(dst), src, 16, bytes);\n}", ts, flags=re.S)
+assert n1 == 1 and n2 == 1, "tile copies"
 assert not re.search(r"\basm\b", ts)
 (out / "cuda/common/tile_copies.cuh").write_text(ts)
 
