@@ -92,26 +92,6 @@ __device__ __forceinline__ float row_delta_share(const T* o, const T* dout, int 
   return acc;
 }
 
-// row_delta_share for rows of any alignment and length `dim` (element loads, unrolled over the
-// share so that they are all in flight at once: a loop bounded by dim waited for each pair in
-// turn, and made the head dim 100 backward 2.3x slower than head dim 128's).
-template <typename T, int kDim, int kParts>
-__device__ __forceinline__ float row_delta_share_any(const T* o, const T* dout, int part, int dim) {
-  constexpr int kShare = kDim / kParts;
-  const int d0 = part * kShare;
-  float products[kShare];
-#pragma unroll
-  for (int x = 0; x < kShare; ++x) {
-    products[x] = d0 + x < dim ? ElementTraits<T>::to_float(o[d0 + x]) *
-                                     ElementTraits<T>::to_float(dout[d0 + x])
-                               : 0.0f;
-  }
-  float acc = 0.0f;
-#pragma unroll
-  for (int x = 0; x < kShare; ++x) acc += products[x];
-  return acc;
-}
-
 template <typename T, int kLanes, typename RowOf>
 __device__ __forceinline__ void delta_rows(int64_t rows, int64_t dim, bool vec, int64_t step_o,
                                            int64_t step_do, const RowOf& row_of, float* delta) {

@@ -140,8 +140,8 @@ cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p,
 
 // The warpgroup backward: at head dim 32 where evoformer_fused_backward_plan picks the fused
 // kernel, delta and then the fused dK/dV/dQ kernel (one or two CTAs per (b, n, h) slice); else dQ
-// first (it also computes delta, which dK/dV and dbias2 read), then dK/dV. Then dbias2 when asked
-// for.
+// first (it also computes delta, which dK/dV and dbias2 read; for a D below the head dim the delta
+// kernel runs before it instead), then dK/dV. Then dbias2 when asked for.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
@@ -158,6 +158,10 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
     }
   }
   if (!fused) {
+    if (p.padded_tiles) {
+      e = launch_evoformer_backward_delta<T>(p, stream);
+      if (e != cudaSuccess) return e;
+    }
     const size_t smem = Smem::kBwdBytes + 1024 + bias_smem;
     e = with_bias_types<T>(p, [&](auto types) {
       return launch_1d(evoformer_bwd_dq_wgmma_kernel<T, kHeadDim, decltype(types)>,
