@@ -92,12 +92,15 @@ TEST(EvoformerDeviceParams, PackedTensorsTakeTheLeanPaths) {
 }
 
 TEST(EvoformerDeviceParams, PaddedHeadDimsKeepTheGenericCopies) {
-  // D = 24 runs in the 32-wide instantiation: its tiles have a zero-filled chunk, and its rows
-  // are not whole pairs of the instantiated width.
+  // D = 24 runs in the 32-wide instantiation: its tiles have a zero-filled chunk; its gradient
+  // rows are whole aligned pairs (store_rows stops at D).
   const Shape s24{1, 2, 128, 2, 24};
   const Views v24 = views(s24, DType::kF16);
   EXPECT_EQ(forward(v24, s24).lean_tiles, 0);
-  EXPECT_EQ(backward(v24, s24).grads_paired, 0);
+  EXPECT_EQ(backward(v24, s24).grads_paired, 1);
+  // An odd D has no whole pairs: element by element.
+  const Shape s33{1, 2, 128, 2, 33};
+  EXPECT_EQ(backward(views(s33, DType::kBF16), s33).grads_paired, 0);
   // D = 8 runs in 16-wide tiles (no lean copy) but writes whole 8-wide rows.
   const Shape s8{1, 2, 128, 2, 8};
   const Views v8 = views(s8, DType::kBF16);
@@ -144,6 +147,9 @@ TEST(EvoformerDeviceParams, MisalignedOutputsKeepTheGenericStores) {
   const cuda::EvoformerDeviceParams b = backward(v, s);
   EXPECT_EQ(b.lean_tiles, 1);  // dK is written, not copied
   EXPECT_EQ(b.grads_paired, 0);
+  // Two elements past a 16-byte boundary: the pairs stay 4-byte aligned.
+  v.b.dk = qkv(s, DType::kBF16, (9 << 24) + 4);
+  EXPECT_EQ(backward(v, s).grads_paired, 1);
   // An input off a 16-byte boundary is read through its staged copy (next test).
   v = views(s, DType::kBF16);
   v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);

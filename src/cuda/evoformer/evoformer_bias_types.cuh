@@ -28,6 +28,17 @@ struct FixedBiasTypes {
   __host__ __device__ __forceinline__ explicit FixedBiasTypes(const EvoformerDeviceParams&) {}
 };
 
+// The D a warpgroup kernel writes its output rows at: the head dim on the exact tiles (a
+// constant, so that store_rows' column test folds away), p.dim on the padded ones.
+template <int kHeadDim, typename BiasTypes>
+__device__ __forceinline__ int64_t written_dim(const EvoformerDeviceParams& p) {
+  if constexpr (BiasTypes::kCols == TileCols::kExact) {
+    return kHeadDim;
+  } else {
+    return p.dim;
+  }
+}
+
 struct ParamBiasTypes {
   BiasType bias1, bias2;
   static constexpr TileCols kCols = TileCols::kExact;

@@ -99,11 +99,13 @@ __device__ __forceinline__ void wgmma_ds_k(float (&dq)[kHeadDim / 8][4], uint32_
 // and the second barrier makes the stores visible. The next writes into either area come after
 // the next key tile's first barrier (this CTA's) or its first cluster barrier (the partner's),
 // both after the reads here. Two terms, so the sum's bits do not depend on which CTA adds them.
+// dim: the D of the rows stored (written_dim).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
     const EvoformerDeviceParams& p, float (&dk)[kHeadDim / 8][4], float (&dv)[kHeadDim / 8][4],
     const float (&key_dbias1)[2], uint32_t rank, float4* received, float* received_dbias1,
-    int64_t b, int64_t n, int64_t h, int64_t bn, const int64_t (&my_keys)[2], int warp, int lane) {
+    int64_t b, int64_t n, int64_t h, int64_t bn, const int64_t (&my_keys)[2], int warp, int lane,
+    int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
   const int t = lane % 4;
   const bool dbias1 = p.dbias1_partial != nullptr;
@@ -151,7 +153,7 @@ __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
   };
   if (rank == 0) {
     add_received(dk);
-    store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t,
+    store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, dim, t,
                              p.grads_paired);
     if (dbias1 && t == 0) {
 #pragma unroll
@@ -164,7 +166,7 @@ __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
     }
   } else {
     add_received(dv);
-    store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t,
+    store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, dim, t,
                              p.grads_paired);
   }
 }
@@ -289,8 +291,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
       if (last_keys) {
         const int64_t q0 = qt * kWgmmaRows;
         const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
-        store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
-                                 p.grads_paired);
+        store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len,
+                                 written_dim<kHeadDim, BiasTypes>(p), t, p.grads_paired);
       } else {
 #pragma unroll
         for (int j = 0; j < kOutTiles; ++j)
@@ -301,9 +303,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     if constexpr (kRanks > 1) {
       evoformer_fused_exchange_key_tile<T, kHeadDim>(
           p, dk, dv, key_dbias1, rank, reinterpret_cast<float4*>(ds_stored), queries.lse(0), b, n,
-          h, bn, my_keys, warp, lane);
+          h, bn, my_keys, warp, lane, written_dim<kHeadDim, BiasTypes>(p));
     } else {
-      evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+      evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t,
+                                         written_dim<kHeadDim, BiasTypes>(p));
     }
   }
 #else

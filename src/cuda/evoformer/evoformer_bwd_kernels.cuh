@@ -116,8 +116,11 @@ __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
 }
 
 // Writes 16 rows (this warp's) x dim of an accumulator times `factor` into a [B,N,L,H,D] tensor;
-// with `pairs_aligned` (p.grads_paired: aligned rows, dim = kOutTiles * 8) as one 32-bit store per
-// pair of elements.
+// with `pairs_aligned` (p.grads_paired: rows and pairs 4-byte aligned, dim even) as one 32-bit
+// store per pair of elements below dim (a pair's columns are both below an even dim or both past
+// it), else element by element. Two 16-bit stores per pair doubled the backward's L2 write
+// requests and its end's instructions: the dK/dV kernel at head dim 64 took 198 us for D 48
+// against 149 us for D 64.
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float factor, void* base,
                                            const int64_t stride[4], int64_t b, int64_t n, int64_t h,
@@ -131,8 +134,11 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
     if (pairs_aligned) {
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
-        *reinterpret_cast<uint32_t*>(row + i * 8 + 2 * t) =
-            ElementTraits<T>::pack(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor);
+        const int d = i * 8 + 2 * t;
+        if (d < dim) {
+          *reinterpret_cast<uint32_t*>(row + d) =
+              ElementTraits<T>::pack(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor);
+        }
       }
       continue;
     }
@@ -216,17 +222,19 @@ __device__ __forceinline__ void evoformer_transposed_ds(float (&pt)[8][4], const
 }
 
 // dK/dV kernel's epilogue: dK (times the scale), dV and the per-head dbias1 partial of its keys.
+// dim: the D of the rows written (p.dim, or written_dim's constant).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_finish_dkdv(const EvoformerDeviceParams& p,
                                                       const float (&dk)[kHeadDim / 8][4],
                                                       const float (&dv)[kHeadDim / 8][4],
                                                       const float (&key_dbias1)[2], int64_t b,
                                                       int64_t n, int64_t h, int64_t bn,
-                                                      const int64_t (&my_keys)[2], int t) {
+                                                      const int64_t (&my_keys)[2], int t,
+                                                      int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
-  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, p.dim, t,
+  store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, dim, t,
                            p.grads_paired);
-  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, p.dim, t,
+  store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, dim, t,
                            p.grads_paired);
   if (p.dbias1_partial != nullptr) {
 #pragma unroll
@@ -385,7 +393,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
-  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t, p.dim);
 }
 
 template <typename T, int kHeadDim, int kStages = 2>

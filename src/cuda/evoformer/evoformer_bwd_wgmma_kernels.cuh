@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
     wgmma_acc_tile<T, kHeadDim>(dk, pt, queries.q_tile(buf));  // dK += dS^T Q (scaled when written)
   }
 
-  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t);
+  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t,
+                                     written_dim<kHeadDim, BiasTypes>(p));
 #else
   __trap();  // not in this architecture's image: never launched here
 #endif
@@ -282,8 +283,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
     evoformer_row_ds(ds, pr, delta);                        // dS = P (dP - delta)
     wgmma_acc_tile<T, kHeadDim>(dq, ds, keys.k_tile(buf));  // dQ += dS K
   }
-  store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
-                           p.grads_paired);
+  store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len,
+                           written_dim<kHeadDim, BiasTypes>(p), t, p.grads_paired);
 #else
   __trap();  // not in this architecture's image: never launched here
 #endif

@@ -86,8 +86,8 @@ struct EvoformerDeviceParams {
   // head dim, or O not vectorizable), each bias absent or in the inputs' type; whole tiles take the
   // lean copies, a thread's chunk past load_dim zero-filled, the outputs written at D.
   int padded_tiles;
-  // 1 when dQ, dK and dV are vectorizable and D is the instantiated head dim: the backward writes
-  // their rows as aligned 32-bit pairs with no per-pair test.
+  // 1 when dQ, dK and dV are pairable (D even, rows and pairs 4-byte aligned): the backward writes
+  // their rows as aligned 32-bit pairs (store_rows), else element by element.
   int grads_paired;
   // Bytes of shared memory per block the launches may use (the device's limit, or less under
   // SCIATTN_CUDA_KERNELS=portable-99k; 0: not given, take the two-stage forms): the mma.sync

@@ -69,6 +69,16 @@ inline int vectorizable(const TensorView& t) {
   return 1;
 }
 
+// 32-bit stores of element pairs are safe: D is even and every row and pair starts 4-byte
+// aligned (16-bit elements, even strides).
+inline int pairable(const TensorView& t) {
+  if (t.sizes[4] % 2 != 0 || reinterpret_cast<uintptr_t>(t.data) % 4 != 0) return 0;
+  for (int d = 0; d < 4; ++d) {
+    if (t.sizes[d] > 1 && t.strides[d] % 2 != 0) return 0;
+  }
+  return 1;
+}
+
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
 // not 16-byte aligned: detail::CudaInputCopies), or 0: absent, staged as it is, or fp32 inputs
 // (whose kernels read biases per element).
@@ -361,8 +371,7 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   qkv_strides(params.dk, p.dk_stride);
   p.dv = params.dv.data;
   qkv_strides(params.dv, p.dv_stride);
-  p.grads_paired = vectorizable(params.dq) && vectorizable(params.dk) && vectorizable(params.dv) &&
-                   s.dim == detail::cuda_evoformer_head_dim(s.dim);
+  p.grads_paired = pairable(params.dq) && pairable(params.dk) && pairable(params.dv);
   p.dbias1 = params.dbias1.data;
   copy_strides(params.dbias1, p.dbias1_stride, {0, 1, 4});
   p.dbias2 = params.dbias2.data;
