@@ -76,6 +76,7 @@ TEST(EvoformerDeviceParams, PackedTensorsTakeTheLeanPaths) {
   EXPECT_EQ(f.bias2_staged, 1);
   EXPECT_EQ(f.bias2_lean, 1);
   EXPECT_EQ(f.vec_out, 1);
+  EXPECT_EQ(f.out_paired, 1);
   const cuda::EvoformerDeviceParams b = backward(v, s);
   EXPECT_EQ(b.lean_tiles, 1);
   EXPECT_EQ(b.grads_paired, 1);
@@ -101,6 +102,8 @@ TEST(EvoformerDeviceParams, PaddedHeadDimsKeepTheGenericCopies) {
   // An odd D has no whole pairs: element by element.
   const Shape s33{1, 2, 128, 2, 33};
   EXPECT_EQ(backward(views(s33, DType::kBF16), s33).grads_paired, 0);
+  EXPECT_EQ(forward(views(s33, DType::kBF16), s33).out_paired, 0);
+  EXPECT_EQ(forward(v24, s24).out_paired, 1);
   // D = 8 runs in 16-wide tiles (no lean copy) but writes whole 8-wide rows.
   const Shape s8{1, 2, 128, 2, 8};
   const Views v8 = views(s8, DType::kBF16);
@@ -139,6 +142,7 @@ TEST(EvoformerDeviceParams, MisalignedOutputsKeepTheGenericStores) {
   v.b.out = v.f.out;
   const cuda::EvoformerDeviceParams f = forward(v, s);
   EXPECT_EQ(f.vec_out, 0);
+  EXPECT_EQ(f.out_paired, 0);  // its pairs are off 4-byte boundaries
   EXPECT_EQ(f.lean_tiles, 0);
   EXPECT_EQ(f.padded_tiles, 1);  // stores (and the backward's delta) at any alignment
   EXPECT_EQ(backward(v, s).padded_tiles, 1);

@@ -62,6 +62,9 @@ struct EvoformerDeviceParams {
   // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned (vec_out: as the backward
   // reads out).
   int vec_q, vec_k, vec_v, vec_dout, vec_out;
+  // 1 when out is pairable (D even, rows and pairs 4-byte aligned): the forward writes its rows as
+  // aligned 32-bit pairs.
+  int out_paired;
   // 1 when a thread's two adjacent bias2 columns can be read with one load from global memory (the
   // dbias2 kernel's one read of its tile): bias2 is contiguous along keys and every row starts at
   // an even element of an aligned buffer. (bias1 is always read from shared memory or per key.)

@@ -261,6 +261,7 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;
   p.vec_out = vectorizable(out);
+  p.out_paired = pairable(out);
   bool offsets_fit = true;
   for (const TensorView* t : {&q, &k, &v, &out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) offsets_fit = false;

@@ -117,13 +117,14 @@ __device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const f
 }
 
 // The forward's epilogue: O (this thread's two rows, divided by their sums) and the rows' lse.
+// dim: the D of the rows written (p.dim, or written_dim's constant on the exact warpgroup tiles).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDeviceParams& p,
                                                          const float (&o_acc)[kHeadDim / 8][4],
                                                          float (&row_max)[2], float (&row_sum)[2],
                                                          int64_t b, int64_t n, int64_t h,
                                                          int64_t bn, const int64_t (&my_rows)[2],
-                                                         int t) {
+                                                         int t, int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
   // The row sums are spread over the four threads of each row.
 #pragma unroll
@@ -132,8 +133,9 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
   T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
-  // Whole rows of aligned pairs (the usual case): one 32-bit store per pair, no per-pair tests.
-  const bool pairs_aligned = p.vec_out && p.dim == kHeadDim;
+  // Rows of aligned pairs (p.out_paired: D even, 4-byte aligned): one 32-bit store per pair below
+  // D (a pair is below an even D whole or not at all), with no alignment test.
+  const bool pairs_aligned = p.out_paired != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = my_rows[r];
@@ -148,14 +150,17 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     if (pairs_aligned) {
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
-        *reinterpret_cast<uint32_t*>(out_row + i * 8 + 2 * t) =
-            ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+        const int d = i * 8 + 2 * t;
+        if (d < dim) {
+          *reinterpret_cast<uint32_t*>(out_row + d) =
+              ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
+        }
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
         const int d = i * 8 + 2 * t;
-        if (d + 1 < p.dim) {
+        if (d + 1 < dim) {
           // Two adjacent elements: one 32-bit store when the address allows it.
           if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
             *reinterpret_cast<uint32_t*>(out_row + d) =
@@ -164,7 +169,7 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
             out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
             out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
           }
-        } else if (d < p.dim) {
+        } else if (d < dim) {
           out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
         }
       }
@@ -283,7 +288,8 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t);
+  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t,
+                                        p.dim);
 }
 
 }  // namespace sciattn::cuda
