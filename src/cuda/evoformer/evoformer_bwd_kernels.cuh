@@ -224,13 +224,10 @@ __device__ __forceinline__ void evoformer_transposed_ds(float (&pt)[8][4], const
 // dK/dV kernel's epilogue: dK (times the scale), dV and the per-head dbias1 partial of its keys.
 // dim: the D of the rows written (p.dim, or written_dim's constant).
 template <typename T, int kHeadDim>
-__device__ __forceinline__ void evoformer_finish_dkdv(const EvoformerDeviceParams& p,
-                                                      const float (&dk)[kHeadDim / 8][4],
-                                                      const float (&dv)[kHeadDim / 8][4],
-                                                      const float (&key_dbias1)[2], int64_t b,
-                                                      int64_t n, int64_t h, int64_t bn,
-                                                      const int64_t (&my_keys)[2], int t,
-                                                      int64_t dim) {
+__device__ __forceinline__ void evoformer_finish_dkdv(
+    const EvoformerDeviceParams& p, const float (&dk)[kHeadDim / 8][4],
+    const float (&dv)[kHeadDim / 8][4], const float (&key_dbias1)[2], int64_t b, int64_t n,
+    int64_t h, int64_t bn, const int64_t (&my_keys)[2], int t, int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
   store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, dim, t,
                            p.grads_paired);

@@ -288,8 +288,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t,
-                                        p.dim);
+  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t, p.dim);
 }
 
 }  // namespace sciattn::cuda
