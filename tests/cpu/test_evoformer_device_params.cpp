@@ -154,6 +154,10 @@ TEST(EvoformerDeviceParams, MisalignedOutputsKeepTheGenericStores) {
   // Two elements past a 16-byte boundary: the pairs stay 4-byte aligned.
   v.b.dk = qkv(s, DType::kBF16, (9 << 24) + 4);
   EXPECT_EQ(backward(v, s).grads_paired, 1);
+  // Rows an odd number of elements apart: every other row starts off a 4-byte boundary.
+  v.b.dk = TensorView::strided(address(9 << 24), DType::kBF16, {1, 2, 128, 2, 32},
+                               {2 * 128 * 65, 128 * 65, 65, 32, 1});
+  EXPECT_EQ(backward(v, s).grads_paired, 0);
   // An input off a 16-byte boundary is read through its staged copy (next test).
   v = views(s, DType::kBF16);
   v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);
