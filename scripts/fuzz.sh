@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (the `fuzz` preset: clang 14 with AddressSanitizer and UBSan) and
-# runs each for a bounded time from its seed corpus in tests/fuzz/corpus/<target>/. Fails on the
-# first crash, leak, timeout or sanitizer report; the input that caused it is kept under
-# build/fuzz/artifacts/ (replay it with `build/fuzz/tests/fuzz/<target> <file>`).
+# runs them side by side for a bounded time, each from its seed corpus in
+# tests/fuzz/corpus/<target>/. Fails on any crash, leak, timeout or sanitizer report; the input
+# that caused it is kept under build/fuzz/artifacts/ (replay it with
+# `build/fuzz/tests/fuzz/<target> <file>`).
 #
-#   scripts/fuzz.sh            # 60 seconds per target
-#   scripts/fuzz.sh 45         # what scripts/test.sh (CI) runs
+#   scripts/fuzz.sh            # 60 seconds (all targets at once)
+#   scripts/fuzz.sh 60         # what scripts/test.sh (CI) runs
 #   scripts/fuzz.sh 300        # longer runs while changing a parser
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,23 +29,35 @@ cmake --preset fuzz >/dev/null
 # else (no tests, benchmarks or program).
 cmake --build --preset fuzz -j "$(nproc)"
 mkdir -p build/fuzz/artifacts
-for target in fuzz_deepspeed_config fuzz_sparsity_layout fuzz_cli_args; do
+# The targets run at the same time (each fuzzer is one process on one core), each for `seconds` of
+# wall time; then each one's statistics, and the report of any that failed.
+targets=(fuzz_deepspeed_config fuzz_sparsity_layout fuzz_cli_args)
+pids=()
+echo "fuzz: ${targets[*]} at once for ${seconds} s"
+for target in "${targets[@]}"; do
   # New inputs go to a scratch corpus; the seeds in the repository are only read.
   scratch=build/fuzz/corpus/$target
   mkdir -p "$scratch"
-  echo "fuzz: $target for ${seconds} s"
-  log=build/fuzz/$target.log
-  status=0
   build/fuzz/tests/fuzz/$target -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 \
     -print_final_stats=1 -artifact_prefix=build/fuzz/artifacts/$target- \
-    "$scratch" "tests/fuzz/corpus/$target" >"$log" 2>&1 || status=$?
+    "$scratch" "tests/fuzz/corpus/$target" >"build/fuzz/$target.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for i in "${!targets[@]}"; do
+  target=${targets[$i]}
+  log=build/fuzz/$target.log
+  status=0
+  wait "${pids[$i]}" || status=$?
+  echo "fuzz: $target"
   grep -E "stat::number_of_executed_units|INFO: seed corpus|Done [0-9]+ runs" "$log" || true
   if [ "$status" -ne 0 ]; then
     # The report: the sanitizer's or the expectation's message and the stack.
     grep -E -A40 "^==[0-9]+==ERROR|fuzz expectation failed|^SUMMARY|deadly signal|timeout" "$log" |
       head -80 || true
     echo "fuzz: $target failed (exit $status); log $log, inputs in build/fuzz/artifacts/"
-    exit 1
+    failed=1
   fi
 done
+[ "$failed" = 0 ] || exit 1
 echo "fuzz: every target ran ${seconds} s without a finding"

@@ -7,10 +7,10 @@
 #   3. the `cuda` preset: compiles every kernel for sm_80, 86, 89 and 90a and every GPU test (runs
 #      nothing on a GPU; skipped with a message when nvcc is absent), then the host emulator's
 #      fixed cases of the mma.sync and warpgroup kernels (tests/cuda/emulation: Evoformer and
-#      block-sparse, against the fp64 oracle; two to three minutes);
+#      block-sparse, side by side, against the fp64 oracle; about two minutes);
 #   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
-#   5. the libFuzzer targets (scripts/fuzz.sh): each for 45 s from its seed corpus, failing on
-#      any crash, leak or sanitizer report;
+#   5. the libFuzzer targets (scripts/fuzz.sh): side by side for 60 s from their seed corpora,
+#      failing on any crash, leak or sanitizer report;
 #   6. the Python package (label python): installs .venv and the package (scripts/setup.sh
 #      --python), then runs pytest tests/python on the CPU.
 # Installs missing build dependencies first (scripts/setup.sh --deps).
@@ -59,8 +59,18 @@ fi
 
 stage "kernel emulation: the mma.sync and wgmma kernels on the CPU against the fp64 oracle"
 if command -v nvcc >/dev/null 2>&1; then
-  tests/cuda/emulation/run_emulation.sh build/cpu evoformer
-  tests/cuda/emulation/run_emulation.sh build/cpu
+  # The two programs build and run at the same time (each compile is one process); their logs
+  # are printed when both have ended.
+  emulate=tests/cuda/emulation/run_emulation.sh
+  "$emulate" build/cpu evoformer >"$prefix/emulation_evoformer.log" 2>&1 &
+  evoformer_pid=$!
+  "$emulate" build/cpu >"$prefix/emulation_block_sparse.log" 2>&1 &
+  block_sparse_pid=$!
+  emulation_status=0
+  wait "$evoformer_pid" || emulation_status=1
+  wait "$block_sparse_pid" || emulation_status=1
+  cat "$prefix/emulation_evoformer.log" "$prefix/emulation_block_sparse.log"
+  [ "$emulation_status" = 0 ] || { echo "kernel emulation failed (see above)"; exit 1; }
 else
   echo "nvcc not found: skipping the kernel emulation (it needs the CUDA toolkit's headers)"
 fi
@@ -70,8 +80,8 @@ cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
 
-stage "fuzz: each libFuzzer target for 45 s"
-scripts/fuzz.sh 45
+stage "fuzz: the libFuzzer targets side by side for 60 s"
+scripts/fuzz.sh 60
 
 stage "python: install the package into .venv and run pytest tests/python"
 scripts/setup.sh --python

@@ -295,13 +295,16 @@ inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t des
 
 // Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads in clusters of `cluster`
 // CTAs (1: one CTA at a time), the CTAs of one cluster at once, CTA rank r with the shared memory
-// smem[r] (`smem_bytes`, filled with garbage before each cluster).
+// smem[r] (`smem_bytes`, filled with garbage before each cluster). The threads are made once per
+// launch and run cluster after cluster (starting threads costs milliseconds per CTA, more than most
+// CTAs' work); a barrier over all of them resets the shared memory and the CTAs' barriers between
+// clusters, and each thread starts each CTA with the state a new thread has (no pending copies).
 template <typename Kernel, typename... Args>
 void run_clusters(Kernel kernel, int64_t ctas, unsigned threads, int cluster,
                   unsigned char* const* smem, size_t smem_bytes, const Args&... args) {
   gridDim.x = static_cast<unsigned>(ctas);
   blockDim.x = threads;
-  for (int64_t first = 0; first < ctas; first += cluster) {
+  const auto prepare_cluster = [&]() noexcept {
     cluster_bar = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads) * cluster);
     for (int r = 0; r < cluster; ++r) {
       CtaState& c = cta_states[r];
@@ -310,19 +313,26 @@ void run_clusters(Kernel kernel, int64_t ctas, unsigned threads, int cluster,
       c.block_bar = std::make_unique<std::barrier<>>(threads);
       for (auto& w : c.warp_bar) w = std::make_unique<std::barrier<>>(32);
     }
-    std::vector<std::thread> pool;
-    for (int r = 0; r < cluster; ++r) {
-      for (unsigned t = 0; t < threads; ++t) {
-        pool.emplace_back([&, r, t] {
-          cta_rank = r;
-          threadIdx.x = t;
+  };
+  prepare_cluster();
+  std::barrier between_clusters(static_cast<std::ptrdiff_t>(threads) * cluster, prepare_cluster);
+  std::vector<std::thread> pool;
+  for (int r = 0; r < cluster; ++r) {
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, r, t] {
+        cta_rank = r;
+        threadIdx.x = t;
+        for (int64_t first = 0; first < ctas; first += cluster) {
+          pending.clear();
+          group_id = 0;
           blockIdx.x = static_cast<unsigned>(first + r);
           kernel(args...);
-        });
-      }
+          if (first + cluster < ctas) between_clusters.arrive_and_wait();
+        }
+      });
     }
-    for (auto& th : pool) th.join();
   }
+  for (auto& th : pool) th.join();
 }
 template <typename Kernel, typename... Args>
 void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
