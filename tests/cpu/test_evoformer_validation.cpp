@@ -489,6 +489,31 @@ TEST(EvoformerValidation, SizesTimesStridesOverflowInt64) {
   expect_rejected(h, StatusCode::kInvalidArgument, {"q", "k", "v", "out"}, /*try_run=*/false);
 }
 
+TEST(EvoformerValidation, WorkspacesThatWouldOverflowAreRejected) {
+  // B*N = 2^60 scores of one element each: every tensor's bytes fit in int64 (lse: 2^62), but
+  // the reference backward's five fp32 buffers of 2^60 values (2^62 bytes each) do not fit in
+  // size_t, so workspace_size would wrap to a smaller number.
+  const int64_t b = int64_t{1} << 30, n = int64_t{1} << 30;
+  auto tensor = [&](int i, DType dtype) {
+    return TensorView::contiguous(fake_address(i), dtype, {b, n, 1, 1, 1});
+  };
+  EvoformerBackwardParams p;
+  p.q = tensor(1, DType::kBF16);
+  p.k = tensor(2, DType::kBF16);
+  p.v = tensor(3, DType::kBF16);
+  p.out = tensor(4, DType::kBF16);
+  p.dout = tensor(5, DType::kBF16);
+  p.dq = tensor(6, DType::kBF16);
+  p.dk = tensor(7, DType::kBF16);
+  p.dv = tensor(8, DType::kBF16);
+  p.lse = TensorView::contiguous(fake_address(9), DType::kF32, {b * n, 1, 1});
+  p.options.cpu_algorithm = EvoformerCpuAlgorithm::kReference;
+  expect_rejected(p, StatusCode::kInvalidArgument, {"q"}, /*try_run=*/false);
+  std::string why;
+  EXPECT_FALSE(can_implement(p, &why).ok());
+  EXPECT_TRUE(mentions(why, "too large")) << why;
+}
+
 // ---- Devices, options, overlaps. ----
 
 TEST(EvoformerValidation, MixedDevices) {
