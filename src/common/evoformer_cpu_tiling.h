@@ -89,12 +89,15 @@ inline double cpu_backward_work(const EvoformerShape& s) {
   return cpu_scores(s) * (10.0 * static_cast<double>(s.dim) + kCpuExpFlops);
 }
 // The rate of the tiled path on one core in those units (its x86-64-v4 clones, both biases, the
-// 2-core CPU machine), fitted at 2eb7207: forward 7.05 ns per score at D 32 and 9.31 at D 64 (36
-// and 41 per ns), backward 10.5 and 19.1 ns (43 and 40 per ns). The forward has since become
-// faster (4.8 and 8.4 ns: output rows held in registers), so it takes its second thread at
-// about 4.5 ms of one core's work rather than 6. The exponential is vectorised
-// (cpu/vector_exp.h), so kCpuExpFlops now stands for the per-score work other than the head-dim
-// products as much as for the exponential itself.
+// 2-core CPU machines), fitted at 2eb7207 on an AMD EPYC: forward 7.05 ns per score at D 32 and
+// 9.31 at D 64 (36 and 41 per ns), backward 10.5 and 19.1 ns (43 and 40 per ns). The project's
+// 2-core machines differ by more than the code has moved since: one thread of the AMD machine
+// takes 3.5 and 5.4 ns forward, 8.2 and 15.6 backward (docs/perf/evoformer.md, 2026-12-05; the
+// rate says 6.4, 9.6, 11.2 and 19.2), one of an Intel Xeon machine 5.8 and 10.0 forward, 11.1 and
+// 27.4 backward (38f63d2). The rate sits between the two, so a second thread comes at 3.5 to 8.5
+// ms of one core's work rather than at 6. The
+// exponential is vectorised (cpu/vector_exp.h), so kCpuExpFlops now stands for the per-score work
+// other than the head-dim products as much as for the exponential itself.
 constexpr double kCpuTiledFlopsPerNs = 40.0;
 
 // Threads of the tiled forward, one task per (b, n, h), given at most `limit`.
