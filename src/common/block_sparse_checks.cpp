@@ -1,6 +1,7 @@
 // Validation of the block-sparse ops' Params (see block_sparse_checks.h). Host-only common layer.
 #include "common/block_sparse_checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -196,6 +197,20 @@ Status check_attention_inputs(const BlockSparseIndex* index, const TensorView& q
     return Status::invalid_argument("q has shape " + q.shape_string() +
                                     ": B*H*L*L overflows int64; the problem is too large");
   }
+  // The workspaces hold at most a few 4-byte values per score (the reference's and the
+  // composite's score buffers) and per row element of the head dim padded to the kernels' (the
+  // CUDA path's fp32 partials of split lines: D padded up to 32, 64 or 128, plus two per row), so
+  // that 64 bytes for each keeps every size an int64. Views with zero strides on the inputs can
+  // describe such shapes without the memory; no real problem comes near.
+  int64_t workspace_bytes = 0;
+  if (!checked_product({scores, 64}, &workspace_bytes) ||
+      !checked_product({s->batch, s->heads, s->len, std::max<int64_t>(s->dim, 128) + 8, 64},
+                       &workspace_bytes)) {
+    return Status::invalid_argument("q has shape " + q.shape_string() +
+                                    ": the problem is too large (its workspace would need more "
+                                    "than 2^63 bytes; B*H*L*L and B*H*L*max(D, 128) must stay "
+                                    "below 2^57)");
+  }
   SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(q, "q", *s, kFloatTypes, q.device));
   SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(k, "k", *s, {q.dtype}, q.device));
   SCIATTN_BS_RETURN_IF_ERROR(check_qkv_input(v, "v", *s, {q.dtype}, q.device));
@@ -228,15 +243,6 @@ Status check_attention_inputs(const BlockSparseIndex* index, const TensorView& q
       o.algorithm != SparseAttentionAlgorithm::kReference) {
     return Status::invalid_argument(
         "options.algorithm must be SparseAttentionAlgorithm::kFused, kComposite or kReference");
-  }
-  if (o.algorithm == SparseAttentionAlgorithm::kComposite) {
-    // The composite path keeps W and P, [B, nnz, b, b] in fp32, in the workspace.
-    int64_t bytes = 0;
-    if (!checked_product({s->batch, ix.nnz, ix.block, ix.block, 8}, &bytes)) {
-      return Status::invalid_argument(
-          "options.algorithm kComposite holds the scores [B, nnz, b, b] in the workspace, too "
-          "many for this shape; use kFused");
-    }
   }
   return Status::ok_status();
 }

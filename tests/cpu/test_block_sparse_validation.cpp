@@ -463,7 +463,9 @@ TEST(BlockSparseValidation, AttentionForward) {
          q.rpe = q.key_padding_mask = TensorView();
        },
        kInvalid, "q"},
-      {"composite scores overflow",
+      // B*H*L*L fits in int64 but the workspaces' 4-byte values per score (the composite's and
+      // the reference's score buffers) would not: B = 2^50, H = 2, L = 48.
+      {"score workspace overflows",
        [](P& q) {
          for (TensorView* view : {&q.q, &q.k, &q.v}) {
            view->sizes[0] = int64_t{1} << 50;
@@ -472,7 +474,18 @@ TEST(BlockSparseValidation, AttentionForward) {
          q.rpe = q.key_padding_mask = TensorView();
          q.options.algorithm = SparseAttentionAlgorithm::kComposite;
        },
-       kInvalid, "options.algorithm"},
+       kInvalid, "too large"},
+      // Scores fit even at 64 bytes each (B = 2^44: 2^62.2), but the CUDA path's partials per row
+      // element of the padded head dim (up to 128 + 2 fp32 values per row) would not.
+      {"row workspace overflows",
+       [](P& q) {
+         for (TensorView* view : {&q.q, &q.k, &q.v}) {
+           view->sizes[0] = int64_t{1} << 44;
+           view->strides[0] = 0;
+         }
+         q.rpe = q.key_padding_mask = TensorView();
+       },
+       kInvalid, "q has shape"},
       {"cuda",
        [](P& q) {
          q.q = on_cuda(q.q);
