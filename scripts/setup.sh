@@ -9,6 +9,7 @@
 #   scripts/setup.sh            # dependencies + build + Python package
 #   scripts/setup.sh --deps     # dependencies only
 #   scripts/setup.sh --python   # the Python package only (.venv)
+#   scripts/setup.sh --python-requirements   # .venv and the pinned requirements, not sciattn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ deps_only=0
 
 # The Python package: .venv with the pinned requirements, then sciattn built against its torch
 # (CPU-only build; SCIATTN_WITH_CUDA=ON in the environment builds the CUDA kernels as well).
-setup_python() {
+setup_python_requirements() {
   if [ ! -x .venv/bin/python ]; then
     if ! python3 -m venv .venv 2>/dev/null; then
       echo "setup: installing python3-venv"
@@ -32,11 +33,18 @@ setup_python() {
   echo "setup: installing the Python requirements into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r bindings/torch/requirements.txt
+}
+setup_python() {
+  setup_python_requirements
   echo "setup: building and installing the sciattn Python package"
   .venv/bin/python -m pip install -q --no-build-isolation . -Cbuild.tool-args=-j"$(nproc)"
 }
 if [ "${1:-}" = "--python" ]; then
   setup_python
+  exit 0
+fi
+if [ "${1:-}" = "--python-requirements" ]; then
+  setup_python_requirements
   exit 0
 fi
 

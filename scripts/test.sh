@@ -12,7 +12,8 @@
 #   5. the libFuzzer targets (scripts/fuzz.sh): side by side for 60 s from their seed corpora,
 #      failing on any crash, leak or sanitizer report;
 #   6. the Python package (label python): installs .venv and the package (scripts/setup.sh
-#      --python), then runs pytest tests/python on the CPU.
+#      --python; its requirements were installed in the background since the start), then runs
+#      pytest tests/python on the CPU.
 # Installs missing build dependencies first (scripts/setup.sh --deps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,13 @@ stage() {
 
 scripts/setup.sh --deps
 
+# The Python requirements (PyTorch and its wheels, mostly download time) install in the background
+# while the C++ stages build and test; the python stage waits for them.
+logs=$(mktemp -d)
+scripts/setup.sh --python-requirements >"$logs/python_requirements.log" 2>&1 &
+requirements_pid=$!
+trap 'pkill -P "$requirements_pid" 2>/dev/null || true; kill "$requirements_pid" 2>/dev/null || true; rm -rf "$logs" "${prefix:-}"' EXIT
+
 stage "cpu preset: build and test"
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j "$jobs"
@@ -42,7 +50,6 @@ build/cpu/tools/sciattn train --demo
 
 stage "installed package: cmake --install, then examples/ as a project of its own"
 prefix=$(mktemp -d)
-trap 'rm -rf "$prefix"' EXIT
 cmake --install build/cpu --prefix "$prefix/install" >/dev/null
 cmake -S examples -B "$prefix/examples" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix/install" >/dev/null
@@ -84,6 +91,12 @@ stage "fuzz: the libFuzzer targets side by side for 60 s"
 scripts/fuzz.sh 60
 
 stage "python: install the package into .venv and run pytest tests/python"
+if ! wait "$requirements_pid"; then
+  cat "$logs/python_requirements.log"
+  echo "installing the Python requirements failed (log above)"
+  exit 1
+fi
+cat "$logs/python_requirements.log"
 scripts/setup.sh --python
 .venv/bin/python -m pytest tests/python -q -p no:cacheprovider
 stage "all tests passed"
