@@ -103,8 +103,9 @@ class NcclCommunicator final : public Communicator {
   Status init(const ncclUniqueId& id) {
     Status s = allocate();
     if (!s.ok()) return s;
-    return nccl("the group's creation", "ncclCommInitRank",
-                ncclCommInitRank(&comm_, world_size_, id, rank_));
+    SCIATTN_NCCL_TRY("the group's creation", "ncclCommInitRank",
+                     ncclCommInitRank(&comm_, world_size_, id, rank_));
+    return Status::ok_status();
   }
 
   int rank() const override { return rank_; }
