@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # Runs the GPU checks and benchmarks on the GPU machine from prebuilt binaries (built here with
-# the `gpu` preset and carried in .carry/, because build trees hold absolute paths):
+# the `gpu` preset and carried in .carry/, because build trees hold absolute paths;
+# scripts/pack_gpu_binaries.sh builds and packs all of them into .carry/bins.tar.xz):
 #   the gpu-labelled test programs, compute-sanitizer memcheck and racecheck on small cases, the
 #   Google Benchmark of the kernels, and the peer comparisons (bench/compare/evoformer.py and
 #   bench/compare/block_sparse.py).
 # Usage on the GPU machine:
 #   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|sass|bench|compare|sparse|sparse_compare|
 #                         sparse_sanitize|sparse_profile|python|train|train_sanitize|train_bench|
-#                         train_step|train_long|train_compare|train_compare_long|all]...
+#                         train_step|train_long|train_compare|train_compare_long|
+#                         portable|portable_bench|sm80|all]...
+# `portable` runs the three attention suites on the mma.sync kernels that sm_80, 86 and 89 run
+# (SCIATTN_CUDA_KERNELS=portable, then portable-99k, which also holds every launch to sm_86's and
+# sm_89's 99 KiB of shared memory), then memcheck and racecheck on their small cases;
+# `portable_bench` both families' Google Benchmarks with SCIATTN_CUDA_KERNELS=auto, portable and
+# portable-99k in turn (one log); `sm80` the test programs of the gpu-sm80 build (.carry/sm80/,
+# `pack_gpu_binaries.sh --sm80`), whose kernels the driver compiles from compute_80 PTX. The
+# three are not part of `all`.
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
 # `sparse` runs the block-sparse GPU test programs (test_sparse_attention_cuda,
@@ -242,7 +251,8 @@ if [ -f "$bin/train.tar.xz" ] && { want train || want train_sanitize || want tra
 fi
 train_bin=$bin/train
 if want train; then
-  for t in test_train_cuda test_train_step_cuda; do
+  # test_train_nccl: one rank on one GPU, two and four ranks where the machine has the GPUs.
+  for t in test_train_cuda test_train_step_cuda test_train_nccl; do
     [ -x "$train_bin/$t" ] || { echo "($t not in $train_bin)"; continue; }
     echo "== trainer: $t"
     ldd "$train_bin/$t" | grep "not found"  # a missing shared library shows here
@@ -350,6 +360,49 @@ if want train_bench && [ -x "$train_bin/bench_train_cuda" ]; then
     > "$out/bench_train.log" 2>&1
   [ $? -eq 0 ] || status=1
   grep -E "^BM_|ERROR|error" "$out/bench_train.log" | sed -E 's/\/manual_time//' | cut -c1-200
+fi
+# The attention suites on the portable kernels (issue: GPUs other than Hopper); one log per mode.
+attention_suites=(test_evoformer_cuda test_sparse_attention_cuda test_block_sparse_ops_cuda)
+if named portable; then
+  for mode in portable portable-99k; do
+    echo "== SCIATTN_CUDA_KERNELS=$mode"
+    for t in "${attention_suites[@]}"; do
+      [ -x "$bin/$t" ] || { echo "($t not in $bin)"; continue; }
+      echo "== $t" >> "$out/$mode.log"
+      SCIATTN_CUDA_KERNELS=$mode "$bin/$t" --gtest_brief=1 >> "$out/$mode.log" 2>&1 || status=1
+      grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED" "$out/$mode.log" | tail -4
+    done
+  done
+  export SCIATTN_CUDA_KERNELS=portable
+  for tool in memcheck racecheck; do
+    sanitize "$tool" test_evoformer_cuda \
+      'Cases/EvoformerCuda.*L17*:EvoformerCudaEdges.EveryBiasTypeInstantiation:*D33_*:*D48_*'
+    sanitize "$tool" test_sparse_attention_cuda 'SparseAttentionCudaSmall.*:Small/*s8000[0-9]'
+  done
+  export SCIATTN_CUDA_KERNELS=portable-99k
+  sanitize memcheck test_evoformer_cuda 'Cases/EvoformerCuda.*L17*:*D120_*:*D127_*'
+  unset SCIATTN_CUDA_KERNELS
+fi
+if named portable_bench; then
+  for mode in auto portable portable-99k; do
+    echo "== Google Benchmark, SCIATTN_CUDA_KERNELS=$mode" | tee -a "$out/portable_bench.log"
+    SCIATTN_CUDA_KERNELS=$mode "$bin/bench_evoformer_cuda" --benchmark_min_time="${BENCH_MIN_TIME:-0.3}" \
+      >> "$out/portable_bench.log" 2>&1 || status=1
+    SCIATTN_CUDA_KERNELS=$mode "$bin/bench_sparse_attention_cuda" \
+      --benchmark_filter="${SPARSE_BENCH_FILTER:-L:(4096|16384)/block:[0-9]+/D:64/}" \
+      --benchmark_min_time="${BENCH_MIN_TIME:-0.3}" >> "$out/portable_bench.log" 2>&1 || status=1
+  done
+  grep -E "^BM_|^==" "$out/portable_bench.log" | sed -E 's/\/manual_time//' | cut -c1-150
+fi
+if named sm80; then
+  # The driver compiles the compute_80 PTX at the first launch of each kernel (cached).
+  export CUDA_CACHE_MAXSIZE=4294967296
+  for t in test_cuda_device "${attention_suites[@]}"; do
+    [ -x "$bin/sm80/$t" ] || { echo "($t not in $bin/sm80)"; continue; }
+    echo "== sm80/$t" | tee -a "$out/sm80.log"
+    "$bin/sm80/$t" --gtest_brief=1 >> "$out/sm80.log" 2>&1 || status=1
+    grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED" "$out/sm80.log" | tail -3
+  done
 fi
 if want python; then
   echo "== Python package on CUDA tensors"
