@@ -413,6 +413,16 @@ struct AttnTensors {
   }
 };
 
+// q, k and v with a batch of 2^log2_batch broadcast through stride 0 (sizes without memory), and
+// no rpe or key_padding_mask (whose batch would no longer match).
+void broadcast_batch(SparseAttentionForwardParams& p, int log2_batch) {
+  for (TensorView* view : {&p.q, &p.k, &p.v}) {
+    view->sizes[0] = int64_t{1} << log2_batch;
+    view->strides[0] = 0;
+  }
+  p.rpe = p.key_padding_mask = TensorView();
+}
+
 TEST(BlockSparseValidation, AttentionForward) {
   AttnTensors t;
   using P = SparseAttentionForwardParams;
@@ -454,38 +464,18 @@ TEST(BlockSparseValidation, AttentionForward) {
       {"lse dtype", [](P& q) { q.lse = with_dtype(q.lse, DType::kBF16); }, kInvalid, "lse"},
       {"lse overlaps out", [](P& q) { q.lse.data = q.out.data; }, kInvalid, "lse"},
       // Sizes whose products overflow int64, without memory: a batch broadcast through stride 0.
-      {"B*H*L*L overflows",
-       [](P& q) {
-         for (TensorView* view : {&q.q, &q.k, &q.v}) {
-           view->sizes[0] = int64_t{1} << 62;
-           view->strides[0] = 0;
-         }
-         q.rpe = q.key_padding_mask = TensorView();
-       },
-       kInvalid, "q"},
+      {"B*H*L*L overflows", [](P& q) { broadcast_batch(q, 62); }, kInvalid, "q"},
       // B*H*L*L fits in int64 but the workspaces' 4-byte values per score (the composite's and
       // the reference's score buffers) would not: B = 2^50, H = 2, L = 48.
       {"score workspace overflows",
        [](P& q) {
-         for (TensorView* view : {&q.q, &q.k, &q.v}) {
-           view->sizes[0] = int64_t{1} << 50;
-           view->strides[0] = 0;
-         }
-         q.rpe = q.key_padding_mask = TensorView();
+         broadcast_batch(q, 50);
          q.options.algorithm = SparseAttentionAlgorithm::kComposite;
        },
        kInvalid, "too large"},
       // Scores fit even at 64 bytes each (B = 2^44: 2^62.2), but the CUDA path's partials per row
       // element of the padded head dim (up to 128 + 2 fp32 values per row) would not.
-      {"row workspace overflows",
-       [](P& q) {
-         for (TensorView* view : {&q.q, &q.k, &q.v}) {
-           view->sizes[0] = int64_t{1} << 44;
-           view->strides[0] = 0;
-         }
-         q.rpe = q.key_padding_mask = TensorView();
-       },
-       kInvalid, "q has shape"},
+      {"row workspace overflows", [](P& q) { broadcast_batch(q, 44); }, kInvalid, "q has shape"},
       {"cuda",
        [](P& q) {
          q.q = on_cuda(q.q);
