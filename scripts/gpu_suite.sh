@@ -9,14 +9,15 @@
 #   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|sass|bench|compare|sparse|sparse_compare|
 #                         sparse_sanitize|sparse_profile|python|train|train_sanitize|train_bench|
 #                         train_step|train_long|train_compare|train_compare_long|
-#                         portable|portable_bench|sm80|all]...
+#                         portable|portable_sanitize|portable_bench|sm80|all]...
 # `portable` runs the three attention suites on the mma.sync kernels that sm_80, 86 and 89 run
 # (SCIATTN_CUDA_KERNELS=portable, then portable-99k, which also holds every launch to sm_86's and
-# sm_89's 99 KiB of shared memory), then memcheck and racecheck on their small cases;
+# sm_89's 99 KiB of shared memory), then memcheck and racecheck on their small cases (those alone:
+# `portable_sanitize`);
 # `portable_bench` both families' Google Benchmarks with SCIATTN_CUDA_KERNELS=auto, portable and
 # portable-99k in turn (one log); `sm80` the test programs of the gpu-sm80 build (.carry/sm80/,
 # `pack_gpu_binaries.sh --sm80`), whose kernels the driver compiles from compute_80 PTX. The
-# three are not part of `all`.
+# four are not part of `all`.
 # `python` builds the PyTorch extension there (scripts/build_torch_ext.sh; carry .carry/deps made
 # here by `scripts/build_torch_ext.sh --carry-deps`) and runs tests/python on CUDA tensors.
 # `sparse` runs the block-sparse GPU test programs (test_sparse_attention_cuda,
@@ -373,6 +374,8 @@ if named portable; then
       grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED" "$out/$mode.log" | tail -4
     done
   done
+fi
+if named portable || named portable_sanitize; then
   export SCIATTN_CUDA_KERNELS=portable
   for tool in memcheck racecheck; do
     sanitize "$tool" test_evoformer_cuda \
@@ -386,8 +389,8 @@ fi
 if named portable_bench; then
   for mode in auto portable portable-99k; do
     echo "== Google Benchmark, SCIATTN_CUDA_KERNELS=$mode" | tee -a "$out/portable_bench.log"
-    SCIATTN_CUDA_KERNELS=$mode "$bin/bench_evoformer_cuda" --benchmark_min_time="${BENCH_MIN_TIME:-0.3}" \
-      >> "$out/portable_bench.log" 2>&1 || status=1
+    SCIATTN_CUDA_KERNELS=$mode "$bin/bench_evoformer_cuda" --benchmark_filter="${BENCH_FILTER:-.}" \
+      --benchmark_min_time="${BENCH_MIN_TIME:-0.3}" >> "$out/portable_bench.log" 2>&1 || status=1
     SCIATTN_CUDA_KERNELS=$mode "$bin/bench_sparse_attention_cuda" \
       --benchmark_filter="${SPARSE_BENCH_FILTER:-L:(4096|16384)/block:[0-9]+/D:64/}" \
       --benchmark_min_time="${BENCH_MIN_TIME:-0.3}" >> "$out/portable_bench.log" 2>&1 || status=1
