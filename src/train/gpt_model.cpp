@@ -673,9 +673,10 @@ Status GptModel::all_to_all_views(const void* src, void* dst, int64_t parts, boo
   auto chunks = [&](const void* p) {
     return TensorView::contiguous(p, t, {P, B, Ls, parts, E}, d);
   };
+  // No host synchronization between the copy and the all-to-all: a communicator over device
+  // memory reads its inputs after the work queued so far on the back end's stream (communicator.h).
   SCIATTN_TRY(
       backend_->strided_copy({to_heads ? token_split(src) : head_split(src), chunks(b.a2a_send)}));
-  SCIATTN_TRY(backend_->synchronize());
   SCIATTN_TRY(sp_comm_->all_to_all(b.a2a_send, b.a2a_recv, B * Ls * parts * E, t));
   return backend_->strided_copy(
       {chunks(b.a2a_recv), to_heads ? head_split(dst) : token_split(dst)});

@@ -13,7 +13,10 @@
 //     turns that into an error instead).
 //   - Buffers live where the caller's tensors live: the Backend's memory of the rank (host memory
 //     for the CPU back end; device memory for a GPU communicator). Pointers are the rank's own.
-//   - The call returns when this rank's outputs are written and its inputs may be reused.
+//   - The call returns when this rank's outputs are written and its inputs may be reused. A
+//     communicator over device memory reads its inputs only after the work queued so far on the
+//     back end's stream (NCCL: its stream waits for an event recorded there), so callers queue
+//     the kernels that produce them and call without synchronizing the host.
 //   - Every rank gets the same bits of a reduction; a mean divides the sum by world_size() once.
 //     The CPU back ends (threads, TCP) add in rank order (((x_0 + x_1) + x_2) + ...); NCCL adds in
 //     an order of its own (equal to rank order for two ranks), so its last bits may differ.
