@@ -350,5 +350,57 @@ TEST(TrainLayers, ShapeMismatchNamesTheTensor) {
   EXPECT_NE(s.message().find("weight must have shape [5, 3]"), std::string::npos) << s.message();
 }
 
+// Every way a tensor argument can be wrong gets a message naming the call, the tensor and what
+// would be accepted (the checks the CPU and CUDA back ends share, backend_checks.h).
+TEST(TrainLayers, TensorArgumentsAreCheckedByName) {
+  auto be = cpu_backend();
+  std::vector<float> x(4 * 3), w(5 * 3), y(4 * 5);
+  std::vector<uint16_t> half(5 * 3);
+  auto expect_message = [](const Status& s, const std::string& words) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
+  };
+  expect_message(be->linear_forward({view(x, {4, 3}), TensorView{}, TensorView{}, view(y, {4, 5})}),
+                 "linear_forward: weight is missing");
+  TensorView on_gpu = view(w, {5, 3});
+  on_gpu.device = Device::kCuda;
+  expect_message(be->linear_forward({view(x, {4, 3}), on_gpu, TensorView{}, view(y, {4, 5})}),
+                 "weight must be in host memory for the CPU back end");
+  const TensorView bf16 = TensorView::contiguous(half.data(), DType::kBF16, {5, 3});
+  expect_message(be->linear_forward({view(x, {4, 3}), bf16, TensorView{}, view(y, {4, 5})}),
+                 "weight must be f32 on the CPU back end; got bf16");
+  // [5, 3] read with strides of the transpose: the right sizes, not packed.
+  const TensorView transposed = TensorView::strided(w.data(), DType::kF32, {5, 3}, {1, 5});
+  expect_message(be->linear_forward({view(x, {4, 3}), transposed, TensorView{}, view(y, {4, 5})}),
+                 "weight must be packed (row-major)");
+}
+
+TEST(TrainLayers, AttentionArgumentsAreCheckedByName) {
+  const GptConfig c = tiny_config(PositionEncoding::kLearned, true, 32);
+  AttentionPlan plan;
+  ASSERT_TRUE(plan_attention(c, nullptr, &plan).ok());
+  const int64_t B = 1, L = 32, H = c.n_heads, D = c.head_dim();
+  auto be = cpu_backend();
+  std::vector<float> qkv(B * L * 3 * H * D), out(B * L * H * D), lse(B * H * L);
+  auto expect_message = [](const Status& s, const std::string& words) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
+  };
+  expect_message(be->attention_forward({nullptr, view(qkv, {B, L, 3, H, D}),
+                                        view(out, {B, L, H, D}), view(lse, {B, H, L})}),
+                 "attention_forward: index missing");
+  expect_message(be->attention_forward({&plan.index, view(qkv, {B, L, 3 * H, D}),
+                                        view(out, {B, L, H, D}), view(lse, {B, H, L})}),
+                 "qkv must have shape [B, L, 3, H, D]; got [1, 32, " + std::to_string(3 * H));
+  // Twice the length: 64 tokens need two more block rows than the index has.
+  std::vector<float> long_qkv(2 * qkv.size());
+  expect_message(be->attention_forward({&plan.index, view(long_qkv, {B, 2 * L, 3, H, D}),
+                                        view(out, {B, L, H, D}), view(lse, {B, H, L})}),
+                 "does not fit " + std::to_string(H) + " heads and length 64");
+  expect_message(be->attention_forward({&plan.index, view(qkv, {B, L, 3, H, D}),
+                                        view(out, {B, L, H, D}), view(lse, {B, H, L - 1})}),
+                 "attention_forward: lse must have shape [1, " + std::to_string(H) + ", 32]");
+}
+
 }  // namespace
 }  // namespace sciattn::train

@@ -14,46 +14,19 @@
 
 #include "common/status_try.h"
 #include "sciattn/train/backend.h"
+#include "train/backend_checks.h"
 #include "train/cpu/blas.h"
 #include "train/cpu/layers_cpu.h"
 
 namespace sciattn::train {
 namespace {
 
-std::string shape_of(std::initializer_list<int64_t> sizes) {
-  std::string s = "[";
-  bool first = true;
-  for (int64_t v : sizes) {
-    s += (first ? "" : ", ") + std::to_string(v);
-    first = false;
-  }
-  return s + "]";
-}
-
 // A packed fp32 host tensor of exactly these sizes.
 Status check(const char* call, const TensorView& t, const char* name,
              std::initializer_list<int64_t> sizes) {
-  const std::string where = std::string(call) + ": " + name;
-  if (t.data == nullptr) return Status::invalid_argument(where + " is missing");
-  if (t.device != Device::kCpu) {
-    return Status::invalid_argument(where + " must be in host memory for the CPU back end");
-  }
-  if (t.dtype != DType::kF32) {
-    return Status::invalid_argument(where + " must be f32 on the CPU back end; got " +
-                                    dtype_name(t.dtype));
-  }
-  bool same = t.rank == static_cast<int>(sizes.size());
-  int d = 0;
-  for (int64_t v : sizes) {
-    if (same && t.sizes[d] != v) same = false;
-    ++d;
-  }
-  if (!same) {
-    return Status::invalid_argument(where + " must have shape " + shape_of(sizes) + "; got " +
-                                    t.shape_string());
-  }
-  if (!t.is_contiguous()) return Status::invalid_argument(where + " must be packed (row-major)");
-  return Status::ok_status();
+  static const TensorRule kRule{Device::kCpu, "host memory for the CPU back end", DType::kF32,
+                                "f32 on the CPU back end"};
+  return check_packed(call, t, name, kRule, sizes);
 }
 
 float* f(const TensorView& t) {
@@ -306,7 +279,7 @@ class CpuBackend final : public Backend {
 
   Status attention_forward(const AttentionParams& p) override {
     Shape s;
-    SCIATTN_TRY(attention_shape("attention_forward", p.index, p.qkv, p.out, p.lse, &s));
+    SCIATTN_TRY(attention_tensors("attention_forward", p.index, p.qkv, p.out, p.lse, &s));
     // Padded: qkv and out copies of Lp rows per sequence at the start of the scratch.
     const size_t padded_floats = s.padded() ? static_cast<size_t>(s.B * s.Lp * 4 * s.C) : 0;
     auto build = [&](float* scratch) {
@@ -331,7 +304,7 @@ class CpuBackend final : public Backend {
 
   Status attention_backward(const AttentionBackwardParams& p) override {
     Shape s;
-    SCIATTN_TRY(attention_shape("attention_backward", p.index, p.qkv, p.out, p.lse, &s));
+    SCIATTN_TRY(attention_tensors("attention_backward", p.index, p.qkv, p.out, p.lse, &s));
     SCIATTN_TRY(check("attention_backward", p.dout, "dout", {s.B, s.L, s.H, s.D}));
     SCIATTN_TRY(check("attention_backward", p.dqkv, "dqkv", {s.B, s.L, 3, s.H, s.D}));
     // The op's outputs may not share address ranges, so dq, dk and dv are formed in three
@@ -469,11 +442,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Sizes of an attention call; Lp = the index's padded length.
-  struct Shape {
-    int64_t B = 0, L = 0, Lp = 0, H = 0, D = 0, C = 0;
-    bool padded() const { return Lp != L; }
-  };
+  using Shape = AttentionShape;
 
   static Status check_tokens(const char* call, const int32_t* tokens, int64_t B, int64_t L,
                              int64_t V) {
@@ -500,28 +469,11 @@ class CpuBackend final : public Backend {
     return Status::ok_status();
   }
 
-  static Status attention_shape(const char* call, const BlockSparseIndex* index,
-                                const TensorView& qkv, const TensorView& out, const TensorView& lse,
-                                Shape* s) {
-    if (index == nullptr) return Status::invalid_argument(std::string(call) + ": index missing");
-    if (qkv.rank != 5 || qkv.sizes[2] != 3) {
-      return Status::invalid_argument(
-          std::string(call) + ": qkv must have shape [B, L, 3, H, D]; got " + qkv.shape_string());
-    }
-    s->B = qkv.sizes[0];
-    s->L = qkv.sizes[1];
-    s->H = qkv.sizes[3];
-    s->D = qkv.sizes[4];
-    s->C = s->H * s->D;
-    s->Lp = index->num_row_blocks * index->block;
-    if (index->num_heads != s->H || index->num_col_blocks != index->num_row_blocks ||
-        s->Lp < s->L || s->Lp - s->L >= index->block) {
-      return Status::invalid_argument(
-          std::string(call) + ": the index (" + std::to_string(index->num_heads) + " heads, " +
-          std::to_string(index->num_row_blocks) + " x " + std::to_string(index->num_col_blocks) +
-          " blocks of " + std::to_string(index->block) + ") does not fit " + std::to_string(s->H) +
-          " heads and length " + std::to_string(s->L));
-    }
+  // The shared geometry checks (backend_checks.h), then qkv, out and lse as fp32 host tensors.
+  static Status attention_tensors(const char* call, const BlockSparseIndex* index,
+                                  const TensorView& qkv, const TensorView& out,
+                                  const TensorView& lse, Shape* s) {
+    SCIATTN_TRY(attention_shape(call, index, qkv, s));
     SCIATTN_TRY(check(call, qkv, "qkv", {s->B, s->L, 3, s->H, s->D}));
     SCIATTN_TRY(check(call, out, "out", {s->B, s->L, s->H, s->D}));
     SCIATTN_TRY(check(call, lse, "lse", {s->B, s->H, s->Lp}));

@@ -19,6 +19,7 @@
 #include "sciattn/device.h"
 #include "sciattn/train/cuda_backend.h"
 #include "sciattn/train/cuda_optimizer.h"
+#include "train/backend_checks.h"
 #include "train/cuda/layers_cuda.h"
 #include "train/cuda/matmul_cublaslt.h"
 
@@ -31,16 +32,6 @@ using cuda::MatmulShape;
 Status device_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::ok_status();
   return Status(StatusCode::kDeviceError, what + ": " + cudaGetErrorString(e));
-}
-
-std::string shape_of(std::initializer_list<int64_t> sizes) {
-  std::string s = "[";
-  bool first = true;
-  for (int64_t v : sizes) {
-    s += (first ? "" : ", ") + std::to_string(v);
-    first = false;
-  }
-  return s + "]";
 }
 
 // Rows and columns of a rank-2 view (0 when the rank is not 2).
@@ -564,7 +555,7 @@ class CudaBackendImpl final : public CudaBackend {
   Status attention_forward(const AttentionParams& p) override {
     const char* call = "attention_forward";
     Shape s;
-    SCIATTN_TRY(attention_shape(call, p.index, p.qkv, p.out, p.lse, &s));
+    SCIATTN_TRY(attention_tensors(call, p.index, p.qkv, p.out, p.lse, &s));
     DeviceGuard guard(options_.device);
     SCIATTN_TRY(guard.status());
     const BlockSparseIndex* index = nullptr;
@@ -605,7 +596,7 @@ class CudaBackendImpl final : public CudaBackend {
   Status attention_backward(const AttentionBackwardParams& p) override {
     const char* call = "attention_backward";
     Shape s;
-    SCIATTN_TRY(attention_shape(call, p.index, p.qkv, p.out, p.lse, &s));
+    SCIATTN_TRY(attention_tensors(call, p.index, p.qkv, p.out, p.lse, &s));
     SCIATTN_TRY(check(call, p.dout, "dout", act(), {s.B, s.L, s.H, s.D}));
     SCIATTN_TRY(check(call, p.dqkv, "dqkv", act(), {s.B, s.L, 3, s.H, s.D}));
     DeviceGuard guard(options_.device);
@@ -755,11 +746,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
  private:
-  // Sizes of an attention call; Lp = the index's padded length.
-  struct Shape {
-    int64_t B = 0, L = 0, Lp = 0, H = 0, D = 0, C = 0;
-    bool padded() const { return Lp != L; }
-  };
+  using Shape = AttentionShape;
   struct UploadedIndex {
     BlockSparseIndex index;
     int64_t block, heads, rows, cols, nnz;
@@ -776,28 +763,11 @@ class CudaBackendImpl final : public CudaBackend {
   // A packed CUDA tensor of exactly these sizes and this dtype.
   Status check(const char* call, const TensorView& t, const char* name, DType dtype,
                std::initializer_list<int64_t> sizes) const {
-    const std::string where = std::string(call) + ": " + name;
-    if (t.data == nullptr) return Status::invalid_argument(where + " is missing");
-    if (t.device != Device::kCuda) {
-      return Status::invalid_argument(where + " must be in CUDA memory for the CUDA back end");
-    }
-    if (t.dtype != dtype) {
-      return Status::invalid_argument(
-          where + " must be " + dtype_name(dtype) + " on this CUDA back end (compute dtype " +
-          dtype_name(options_.compute_dtype) + "); got " + dtype_name(t.dtype));
-    }
-    bool same = t.rank == static_cast<int>(sizes.size());
-    int d = 0;
-    for (int64_t v : sizes) {
-      if (same && t.sizes[d] != v) same = false;
-      ++d;
-    }
-    if (!same) {
-      return Status::invalid_argument(where + " must have shape " + shape_of(sizes) + "; got " +
-                                      t.shape_string());
-    }
-    if (!t.is_contiguous()) return Status::invalid_argument(where + " must be packed (row-major)");
-    return Status::ok_status();
+    const TensorRule rule{Device::kCuda, "CUDA memory for the CUDA back end", dtype,
+                          std::string(dtype_name(dtype)) +
+                              " on this CUDA back end (compute dtype " +
+                              dtype_name(options_.compute_dtype) + ")"};
+    return check_packed(call, t, name, rule, sizes);
   }
 
   static Status check_tokens(const char* call, const int32_t* tokens, int64_t B, int64_t L) {
@@ -882,27 +852,10 @@ class CudaBackendImpl final : public CudaBackend {
                    nullptr, 1.0f);
   }
 
-  Status attention_shape(const char* call, const BlockSparseIndex* index, const TensorView& qkv,
-                         const TensorView& out, const TensorView& lse, Shape* s) const {
-    if (index == nullptr) return Status::invalid_argument(std::string(call) + ": index missing");
-    if (qkv.rank != 5 || qkv.sizes[2] != 3) {
-      return Status::invalid_argument(
-          std::string(call) + ": qkv must have shape [B, L, 3, H, D]; got " + qkv.shape_string());
-    }
-    s->B = qkv.sizes[0];
-    s->L = qkv.sizes[1];
-    s->H = qkv.sizes[3];
-    s->D = qkv.sizes[4];
-    s->C = s->H * s->D;
-    s->Lp = index->num_row_blocks * index->block;
-    if (index->num_heads != s->H || index->num_col_blocks != index->num_row_blocks ||
-        s->Lp < s->L || s->Lp - s->L >= index->block) {
-      return Status::invalid_argument(
-          std::string(call) + ": the index (" + std::to_string(index->num_heads) + " heads, " +
-          std::to_string(index->num_row_blocks) + " x " + std::to_string(index->num_col_blocks) +
-          " blocks of " + std::to_string(index->block) + ") does not fit " + std::to_string(s->H) +
-          " heads and length " + std::to_string(s->L));
-    }
+  // The shared geometry checks (backend_checks.h), then qkv, out and lse as packed CUDA tensors.
+  Status attention_tensors(const char* call, const BlockSparseIndex* index, const TensorView& qkv,
+                           const TensorView& out, const TensorView& lse, Shape* s) const {
+    SCIATTN_TRY(attention_shape(call, index, qkv, s));
     SCIATTN_TRY(check(call, qkv, "qkv", act(), {s->B, s->L, 3, s->H, s->D}));
     SCIATTN_TRY(check(call, out, "out", act(), {s->B, s->L, s->H, s->D}));
     SCIATTN_TRY(check(call, lse, "lse", DType::kF32, {s->B, s->H, s->Lp}));
