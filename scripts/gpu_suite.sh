@@ -370,6 +370,16 @@ if want train_bench && [ -x "$train_bin/bench_train_cuda" ]; then
   [ $? -eq 0 ] || status=1
   grep -E "^BM_|ERROR|error" "$out/bench_train.log" | sed -E 's/\/manual_time//' | cut -c1-200
 fi
+# Runs a gtest program (PROGRAM, under $bin; the environment as set by the caller), appends its
+# output to LOG under a "== PROGRAM" line and prints its own summary lines.
+suite_into() {
+  local log=$1 program=$2 one
+  one=$(mktemp)
+  "$bin/$program" --gtest_brief=1 > "$one" 2>&1 || status=1
+  { echo "== $program"; cat "$one"; } >> "$log"
+  grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED" "$one" | tail -4
+  rm -f "$one"
+}
 # The attention suites on the portable kernels (issue: GPUs other than Hopper); one log per mode.
 attention_suites=(test_evoformer_cuda test_sparse_attention_cuda test_block_sparse_ops_cuda)
 if named portable; then
@@ -377,9 +387,8 @@ if named portable; then
     echo "== SCIATTN_CUDA_KERNELS=$mode"
     for t in "${attention_suites[@]}"; do
       [ -x "$bin/$t" ] || { echo "($t not in $bin)"; continue; }
-      echo "== $t" >> "$out/$mode.log"
-      SCIATTN_CUDA_KERNELS=$mode "$bin/$t" --gtest_brief=1 >> "$out/$mode.log" 2>&1 || status=1
-      grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED" "$out/$mode.log" | tail -4
+      echo "== $t"
+      SCIATTN_CUDA_KERNELS=$mode suite_into "$out/$mode.log" "$t"
     done
   done
 fi
@@ -410,9 +419,8 @@ if named sm80; then
   export CUDA_CACHE_MAXSIZE=4294967296
   for t in test_cuda_device "${attention_suites[@]}"; do
     [ -x "$bin/sm80/$t" ] || { echo "($t not in $bin/sm80)"; continue; }
-    echo "== sm80/$t" | tee -a "$out/sm80.log"
-    "$bin/sm80/$t" --gtest_brief=1 >> "$out/sm80.log" 2>&1 || status=1
-    grep -E "tests? from .* ran|PASSED|FAILED|SKIPPED" "$out/sm80.log" | tail -3
+    echo "== sm80/$t"
+    suite_into "$out/sm80.log" "sm80/$t"
   done
 fi
 if want python; then
