@@ -134,20 +134,11 @@ Status check_sparse_memory(const SparseRunConfig& c, const BlockSparseIndex* ind
   }
   ByteCount host_bytes = host.bytes(), device_bytes = device.bytes();
   if (index != nullptr && host.fits_in_address_space() && device.fits_in_address_space()) {
-    auto workspace_of = [](const auto& p, ByteCount* bytes) {
-      std::string why;
-      const Status status = can_implement(p, &why);
-      if (status.ok()) *bytes = ByteCount(workspace_size(p));
-      return status;
-    };
-    ByteCount run_fwd, run_bwd, ref_fwd_ws, ref_bwd_ws;
-    Status status = workspace_of(fwd, &run_fwd);
-    if (status.ok() && c.backward) status = workspace_of(bwd, &run_bwd);
-    if (status.ok() && check) status = workspace_of(ref_fwd, &ref_fwd_ws);
-    if (status.ok() && check && c.backward) status = workspace_of(ref_bwd, &ref_bwd_ws);
+    RunWorkspaces w;
+    const Status status = run_workspaces(fwd, bwd, ref_fwd, ref_bwd, c.backward, check, &w);
     if (!status.ok()) return status;
-    (on_gpu ? device_bytes : host_bytes) += run_fwd.bytes() > run_bwd.bytes() ? run_fwd : run_bwd;
-    host_bytes += ref_fwd_ws.bytes() > ref_bwd_ws.bytes() ? ref_fwd_ws : ref_bwd_ws;
+    (on_gpu ? device_bytes : host_bytes) += w.run;
+    host_bytes += w.reference;
   }
   const std::string what = "this run (shape [B, H, L, D] = [" + std::to_string(B) + ", " +
                            std::to_string(H) + ", " + std::to_string(L) + ", " + std::to_string(D) +

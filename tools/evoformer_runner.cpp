@@ -116,23 +116,14 @@ Status estimate_evoformer_memory(const EvoformerRunConfig& c, EvoformerRunMemory
 
   // The library's workspaces: the run's (host bytes on the CPU, device bytes on the GPU) and the
   // reference's (host bytes), each the larger of forward and backward since one buffer is reused.
-  auto workspace_of = [](const auto& p, ByteCount* bytes) {
-    std::string why;
-    const Status status = can_implement(p, &why);
-    if (status.ok()) *bytes = ByteCount(workspace_size(p));
-    return status;
-  };
-  ByteCount run_fwd, run_bwd, ref_fwd_ws, ref_bwd_ws;
-  Status status = workspace_of(fwd, &run_fwd);
-  if (status.ok() && c.backward) status = workspace_of(bwd, &run_bwd);
   // A reference whose score matrices are out of all proportion is counted by them, not asked.
   const bool ask_reference = c.check && !(reference_bytes(c) > (uint64_t{1} << 50));
-  if (status.ok() && ask_reference) status = workspace_of(ref_fwd, &ref_fwd_ws);
-  if (status.ok() && ask_reference && c.backward) status = workspace_of(ref_bwd, &ref_bwd_ws);
+  RunWorkspaces w;
+  const Status status = run_workspaces(fwd, bwd, ref_fwd, ref_bwd, c.backward, ask_reference, &w);
   if (!status.ok()) return status;
-  if (c.check && !ask_reference) ref_fwd_ws = reference_bytes(c);
-  (on_gpu ? m->device : m->host) += run_fwd.bytes() > run_bwd.bytes() ? run_fwd : run_bwd;
-  m->host += ref_fwd_ws.bytes() > ref_bwd_ws.bytes() ? ref_fwd_ws : ref_bwd_ws;
+  if (c.check && !ask_reference) w.reference = reference_bytes(c);
+  (on_gpu ? m->device : m->host) += w.run;
+  m->host += w.reference;
   return Status::ok_status();
 }
 

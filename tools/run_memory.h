@@ -83,6 +83,34 @@ class ViewPlanner {
   ByteCount bytes_;
 };
 
+// The library's workspaces of a run of forward (and backward) calls beside their reference: the
+// run's and the reference's, each the larger of its forward and backward (one buffer serves
+// both). `can_implement` and `workspace_size` are the op family's (found by argument-dependent
+// lookup); the first call can_implement refuses gives its Status and leaves *out unfinished.
+struct RunWorkspaces {
+  ByteCount run, reference;
+};
+template <typename Forward, typename Backward>
+Status run_workspaces(const Forward& fwd, const Backward& bwd, const Forward& ref_fwd,
+                      const Backward& ref_bwd, bool backward, bool ask_reference,
+                      RunWorkspaces* out) {
+  auto bytes_of = [](const auto& p, ByteCount* bytes) {
+    std::string why;
+    const Status status = can_implement(p, &why);
+    if (status.ok()) *bytes = ByteCount(workspace_size(p));
+    return status;
+  };
+  ByteCount run_fwd, run_bwd, ref_fwd_bytes, ref_bwd_bytes;
+  Status status = bytes_of(fwd, &run_fwd);
+  if (status.ok() && backward) status = bytes_of(bwd, &run_bwd);
+  if (status.ok() && ask_reference) status = bytes_of(ref_fwd, &ref_fwd_bytes);
+  if (status.ok() && ask_reference && backward) status = bytes_of(ref_bwd, &ref_bwd_bytes);
+  if (!status.ok()) return status;
+  out->run = run_fwd.bytes() > run_bwd.bytes() ? run_fwd : run_bwd;
+  out->reference = ref_fwd_bytes.bytes() > ref_bwd_bytes.bytes() ? ref_fwd_bytes : ref_bwd_bytes;
+  return Status::ok_status();
+}
+
 // The parsers behind host_memory_available, separate so that tests can feed them text.
 // MemAvailable of /proc/meminfo, in bytes.
 std::optional<uint64_t> parse_meminfo_available(std::string_view meminfo);
