@@ -163,7 +163,7 @@ if [[ " ${what[*]} " == *" sass "* ]] && [ -x "$bin/bench_evoformer_cuda" ]; the
   ncu -i "$out/sass.ncu-rep" --page details --print-details all > "$out/sass_details.log" 2>&1
   xz -T4 -6 "$out/sass_source.csv" "$out/sass_details.log"
   rm -f "$out/sass.ncu-rep"
-  ls -la "$out" | grep sass
+  ls -la "$out"/sass*
 fi
 if want bench && [ -x "$bin/bench_evoformer_cuda" ]; then
   echo "== Google Benchmark"
@@ -366,8 +366,7 @@ if want train_bench && [ -x "$train_bin/bench_train_cuda" ]; then
   "$train_bin/bench_train_cuda" --benchmark_filter="${TRAIN_BENCH_FILTER:-.}" \
     --benchmark_min_time="${BENCH_MIN_TIME:-0.2}" \
     --benchmark_out="$out/bench_train_cuda.json" --benchmark_out_format=json \
-    > "$out/bench_train.log" 2>&1
-  [ $? -eq 0 ] || status=1
+    > "$out/bench_train.log" 2>&1 || status=1
   grep -E "^BM_|ERROR|error" "$out/bench_train.log" | sed -E 's/\/manual_time//' | cut -c1-200
 fi
 # Runs a gtest program (PROGRAM, under $bin; the environment as set by the caller), appends its
