@@ -156,6 +156,17 @@ BackwardScratch plan_backward(int64_t b, int64_t d) {
   return s;
 }
 
+// One thread's backward scratch, as pointers into its region `mine` (BackwardBuffers::of).
+struct BackwardBuffers {
+  float *q, *k, *k_t, *v_t, *dout, *scores, *dscores, *trans, *acc_a, *acc_b, *lse, *delta, *tmp;
+  static BackwardBuffers of(const BackwardScratch& p, std::byte* mine) {
+    const WorkspaceLayout at;
+    auto f = [&](size_t offset) { return at.at<float>(mine, offset); };
+    return {f(p.q),     f(p.k),     f(p.k_t),   f(p.v_t), f(p.dout),  f(p.scores), f(p.dscores),
+            f(p.trans), f(p.acc_a), f(p.acc_b), f(p.lse), f(p.delta), f(p.tmp)};
+  }
+};
+
 // The whole backward workspace: D_i for every row, then the per-thread scratch.
 struct BackwardPlan {
   WorkspaceLayout layout;
@@ -227,20 +238,11 @@ SCIATTN_CPU_CLONES void key_block_task(const BackwardCall& call, const BackwardS
   const SparseAttentionBackwardParams& p = *call.p;
   const BlockSparseIndex& ix = *p.index;
   const int64_t b = ix.block, dim = call.s->dim;
-  const WorkspaceLayout at;
-  float* q_blk = at.at<float>(mine, plan.q);
-  float* k_blk = at.at<float>(mine, plan.k);
-  float* k_t = at.at<float>(mine, plan.k_t);
-  float* v_t = at.at<float>(mine, plan.v_t);
-  float* dout_blk = at.at<float>(mine, plan.dout);
-  float* scores = at.at<float>(mine, plan.scores);
-  float* dscores = at.at<float>(mine, plan.dscores);
-  float* trans = at.at<float>(mine, plan.trans);
-  float* dk_acc = at.at<float>(mine, plan.acc_a);
-  float* dv_acc = at.at<float>(mine, plan.acc_b);
-  float* lse_blk = at.at<float>(mine, plan.lse);
-  float* delta_blk = at.at<float>(mine, plan.delta);
-  float* tmp = at.at<float>(mine, plan.tmp);
+  const BackwardBuffers buf = BackwardBuffers::of(plan, mine);
+  float *q_blk = buf.q, *k_blk = buf.k, *k_t = buf.k_t, *v_t = buf.v_t, *dout_blk = buf.dout;
+  float *scores = buf.scores, *dscores = buf.dscores, *trans = buf.trans, *tmp = buf.tmp;
+  float *lse_blk = buf.lse, *delta_blk = buf.delta;
+  float *dk_acc = buf.acc_a, *dv_acc = buf.acc_b;
 
   // K_J^T and V_J^T, through k_blk (V's rows pass through it too).
   load_tile(p.k, z, h, j_blk * b, b, 0, dim, k_blk, dim);
@@ -272,19 +274,11 @@ SCIATTN_CPU_CLONES void query_block_task(const BackwardCall& call, const Backwar
   const SparseAttentionBackwardParams& p = *call.p;
   const BlockSparseIndex& ix = *p.index;
   const int64_t b = ix.block, dim = call.s->dim;
-  const WorkspaceLayout at;
-  float* q_blk = at.at<float>(mine, plan.q);
-  float* k_blk = at.at<float>(mine, plan.k);
-  float* k_t = at.at<float>(mine, plan.k_t);
-  float* v_t = at.at<float>(mine, plan.v_t);
-  float* dout_blk = at.at<float>(mine, plan.dout);
-  float* scores = at.at<float>(mine, plan.scores);
-  float* dscores = at.at<float>(mine, plan.dscores);
-  float* v_blk = at.at<float>(mine, plan.acc_b);
-  float* dq_acc = at.at<float>(mine, plan.acc_a);
-  float* lse_blk = at.at<float>(mine, plan.lse);
-  float* delta_blk = at.at<float>(mine, plan.delta);
-  float* tmp = at.at<float>(mine, plan.tmp);
+  const BackwardBuffers buf = BackwardBuffers::of(plan, mine);
+  float *q_blk = buf.q, *k_blk = buf.k, *k_t = buf.k_t, *v_t = buf.v_t, *dout_blk = buf.dout;
+  float *scores = buf.scores, *dscores = buf.dscores, *tmp = buf.tmp;
+  float *lse_blk = buf.lse, *delta_blk = buf.delta;
+  float *dq_acc = buf.acc_a, *v_blk = buf.acc_b;
 
   load_tile(p.q, z, h, i_blk * b, b, 0, dim, q_blk, dim);
   load_tile(p.dout, z, h, i_blk * b, b, 0, dim, dout_blk, dim);
@@ -310,9 +304,8 @@ void delta_task(const BackwardCall& call, const BackwardScratch& plan, std::byte
                 int64_t h, int64_t i_blk, float* delta_all) {
   const SparseAttentionBackwardParams& p = *call.p;
   const int64_t b = p.index->block, dim = call.s->dim;
-  const WorkspaceLayout at;
-  float* o_blk = at.at<float>(mine, plan.acc_a);
-  float* g_blk = at.at<float>(mine, plan.dout);
+  const BackwardBuffers buf = BackwardBuffers::of(plan, mine);
+  float *o_blk = buf.acc_a, *g_blk = buf.dout;
   load_tile(p.out, z, h, i_blk * b, b, 0, dim, o_blk, dim);
   load_tile(p.dout, z, h, i_blk * b, b, 0, dim, g_blk, dim);
   for (int64_t r = 0; r < b; ++r) {
