@@ -9,19 +9,12 @@
 #include <cmath>
 #include <string>
 
+#include "adamw_coefficients.h"
+
 namespace sciattn::train {
 namespace {
 
-// The per-step constants, formed once in the order DeepSpeed forms them.
-struct Coefficients {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2;
-  float bias_correction2;  // 1 / sqrt(1 - beta2^step), or 1
-  float eps;
-  float step_size;    // -lr / (1 - beta1^step), or -lr
-  float param_decay;  // -lr * weight_decay (AdamW mode)
-  float grad_decay;   // weight_decay (Adam mode)
-  float grad_scale;
-};
+using Coefficients = AdamWCoefficients;
 
 enum class Copy { kNone, kF16, kBF16 };
 
@@ -89,28 +82,6 @@ Kernel pick_kernel(const AdamWHyperparams& h, Copy copy) {
   return kTable[static_cast<int>(copy)][kind];
 }
 
-Coefficients coefficients(const AdamWHyperparams& h, int64_t step, float grad_scale) {
-  Coefficients c{};
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.one_minus_beta1 = 1.0f - h.beta1;
-  c.one_minus_beta2 = 1.0f - h.beta2;
-  float bias_correction1 = 1.0f;
-  c.bias_correction2 = 1.0f;
-  if (h.bias_correction) {
-    const double s = static_cast<double>(step);
-    bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
-    c.bias_correction2 =
-        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), s)));
-  }
-  c.eps = h.eps;
-  c.step_size = -1.0f * h.lr / bias_correction1;
-  c.param_decay = -1.0f * h.lr * h.weight_decay;
-  c.grad_decay = h.weight_decay;
-  c.grad_scale = grad_scale;
-  return c;
-}
-
 // Elements per thread range are multiples of this, so every range but the last starts on a
 // 64-byte line and is a whole number of AVX-512 vectors.
 constexpr int64_t kRangeAlign = 16;
@@ -135,7 +106,7 @@ Status run(const AdamWHyperparams& h, int64_t step, float grad_scale, float* par
       (params == nullptr || grads == nullptr || exp_avg == nullptr || exp_avg_sq == nullptr)) {
     return Status::invalid_argument("AdamW: params, grads, exp_avg and exp_avg_sq must be given");
   }
-  const Coefficients c = coefficients(h, step, grad_scale);
+  const Coefficients c = adamw_coefficients(h, step, grad_scale);
   const Kernel kernel = pick_kernel(h, copy_kind);
 #pragma omp parallel
   {
@@ -152,6 +123,28 @@ Status run(const AdamWHyperparams& h, int64_t step, float grad_scale, float* par
 }
 
 }  // namespace
+
+AdamWCoefficients adamw_coefficients(const AdamWHyperparams& h, int64_t step, float grad_scale) {
+  AdamWCoefficients c{};
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.one_minus_beta1 = 1.0f - h.beta1;
+  c.one_minus_beta2 = 1.0f - h.beta2;
+  float bias_correction1 = 1.0f;
+  c.bias_correction2 = 1.0f;
+  if (h.bias_correction) {
+    const double s = static_cast<double>(step);
+    bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
+    c.bias_correction2 =
+        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), s)));
+  }
+  c.eps = h.eps;
+  c.step_size = -1.0f * h.lr / bias_correction1;
+  c.param_decay = -1.0f * h.lr * h.weight_decay;
+  c.grad_decay = h.weight_decay;
+  c.grad_scale = grad_scale;
+  return c;
+}
 
 Status validate_adamw(const AdamWHyperparams& h) {
   auto bad = [](const char* name, float value, const char* accepted) {

@@ -8,6 +8,7 @@
 
 #include "common/status_try.h"
 #include "sciattn/train/cuda_optimizer.h"
+#include "train/adamw_coefficients.h"
 #include "train/cuda/kernels_common.cuh"
 
 namespace sciattn::train {
@@ -45,38 +46,8 @@ cudaStream_t stream_of(Stream s) {
 
 // ---- AdamW ----
 
-// The step's constants, formed on the host in the order and precision the CPU AdamW forms them.
-struct Coefficients {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2;
-  float bias_correction2;  // 1 / sqrt(1 - beta2^step), or 1
-  float eps;
-  float step_size;    // -lr / (1 - beta1^step), or -lr
-  float param_decay;  // -lr * weight_decay (AdamW mode)
-  float grad_decay;   // weight_decay (Adam mode)
-  float grad_scale;
-};
-
-Coefficients coefficients(const AdamWHyperparams& h, int64_t step, float grad_scale) {
-  Coefficients c{};
-  c.beta1 = h.beta1;
-  c.beta2 = h.beta2;
-  c.one_minus_beta1 = 1.0f - h.beta1;
-  c.one_minus_beta2 = 1.0f - h.beta2;
-  float bias_correction1 = 1.0f;
-  c.bias_correction2 = 1.0f;
-  if (h.bias_correction) {
-    const double s = static_cast<double>(step);
-    bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
-    c.bias_correction2 =
-        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), s)));
-  }
-  c.eps = h.eps;
-  c.step_size = -1.0f * h.lr / bias_correction1;
-  c.param_decay = -1.0f * h.lr * h.weight_decay;
-  c.grad_decay = h.weight_decay;
-  c.grad_scale = grad_scale;
-  return c;
-}
+// The step's constants, formed on the host as the CPU AdamW forms them (adamw_coefficients.h).
+using Coefficients = AdamWCoefficients;
 
 // One rounding per operation (the _rn intrinsics are never contracted into multiply-adds), in
 // the CPU AdamW's order, so every element equals the CPU's.
@@ -238,7 +209,7 @@ Status cuda_adamw_step(const AdamWHyperparams& h, int64_t step, float grad_scale
   SCIATTN_TRY(check_device_pointer(kCall, exp_avg, "exp_avg"));
   SCIATTN_TRY(check_device_pointer(kCall, exp_avg_sq, "exp_avg_sq"));
   if (param_copy != nullptr) SCIATTN_TRY(check_device_pointer(kCall, param_copy, "param_copy"));
-  const Coefficients c = coefficients(h, step, grad_scale);
+  const Coefficients c = adamw_coefficients(h, step, grad_scale);
   cudaError_t e;
   if (param_copy == nullptr) {
     e = launch_adamw<float>(h, c, params, grads, exp_avg, exp_avg_sq, nullptr, n,
