@@ -47,8 +47,8 @@ Status check_packed(const char* call, const TensorView& t, const char* name, con
     return Status::invalid_argument(where + " must be in " + rule.memory);
   }
   if (t.dtype != rule.dtype) {
-    return Status::invalid_argument(where + " must be " + rule.dtype_rule + "; got " +
-                                    dtype_name(t.dtype));
+    return Status::invalid_argument(where + " must be " + dtype_name(rule.dtype) + rule.context +
+                                    "; got " + dtype_name(t.dtype));
   }
   bool same = t.rank == static_cast<int>(sizes.size());
   int d = 0;

@@ -17,14 +17,15 @@ namespace sciattn::train {
 // "[2, 3, 4]".
 std::string shape_list(std::initializer_list<int64_t> sizes);
 
-// What a back end requires of a tensor argument: where it lives, its dtype, and the words that
-// name them in a message ("<call>: <name> must be in <memory>", "... must be <dtype_rule>; got
-// <dtype>").
+// What a back end requires of a tensor argument: where it lives and its dtype, with the words that
+// name them in a message ("<call>: <name> must be in <memory>", "... must be <dtype><context>;
+// got <dtype>"). The words are the caller's and must outlive the check; nothing is formatted
+// unless the check fails.
 struct TensorRule {
   Device device;
   const char* memory;  // "host memory for the CPU back end"
   DType dtype;
-  std::string dtype_rule;  // "f32 on the CPU back end"
+  const char* context;  // " on the CPU back end"
 };
 
 // A tensor that is present, obeys `rule`, has exactly `sizes` and is packed (row-major); the

@@ -24,8 +24,8 @@ namespace {
 // A packed fp32 host tensor of exactly these sizes.
 Status check(const char* call, const TensorView& t, const char* name,
              std::initializer_list<int64_t> sizes) {
-  static const TensorRule kRule{Device::kCpu, "host memory for the CPU back end", DType::kF32,
-                                "f32 on the CPU back end"};
+  constexpr TensorRule kRule{Device::kCpu, "host memory for the CPU back end", DType::kF32,
+                             " on the CPU back end"};
   return check_packed(call, t, name, kRule, sizes);
 }
 

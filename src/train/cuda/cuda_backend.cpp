@@ -78,7 +78,10 @@ constexpr const char* kTokenCheckNames[kTokenChecks] = {
 
 class CudaBackendImpl final : public CudaBackend {
  public:
-  explicit CudaBackendImpl(const CudaBackendOptions& options) : options_(options) {}
+  explicit CudaBackendImpl(const CudaBackendOptions& options)
+      : options_(options),
+        dtype_context_(std::string(" on this CUDA back end (compute dtype ") +
+                       dtype_name(options.compute_dtype) + ")") {}
 
   ~CudaBackendImpl() override {
     DeviceGuard guard(options_.device);
@@ -764,9 +767,7 @@ class CudaBackendImpl final : public CudaBackend {
   Status check(const char* call, const TensorView& t, const char* name, DType dtype,
                std::initializer_list<int64_t> sizes) const {
     const TensorRule rule{Device::kCuda, "CUDA memory for the CUDA back end", dtype,
-                          std::string(dtype_name(dtype)) +
-                              " on this CUDA back end (compute dtype " +
-                              dtype_name(options_.compute_dtype) + ")"};
+                          dtype_context_.c_str()};
     return check_packed(call, t, name, rule, sizes);
   }
 
@@ -1028,6 +1029,8 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   CudaBackendOptions options_;
+  // The words after a required dtype in check()'s messages, formed once.
+  std::string dtype_context_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
