@@ -41,14 +41,15 @@ std::string shape_list(std::initializer_list<int64_t> sizes) {
 
 Status check_packed(const char* call, const TensorView& t, const char* name, const TensorRule& rule,
                     std::initializer_list<int64_t> sizes) {
-  const std::string where = std::string(call) + ": " + name;
-  if (t.data == nullptr) return Status::invalid_argument(where + " is missing");
-  if (t.device != rule.device) {
-    return Status::invalid_argument(where + " must be in " + rule.memory);
-  }
+  // The message is formed only for a failure (checks run several times per layer call).
+  auto refuse = [&](const std::string& what) {
+    return Status::invalid_argument(std::string(call) + ": " + name + " " + what);
+  };
+  if (t.data == nullptr) return refuse("is missing");
+  if (t.device != rule.device) return refuse(std::string("must be in ") + rule.memory);
   if (t.dtype != rule.dtype) {
-    return Status::invalid_argument(where + " must be " + dtype_name(rule.dtype) + rule.context +
-                                    "; got " + dtype_name(t.dtype));
+    return refuse(std::string("must be ") + dtype_name(rule.dtype) + rule.context + "; got " +
+                  dtype_name(t.dtype));
   }
   bool same = t.rank == static_cast<int>(sizes.size());
   int d = 0;
@@ -56,11 +57,8 @@ Status check_packed(const char* call, const TensorView& t, const char* name, con
     if (same && t.sizes[d] != v) same = false;
     ++d;
   }
-  if (!same) {
-    return Status::invalid_argument(where + " must have shape " + shape_list(sizes) + "; got " +
-                                    t.shape_string());
-  }
-  if (!t.is_contiguous()) return Status::invalid_argument(where + " must be packed (row-major)");
+  if (!same) return refuse("must have shape " + shape_list(sizes) + "; got " + t.shape_string());
+  if (!t.is_contiguous()) return refuse("must be packed (row-major)");
   return Status::ok_status();
 }
 
