@@ -70,6 +70,9 @@ struct BlockSparseDeviceArrays {
   struct Tiles {
     int32_t sub = 1, shift = 0, full_mask = 1;
     int32_t num_tiles = 0;  // per side
+    // 1 when every stored head holds every block at or below the diagonal: under the causal rule
+    // the layout is dense causal attention, which the fused forward runs without its lists.
+    int32_t lower_complete = 0;
     // H / G: each piece of the stored lists is worked for this many heads (h = g + k * G), as
     // if the batch were this many times larger; the partial slots count (batch, k) pairs.
     int32_t head_repeat = 1;

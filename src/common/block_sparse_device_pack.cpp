@@ -109,6 +109,22 @@ BlockSparseDeviceArrays::TileWork tile_work_at(const int32_t* base, const TileWo
   return d;
 }
 
+// Whether every stored head of a square index holds each block (r, c) with c <= r. A row's
+// columns are distinct, so it holds them all when it has r + 1 columns at or below r.
+bool holds_lower_triangle(const BlockSparseIndex& ix) {
+  const int64_t R = ix.num_row_blocks;
+  for (int64_t g = 0; g < ix.layout_heads; ++g) {
+    for (int64_t r = 0; r < R; ++r) {
+      const auto begin = static_cast<size_t>(ix.row_offsets[static_cast<size_t>(g * R + r)]);
+      const auto end = static_cast<size_t>(ix.row_offsets[static_cast<size_t>(g * R + r + 1)]);
+      int64_t below = 0;
+      for (size_t s = begin; s < end; ++s) below += ix.col[s] <= r ? 1 : 0;
+      if (below != r + 1) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 BlockSparseDeviceArrays PackedBlockSparseIndex::at(const int32_t* base) const {
@@ -200,6 +216,7 @@ Status pack_block_sparse_index(const BlockSparseIndex& ix, PackedBlockSparseInde
     t.shift = static_cast<int32_t>(tiles.shift);
     t.full_mask = static_cast<int32_t>(tiles.full_mask);
     t.num_tiles = static_cast<int32_t>(tiles.num_tiles);
+    t.lower_complete = holds_lower_triangle(ix) ? 1 : 0;
     t.layout_heads = static_cast<int32_t>(ix.layout_heads);
     t.head_repeat = static_cast<int32_t>(ix.num_heads / ix.layout_heads);
     t.row_entries = static_cast<int32_t>(tiles.row_entries);

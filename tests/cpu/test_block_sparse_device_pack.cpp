@@ -144,6 +144,45 @@ TEST(BlockSparseDevicePack, EveryArrayLandsInTheBufferAndMovesWithIt) {
   }
 }
 
+// lower_complete (the forward's dense causal kernel) holds exactly when every stored head has
+// every block at or below the diagonal, whatever it has above it.
+TEST(BlockSparseDevicePack, MarksLayoutsHoldingTheLowerTriangle) {
+  const int64_t H = 2, R = 5;
+  auto lower = [&]() {
+    Layout layout = Layout::zeros(H, R, R);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c <= r; ++c) layout.at(h, r, c) = 1;
+    return layout;
+  };
+  auto lower_complete = [](const Layout& layout, int64_t block) {
+    detail::PackedBlockSparseIndex packed;
+    const Status s = detail::pack_block_sparse_index(make_index(layout, block), &packed);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return packed.at(packed.data()).tiles.lower_complete;
+  };
+  Layout layout = lower();
+  EXPECT_EQ(lower_complete(layout, 64), 1);
+  EXPECT_EQ(lower_complete(layout, 16), 1);
+  layout.at(1, 3, 4) = 1;  // a block above the diagonal too
+  EXPECT_EQ(lower_complete(layout, 32), 1);
+  layout = lower();
+  layout.at(1, 3, 1) = 0;  // one block below the diagonal missing in the second head
+  EXPECT_EQ(lower_complete(layout, 64), 0);
+  layout = lower();
+  layout.at(0, 4, 4) = 0;  // a diagonal block missing
+  EXPECT_EQ(lower_complete(layout, 64), 0);
+  layout = Layout::zeros(1, R, R);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < R; ++c) layout.at(0, r, c) = 1;  // dense
+  EXPECT_EQ(lower_complete(layout, 128), 1);
+  // A rectangular layout has no tile index, so no dense causal form.
+  layout = Layout::zeros(1, R, R + 1);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c <= R; ++c) layout.at(0, r, c) = 1;
+  EXPECT_EQ(lower_complete(layout, 64), 0);
+}
+
 TEST(BlockSparseDevicePack, RefusesAnUnbuiltIndex) {
   detail::PackedBlockSparseIndex packed;
   const Status s = detail::pack_block_sparse_index(BlockSparseIndex{}, &packed);

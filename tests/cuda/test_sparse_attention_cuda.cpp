@@ -41,12 +41,13 @@ enum class Config {
   kBSLongformer,
   kLocal,
   kGlobalLines,
-  kFixedHorizontal  // Fixed, bidirectional, its global rows attending every column
+  kFixedHorizontal,  // Fixed, bidirectional, its global rows attending every column
+  kLower             // every block at or below the diagonal (the trainer's dense causal layout)
 };
 
 const char* config_name(Config c) {
   static const char* names[] = {"random",       "dense", "fixed",       "variable", "bigbird",
-                                "bslongformer", "local", "globallines", "fixedhz"};
+                                "bslongformer", "local", "globallines", "fixedhz",  "lower"};
   return names[static_cast<int>(c)];
 }
 struct GpuCase {
@@ -108,6 +109,12 @@ sciattn::Layout make_case_layout(const GpuCase& c, std::mt19937_64& rng) {
       }
       return layout;
     }
+    case Config::kLower:
+      layout = sciattn::Layout::zeros(c.H, c.N, c.N);
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t r = 0; r < c.N; ++r)
+          for (int64_t col = 0; col <= r; ++col) layout.at(h, r, col) = 1;
+      return layout;
     case Config::kDense:
       cfg = DenseSparsityConfig{};
       break;
@@ -482,6 +489,42 @@ std::vector<GpuCase> small_cases() {
   c.causal = true;
   c.kpm = MaskKind::kMul;
   add(c);
+  // Dense causal attention (every block at or below the diagonal, or every block, under the
+  // causal rule): on sm_90a the forward's causal kernel, 128 queries per CTA, a last query tile
+  // of one warpgroup's 64 rows (L 192), an explicit scale, the trainer's [B, L, H, D] rows; with
+  // a key padding mask the lists' kernels run instead.
+  c = GpuCase();
+  c.config = Config::kLower;
+  c.block = 64;
+  c.N = 3;
+  c.D = 128;
+  c.causal = true;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kLower;
+  c.block = 32;
+  c.N = 8;
+  c.D = 64;
+  c.dtype = DType::kF16;
+  c.causal = true;
+  c.scale = 0.3f;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kDense;
+  c.block = 128;
+  c.N = 2;
+  c.D = 64;
+  c.causal = true;
+  c.storage = QkvStorage::kBLHD;
+  add(c);
+  c = GpuCase();
+  c.config = Config::kLower;
+  c.block = 64;
+  c.N = 3;
+  c.D = 128;
+  c.causal = true;
+  c.kpm = MaskKind::kBool;
+  add(c);
   // fp32 on the CUDA cores, with every feature.
   for (int64_t b : {16, 64}) {
     c = GpuCase();
@@ -534,6 +577,14 @@ std::vector<GpuCase> large_cases() {
   // column are split.
   cases.push_back(large(Config::kBigBird, 16, 256, 2, 64, DType::kBF16));  // 4,096 tokens
   cases.push_back(large(Config::kVariable, 32, 96, 2, 128, DType::kF16));  // 3,072 tokens
+  // Dense causal attention over long rows: 4,032 tokens (a last query tile of 64 rows) at head
+  // dim 128, 3,072 at head dim 64 from every block of 128.
+  c = large(Config::kLower, 64, 63, 2, 128, DType::kBF16);
+  c.causal = true;
+  cases.push_back(c);
+  c = large(Config::kDense, 128, 24, 2, 64, DType::kF16);
+  c.causal = true;
+  cases.push_back(c);
   // 65,536 tokens (the longest length): BigBird's class defaults at block 64, whose global
   // row and column (1,024 tiles) are cut into pieces and merged; a key padding mask. The oracle
   // walks only the layout's blocks (~10 s on one core).

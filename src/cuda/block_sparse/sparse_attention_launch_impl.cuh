@@ -6,6 +6,8 @@
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_bwd_wgmma_kernels.cuh"
+#include "cuda/block_sparse/sparse_attention_causal_dq_wgmma_kernel.cuh"
+#include "cuda/block_sparse/sparse_attention_causal_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_launch.h"
@@ -13,17 +15,33 @@
 
 namespace sciattn::cuda {
 
-// Launches `kernel` on a 1-D grid of `ctas` CTAs with `smem_bytes` of dynamic shared memory,
-// raising the kernel's limit first when it needs more than the default 48 KiB.
+// Launches `kernel` on a 1-D grid of `ctas` CTAs of `threads` threads with `smem_bytes` of dynamic
+// shared memory, raising the kernel's limit first when it needs more than the default 48 KiB.
 template <typename Kernel, typename... Args>
-cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cudaStream_t stream,
-                             const Args&... args) {
+cudaError_t launch_sparse_grid(Kernel kernel, int64_t ctas, unsigned threads, size_t smem_bytes,
+                               cudaStream_t stream, const Args&... args) {
   if (ctas == 0) return cudaSuccess;
   const cudaError_t e =
       configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem_bytes, false);
   if (e != cudaSuccess) return e;
-  kernel<<<static_cast<unsigned>(ctas), SparseTile::kThreads, smem_bytes, stream>>>(args...);
+  kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(args...);
   return cudaGetLastError();
+}
+
+// The same with SparseTile::kThreads threads per CTA (every kernel but the causal forward's).
+template <typename Kernel, typename... Args>
+cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cudaStream_t stream,
+                             const Args&... args) {
+  return launch_sparse_grid(kernel, ctas, SparseTile::kThreads, smem_bytes, stream, args...);
+}
+
+// Whether a forward runs as dense causal attention (sparse_attention_causal_fwd_wgmma_kernel.cuh),
+// and a backward's dQ (sparse_attention_causal_dq_wgmma_kernel.cuh):
+// the warpgroup kernels' tiles, the causal rule over a layout holding every block at or below the
+// diagonal, no score terms, and a positive finite scale (the kernel takes the raw scores' maxima).
+inline bool runs_causal_dense(const SparseAttentionDeviceParams& p) {
+  return p.wgmma_tiles && p.causal && !p.has_terms && p.tiles.lower_complete && p.scale > 0.0f &&
+         p.scale <= 3.0e38f;
 }
 
 // The fused kernels come in two instantiations: packed entries (layout blocks of 16 or 32, rows
@@ -37,6 +55,11 @@ cudaError_t launch_sparse_attention_forward(const SparseAttentionDeviceParams& p
   cudaError_t e = cudaSuccess;
   bool launched = false;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    if (runs_causal_dense(p)) {
+      return launch_sparse_grid(sparse_attention_causal_fwd_wgmma_kernel<T, kHeadDim>,
+                                sparse_causal_ctas(p.batch, p.heads, p.len), kCausalThreads,
+                                SparseCausalFwdSmem<kHeadDim>::kLaunchBytes, stream, p);
+    }
     if (p.wgmma_tiles) {
       const auto kernel = p.tiles.sub > 1 ? sparse_attention_fwd_wgmma_kernel<T, kHeadDim, true>
                                           : sparse_attention_fwd_wgmma_kernel<T, kHeadDim, false>;
@@ -63,6 +86,8 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
   const int64_t dq_ctas = p.batch * p.tiles.head_repeat * p.tiles.rows.pieces;
   cudaError_t e = cudaSuccess;
   bool launched = false;
+  // Dense causal attention: dQ from its own kernel, whole rows (no partials to sum).
+  bool causal_dq = false;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     if (p.wgmma_tiles) {
       const size_t smem = SparseBwdWgmmaSmem<kHeadDim>::kLaunchBytes;
@@ -71,9 +96,16 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
                                   : sparse_attention_dkdv_wgmma_kernel<T, kHeadDim, false>,
                            dkdv_ctas, smem, stream, p);
       if (e != cudaSuccess) return e;
-      e = launch_sparse_1d(packed ? sparse_attention_dq_wgmma_kernel<T, kHeadDim, true>
-                                  : sparse_attention_dq_wgmma_kernel<T, kHeadDim, false>,
-                           dq_ctas, smem, stream, p);
+      causal_dq = runs_causal_dense(p);
+      if (causal_dq) {
+        e = launch_sparse_grid(sparse_attention_causal_dq_wgmma_kernel<T, kHeadDim>,
+                               sparse_causal_ctas(p.batch, p.heads, p.len), kCausalThreads,
+                               SparseCausalDqSmem<kHeadDim>::kLaunchBytes, stream, p);
+      } else {
+        e = launch_sparse_1d(packed ? sparse_attention_dq_wgmma_kernel<T, kHeadDim, true>
+                                    : sparse_attention_dq_wgmma_kernel<T, kHeadDim, false>,
+                             dq_ctas, smem, stream, p);
+      }
       if (e != cudaSuccess) return e;
       launched = true;
     }
@@ -117,7 +149,7 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
   e = sum(p.tiles.cols, p.dk_partial, p.dk, p.dk_stride);
   if (e != cudaSuccess) return e;
   e = sum(p.tiles.cols, p.dv_partial, p.dv, p.dv_stride);
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || causal_dq) return e;
   return sum(p.tiles.rows, p.dq_partial, p.dq, p.dq_stride);
 }
 

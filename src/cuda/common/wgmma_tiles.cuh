@@ -27,6 +27,14 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 // Evoformer dispatch's staged copies.)
 enum class TileCols { kExact, kPadded };
 
+// The calling thread's warpgroup in its CTA, broadcast from lane 0 so that the compiler knows it
+// is the same across the warp: code that branches on it (a warpgroup's own tile count) then keeps
+// its wgmma products on a convergent path, which ptxas needs to leave them asynchronous (it
+// serializes every wgmma of a kernel with one in a path it sees as divergent).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWgmmaThreads, 0);
+}
+
 // Source size of a 16-byte chunk copy (16, or 0: zero-filled, nothing read) of chunk column c in
 // rows of `dim_bytes` bytes (TileCols::kPadded).
 __device__ __forceinline__ int chunk_source_bytes(int c, int dim_bytes) {
@@ -319,12 +327,24 @@ __device__ __forceinline__ void pack_a_fragments(uint32_t (&a)[4][4], const floa
   }
 }
 
-// out (64 x kHeadDim, fp32) += A (pack_a_fragments) * B, B an MN-major swizzled tile of 64 rows.
-// All four k-steps' fragments are formed before the fence, so no register changes between the
-// products (ptxas would otherwise fence before each).
+// The A fragments of an O-like product in flight stay this thread's until the wait that completes
+// it: this empty statement, placed after that wait, keeps their registers from being reused for
+// anything computed in between (the product reads them asynchronously).
+__device__ __forceinline__ void wgmma_pin_fragments(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+// Issues out (64 x kHeadDim, fp32) += A (pack_a_fragments) * B, B an MN-major swizzled tile of 64
+// rows, as one commit group: neither `out` nor `a` may be touched until
+// wgmma_tile_done<pending>(out) and wgmma_pin_fragments(a). All four k-steps' fragments are formed
+// before the fence, so no register changes between the products (ptxas would otherwise fence before
+// each).
 template <typename T, int kHeadDim>
-__device__ __forceinline__ void wgmma_acc_packed(float (&out)[kHeadDim / 8][4],
-                                                 const uint32_t (&a)[4][4], uint32_t b_tile) {
+__device__ __forceinline__ void wgmma_acc_packed_issue(float (&out)[kHeadDim / 8][4],
+                                                       const uint32_t (&a)[4][4], uint32_t b_tile) {
   wgmma_pin(out);
   wgmma_fence();
 #pragma unroll
@@ -333,6 +353,13 @@ __device__ __forceinline__ void wgmma_acc_packed(float (&out)[kHeadDim / 8][4],
         out, a[kk], mn_major_step<kWgmmaRows, kSwizzleBytes<kHeadDim>>(b_tile, kk), 1);
   }
   wgmma_commit();
+}
+
+// out (64 x kHeadDim, fp32) += A (pack_a_fragments) * B as above, waited for.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void wgmma_acc_packed(float (&out)[kHeadDim / 8][4],
+                                                 const uint32_t (&a)[4][4], uint32_t b_tile) {
+  wgmma_acc_packed_issue<T, kHeadDim>(out, a, b_tile);
   wgmma_wait<0>();
   wgmma_pin(out);
 }

@@ -420,6 +420,16 @@ inline unsigned int __float_as_uint(float f) {
   std::memcpy(&bits, &f, sizeof bits);
   return bits;
 }
+// An int from lane `src` of the warp (exact through the float staging: the kernels broadcast
+// small indexes).
+inline int __shfl_sync(unsigned, int v, int src) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  emu::cta().shfl_buf[w][l] = static_cast<float>(v);
+  emu::cta().warp_bar[w]->arrive_and_wait();
+  const int r = static_cast<int>(emu::cta().shfl_buf[w][src]);
+  emu::cta().warp_bar[w]->arrive_and_wait();
+  return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::cta().shfl_buf[w][l] = v;

@@ -84,7 +84,8 @@ wg = wg.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
 (out / "cuda/common/wgmma.cuh").write_text(wg)
 wt = (root / "src/cuda/common/wgmma_tiles.cuh").read_text()
 wt, n = re.subn(r'asm volatile\("" : "\+f"\(d\[i\]\[e\]\)::"memory"\);', "(void)d[i][e];", wt)
-assert n == 1 and not re.search(r"\basm\b", wt), "wgmma_pin"
+wt, n2 = re.subn(r'asm volatile\("" : "\+r"\(a\[i\]\[e\]\)::"memory"\);', "(void)a[i][e];", wt)
+assert n == 1 and n2 == 1 and not re.search(r"\basm\b", wt), "wgmma_pin"
 (out / "cuda/common/wgmma_tiles.cuh").write_text(wt)
 # Thread-block clusters: each function's body becomes the emulator's (emu::cluster_*).
 cl = (root / "src/cuda/common/cluster.cuh").read_text()
@@ -126,9 +127,9 @@ fu, n = re.subn(r"extern __shared__ __align__\(16\) unsigned char smem_raw\[\];"
 assert n == 1, "fused kernel's shared memory"
 (out / "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh").write_text(fu)
 sl = (root / "src/cuda/block_sparse/sparse_attention_launch_impl.cuh").read_text()
-sl, n = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), SparseTile::kThreads, smem_bytes, stream>>>"
+sl, n = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), threads, smem_bytes, stream>>>"
                 r"\(args\.\.\.\);\s*return cudaGetLastError\(\);",
-                "return ::emu::launch(kernel, ctas, SparseTile::kThreads, smem_bytes, args...);", sl)
+                "return ::emu::launch(kernel, ctas, threads, smem_bytes, args...);", sl)
 assert n == 1 and "<<<" not in sl, "sparse launch_impl"
 (out / "cuda/block_sparse/sparse_attention_launch_impl.cuh").write_text(sl)
 di = (root / "src/cuda/evoformer/evoformer_dispatch.cu").read_text()

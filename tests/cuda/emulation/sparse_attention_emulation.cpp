@@ -53,7 +53,8 @@ struct Case {
   int64_t block = 16, B = 1, H = 2, N = 8, D = 64;
   // 0 random, 1 bigbird, 2 random with every head sharing head 0's layout, 3 random with six
   // block columns that every row holds and four rows that hold every column (equal long lists:
-  // grouped tile lines below block 64)
+  // grouped tile lines below block 64), 4 every block at or below the diagonal plus random ones
+  // above it (with `causal`: dense causal attention, the forward's causal kernel on sm_90a)
   int kind = 0;
   int64_t split = 0;
   bool causal = false, kpm = false, attn = false, rpe = false, keyt = false;
@@ -82,6 +83,11 @@ sciattn::Layout case_layout(const Case& c, std::mt19937_64& rng) {
       for (int64_t h = 0; h < c.H; ++h)
         for (int64_t col = 0; col < c.N; ++col) layout.at(h, row, col) = 1;
     }
+  } else if (c.kind == 4) {
+    layout = random_layout(c.H, c.N, c.N, 0.3, rng, false, false);
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t r = 0; r < c.N; ++r)
+        for (int64_t col = 0; col <= r; ++col) layout.at(h, r, col) = 1;
   } else {
     BigBirdSparsityConfig cfg;
     cfg.num_heads = c.H;
@@ -192,7 +198,7 @@ bool run_case_stages(const Case& c) {
           p);
   }
   const std::string path =
-      kStages == 0 ? std::string("wgmma")
+      kStages == 0 ? std::string(cuda::runs_causal_dense(p) ? "wgmma, causal forward" : "wgmma")
                    : "mma.sync, " + std::to_string(kStages) + (kStages == 1 ? " stage" : " stages");
 
   bool ok = true;
@@ -547,6 +553,47 @@ int main(int argc, char** argv) {
   c.N = 12;
   c.D = 64;
   cases.push_back(c);  // 14: the same with split rows (partial sums merged by the combine)
+  c = Case();
+  c.kind = 4;
+  c.block = 64;
+  c.B = 2;
+  c.N = 3;
+  c.D = 128;
+  c.causal = true;
+  cases.push_back(c);  // 15: dense causal, a last query tile of one warpgroup's rows
+  c = Case();
+  c.kind = 4;
+  c.block = 32;
+  c.N = 8;
+  c.D = 64;
+  c.causal = true;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 16: dense causal from blocks of 32, whole 128-query tiles
+  c = Case();
+  c.kind = 4;
+  c.block = 128;
+  c.N = 3;
+  c.D = 100;
+  c.split = 1;
+  c.causal = true;
+  cases.push_back(c);  // 17: dense causal, split rows (not read), a padded head dim (general path)
+  c = Case();
+  c.kind = 4;
+  c.block = 64;
+  c.N = 5;
+  c.H = 3;
+  c.D = 64;
+  c.causal = true;
+  cases.push_back(c);  // 18: dense causal, L 320
+  c = Case();
+  c.kind = 4;
+  c.block = 64;
+  c.N = 6;
+  c.D = 128;
+  c.split = 1;
+  c.causal = true;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 19: dense causal with split rows: dQ whole from the causal kernel
   int fails = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && (int)i != which) continue;
@@ -583,6 +630,7 @@ int main(int argc, char** argv) {
       x.H = 1 + (int64_t)(r() % 2);
       x.B = 1 + (int64_t)(r() % 2);
       if (x.seed % 3 == 1) x.kind = 2;  // a third share one stored layout
+      if (x.seed % 5 == 2) x.kind = 4;  // a fifth every block at or below the diagonal
       const int64_t hd = x.D <= 32 ? 32 : x.D <= 64 ? 64 : 128;
       bool ok;
       if (x.dtype == DType::kF16)
