@@ -9,6 +9,8 @@
 // row is one thread's, written once (times scale), with no partials: deterministic. CUDA layer.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_causal_tiles.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -19,7 +21,7 @@ namespace sciattn::cuda {
 // bytes extra for the base's rounding.
 template <int kHeadDim>
 struct SparseCausalDqSmem {
-  static constexpr int kStages = 4;
+  static constexpr int kStages = 5;
   using Keys = CausalKeyStages<kHeadDim, kStages>;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kDo = kCausalWarpgroups * Keys::kTileBytes;
@@ -76,41 +78,69 @@ __global__ void __launch_bounds__(kCausalThreads, 1)
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
   uint32_t ds_frags[4][4] = {};  // dS of the previous tile, the A operand of dQ += dS K
-
-  for (int j = 0; j < at.walk; ++j) {
-    causal_next_stage<Smem::kStages>(j, at.walk, load);
-    if (j < at.mine) {
-      float s[8][4], dp[8][4];
+  // Warpgroup 1 runs half a tile behind warpgroup 0 (as in the causal forward): it issues S and
+  // dP of tile j + 1 at the end of iteration j.
+  float s[8][4], dp[8][4];
+  // Iteration j of this warpgroup's walk (j < mine), its issue pattern fixed per call site as in
+  // the causal forward (kFirst, kEarly, kNext).
+  const auto step = [&](int j, auto first, auto early, auto next) {
+    constexpr bool kFirst = decltype(first)::value, kEarly = decltype(early)::value;
+    constexpr bool kNext = decltype(next)::value;
+    causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    if constexpr (kFirst) {
       wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j));
       wgmma_tile_nt_issue<T, kHeadDim>(dp, do_tile, keys.v(j));
-      if (j > 0) {
-        wgmma_acc_packed_issue<T, kHeadDim>(dq, ds_frags, keys.k(j - 1));
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
+      wgmma_wait<0>();
+    } else if constexpr (kEarly) {
+      wgmma_wait<0>();  // S_j and dP_j, issued before the barrier
       wgmma_pin(s);
       wgmma_pin(dp);
-      if (j == at.mine - 1) at.mask_diagonal(s);
-        // P = 2^(s scale_log2 - lse_log2), then dS = P (dP - delta) in dp.
+      wgmma_acc_packed_issue<T, kHeadDim>(dq, ds_frags, keys.k(j - 1));
+    } else {
+      wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j));
+      wgmma_tile_nt_issue<T, kHeadDim>(dp, do_tile, keys.v(j));
+      wgmma_acc_packed_issue<T, kHeadDim>(dq, ds_frags, keys.k(j - 1));
+      wgmma_wait<1>();
+    }
+    wgmma_pin(s);
+    wgmma_pin(dp);
+    if (j == at.mine - 1) at.mask_diagonal(s);
+      // P = 2^(s scale_log2 - lse_log2), then dS = P (dP - delta) in dp.
 #pragma unroll
-      for (int n8 = 0; n8 < 8; ++n8)
+    for (int n8 = 0; n8 < 8; ++n8)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const float prob = fast_exp2(fmaf(s[n8][x], scale_log2, -lse_log2[x >> 1]));
-          dp[n8][x] = prob * (dp[n8][x] - delta[x >> 1]);
-        }
-      // Unconditional, and dS packed only past it: see the causal forward.
+      for (int x = 0; x < 4; ++x) {
+        const float prob = fast_exp2(fmaf(s[n8][x], scale_log2, -lse_log2[x >> 1]));
+        dp[n8][x] = prob * (dp[n8][x] - delta[x >> 1]);
+      }
+    // dS is packed into the product's A registers only past its wait (see the causal forward).
+    if constexpr (!kFirst) {
       wgmma_tile_done<0>(dq);
       wgmma_pin_fragments(ds_frags);
-      pack_a_fragments<T>(ds_frags, dp);
-    } else if (j == at.mine) {
-      // Warpgroup 0 ends one tile before the CTA: its last tile's dQ += dS K.
-      wgmma_acc_packed<T, kHeadDim>(dq, ds_frags, keys.k(j - 1));
     }
+    pack_a_fragments<T>(ds_frags, dp);
+    if constexpr (kNext) {
+      wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j + 1));
+      wgmma_tile_nt_issue<T, kHeadDim>(dp, do_tile, keys.v(j + 1));
+    }
+  };
+  constexpr std::true_type kYes{};
+  constexpr std::false_type kNo{};
+  if (at.wg == 0) {
+    step(0, kYes, kNo, kNo);
+    for (int j = 1; j < at.mine; ++j) step(j, kNo, kNo, kNo);
+    if (at.mine < at.walk) causal_next_stage<Smem::kStages, 1>(at.mine, at.walk, load);
+  } else if (at.mine == 0) {
+    // Rows past L: only the copies and the barriers.
+    for (int j = 0; j < at.walk; ++j) causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    return;
+  } else {
+    // mine = walk >= 2 (this warpgroup's diagonal is the CTA's last tile).
+    step(0, kYes, kYes, kYes);
+    for (int j = 1; j < at.mine - 1; ++j) step(j, kNo, kYes, kYes);
+    step(at.mine - 1, kNo, kYes, kNo);
   }
-  if (at.mine == 0) return;
-  if (at.mine == at.walk) wgmma_acc_packed<T, kHeadDim>(dq, ds_frags, keys.k(at.walk - 1));
+  wgmma_acc_packed<T, kHeadDim>(dq, ds_frags, keys.k(at.mine - 1));
 
   const int64_t my_rows[2] = {at.row(0), at.row(1)};
   const float factor[2] = {p.scale, p.scale};

@@ -9,6 +9,8 @@
 // diagonal tile is masked. CUDA layer.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/block_sparse/sparse_attention_causal_tiles.cuh"
 #include "cuda/block_sparse/sparse_attention_device.cuh"
 #include "cuda/common/wgmma.cuh"
@@ -19,7 +21,7 @@ namespace sciattn::cuda {
 // rounding the base up to the swizzle pattern's period inside the kernel.
 template <int kHeadDim>
 struct SparseCausalFwdSmem {
-  static constexpr int kStages = 4;
+  static constexpr int kStages = 5;
   using Keys = CausalKeyStages<kHeadDim, kStages>;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kKeys = kCausalWarpgroups * Keys::kTileBytes;
@@ -63,7 +65,7 @@ __device__ __forceinline__ void causal_softmax_step(float (&s)[8][4], float scal
 }
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kCausalThreads, 1)
+__global__ void __launch_bounds__(kCausalThreads, kHeadDim <= 64 ? 2 : 1)
     sparse_attention_causal_fwd_wgmma_kernel(const SparseAttentionDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
   static_assert(kHeadDim == 64 || kHeadDim == 128, "128-byte swizzled rows: head dim 64 or 128");
@@ -96,24 +98,39 @@ __global__ void __launch_bounds__(kCausalThreads, 1)
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
   uint32_t probs[4][4] = {};  // P of the previous tile, the A operand of O += P V
-
-  for (int j = 0; j < at.walk; ++j) {
-    causal_next_stage<Smem::kStages>(j, at.walk, load);
-    if (j < at.mine) {
-      float s[8][4];
+  // Warpgroup 1 runs half a tile behind warpgroup 0: it issues S of tile j + 1 at the end of
+  // iteration j, so that at the start of each iteration (both warpgroups leave the same barrier)
+  // warpgroup 0 waits for its S while warpgroup 1 already runs its softmax, and warpgroup 1's next
+  // S runs during warpgroup 0's softmax, instead of both waiting on the tensor cores at once and
+  // then leaving them idle together.
+  float s[8][4];
+  // Iteration j of this warpgroup's walk (j < mine). The products' issue pattern is fixed per call
+  // site (kFirst: j = 0, nothing in flight before it; kEarly: S_j was issued by the iteration
+  // before, or here when kFirst; kNext: issue S_{j+1} at the end): ptxas serializes every product
+  // of a kernel whose accumulators may or may not be in flight where control flow merges.
+  const auto step = [&](int j, auto first, auto early, auto next) {
+    constexpr bool kFirst = decltype(first)::value, kEarly = decltype(early)::value;
+    constexpr bool kNext = decltype(next)::value;
+    causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    if constexpr (kFirst) {
       wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j));
-      if (j > 0) {
-        wgmma_acc_packed_issue<T, kHeadDim>(o_acc, probs, keys.v(j - 1));
-        wgmma_tile_done<1>(s);
-      } else {
-        wgmma_tile_done<0>(s);
-      }
-      if (j == at.mine - 1) at.mask_diagonal(s);
-      float rescale[2];
-      causal_softmax_step(s, scale_log2, p.prob_shift_log2, row_max, row_sum, rescale);
-      // Unconditional (nothing is in flight at j = 0): ptxas serializes every product when O's
-      // registers are read on a path that skips the wait. P is packed into the product's A
-      // registers only past it (defining them while it runs serializes the products too).
+      wgmma_tile_done<0>(s);
+    } else if constexpr (kEarly) {
+      // S_j, issued before the barrier, is complete first (ptxas does not follow a commit group
+      // across the barrier: waiting for it behind the next product serializes them).
+      wgmma_tile_done<0>(s);
+      wgmma_acc_packed_issue<T, kHeadDim>(o_acc, probs, keys.v(j - 1));
+    } else {
+      wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j));
+      wgmma_acc_packed_issue<T, kHeadDim>(o_acc, probs, keys.v(j - 1));
+      wgmma_tile_done<1>(s);
+    }
+    if (j == at.mine - 1) at.mask_diagonal(s);
+    float rescale[2];
+    causal_softmax_step(s, scale_log2, p.prob_shift_log2, row_max, row_sum, rescale);
+    // P is packed into the product's A registers only past its wait (defining them while it runs
+    // serializes the products too).
+    if constexpr (!kFirst) {
       wgmma_tile_done<0>(o_acc);
       wgmma_pin_fragments(probs);
 #pragma unroll
@@ -123,14 +140,29 @@ __global__ void __launch_bounds__(kCausalThreads, 1)
         o_acc[i][2] *= rescale[1];
         o_acc[i][3] *= rescale[1];
       }
-      pack_a_fragments<T>(probs, s);
-    } else if (j == at.mine) {
-      // Warpgroup 0 ends one tile before the CTA: its last tile's O += P V.
-      wgmma_acc_packed<T, kHeadDim>(o_acc, probs, keys.v(j - 1));
     }
+    pack_a_fragments<T>(probs, s);
+    if constexpr (kNext) wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j + 1));
+  };
+  constexpr std::true_type kYes{};
+  constexpr std::false_type kNo{};
+  if (at.wg == 0) {
+    // Tiles 0 .. mine - 1, then (a whole query tile) one more barrier, where warpgroup 1 takes its
+    // diagonal tile.
+    step(0, kYes, kNo, kNo);
+    for (int j = 1; j < at.mine; ++j) step(j, kNo, kNo, kNo);
+    if (at.mine < at.walk) causal_next_stage<Smem::kStages, 1>(at.mine, at.walk, load);
+  } else if (at.mine == 0) {
+    // Rows past L: only the copies and the barriers.
+    for (int j = 0; j < at.walk; ++j) causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    return;
+  } else {
+    // mine = walk >= 2 (this warpgroup's diagonal is the CTA's last tile).
+    step(0, kYes, kYes, kYes);
+    for (int j = 1; j < at.mine - 1; ++j) step(j, kNo, kYes, kYes);
+    step(at.mine - 1, kNo, kYes, kNo);
   }
-  if (at.mine == 0) return;
-  if (at.mine == at.walk) wgmma_acc_packed<T, kHeadDim>(o_acc, probs, keys.v(at.walk - 1));
+  wgmma_acc_packed<T, kHeadDim>(o_acc, probs, keys.v(at.mine - 1));
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -92,15 +92,17 @@ struct CausalKeyStages {
   }
 };
 
-// The step that starts iteration j of a walk over `walk` key tiles: waits for key tile j's copies
-// (kStages - 3 later groups may still run), shows them to the async proxy and, through the
-// barrier, to the CTA; past it every thread has finished iteration j - 1, so the products that
-// read key tile j - 2 are done and its buffers take tile j + kStages - 2. Iteration j reads key
-// tiles j and j - 1. One commit group per step (empty past the end).
-template <int kStages, typename Load>
+// The step that starts iteration j of a walk over `walk` key tiles: waits for key tile
+// j + kAhead's copies, shows them to the async proxy and, through the barrier, to the CTA; past it
+// every thread has finished iteration j - 1, so the products that read key tile j - 2 are done and
+// its buffers take tile j + kStages - 2. Iteration j reads key tiles j - 1 .. j + kAhead (kAhead
+// 1: warpgroup 1 issues tile j + 1's products at the end of iteration j). One commit group per
+// step (empty past the end), so tile j + kAhead is complete once kStages - 3 - kAhead later
+// groups may still run.
+template <int kStages, int kAhead, typename Load>
 __device__ __forceinline__ void causal_next_stage(int j, int walk, const Load& load) {
-  static_assert(kStages >= 3, "iteration j holds key tiles j and j - 1 while j + 1 arrives");
-  cp_async_wait<kStages - 3>();
+  static_assert(kStages >= 3 + kAhead, "iteration j holds key tiles j - 1 .. j + kAhead");
+  cp_async_wait<kStages - 3 - kAhead>();
   fence_proxy_async_shared();
   __syncthreads();
   if (j + kStages - 2 < walk) load(j + kStages - 2);
