@@ -23,6 +23,7 @@ template <int kHeadDim>
 struct SparseCausalDqSmem {
   static constexpr int kStages = 5;
   using Keys = CausalKeyStages<kHeadDim, kStages>;
+  using Stages = CausalStages<kStages, /*kKeep=*/1, /*kAhead=*/1>;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kDo = kCausalWarpgroups * Keys::kTileBytes;
   static constexpr uint32_t kKeys = 2 * kCausalWarpgroups * Keys::kTileBytes;
@@ -54,11 +55,7 @@ __global__ void __launch_bounds__(kCausalThreads, 1)
     copy_tile_swizzled<kHeadDim>(do_tile, do_src.row(at.first_row), do_src.row_bytes, kWgmmaRows,
                                  at.thread);
   }
-#pragma unroll
-  for (int j = 0; j < Smem::kStages - 2; ++j) {
-    if (j < at.walk) load(j);
-    cp_async_commit();
-  }
+  Smem::Stages::prologue(at.walk, load);
 
   // The rows' lse in log2 units (+inf for a row without any kept key, only with infinite inputs:
   // P = 0) and delta.
@@ -86,7 +83,7 @@ __global__ void __launch_bounds__(kCausalThreads, 1)
   const auto step = [&](int j, auto first, auto early, auto next) {
     constexpr bool kFirst = decltype(first)::value, kEarly = decltype(early)::value;
     constexpr bool kNext = decltype(next)::value;
-    causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    Smem::Stages::step(j, at.walk, load);
     if constexpr (kFirst) {
       wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j));
       wgmma_tile_nt_issue<T, kHeadDim>(dp, do_tile, keys.v(j));
@@ -129,10 +126,10 @@ __global__ void __launch_bounds__(kCausalThreads, 1)
   if (at.wg == 0) {
     step(0, kYes, kNo, kNo);
     for (int j = 1; j < at.mine; ++j) step(j, kNo, kNo, kNo);
-    if (at.mine < at.walk) causal_next_stage<Smem::kStages, 1>(at.mine, at.walk, load);
+    if (at.mine < at.walk) Smem::Stages::step(at.mine, at.walk, load);
   } else if (at.mine == 0) {
     // Rows past L: only the copies and the barriers.
-    for (int j = 0; j < at.walk; ++j) causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    for (int j = 0; j < at.walk; ++j) Smem::Stages::step(j, at.walk, load);
     return;
   } else {
     // mine = walk >= 2 (this warpgroup's diagonal is the CTA's last tile).

@@ -23,6 +23,7 @@ template <int kHeadDim>
 struct SparseCausalFwdSmem {
   static constexpr int kStages = 5;
   using Keys = CausalKeyStages<kHeadDim, kStages>;
+  using Stages = CausalStages<kStages, /*kKeep=*/1, /*kAhead=*/1>;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kKeys = kCausalWarpgroups * Keys::kTileBytes;
   static constexpr size_t kLaunchBytes = kKeys + size_t{Keys::kBytes} + 1024;
@@ -85,11 +86,7 @@ __global__ void __launch_bounds__(kCausalThreads, kHeadDim <= 64 ? 2 : 1)
     copy_tile_swizzled<kHeadDim>(q_tile, q_src.row(at.first_row), q_src.row_bytes, kWgmmaRows,
                                  at.thread);
   }
-#pragma unroll
-  for (int j = 0; j < Smem::kStages - 2; ++j) {
-    if (j < at.walk) load(j);
-    cp_async_commit();
-  }
+  Smem::Stages::prologue(at.walk, load);
 
   const float scale_log2 = p.scale * kLog2e;
   float row_max[2] = {kNegInf, kNegInf};  // base-2 units of the scaled scores
@@ -111,7 +108,7 @@ __global__ void __launch_bounds__(kCausalThreads, kHeadDim <= 64 ? 2 : 1)
   const auto step = [&](int j, auto first, auto early, auto next) {
     constexpr bool kFirst = decltype(first)::value, kEarly = decltype(early)::value;
     constexpr bool kNext = decltype(next)::value;
-    causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    Smem::Stages::step(j, at.walk, load);
     if constexpr (kFirst) {
       wgmma_tile_nt_issue<T, kHeadDim>(s, q_tile, keys.k(j));
       wgmma_tile_done<0>(s);
@@ -151,10 +148,10 @@ __global__ void __launch_bounds__(kCausalThreads, kHeadDim <= 64 ? 2 : 1)
     // diagonal tile.
     step(0, kYes, kNo, kNo);
     for (int j = 1; j < at.mine; ++j) step(j, kNo, kNo, kNo);
-    if (at.mine < at.walk) causal_next_stage<Smem::kStages, 1>(at.mine, at.walk, load);
+    if (at.mine < at.walk) Smem::Stages::step(at.mine, at.walk, load);
   } else if (at.mine == 0) {
     // Rows past L: only the copies and the barriers.
-    for (int j = 0; j < at.walk; ++j) causal_next_stage<Smem::kStages, 1>(j, at.walk, load);
+    for (int j = 0; j < at.walk; ++j) Smem::Stages::step(j, at.walk, load);
     return;
   } else {
     // mine = walk >= 2 (this warpgroup's diagonal is the CTA's last tile).

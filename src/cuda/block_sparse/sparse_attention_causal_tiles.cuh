@@ -1,8 +1,9 @@
-// What the dense causal kernels of the fused sparse attention share (the forward and the dQ
-// kernel, sparse_attention_causal_*_wgmma_kernel.cuh): a CTA of two warpgroups over 128 queries,
-// one 64-row tile each, walking the key tiles from 0 to its diagonal; the longest query tiles are
-// launched first; K and V tiles stream through kStages shared buffers, warpgroup 0 copying K and
-// warpgroup 1 V. Run where the layout holds every block at or below the diagonal under the causal
+// What the dense causal kernels of the fused sparse attention share
+// (sparse_attention_causal_*_wgmma_kernel.cuh): the forward and the dQ kernel take 128 queries per
+// CTA of two warpgroups, one 64-row tile each, walking the key tiles from 0 to its diagonal (K
+// and V stream through kStages shared buffers, warpgroup 0 copying K and warpgroup 1 V); the dK /
+// dV kernel takes 128 keys and walks the query tiles from its diagonal on; the longest lines are
+// launched first. Run where the layout holds every block at or below the diagonal under the causal
 // rule with no score terms (runs_causal_dense in sparse_attention_launch_impl.cuh), on Hopper's
 // warpgroup MMA. CUDA layer.
 #pragma once
@@ -92,21 +93,80 @@ struct CausalKeyStages {
   }
 };
 
-// The step that starts iteration j of a walk over `walk` key tiles: waits for key tile
-// j + kAhead's copies, shows them to the async proxy and, through the barrier, to the CTA; past it
-// every thread has finished iteration j - 1, so the products that read key tile j - 2 are done and
-// its buffers take tile j + kStages - 2. Iteration j reads key tiles j - 1 .. j + kAhead (kAhead
-// 1: warpgroup 1 issues tile j + 1's products at the end of iteration j). One commit group per
-// step (empty past the end), so tile j + kAhead is complete once kStages - 3 - kAhead later
-// groups may still run.
-template <int kStages, int kAhead, typename Load>
-__device__ __forceinline__ void causal_next_stage(int j, int walk, const Load& load) {
-  static_assert(kStages >= 3 + kAhead, "iteration j holds key tiles j - 1 .. j + kAhead");
-  cp_async_wait<kStages - 3 - kAhead>();
-  fence_proxy_async_shared();
-  __syncthreads();
-  if (j + kStages - 2 < walk) load(j + kStages - 2);
-  cp_async_commit();
-}
+// The stages of a walk whose iteration j reads streamed tiles j - kKeep .. j + kAhead (the row
+// kernels: kKeep 1, key tile j - 1's V or K in the previous tile's product; kAhead 1, warpgroup 1
+// issues tile j + 1's products at the end of iteration j). The prologue starts tiles
+// 0 .. kPrologue - 1, one commit group each; step(j) waits for tile j + kAhead's copies, shows
+// them to the async proxy and, through the barrier, to the CTA. Past the barrier every thread has
+// finished iteration j - 1, so the products that read tile j - 1 - kKeep are done and its buffers
+// take tile j + kPrologue. One commit group per step (empty past the end), so tile j + kAhead is
+// complete once kPrologue - 1 - kAhead later groups may still run.
+template <int kStages, int kKeep, int kAhead>
+struct CausalStages {
+  static constexpr int kPrologue = kStages - 1 - kKeep;
+  static_assert(kPrologue - 1 - kAhead >= 0, "too few stages for the tiles an iteration reads");
+
+  template <typename Load>
+  __device__ __forceinline__ static void prologue(int walk, const Load& load) {
+#pragma unroll
+    for (int j = 0; j < kPrologue; ++j) {
+      if (j < walk) load(j);
+      cp_async_commit();
+    }
+  }
+  template <typename Load>
+  __device__ __forceinline__ static void step(int j, int walk, const Load& load) {
+    cp_async_wait<kPrologue - 1 - kAhead>();
+    fence_proxy_async_shared();
+    __syncthreads();
+    if (j + kPrologue < walk) load(j + kPrologue);
+    cp_async_commit();
+  }
+};
+
+// The same place for the dK / dV kernel (sparse_attention_causal_dkdv_wgmma_kernel.cuh): its CTA
+// takes 128 keys (one 64-row tile per warpgroup) and walks the query tiles from its diagonal to
+// the end of the sequence; the longest key tiles are launched first.
+struct CausalCols {
+  int64_t b, h;
+  int64_t first_key;   // this warpgroup's first key
+  int64_t first_tile;  // the CTA's first query tile (its diagonal: 2 x its key tile)
+  int walk;            // query tiles the CTA walks (both warpgroups take part in every barrier)
+  int begin;           // this warpgroup's first tile of the walk (its diagonal: 0 or 1); walk when
+                       // its keys lie past L
+  int wg, thread, warp, g, t;
+
+  __device__ __forceinline__ explicit CausalCols(const SparseAttentionDeviceParams& p) {
+    wg = warpgroup_index();
+    thread = static_cast<int>(threadIdx.x) % kWgmmaThreads;
+    warp = thread / 32;
+    g = (thread % 32) / 4;
+    t = thread % 4;
+    const int64_t slices = p.batch * p.heads;
+    const int64_t kt = static_cast<int64_t>(blockIdx.x) / slices;  // key tile, longest first
+    const int64_t slice = static_cast<int64_t>(blockIdx.x) % slices;
+    b = slice / p.heads;
+    h = slice % p.heads;
+    first_key = kt * kCausalQueries + wg * kWgmmaRows;
+    first_tile = 2 * kt;
+    walk = static_cast<int>(p.len / kWgmmaRows - first_tile);
+    begin = first_key < p.len ? wg : walk;
+  }
+
+  // This thread's two keys (an m64 accumulator's rows warp * 16 + g and + 8).
+  __device__ __forceinline__ int64_t key(int r) const { return first_key + warp * 16 + g + 8 * r; }
+
+  // Removes, in the diagonal tile of S^T (rows: this warpgroup's keys; columns: the queries of
+  // the tile that starts at its first key), the queries before each key: column c < row r.
+  __device__ __forceinline__ void mask_diagonal(float (&s)[8][4]) const {
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = warp * 16 + g + 8 * (x >> 1), c = n8 * 8 + 2 * t + (x & 1);
+        if (c < r) s[n8][x] = kNegInf;
+      }
+  }
+};
 
 }  // namespace sciattn::cuda

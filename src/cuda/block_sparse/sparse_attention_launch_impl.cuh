@@ -6,6 +6,7 @@
 
 #include "cuda/block_sparse/sparse_attention_bwd_kernels.cuh"
 #include "cuda/block_sparse/sparse_attention_bwd_wgmma_kernels.cuh"
+#include "cuda/block_sparse/sparse_attention_causal_dkdv_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_causal_dq_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_causal_fwd_wgmma_kernel.cuh"
 #include "cuda/block_sparse/sparse_attention_fwd_kernel.cuh"
@@ -35,8 +36,8 @@ cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cud
   return launch_sparse_grid(kernel, ctas, SparseTile::kThreads, smem_bytes, stream, args...);
 }
 
-// Whether a forward runs as dense causal attention (sparse_attention_causal_fwd_wgmma_kernel.cuh),
-// and a backward's dQ (sparse_attention_causal_dq_wgmma_kernel.cuh):
+// Whether a forward and a backward run as dense causal attention
+// (sparse_attention_causal_*_wgmma_kernel.cuh):
 // the warpgroup kernels' tiles, the causal rule over a layout holding every block at or below the
 // diagonal, no score terms, and a positive finite scale (the kernel takes the raw scores' maxima).
 inline bool runs_causal_dense(const SparseAttentionDeviceParams& p) {
@@ -86,9 +87,20 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
   const int64_t dq_ctas = p.batch * p.tiles.head_repeat * p.tiles.rows.pieces;
   cudaError_t e = cudaSuccess;
   bool launched = false;
-  // Dense causal attention: dQ from its own kernel, whole rows (no partials to sum).
-  bool causal_dq = false;
+  // Dense causal attention: dK / dV and dQ from their own kernels, whole lines (no partials).
+  bool causal = false;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    causal = runs_causal_dense(p);
+    if (causal) {
+      const int64_t ctas = sparse_causal_ctas(p.batch, p.heads, p.len);
+      e = launch_sparse_grid(sparse_attention_causal_dkdv_wgmma_kernel<T, kHeadDim>, ctas,
+                             kCausalThreads, SparseCausalDkdvSmem<kHeadDim>::kLaunchBytes, stream,
+                             p);
+      if (e != cudaSuccess) return e;
+      return launch_sparse_grid(sparse_attention_causal_dq_wgmma_kernel<T, kHeadDim>, ctas,
+                                kCausalThreads, SparseCausalDqSmem<kHeadDim>::kLaunchBytes, stream,
+                                p);
+    }
     if (p.wgmma_tiles) {
       const size_t smem = SparseBwdWgmmaSmem<kHeadDim>::kLaunchBytes;
       const bool packed = p.tiles.sub > 1;
@@ -96,16 +108,9 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
                                   : sparse_attention_dkdv_wgmma_kernel<T, kHeadDim, false>,
                            dkdv_ctas, smem, stream, p);
       if (e != cudaSuccess) return e;
-      causal_dq = runs_causal_dense(p);
-      if (causal_dq) {
-        e = launch_sparse_grid(sparse_attention_causal_dq_wgmma_kernel<T, kHeadDim>,
-                               sparse_causal_ctas(p.batch, p.heads, p.len), kCausalThreads,
-                               SparseCausalDqSmem<kHeadDim>::kLaunchBytes, stream, p);
-      } else {
-        e = launch_sparse_1d(packed ? sparse_attention_dq_wgmma_kernel<T, kHeadDim, true>
-                                    : sparse_attention_dq_wgmma_kernel<T, kHeadDim, false>,
-                             dq_ctas, smem, stream, p);
-      }
+      e = launch_sparse_1d(packed ? sparse_attention_dq_wgmma_kernel<T, kHeadDim, true>
+                                  : sparse_attention_dq_wgmma_kernel<T, kHeadDim, false>,
+                           dq_ctas, smem, stream, p);
       if (e != cudaSuccess) return e;
       launched = true;
     }
@@ -149,7 +154,7 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
   e = sum(p.tiles.cols, p.dk_partial, p.dk, p.dk_stride);
   if (e != cudaSuccess) return e;
   e = sum(p.tiles.cols, p.dv_partial, p.dv, p.dv_stride);
-  if (e != cudaSuccess || causal_dq) return e;
+  if (e != cudaSuccess) return e;
   return sum(p.tiles.rows, p.dq_partial, p.dq, p.dq_stride);
 }
 

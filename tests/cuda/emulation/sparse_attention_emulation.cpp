@@ -198,8 +198,9 @@ bool run_case_stages(const Case& c) {
           p);
   }
   const std::string path =
-      kStages == 0 ? std::string(cuda::runs_causal_dense(p) ? "wgmma, causal forward" : "wgmma")
-                   : "mma.sync, " + std::to_string(kStages) + (kStages == 1 ? " stage" : " stages");
+      kStages == 0
+          ? std::string(cuda::runs_causal_dense(p) ? "wgmma, dense causal kernels" : "wgmma")
+          : "mma.sync, " + std::to_string(kStages) + (kStages == 1 ? " stage" : " stages");
 
   bool ok = true;
   auto check = [&](const char* what, const testing::AssertionResult& r) {
