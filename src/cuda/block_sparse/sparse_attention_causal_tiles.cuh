@@ -25,22 +25,41 @@ inline int64_t sparse_causal_ctas(int64_t batch, int64_t heads, int64_t len) {
   return batch * heads * ((len + kCausalQueries - 1) / kCausalQueries);
 }
 
+// The calling thread in its CTA of two warpgroups, and the diagonal tile's mask, which keeps the
+// elements of an m64 x 64 accumulator (rows 16 warp + g, + 8; columns 8 n8 + 2 t, + 1) whose
+// column c and row r satisfy kKeep(c, r).
+struct CausalThread {
+  int wg;          // warpgroup (0, 1), known warp-uniform (warpgroup_index)
+  int thread;      // in the warpgroup
+  int warp, g, t;  // warp in the warpgroup; lane / 4, lane % 4 (the fragments' row and column)
+
+  __device__ __forceinline__ CausalThread()
+      : wg(warpgroup_index()),
+        thread(static_cast<int>(threadIdx.x) % kWgmmaThreads),
+        warp(thread / 32),
+        g((thread % 32) / 4),
+        t(thread % 4) {}
+
+  template <typename Keep>
+  __device__ __forceinline__ void mask(float (&s)[8][4], const Keep& keep) const {
+#pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int r = warp * 16 + g + 8 * (x >> 1), c = n8 * 8 + 2 * t + (x & 1);
+        if (!keep(c, r)) s[n8][x] = kNegInf;
+      }
+  }
+};
+
 // This thread's place: its CTA's (batch, head) and query tile, its warpgroup's rows and key tiles.
-struct CausalRows {
+struct CausalRows : CausalThread {
   int64_t b, h;
   int64_t first_row;  // this warpgroup's first query
   int walk;           // key tiles the CTA walks (both warpgroups take part in every barrier)
   int mine;           // key tiles of this warpgroup: through its diagonal tile; 0 past L
-  int wg;             // warpgroup (0, 1), known warp-uniform (warpgroup_index)
-  int thread;         // in the warpgroup
-  int warp, g, t;     // warp in the warpgroup; lane / 4, lane % 4 (the fragments' row and column)
 
   __device__ __forceinline__ explicit CausalRows(const SparseAttentionDeviceParams& p) {
-    wg = warpgroup_index();
-    thread = static_cast<int>(threadIdx.x) % kWgmmaThreads;
-    warp = thread / 32;
-    g = (thread % 32) / 4;
-    t = thread % 4;
     // CTA x: query tile (longest first), then (batch, head).
     const int64_t slices = p.batch * p.heads;
     const int64_t query_tiles = (p.len + kCausalQueries - 1) / kCausalQueries;
@@ -61,13 +80,7 @@ struct CausalRows {
   // Removes the keys past each query in the diagonal tile (key tile mine - 1, which starts at
   // this warpgroup's first query): key c of the tile lies past query r when c > r.
   __device__ __forceinline__ void mask_diagonal(float (&s)[8][4]) const {
-#pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int r = warp * 16 + g + 8 * (x >> 1), c = n8 * 8 + 2 * t + (x & 1);
-        if (c > r) s[n8][x] = kNegInf;
-      }
+    mask(s, [](int c, int r) { return c <= r; });
   }
 };
 
@@ -127,21 +140,15 @@ struct CausalStages {
 // The same place for the dK / dV kernel (sparse_attention_causal_dkdv_wgmma_kernel.cuh): its CTA
 // takes 128 keys (one 64-row tile per warpgroup) and walks the query tiles from its diagonal to
 // the end of the sequence; the longest key tiles are launched first.
-struct CausalCols {
+struct CausalCols : CausalThread {
   int64_t b, h;
   int64_t first_key;   // this warpgroup's first key
   int64_t first_tile;  // the CTA's first query tile (its diagonal: 2 x its key tile)
   int walk;            // query tiles the CTA walks (both warpgroups take part in every barrier)
   int begin;           // this warpgroup's first tile of the walk (its diagonal: 0 or 1); walk when
                        // its keys lie past L
-  int wg, thread, warp, g, t;
 
   __device__ __forceinline__ explicit CausalCols(const SparseAttentionDeviceParams& p) {
-    wg = warpgroup_index();
-    thread = static_cast<int>(threadIdx.x) % kWgmmaThreads;
-    warp = thread / 32;
-    g = (thread % 32) / 4;
-    t = thread % 4;
     const int64_t slices = p.batch * p.heads;
     const int64_t kt = static_cast<int64_t>(blockIdx.x) / slices;  // key tile, longest first
     const int64_t slice = static_cast<int64_t>(blockIdx.x) % slices;
@@ -159,13 +166,7 @@ struct CausalCols {
   // Removes, in the diagonal tile of S^T (rows: this warpgroup's keys; columns: the queries of
   // the tile that starts at its first key), the queries before each key: column c < row r.
   __device__ __forceinline__ void mask_diagonal(float (&s)[8][4]) const {
-#pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int r = warp * 16 + g + 8 * (x >> 1), c = n8 * 8 + 2 * t + (x & 1);
-        if (c < r) s[n8][x] = kNegInf;
-      }
+    mask(s, [](int c, int r) { return c >= r; });
   }
 };
 
