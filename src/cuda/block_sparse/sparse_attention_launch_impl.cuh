@@ -29,7 +29,7 @@ cudaError_t launch_sparse_grid(Kernel kernel, int64_t ctas, unsigned threads, si
   return cudaGetLastError();
 }
 
-// The same with SparseTile::kThreads threads per CTA (every kernel but the causal forward's).
+// The same with SparseTile::kThreads threads per CTA (every kernel but the dense causal ones).
 template <typename Kernel, typename... Args>
 cudaError_t launch_sparse_1d(Kernel kernel, int64_t ctas, size_t smem_bytes, cudaStream_t stream,
                              const Args&... args) {
@@ -87,11 +87,9 @@ cudaError_t launch_sparse_attention_backward(const SparseAttentionDeviceParams& 
   const int64_t dq_ctas = p.batch * p.tiles.head_repeat * p.tiles.rows.pieces;
   cudaError_t e = cudaSuccess;
   bool launched = false;
-  // Dense causal attention: dK / dV and dQ from their own kernels, whole lines (no partials).
-  bool causal = false;
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    causal = runs_causal_dense(p);
-    if (causal) {
+    // Dense causal attention: dK / dV and dQ from their own kernels, whole lines (no partials).
+    if (runs_causal_dense(p)) {
       const int64_t ctas = sparse_causal_ctas(p.batch, p.heads, p.len);
       e = launch_sparse_grid(sparse_attention_causal_dkdv_wgmma_kernel<T, kHeadDim>, ctas,
                              kCausalThreads, SparseCausalDkdvSmem<kHeadDim>::kLaunchBytes, stream,
