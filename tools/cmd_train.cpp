@@ -64,6 +64,7 @@ struct TrainArgs {
   bool plan = false;
   bool checkpoint_layers = false;
   bool offload_checkpoints = false;
+  bool keep_attention_outputs = false;
   bool offload_optimizer = false;
   bool no_shuffle = false;
   int threads = 0;
@@ -240,6 +241,7 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
   in.micro_batch = config.micro_batch_size;
   in.memory.checkpoint_layers = a.checkpoint_layers || config.activation_checkpointing;
   in.memory.offload_checkpoints = a.offload_checkpoints || config.cpu_checkpointing;
+  in.memory.keep_attention_outputs = a.keep_attention_outputs;
   in.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   in.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   in.offload_optimizer = a.offload_optimizer || config.offload_optimizer;
@@ -410,6 +412,7 @@ void run_train(const TrainArgs& a) {
   train::TrainerOptions options;
   options.memory.checkpoint_layers = a.checkpoint_layers;
   options.memory.offload_checkpoints = a.offload_checkpoints;
+  options.memory.keep_attention_outputs = a.keep_attention_outputs;
   options.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   options.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   options.offload_optimizer = a.offload_optimizer;
@@ -489,6 +492,8 @@ void run_train(const TrainArgs& a) {
             << (mem.offload_checkpoints ? "on, offloaded to host memory"
                 : mem.checkpoint_layers ? "on"
                                         : "off")
+            << (mem.keep_attention_outputs && mem.checkpoint_layers ? ", attention outputs kept"
+                                                                    : "")
             << ", MLP tiles "
             << (mem.mlp_tile_tokens > 0 ? std::to_string(mem.mlp_tile_tokens) : "off")
             << ", LM-head tiles "
@@ -631,6 +636,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--offload-checkpoints", a->offload_checkpoints,
                 "checkpointing with each layer's input in host memory, prefetched in reverse "
                 "layer order (also activation_checkpointing.cpu_checkpointing)");
+  cmd->add_flag("--keep-attention-outputs", a->keep_attention_outputs,
+                "with checkpointing, keep each layer's attention output and log-sum-exp (on "
+                "the device, [T, C] + [B, H, T] f32 a layer) so that the backward's "
+                "recomputation skips the attention's forward");
   cmd->add_flag("--offload-optimizer", a->offload_optimizer,
                 "fp32 master weights and AdamW state in host memory, the CPU AdamW overlapping "
                 "the next forward (also zero_optimization.offload_optimizer.device \"cpu\")");

@@ -14,9 +14,16 @@ and an out-of-memory fails only that row):
                in checkpointed chunks of --tile tokens (never the [T, V] logits)
   offload      ckpt_tiles with the saved tensors in pinned host memory
                (torch.autograd.graph.save_on_cpu(pin_memory=True))
+  ckpt_tiles_keep, offload_keep
+               the two with the attention's outputs kept: the layers' checkpoints select SDPA
+               to be saved (torch.utils.checkpoint.create_selective_checkpoint_contexts, the
+               policy MUST_SAVE for the aten op whose name holds "scaled_dot_product", recorded
+               in the result as sdpa_ops), so the backward's recomputation skips the attention
 sciattn side: `sciattn train --device cuda` with bf16 and the matching switches (plain; the
 activation_checkpointing flag; + --mlp-tile-tokens and --lm-head-tile-tokens; + offloaded
-checkpoints), and `opt_offload` (everything, the optimizer offloaded too, no PyTorch peer).
+checkpoints; + --keep-attention-outputs), and `opt_offload` (everything but the kept attention
+outputs, the optimizer offloaded too, no PyTorch peer). The default runs every recipe but the two
+*_keep ones.
 Each run trains --warmup + --steps steps of batch 1; the timed steps' mean is reported.
 
 Columns: step time, tokens/s, MFU (6 x matrix parameters x tokens + the causal attention's
@@ -37,8 +44,11 @@ import sys
 import tempfile
 import time
 
-RECIPES = ["plain", "ckpt", "ckpt_tiles", "offload", "opt_offload"]
-TORCH_RECIPES = ["plain", "ckpt", "ckpt_tiles", "offload"]
+RECIPES = ["plain", "ckpt", "ckpt_tiles", "offload", "opt_offload", "ckpt_tiles_keep",
+           "offload_keep"]
+DEFAULT_RECIPES = ["plain", "ckpt", "ckpt_tiles", "offload", "opt_offload"]
+TORCH_RECIPES = ["plain", "ckpt", "ckpt_tiles", "offload", "ckpt_tiles_keep", "offload_keep"]
+KEEP = ["--keep-attention-outputs"]
 SCIATTN_FLAGS = {
     "plain": [],
     "ckpt": ["--checkpoint-layers"],
@@ -49,6 +59,8 @@ SCIATTN_FLAGS = {
     "opt_offload": ["--offload-checkpoints", "--offload-optimizer", "--mlp-tile-tokens", "{tile}",
                     "--lm-head-tile-tokens", "{tile}"],
 }
+SCIATTN_FLAGS["ckpt_tiles_keep"] = SCIATTN_FLAGS["ckpt_tiles"] + KEEP
+SCIATTN_FLAGS["offload_keep"] = SCIATTN_FLAGS["offload"] + KEEP
 
 
 def host_peak_bytes():
@@ -74,9 +86,11 @@ def model_flops(args, tokens):
 # ---------------------------------------------------------------- the PyTorch side (a worker)
 
 def torch_worker(args):
+    import functools
     import torch
     import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
+    from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                        create_selective_checkpoint_contexts)
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -84,6 +98,22 @@ def torch_worker(args):
     hd = d // heads
     T = args.tokens_one
     recipe = args.recipe
+    keep = recipe.endswith("_keep")
+    tiled = recipe in ("ckpt_tiles", "offload", "ckpt_tiles_keep", "offload_keep")
+    offload = recipe in ("offload", "offload_keep")
+    sdpa_ops = set()
+
+    def keep_sdpa(ctx, op, *a, **k):  # selective checkpointing: save SDPA, recompute the rest
+        if "scaled_dot_product" in str(op):
+            sdpa_ops.add(str(op))
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    layer_checkpoint = functools.partial(checkpoint, use_reentrant=False)
+    if keep:
+        layer_checkpoint = functools.partial(
+            checkpoint, use_reentrant=False,
+            context_fn=functools.partial(create_selective_checkpoint_contexts, keep_sdpa))
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -112,7 +142,7 @@ def torch_worker(args):
                                                v.transpose(1, 2), is_causal=True)
             x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
             h = self.ln2(x)
-            if recipe in ("ckpt_tiles", "offload"):
+            if tiled:
                 parts = [checkpoint(self.mlp, h[:, i:i + tile], use_reentrant=False)
                          for i in range(0, T, tile)]
                 return x + torch.cat(parts, dim=1)
@@ -141,9 +171,9 @@ def torch_worker(args):
                 if recipe == "plain":
                     x = blk(x, cos, sin)
                 else:
-                    x = checkpoint(blk, x, cos, sin, use_reentrant=False)
+                    x = layer_checkpoint(blk, x, cos, sin)
             h = self.lnf(x)
-            if recipe in ("ckpt_tiles", "offload"):
+            if tiled:
                 total = sum(checkpoint(self.chunk_loss, h[:, i:i + tile], targets[:, i:i + tile],
                                        use_reentrant=False) for i in range(0, T, tile))
             else:
@@ -164,7 +194,7 @@ def torch_worker(args):
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                if recipe == "offload":
+                if offload:
                     with torch.autograd.graph.save_on_cpu(pin_memory=True):
                         loss = model(idx, tgt)
                 else:
@@ -178,6 +208,8 @@ def torch_worker(args):
             losses.append(float(loss))
         result.update(seconds=sum(times) / len(times), losses=losses,
                       peak_gpu_bytes=torch.cuda.max_memory_allocated())
+        if keep:
+            result.update(sdpa_ops=sorted(sdpa_ops))
     except torch.cuda.OutOfMemoryError as e:
         result.update(error="out of GPU memory: " + str(e).splitlines()[0][:160])
     except RuntimeError as e:
@@ -284,7 +316,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=50304)
     ap.add_argument("--tile", type=int, default=16384, help="MLP and LM-head tile tokens")
-    ap.add_argument("--recipes", default=",".join(RECIPES),
+    ap.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
                     help="comma-separated, of " + ", ".join(RECIPES))
     ap.add_argument("--sides", default="pytorch,sciattn")
     ap.add_argument("--steps", type=int, default=2, help="timed steps")
@@ -345,19 +377,21 @@ def main():
     print(f"\nGPT d {args.d_model}, {args.layers} layers, {args.heads} heads, vocab {args.vocab}, "
           f"batch 1, bf16; tiles {args.tile}; mean of {args.steps} steps after {args.warmup}; "
           f"MFU vs {args.peak_tflops} TFLOP/s")
-    print(f"{'tokens':>8} {'recipe':12} {'side':8} {'s/step':>8} {'tok/s':>9} {'MFU':>6} "
+    print(f"{'tokens':>8} {'recipe':15} {'side':8} {'s/step':>8} {'tok/s':>9} {'MFU':>6} "
           f"{'GPU GiB':>8} {'host GiB':>9} {'vs torch':>9}")
     for r in rows:
         peer = next((p for p in rows if p["side"] == "pytorch" and p["tokens"] == r["tokens"]
                      and p["recipe"] == r["recipe"] and "seconds" in p), None)
         if "seconds" not in r:
-            print(f"{r['tokens']:>8} {r['recipe']:12} {r['side']:8} {r.get('error', '')[:70]}")
+            print(f"{r['tokens']:>8} {r['recipe']:15} {r['side']:8} {r.get('error', '')[:70]}")
             continue
         ratio = f"{r['tokens_per_second'] / peer['tokens_per_second']:.2f}x" if (
             peer and r["side"] == "sciattn") else ""
-        print(f"{r['tokens']:>8} {r['recipe']:12} {r['side']:8} {r['seconds']:8.2f} "
+        print(f"{r['tokens']:>8} {r['recipe']:15} {r['side']:8} {r['seconds']:8.2f} "
               f"{r['tokens_per_second']:9.0f} {100 * r['mfu']:5.1f}% {gib(r['peak_gpu_bytes']):>8} "
               f"{gib(r['peak_host_bytes']):>9} {ratio:>9}")
+    for ops in sorted({", ".join(r["sdpa_ops"]) for r in rows if r.get("sdpa_ops")}):
+        print(f"PyTorch's *_keep recipes saved the outputs of {ops}")
     failed = [r for r in rows if r["side"] == "sciattn" and "error" in r]
     sys.exit(1 if failed else 0)
 

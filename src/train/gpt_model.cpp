@@ -169,13 +169,17 @@ struct GptModel::Buffers {
   void* host_checkpoints = nullptr;
   std::vector<CopyTicket> offloaded, prefetched;  // [n_layers]
   std::vector<LayerActivations> acts;             // n_layers, or 1 (recomputed) with checkpointing
-  void* lnf = nullptr;                            // [T, C]
-  void* lnf_mean = nullptr;                       // [T] f32
-  void* lnf_rstd = nullptr;                       // [T] f32
-  void* losses = nullptr;                         // [T] f32
-  void* logits = nullptr;                         // [T, V] untiled, [tile, V] tiled
-  int64_t lm_tile = 0;                            // rows of logits (T when untiled)
-  int64_t mlp_tile = 0;                           // rows of an MLP tile (0 when untiled)
+  // Kept attention outputs (MemoryOptions::keep_attention_outputs with checkpointing): per
+  // layer, the attention's output as it writes it ([T, C], the head split with sequence
+  // parallelism) and its log-sum-exp [B, H/P, Lp] f32.
+  std::vector<void*> kept_output, kept_lse;
+  void* lnf = nullptr;       // [T, C]
+  void* lnf_mean = nullptr;  // [T] f32
+  void* lnf_rstd = nullptr;  // [T] f32
+  void* losses = nullptr;    // [T] f32
+  void* logits = nullptr;    // [T, V] untiled, [tile, V] tiled
+  int64_t lm_tile = 0;       // rows of logits (T when untiled)
+  int64_t mlp_tile = 0;      // rows of an MLP tile (0 when untiled)
   // MLP tile scratch (tiled MLP): pre-GELU, post-GELU, and their gradient.
   void* mlp_fch = nullptr;
   void* mlp_fcg = nullptr;
@@ -392,6 +396,22 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
     }
   }
 
+  // Kept attention outputs: the recomputed set then holds neither the output (the token split
+  // without sequence parallelism, the head split with it) nor the log-sum-exp.
+  const bool kept = keeps_attention();
+  if (kept) {
+    b.kept_output.assign(static_cast<size_t>(n), nullptr);
+    b.kept_lse.assign(static_cast<size_t>(n), nullptr);
+    Carver cv;
+    for (int64_t l = 0; l < n; ++l) {
+      cv.add(&b.kept_output[static_cast<size_t>(l)], T * C, es);
+      cv.add(&b.kept_lse[static_cast<size_t>(l)], batch_ * H * Lp, f4);
+    }
+    SCIATTN_TRY(
+        carve(cv, "attention outputs kept (output and log-sum-exp), L x ([T, C] + [B, H, Lp] f32)",
+              "activations", kPhaseForward | kPhaseBackward));
+  }
+
   // Per-layer activations: all layers, or one recomputed set.
   b.mlp_tile = memory_.mlp_tile_tokens > 0
                    ? std::min(round_up(memory_.mlp_tile_tokens, chunk), round_up(T, chunk))
@@ -406,9 +426,9 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
     cv.add(&a.ln1_mean, T, f4);
     cv.add(&a.ln1_rstd, T, f4);
     cv.add(&a.qkv, 3 * T * C, es);
-    cv.add(&a.atty, T * C, es);
-    if (sp) cv.add(&a.atty_heads, T * C, es);
-    cv.add(&a.lse, batch_ * H * Lp, f4);
+    if (!kept || sp) cv.add(&a.atty, T * C, es);
+    if (sp && !kept) cv.add(&a.atty_heads, T * C, es);
+    if (!kept) cv.add(&a.lse, batch_ * H * Lp, f4);
     cv.add(&a.r2, T * C, es);
     cv.add(&a.ln2, T * C, es);
     cv.add(&a.ln2_mean, T, f4);
@@ -575,6 +595,20 @@ void* GptModel::boundary(int64_t l) const {
   return buffers_->resid[i];
 }
 
+bool GptModel::keeps_attention() const {
+  return memory_.checkpoint_layers && memory_.keep_attention_outputs;
+}
+
+LayerActivations GptModel::layer_activations(int64_t layer) const {
+  const Buffers& b = *buffers_;
+  LayerActivations a = b.acts[memory_.checkpoint_layers ? 0 : static_cast<size_t>(layer)];
+  if (keeps_attention()) {
+    (sp_size_ > 1 ? a.atty_heads : a.atty) = b.kept_output[static_cast<size_t>(layer)];
+    a.lse = b.kept_lse[static_cast<size_t>(layer)];
+  }
+  return a;
+}
+
 Status GptModel::hook_forward(int64_t group) {
   return hooks_ != nullptr ? hooks_->before_forward(group) : Status::ok_status();
 }
@@ -689,8 +723,7 @@ Status GptModel::heads_to_sequence(const void* src, void* dst, int64_t parts) {
   return all_to_all_views(src, dst, parts, false);
 }
 
-Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool keep,
-                               bool recompute) {
+Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool recompute) {
   Backend& be = *backend_;
   Buffers& b = *buffers_;
   const GptConfig& c = config_;
@@ -705,7 +738,7 @@ Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool ke
   auto f1 = [&](const void* p, int64_t n) {
     return TensorView::contiguous(p, DType::kF32, {n}, d);
   };
-  LayerActivations& a = b.acts[keep ? static_cast<size_t>(layer) : 0];
+  const LayerActivations a = layer_activations(layer);
   const LayerTensors w = layer_tensors(layout_, weights_, t, d, layer);
   const float eps = static_cast<float>(c.layer_norm_eps);
 
@@ -727,7 +760,10 @@ Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool ke
   const TensorView atty4 = TensorView::contiguous(atty_heads, t, {batch_, L, H, D}, d);
   const TensorView lse =
       TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}, d);
-  SCIATTN_TRY(be.attention_forward({&attention_.index, qkv5, atty4, lse}));
+  // Recomputing with the outputs kept: the attention's output and log-sum-exp are already there.
+  if (!(recompute && keeps_attention())) {
+    SCIATTN_TRY(be.attention_forward({&attention_.index, qkv5, atty4, lse}));
+  }
   if (sp) SCIATTN_TRY(heads_to_sequence(atty_heads, a.atty, 1));
   SCIATTN_TRY(be.linear_forward({act2(a.atty, T, C), w.proj_w, w.proj_b, act2(a.r2, T, C)}));
   SCIATTN_TRY(be.add({act2(a.r2, T, C), act2(in, T, C), act2(a.r2, T, C)}));
@@ -769,7 +805,7 @@ Status GptModel::layer_backward(int64_t layer, const void* in) {
   auto f1 = [&](const void* p, int64_t n) {
     return TensorView::contiguous(p, DType::kF32, {n}, d);
   };
-  const LayerActivations& a = b.acts[memory_.checkpoint_layers ? 0 : static_cast<size_t>(layer)];
+  const LayerActivations a = layer_activations(layer);
   const LayerTensors w = layer_tensors(layout_, weights_, t, d, layer);
   const LayerTensors g = layer_tensors(layout_, group_grads(layer + 1), DType::kF32, d, layer,
                                        layout_.groups[static_cast<size_t>(layer + 1)].begin);
@@ -870,7 +906,7 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
       // boundary(l + 1) still holds boundary l - 1 until its copy to the host has finished.
       SCIATTN_TRY(be.wait_for_copy(b.offloaded[static_cast<size_t>(l - 1)]));
     }
-    SCIATTN_TRY(layer_forward(l, boundary(l), boundary(l + 1), !memory_.checkpoint_layers, false));
+    SCIATTN_TRY(layer_forward(l, boundary(l), boundary(l + 1), false));
     SCIATTN_TRY(offload_boundary(l + 1));
   }
   SCIATTN_TRY(hook_forward(n + 1));
@@ -967,7 +1003,7 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
     }
     if (memory_.checkpoint_layers) {
       // Recompute the layer from its saved input; only the activations its backward reads.
-      SCIATTN_TRY(layer_forward(l, boundary(l), nullptr, false, true));
+      SCIATTN_TRY(layer_forward(l, boundary(l), nullptr, true));
     }
     SCIATTN_TRY(layer_backward(l, boundary(l)));
     SCIATTN_TRY(hook_backward(l + 1));

@@ -168,7 +168,7 @@ TEST_P(TrainStepCuda, MemoryTechniquesAreBitwiseOnTheGpu) {
     const char* name;
     MemoryOptions m;
   };
-  std::vector<Named> cases(6);
+  std::vector<Named> cases(8);
   cases[0].name = "checkpointing";
   cases[0].m.checkpoint_layers = true;
   cases[1].name = "offloaded checkpoints";
@@ -184,6 +184,12 @@ TEST_P(TrainStepCuda, MemoryTechniquesAreBitwiseOnTheGpu) {
   cases[5].m.offload_checkpoints = true;
   cases[5].m.mlp_tile_tokens = 16;
   cases[5].m.lm_head_tile_tokens = 48;
+  cases[6].name = "checkpointing, attention outputs kept";
+  cases[6].m.checkpoint_layers = true;
+  cases[6].m.keep_attention_outputs = true;
+  cases[7].name = "all and attention outputs kept";
+  cases[7].m = cases[5].m;
+  cases[7].m.keep_attention_outputs = true;
   for (const Named& k : cases) {
     EXPECT_TRUE(same_bits(base, model_step(*gpu, c, k.m, 2))) << k.name;
   }

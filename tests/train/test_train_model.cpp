@@ -1,9 +1,9 @@
 // The GPT model on the CPU back end: each memory technique (per-layer checkpointing, checkpoints
-// offloaded to host memory, MLP tiles, LM-head tiles) gives bitwise the same loss and gradients
-// on and off, alone and together, for tile sizes that divide the tokens and that do not; results
-// do not depend on the thread count; the parameter layout, its groups and the initialisation are
-// as documented; the parameter hooks come in the documented order; the memory plan equals the
-// model's own ledger. Test layer (cpu).
+// offloaded to host memory, MLP tiles, LM-head tiles, attention outputs kept) gives bitwise the
+// same loss and gradients on and off, alone and together, for tile sizes that divide the tokens and
+// that do not; results do not depend on the thread count; the parameter layout, its groups and the
+// initialisation are as documented; the parameter hooks come in the documented order; the memory
+// plan equals the model's own ledger. Test layer (cpu).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,6 +85,12 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
     lm.lm_head_tile_tokens = tile;
     expect_same(base, run_step(c, lm, chunk, 0), "LM-head tile " + std::to_string(tile));
   }
+  MemoryOptions kept = ckpt;
+  kept.keep_attention_outputs = true;
+  expect_same(base, run_step(c, kept, chunk, 0), "checkpointing, attention outputs kept");
+  MemoryOptions kept_alone;  // no checkpointing: every activation is kept anyway
+  kept_alone.keep_attention_outputs = true;
+  expect_same(base, run_step(c, kept_alone, chunk, 0), "attention outputs kept alone");
   MemoryOptions all;
   all.checkpoint_layers = true;
   all.mlp_tile_tokens = 8;
@@ -92,6 +98,8 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
   expect_same(base, run_step(c, all, chunk, 0), "all three");
   all.offload_checkpoints = true;
   expect_same(base, run_step(c, all, chunk, 0), "all four");
+  all.keep_attention_outputs = true;
+  expect_same(base, run_step(c, all, chunk, 0), "all five");
   // A tile that is not a multiple of the chunk is rounded up to one (5 -> 8 here).
   MemoryOptions odd;
   odd.mlp_tile_tokens = 5;
@@ -177,12 +185,13 @@ TEST(TrainModel, ParameterHooksComeInGroupOrder) {
 TEST(TrainModel, MemoryPlanEqualsTheModelsLedger) {
   const GptConfig c = tiny_config(PositionEncoding::kLearned, false, 13);
   auto be = cpu_backend(4);
-  for (int k = 0; k < 16; ++k) {
+  for (int k = 0; k < 32; ++k) {
     MemoryOptions m;
     m.checkpoint_layers = (k & 1) != 0;
     m.offload_checkpoints = (k & 2) != 0;
     m.mlp_tile_tokens = (k & 4) != 0 ? 8 : 0;
     m.lm_head_tile_tokens = (k & 8) != 0 ? 12 : 0;
+    m.keep_attention_outputs = (k & 16) != 0;
     std::unique_ptr<GptModel> model;
     ASSERT_TRUE(GptModel::create(c, nullptr, 2, m, be.get(), &model).ok());
     MemoryLedger plan;
@@ -205,6 +214,14 @@ TEST(TrainModel, MemoryPlanEqualsTheModelsLedger) {
   MemoryLedger plan;
   ASSERT_TRUE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &plan).ok());
   EXPECT_EQ(plan.total(Device::kCpu), uint64_t{23} * (uint64_t{1} << 20) * 2048 * 2);
+  // Keeping the attention outputs adds 24 layers' [T, C] bf16 and [H, T] f32 on the device, less
+  // the recomputed set's own output and log-sum-exp (blocks of 128 at 1M tokens: no padding).
+  m.keep_attention_outputs = true;
+  MemoryLedger kept;
+  ASSERT_TRUE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &kept).ok());
+  const uint64_t per_layer = (uint64_t{1} << 20) * (2048 * 2 + 16 * 4);
+  EXPECT_EQ(kept.total(Device::kCuda) - plan.total(Device::kCuda), 23 * per_layer);
+  EXPECT_EQ(kept.total(Device::kCpu), plan.total(Device::kCpu));
 }
 
 TEST(TrainModel, SharedLayoutIndexIsStoredForOneHead) {

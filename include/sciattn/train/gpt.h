@@ -117,6 +117,11 @@ struct MemoryOptions {
   // reverse layer order during the backward, one layer ahead of its use, so the back end holds
   // two layers' inputs instead of n_layers + 1 ("cpu_checkpointing").
   bool offload_checkpoints = false;
+  // With checkpointing: also keep each layer's attention output and log-sum-exp from the
+  // forward (on the back end, n_layers x ([T, C] + [B, H, L] f32)), so that the recomputation
+  // in the backward stops short of the attention: the attention's forward runs once a step
+  // instead of twice. Without checkpointing every activation is kept anyway (no effect).
+  bool keep_attention_outputs = false;
   // Run the MLP over tiles of this many tokens, keeping neither its [T, F] activations nor
   // gradients whole; 0 = untiled. Rounded up to a multiple of the back end's token chunk.
   int64_t mlp_tile_tokens = 0;
@@ -214,6 +219,8 @@ struct MicroBatchResult {
 // whole micro-batch's (the trainer's mean over all ranks, with grad_scale counting this rank's
 // tokens, gives the global batch's mean loss). Every rank of the group calls forward_backward
 // together (the all-to-alls are collectives of the group).
+struct LayerActivations;  // one layer's saved activations (gpt_model.cpp)
+
 class GptModel {
  public:
   ~GptModel();
@@ -288,7 +295,9 @@ class GptModel {
   Status plan_and_allocate(bool allocate, const float* initial_params = nullptr);
   // The gradient buffers' share of plan_and_allocate (MemoryOptions::layer_gradient_buffers).
   Status plan_gradients(bool allocate);
-  Status layer_forward(int64_t layer, const void* in, void* out, bool keep, bool recompute);
+  // recompute: the backward's recomputation of a checkpointed layer, which stops where the
+  // backward needs nothing more (and, with kept attention outputs, skips the attention).
+  Status layer_forward(int64_t layer, const void* in, void* out, bool recompute);
   Status layer_backward(int64_t layer, const void* in);
   Status run_forward(const int32_t* inputs, const int32_t* targets, bool with_grad,
                      float grad_scale, MicroBatchResult* out);
@@ -297,6 +306,12 @@ class GptModel {
   // The device buffer holding layer boundary l (the embedding's output for l = 0, then layer
   // l - 1's output): one of two alternating buffers when checkpoints are offloaded.
   void* boundary(int64_t l) const;
+  // Whether the attention's outputs are kept per layer (MemoryOptions::keep_attention_outputs
+  // with checkpointing).
+  bool keeps_attention() const;
+  // Layer `layer`'s activations: its own set, or the one set checkpointing recomputes, with the
+  // attention's output and log-sum-exp in the layer's kept buffers when keeps_attention().
+  LayerActivations layer_activations(int64_t layer) const;
   Status hook_forward(int64_t group);
   Status hook_backward(int64_t group);
   // A gradient slot's view (absent slots stay absent), wherever its group's buffer is.
