@@ -36,8 +36,9 @@
 # a 2-layer model of the same width at 1,048,576 tokens (the per-layer working set of the full
 # model at 1M tokens; the other 22 layers add model states and host checkpoints, which the plan
 # counts). `train_compare` runs bench/compare/gpt_long_sequence.py (PyTorch recipes against
-# sciattn train) at 32,768 tokens, every recipe (about 6 minutes), and `train_compare_long` at
-# 131,072 tokens, the tiled and offloaded recipes (about 5 minutes); TRAIN_COMPARE_ARGS replaces
+# sciattn train) at 32,768 tokens, every default recipe (about 6 minutes), and `train_compare_long`
+# at 131,072 tokens, the tiled recipe with and without the attention outputs kept (about 4
+# minutes); TRAIN_COMPARE_ARGS replaces
 # the arguments of the first. The last four are not part of `all`.
 # They need, in .carry/train.tar.xz (or unpacked in .carry/), made on a CPU machine with:
 #   cmake --preset gpu -DBLAS_LIBRARIES=/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.a
@@ -357,7 +358,7 @@ fi
 if named train_compare_long && [ -x "$train_bin/sciattn" ]; then
   echo "== PyTorch GPT recipes against sciattn train at 131,072 tokens"
   PYTHONUNBUFFERED=1 python3 bench/compare/gpt_long_sequence.py --sciattn "$train_bin/sciattn" \
-    --out "$out/compare_128k" --tokens 131072 --recipes ckpt_tiles,offload --steps 1 \
+    --out "$out/compare_128k" --tokens 131072 --recipes ckpt_tiles,ckpt_tiles_keep --steps 1 \
     --timeout 240 2>&1 | tee "$out/train_compare_128k.log" | tail -12
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
