@@ -314,6 +314,12 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
                   r.longest > 0 ? train::format_bytes(r.plan.host_bytes).c_str() : "-");
     std::cout << line;
   }
+  if (const int64_t limit = train::sparse_layout_max_length(in);
+      limit > 0 && limit < a.plan_max_tokens) {
+    std::cout << "(sparse_attention: layouts of " << model.n_heads << " heads and block "
+              << sparsity_common(*in.sparse).block << " are built up to " << limit
+              << " tokens, kMaxLayoutEntries; a larger block goes further)\n";
+  }
 }
 
 void run_train(const TrainArgs& a) {

@@ -4,6 +4,7 @@
 #include "sciattn/train/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -159,6 +160,17 @@ bool plan_fits(const MemoryPlan& plan, uint64_t device_budget, uint64_t host_bud
   return plan.device_bytes <= device_budget && plan.host_bytes <= host_budget;
 }
 
+int64_t sparse_layout_max_length(const PlanInput& input) {
+  if (!input.sparse) return 0;
+  const int64_t heads = std::max<int64_t>(input.model.n_heads, 1);
+  const int64_t block = std::max<int64_t>(sparsity_common(*input.sparse).block, 1);
+  // The largest n with heads * n^2 <= kMaxLayoutEntries.
+  int64_t n = static_cast<int64_t>(std::sqrt(static_cast<double>(kMaxLayoutEntries / heads)));
+  while (n > 0 && heads * n * n > kMaxLayoutEntries) --n;
+  while (heads * (n + 1) * (n + 1) <= kMaxLayoutEntries) ++n;
+  return n * block;
+}
+
 Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
                         int64_t granularity, int64_t max_length, int64_t* out) {
   if (granularity < 1 || max_length < granularity) {
@@ -184,6 +196,10 @@ Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t
     *result = plan_fits(plan, device_budget, host_budget);
     return Status::ok_status();
   };
+  // Lengths past the sparse layout's limit have no layout to plan with.
+  if (const int64_t limit = sparse_layout_max_length(input); limit > 0) {
+    max_length = std::min(max_length, limit);
+  }
   // Invariant: lo units fit (or lo = 0), hi units do not (or hi = the maximum + 1).
   int64_t lo = 0, hi = max_length / granularity + 1;
   while (hi - lo > 1) {

@@ -123,9 +123,11 @@ TEST(TrainCli, OffloadFlagsGiveTheSameLosses) {
   const std::string plain = dir() + "plain.jsonl", offloaded = dir() + "offloaded.jsonl";
   Result r = run(base + plain);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run(base + offloaded + " --offload-checkpoints --offload-optimizer --memory");
+  r = run(base + offloaded +
+          " --offload-checkpoints --offload-optimizer --keep-attention-outputs --memory");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  expect_contains(r, "checkpointing on, offloaded to host memory");
+  expect_contains(r, "checkpointing on, offloaded to host memory, attention outputs kept");
+  expect_contains(r, "attention outputs kept (output and log-sum-exp)");
   expect_contains(r, "optimizer offloaded (CPU AdamW");
   expect_contains(r, "offloaded checkpoints (layer inputs 0 .. L-2)");
   std::ifstream a(plain), b(offloaded);
@@ -153,6 +155,24 @@ TEST(TrainCli, PlanPrintsTheArithmeticAndTheLongestSequence) {
   expect_contains(r, "): fits");
   expect_contains(r, "the longest sequence per technique");
   expect_contains(r, "+ checkpoint offload + optimizer offload");
+}
+
+// With a sparse config the search for the longest sequence stops where the layout can no longer
+// be built (2 heads, block 16: [2, n, n] holds at most 2^32 blocks for n <= 46,340), and says so.
+TEST(TrainCli, PlanStopsAtTheSparseLayoutsLimit) {
+  const std::string config = dir() + "bigbird.json";
+  write(config, R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,)"
+                R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)"
+                R"( "sparse_attention": {"mode": "bigbird", "block": 16}})");
+  const std::string model = dir() + "gpt64.json";
+  write(model, R"({"vocab_size": 257, "d_model": 32, "n_layers": 2, "n_heads": 2,)"
+               R"( "sequence_length": 64, "positions": "rotary"})");
+  const Result r = run("train --plan --device cuda --config " + config + " --model " + model +
+                       " --steps 10 --device-memory-gib 1000 --host-memory-gib 1000 "
+                       "--plan-max-tokens 1048576 --plan-granularity 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "per-layer checkpointing                                741440");
+  expect_contains(r, "layouts of 2 heads and block 16 are built up to 741440 tokens");
 }
 
 // --plan --nproc-per-node N plans one of N ranks with the config's ZeRO stage: the shards, stage

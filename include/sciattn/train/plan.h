@@ -74,9 +74,15 @@ bool plan_fits(const MemoryPlan& plan, uint64_t device_budget, uint64_t host_bud
 // The longest sequence_length, a multiple of `granularity` in [granularity, max_length], whose
 // plan fits both budgets (learned position tables grow with it); 0 when even `granularity` does
 // not. Plans grow with the length, so this is a bisection (about 20 plans). With sequence
-// parallelism `granularity` must be a multiple of sequence_parallel_size.
+// parallelism `granularity` must be a multiple of sequence_parallel_size. With a sparse config
+// the search stops at sparse_layout_max_length.
 Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
                         int64_t granularity, int64_t max_length, int64_t* out);
+
+// The longest sequence whose sparse layout can be built for the model's heads (the layout
+// [n_heads, L / block, L / block] holds at most kMaxLayoutEntries blocks); 0 without a sparse
+// config (no limit of this kind).
+int64_t sparse_layout_max_length(const PlanInput& input);
 
 // The table `sciattn train --plan` prints: for each technique switched on in turn (none;
 // per-layer checkpointing; + MLP and LM-head tiles; + checkpoint offload; + optimizer offload;
