@@ -53,6 +53,8 @@ constexpr double kHopperPeakTflops = 989.4;
 // the CUDA context and allocator keep) and the GPU machine's host memory less the system's share.
 constexpr double kDefaultDeviceGib = 138.0;
 constexpr double kHostReserveGib = 8.0;
+// --keep-attention-layers auto leaves this much of the device budget unplanned.
+constexpr double kAutoKeepMarginGib = 2.0;
 
 struct TrainArgs {
   std::string config, model, data, resume, save, log, plot, dump_gradients;
@@ -65,6 +67,7 @@ struct TrainArgs {
   bool checkpoint_layers = false;
   bool offload_checkpoints = false;
   bool keep_attention_outputs = false;
+  std::string keep_attention_layers;  // a count or "auto"; empty: none
   bool offload_optimizer = false;
   bool no_shuffle = false;
   int threads = 0;
@@ -223,25 +226,49 @@ DType compute_dtype_for(Device device, train::Precision precision) {
                                                 : DType::kF32;
 }
 
-// --plan: the memory arithmetic of this run's settings, then the longest sequence per technique.
-void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::TrainConfig& config,
-                Device device, int world) {
+// The memory budgets a plan is held to: the flags, else what this machine has (a GPU's total
+// less 1.5 GiB for the CUDA context; the host's less kHostReserveGib), else an H200's.
+struct Budgets {
+  uint64_t device = 0, host = 0;
+  std::string device_source = "--device-memory-gib", host_source = "--host-memory-gib";
+};
+Budgets memory_budgets(const TrainArgs& a, Device device, int local_gpu) {
+  Budgets b;
+  b.device = gib(a.device_memory_gib);
+  b.host = gib(a.host_memory_gib);
+  if (b.device == 0) {
+    uint64_t free = 0, total = 0;
+    if (device == Device::kCuda && train::cuda_device_memory(local_gpu, &free, &total).ok()) {
+      b.device = total - std::min(total, gib(1.5));
+      b.device_source = "this GPU's memory less 1.5 GiB";
+    } else {
+      b.device = gib(kDefaultDeviceGib);
+      b.device_source = "an H200's usable memory";
+    }
+  }
+  if (b.host == 0) {
+    const uint64_t total = host_memory_bytes();
+    b.host = total - std::min(total, gib(kHostReserveGib));
+    b.host_source = "this machine's memory less " + fixed(kHostReserveGib, 0) + " GiB";
+  }
+  if (device == Device::kCpu) b.device = 0;  // everything is host memory
+  return b;
+}
+
+// The plan input of these settings, keeping the attention outputs of `kept_layers` layers.
+train::PlanInput plan_input(const TrainArgs& a, const train::GptConfig& model,
+                            const train::TrainConfig& config, Device device, int world,
+                            int64_t kept_layers) {
   train::PlanInput in;
   in.model = model;
   in.world_size = world;
   in.zero = config.zero;
   in.sequence_parallel_size = config.sequence_parallel_size;
-  if (a.plan_granularity % in.sequence_parallel_size != 0) {
-    fail(kExitBadInput, "--plan-granularity " + std::to_string(a.plan_granularity) +
-                            " must be a multiple of sequence_parallel_size " +
-                            std::to_string(in.sequence_parallel_size) +
-                            " (each rank holds sequence_length / sequence_parallel_size tokens)");
-  }
   in.sparse = config.sparse_attention;
   in.micro_batch = config.micro_batch_size;
   in.memory.checkpoint_layers = a.checkpoint_layers || config.activation_checkpointing;
   in.memory.offload_checkpoints = a.offload_checkpoints || config.cpu_checkpointing;
-  in.memory.keep_attention_outputs = a.keep_attention_outputs;
+  in.memory.keep_attention_layers = kept_layers;
   in.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   in.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   in.offload_optimizer = a.offload_optimizer || config.offload_optimizer;
@@ -250,26 +277,66 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
   in.token_chunk = a.token_chunk > 0         ? a.token_chunk
                    : device == Device::kCuda ? kCudaTokenChunk
                                              : kCpuTokenChunk;
-  // Budgets: the flags, else what this machine has (a GPU's total less 1.5 GiB for the CUDA
-  // context; the host's less kHostReserveGib), else an H200's.
-  uint64_t device_budget = gib(a.device_memory_gib), host_budget = gib(a.host_memory_gib);
-  std::string device_source = "--device-memory-gib", host_source = "--host-memory-gib";
-  if (device_budget == 0) {
-    uint64_t free = 0, total = 0;
-    if (device == Device::kCuda && train::cuda_device_memory(0, &free, &total).ok()) {
-      device_budget = total - std::min(total, gib(1.5));
-      device_source = "this GPU's memory less 1.5 GiB";
-    } else {
-      device_budget = gib(kDefaultDeviceGib);
-      device_source = "an H200's usable memory";
+  return in;
+}
+
+// --keep-attention-outputs (every layer) or --keep-attention-layers N | auto: the layers whose
+// attention outputs are kept. auto: the most whose plan fits the budgets less kAutoKeepMarginGib
+// of the device's (what the plan does not count: the allocator's rounding, libraries' own
+// buffers); `why` says how the count was chosen.
+int64_t kept_attention_layers(const TrainArgs& a, const train::GptConfig& model,
+                              const train::TrainConfig& config, Device device, int world,
+                              int local_gpu, std::string* why) {
+  if (a.keep_attention_outputs && !a.keep_attention_layers.empty()) {
+    fail(kExitBadInput,
+         "give one of --keep-attention-outputs (every layer) and --keep-attention-layers");
+  }
+  if (a.keep_attention_outputs) return train::kAllLayers;
+  if (a.keep_attention_layers.empty()) return 0;
+  if (a.keep_attention_layers != "auto") {
+    int64_t k = -1;
+    try {
+      size_t used = 0;
+      k = std::stoll(a.keep_attention_layers, &used);
+      if (used != a.keep_attention_layers.size()) k = -1;
+    } catch (const std::exception&) {
+      k = -1;
     }
+    if (k < 0) {
+      fail(kExitBadInput, "--keep-attention-layers " + a.keep_attention_layers +
+                              ": give a number of layers >= 0 or auto");
+    }
+    return k;
   }
-  if (host_budget == 0) {
-    const uint64_t total = host_memory_bytes();
-    host_budget = total - std::min(total, gib(kHostReserveGib));
-    host_source = "this machine's memory less " + fixed(kHostReserveGib, 0) + " GiB";
+  Budgets b = memory_budgets(a, device, local_gpu);
+  b.device -= std::min(b.device, gib(kAutoKeepMarginGib));
+  int64_t k = 0;
+  check(train::most_kept_attention_layers(plan_input(a, model, config, device, world, 0), b.device,
+                                          b.host, &k));
+  *why = device == Device::kCuda
+             ? "auto: the most the plan fits in " + train::format_bytes(b.device) + " (" +
+                   b.device_source + ", less " + fixed(kAutoKeepMarginGib, 0) + " GiB)"
+             : "auto: the most the plan fits in " + train::format_bytes(b.host) + " (" +
+                   b.host_source + ")";
+  return k;
+}
+
+// --plan: the memory arithmetic of this run's settings, then the longest sequence per technique.
+void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::TrainConfig& config,
+                Device device, int world) {
+  if (a.plan_granularity % config.sequence_parallel_size != 0) {
+    fail(kExitBadInput, "--plan-granularity " + std::to_string(a.plan_granularity) +
+                            " must be a multiple of sequence_parallel_size " +
+                            std::to_string(config.sequence_parallel_size) +
+                            " (each rank holds sequence_length / sequence_parallel_size tokens)");
   }
-  if (device == Device::kCpu) device_budget = 0;  // everything is host memory
+  std::string why;
+  const train::PlanInput in =
+      plan_input(a, model, config, device, world,
+                 kept_attention_layers(a, model, config, device, world, 0, &why));
+  const Budgets budgets = memory_budgets(a, device, 0);
+  const uint64_t device_budget = budgets.device, host_budget = budgets.host;
+  const std::string &device_source = budgets.device_source, &host_source = budgets.host_source;
   train::MemoryPlan plan;
   check(train::plan_training_memory(in, &plan));
   std::cout << "memory plan: GPT " << gpt_parameter_layout(model).parameter_count()
@@ -285,7 +352,14 @@ void print_plan(const TrainArgs& a, const train::GptConfig& model, const train::
                           " (" + std::to_string(model.sequence_length / in.sequence_parallel_size) +
                           " tokens of each sequence per rank)"
                     : std::string())
-            << "\n\n"
+            << "\n"
+            << (why.empty()
+                    ? std::string()
+                    : "attention outputs kept for " +
+                          std::to_string(
+                              std::min(in.memory.keep_attention_layers, model.n_layers)) +
+                          " of " + std::to_string(model.n_layers) + " layers (" + why + ")\n")
+            << "\n"
             << plan.ledger.report() << "\ntotal: " << device_name(device) << " "
             << train::format_bytes(plan.device_bytes) << " of "
             << train::format_bytes(device_budget) << " (" << device_source << "), host "
@@ -418,7 +492,9 @@ void run_train(const TrainArgs& a) {
   train::TrainerOptions options;
   options.memory.checkpoint_layers = a.checkpoint_layers;
   options.memory.offload_checkpoints = a.offload_checkpoints;
-  options.memory.keep_attention_outputs = a.keep_attention_outputs;
+  std::string keep_why;
+  options.memory.keep_attention_layers = kept_attention_layers(
+      a, model, config, device, world, world > 1 ? ranks.local_rank : 0, &keep_why);
   options.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   options.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   options.offload_optimizer = a.offload_optimizer;
@@ -498,8 +574,11 @@ void run_train(const TrainArgs& a) {
             << (mem.offload_checkpoints ? "on, offloaded to host memory"
                 : mem.checkpoint_layers ? "on"
                                         : "off")
-            << (mem.keep_attention_outputs && mem.checkpoint_layers ? ", attention outputs kept"
-                                                                    : "")
+            << (m.kept_attention_layers() > 0
+                    ? ", attention outputs kept (" + std::to_string(m.kept_attention_layers()) +
+                          " of " + std::to_string(model.n_layers) + " layers" +
+                          (keep_why.empty() ? "" : "; " + keep_why) + ")"
+                    : std::string())
             << ", MLP tiles "
             << (mem.mlp_tile_tokens > 0 ? std::to_string(mem.mlp_tile_tokens) : "off")
             << ", LM-head tiles "
@@ -646,6 +725,10 @@ void add_train_command(CLI::App& app) {
                 "with checkpointing, keep each layer's attention output and log-sum-exp (on "
                 "the device, [T, C] + [B, H, T] f32 a layer) so that the backward's "
                 "recomputation skips the attention's forward");
+  cmd->add_option("--keep-attention-layers", a->keep_attention_layers,
+                  "the same for the last N layers only, or auto: as many as the memory plan "
+                  "fits in the device budget (--device-memory-gib, default the GPU's memory "
+                  "less 1.5 GiB) less 2 GiB");
   cmd->add_flag("--offload-optimizer", a->offload_optimizer,
                 "fp32 master weights and AdamW state in host memory, the CPU AdamW overlapping "
                 "the next forward (also zero_optimization.offload_optimizer.device \"cpu\")");

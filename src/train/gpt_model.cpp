@@ -28,6 +28,25 @@ int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
 }
 
+Status check_memory_options(const MemoryOptions& memory) {
+  if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
+    return Status::invalid_argument("tile sizes must be >= 0 (0 = untiled)");
+  }
+  if (memory.parameter_multiple < 1) {
+    return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
+                                    std::to_string(memory.parameter_multiple));
+  }
+  if (memory.keep_attention_layers < 0) {
+    return Status::invalid_argument("MemoryOptions.keep_attention_layers must be >= 0; got " +
+                                    std::to_string(memory.keep_attention_layers));
+  }
+  if (memory.layer_gradient_buffers < 0) {
+    return Status::invalid_argument("MemoryOptions.layer_gradient_buffers must be >= 0; got " +
+                                    std::to_string(memory.layer_gradient_buffers));
+  }
+  return Status::ok_status();
+}
+
 }  // namespace
 
 Status attention_padding(const GptConfig& config, const SparsityConfig* sparse, int64_t* block,
@@ -169,9 +188,9 @@ struct GptModel::Buffers {
   void* host_checkpoints = nullptr;
   std::vector<CopyTicket> offloaded, prefetched;  // [n_layers]
   std::vector<LayerActivations> acts;             // n_layers, or 1 (recomputed) with checkpointing
-  // Kept attention outputs (MemoryOptions::keep_attention_outputs with checkpointing): per
-  // layer, the attention's output as it writes it ([T, C], the head split with sequence
-  // parallelism) and its log-sum-exp [B, H/P, Lp] f32.
+  // Kept attention outputs (MemoryOptions::keep_attention_layers with checkpointing): for kept
+  // layer i (layer n_layers - k + i), the attention's output as it writes it ([T, C], the head
+  // split with sequence parallelism) and its log-sum-exp [B, H/P, Lp] f32.
   std::vector<void*> kept_output, kept_lse;
   void* lnf = nullptr;       // [T, C]
   void* lnf_mean = nullptr;  // [T] f32
@@ -225,17 +244,7 @@ Status GptModel::create(const GptConfig& config, const SparsityConfig* sparse, i
         ">= 1; got " +
         std::to_string(batch));
   }
-  if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
-    return Status::invalid_argument("tile sizes must be >= 0 (0 = untiled)");
-  }
-  if (memory.parameter_multiple < 1) {
-    return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
-                                    std::to_string(memory.parameter_multiple));
-  }
-  if (memory.layer_gradient_buffers < 0) {
-    return Status::invalid_argument("MemoryOptions.layer_gradient_buffers must be >= 0; got " +
-                                    std::to_string(memory.layer_gradient_buffers));
-  }
+  SCIATTN_TRY(check_memory_options(memory));
   if (backend == nullptr) return Status::invalid_argument("GptModel::create: no back end");
   const int64_t sp = sequence_group != nullptr ? sequence_group->world_size() : 1;
   SCIATTN_TRY(check_sequence_parallel(config, sp));
@@ -269,17 +278,7 @@ Status plan_gpt_memory(const GptConfig& config, const SparsityConfig* sparse, in
   SCIATTN_TRY(check_sequence_parallel(config, sequence_parallel_size));
   if (batch < 1) return Status::invalid_argument("plan_gpt_memory: batch must be >= 1");
   if (token_chunk < 1) return Status::invalid_argument("plan_gpt_memory: token_chunk must be >= 1");
-  if (memory.mlp_tile_tokens < 0 || memory.lm_head_tile_tokens < 0) {
-    return Status::invalid_argument("tile sizes must be >= 0 (0 = untiled)");
-  }
-  if (memory.parameter_multiple < 1) {
-    return Status::invalid_argument("MemoryOptions.parameter_multiple must be >= 1; got " +
-                                    std::to_string(memory.parameter_multiple));
-  }
-  if (memory.layer_gradient_buffers < 0) {
-    return Status::invalid_argument("MemoryOptions.layer_gradient_buffers must be >= 0; got " +
-                                    std::to_string(memory.layer_gradient_buffers));
-  }
+  SCIATTN_TRY(check_memory_options(memory));
   GptModel m;
   m.config_ = config;
   m.memory_ = memory;
@@ -396,20 +395,23 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
     }
   }
 
-  // Kept attention outputs: the recomputed set then holds neither the output (the token split
-  // without sequence parallelism, the head split with it) nor the log-sum-exp.
-  const bool kept = keeps_attention();
-  if (kept) {
-    b.kept_output.assign(static_cast<size_t>(n), nullptr);
-    b.kept_lse.assign(static_cast<size_t>(n), nullptr);
+  // Kept attention outputs. When every layer keeps them, the recomputed set holds neither the
+  // output (the token split without sequence parallelism, the head split with it) nor the
+  // log-sum-exp.
+  const int64_t kept_layers = kept_attention_layers();
+  const bool kept = kept_layers == n;
+  if (kept_layers > 0) {
+    b.kept_output.assign(static_cast<size_t>(kept_layers), nullptr);
+    b.kept_lse.assign(static_cast<size_t>(kept_layers), nullptr);
     Carver cv;
-    for (int64_t l = 0; l < n; ++l) {
-      cv.add(&b.kept_output[static_cast<size_t>(l)], T * C, es);
-      cv.add(&b.kept_lse[static_cast<size_t>(l)], batch_ * H * Lp, f4);
+    for (size_t i = 0; i < b.kept_output.size(); ++i) {
+      cv.add(&b.kept_output[i], T * C, es);
+      cv.add(&b.kept_lse[i], batch_ * H * Lp, f4);
     }
-    SCIATTN_TRY(
-        carve(cv, "attention outputs kept (output and log-sum-exp), L x ([T, C] + [B, H, Lp] f32)",
-              "activations", kPhaseForward | kPhaseBackward));
+    SCIATTN_TRY(carve(cv,
+                      "attention outputs kept (output and log-sum-exp), " +
+                          std::to_string(kept_layers) + " x ([T, C] + [B, H, Lp] f32)",
+                      "activations", kPhaseForward | kPhaseBackward));
   }
 
   // Per-layer activations: all layers, or one recomputed set.
@@ -595,16 +597,22 @@ void* GptModel::boundary(int64_t l) const {
   return buffers_->resid[i];
 }
 
-bool GptModel::keeps_attention() const {
-  return memory_.checkpoint_layers && memory_.keep_attention_outputs;
+int64_t GptModel::kept_attention_layers() const {
+  if (!memory_.checkpoint_layers) return 0;
+  return std::clamp<int64_t>(memory_.keep_attention_layers, 0, config_.n_layers);
+}
+
+bool GptModel::keeps_attention(int64_t layer) const {
+  return layer >= config_.n_layers - kept_attention_layers();
 }
 
 LayerActivations GptModel::layer_activations(int64_t layer) const {
   const Buffers& b = *buffers_;
   LayerActivations a = b.acts[memory_.checkpoint_layers ? 0 : static_cast<size_t>(layer)];
-  if (keeps_attention()) {
-    (sp_size_ > 1 ? a.atty_heads : a.atty) = b.kept_output[static_cast<size_t>(layer)];
-    a.lse = b.kept_lse[static_cast<size_t>(layer)];
+  if (keeps_attention(layer)) {
+    const auto i = static_cast<size_t>(layer - (config_.n_layers - kept_attention_layers()));
+    (sp_size_ > 1 ? a.atty_heads : a.atty) = b.kept_output[i];
+    a.lse = b.kept_lse[i];
   }
   return a;
 }
@@ -761,7 +769,7 @@ Status GptModel::layer_forward(int64_t layer, const void* in, void* out, bool re
   const TensorView lse =
       TensorView::contiguous(a.lse, DType::kF32, {batch_, H, attention_.padded_length}, d);
   // Recomputing with the outputs kept: the attention's output and log-sum-exp are already there.
-  if (!(recompute && keeps_attention())) {
+  if (!(recompute && keeps_attention(layer))) {
     SCIATTN_TRY(be.attention_forward({&attention_.index, qkv5, atty4, lse}));
   }
   if (sp) SCIATTN_TRY(heads_to_sequence(atty_heads, a.atty, 1));

@@ -73,6 +73,25 @@ Status stored_blocks(const PlanInput& in, int64_t block, int64_t padded, uint64_
   return Status::ok_status();
 }
 
+// The largest u in [0, max_units] whose plan, with `vary(u, &input)` applied, fits both budgets
+// (0 when none of 1 .. max_units does). Plans grow with u, so this is a bisection.
+template <typename Vary>
+Status largest_fitting(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,
+                       int64_t max_units, const Vary& vary, int64_t* out) {
+  // Invariant: lo units fit (or lo = 0), hi units do not (or hi = max_units + 1).
+  int64_t lo = 0, hi = max_units + 1;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    PlanInput in = input;
+    vary(mid, &in);
+    MemoryPlan plan;
+    SCIATTN_TRY(plan_training_memory(in, &plan));
+    (plan_fits(plan, device_budget, host_budget) ? lo : hi) = mid;
+  }
+  *out = lo;
+  return Status::ok_status();
+}
+
 }  // namespace
 
 Status plan_training_memory(const PlanInput& in, MemoryPlan* out) {
@@ -185,31 +204,33 @@ Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t
         std::to_string(input.sequence_parallel_size) +
         " (each rank holds sequence_length / sequence_parallel_size tokens)");
   }
-  auto fits = [&](int64_t units, bool* result) -> Status {
-    PlanInput in = input;
-    in.model.sequence_length = units * granularity;
-    if (in.model.positions == PositionEncoding::kLearned) {
-      in.model.max_position_embeddings = in.model.sequence_length;
-    }
-    MemoryPlan plan;
-    SCIATTN_TRY(plan_training_memory(in, &plan));
-    *result = plan_fits(plan, device_budget, host_budget);
-    return Status::ok_status();
-  };
   // Lengths past the sparse layout's limit have no layout to plan with.
   if (const int64_t limit = sparse_layout_max_length(input); limit > 0) {
     max_length = std::min(max_length, limit);
   }
-  // Invariant: lo units fit (or lo = 0), hi units do not (or hi = the maximum + 1).
-  int64_t lo = 0, hi = max_length / granularity + 1;
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    bool ok = false;
-    SCIATTN_TRY(fits(mid, &ok));
-    (ok ? lo : hi) = mid;
-  }
-  *out = lo * granularity;
+  int64_t units = 0;
+  SCIATTN_TRY(largest_fitting(
+      input, device_budget, host_budget, max_length / granularity,
+      [&](int64_t u, PlanInput* in) {
+        in->model.sequence_length = u * granularity;
+        if (in->model.positions == PositionEncoding::kLearned) {
+          in->model.max_position_embeddings = in->model.sequence_length;
+        }
+      },
+      &units));
+  *out = units * granularity;
   return Status::ok_status();
+}
+
+Status most_kept_attention_layers(const PlanInput& input, uint64_t device_budget,
+                                  uint64_t host_budget, int64_t* out) {
+  *out = 0;
+  if (!input.memory.checkpoint_layers && !input.memory.offload_checkpoints) {
+    return Status::ok_status();
+  }
+  return largest_fitting(
+      input, device_budget, host_budget, input.model.n_layers,
+      [](int64_t k, PlanInput* in) { in->memory.keep_attention_layers = k; }, out);
 }
 
 Status plan_techniques(const PlanInput& input, uint64_t device_budget, uint64_t host_budget,

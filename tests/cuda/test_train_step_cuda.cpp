@@ -186,10 +186,10 @@ TEST_P(TrainStepCuda, MemoryTechniquesAreBitwiseOnTheGpu) {
   cases[5].m.lm_head_tile_tokens = 48;
   cases[6].name = "checkpointing, attention outputs kept";
   cases[6].m.checkpoint_layers = true;
-  cases[6].m.keep_attention_outputs = true;
-  cases[7].name = "all and attention outputs kept";
+  cases[6].m.keep_attention_layers = kAllLayers;
+  cases[7].name = "all and the last 2 of 3 layers' attention outputs kept";
   cases[7].m = cases[5].m;
-  cases[7].m.keep_attention_outputs = true;
+  cases[7].m.keep_attention_layers = 2;
   for (const Named& k : cases) {
     EXPECT_TRUE(same_bits(base, model_step(*gpu, c, k.m, 2))) << k.name;
   }

@@ -275,6 +275,38 @@ TEST(TrainCli, BadInputIsNamed) {
   r = run("train --demo --resume " + f.config);
   EXPECT_NE(r.exit_code, 0);
   expect_contains(r, "does not start with the magic \"SCIACKPT\"");
+  r = run("train --config " + f.config + files + " --lr 1e-3 --keep-attention-layers two");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "--keep-attention-layers two: give a number of layers >= 0 or auto");
+  r = run("train --config " + f.config + files +
+          " --lr 1e-3 --keep-attention-outputs --keep-attention-layers 1");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_contains(r, "give one of --keep-attention-outputs (every layer) and");
+}
+
+// --keep-attention-layers: a count (the last N layers), or auto, the most the plan fits (here
+// every layer of 2, in the host budget given).
+TEST(TrainCli, KeepAttentionLayersCountOrAuto) {
+  Files f;
+  ASSERT_EQ(run("data --text " + f.text + " --lines --out " + f.tokens).exit_code, 0);
+  const std::string base = "train --device cpu --config " + f.config + " --model " + f.model +
+                           " --data " + f.tokens + " --lr 1e-3 --steps 1 --checkpoint-layers";
+  Result r = run(base + " --keep-attention-layers 1 --memory");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "attention outputs kept (1 of 2 layers)");
+  expect_contains(r, "attention outputs kept (output and log-sum-exp), 1 x");
+  r = run(base + " --keep-attention-layers auto --host-memory-gib 100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r,
+                  "attention outputs kept (2 of 2 layers; auto: the most the plan fits in "
+                  "100.00 GiB (--host-memory-gib))");
+  r = run("train --plan --device cuda --config " + f.config + " --model " + f.model +
+          " --lr 1e-3 --steps 1 --checkpoint-layers --keep-attention-layers auto "
+          "--device-memory-gib 100 --plan-max-tokens 4096 --plan-granularity 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r,
+                  "attention outputs kept for 2 of 2 layers (auto: the most the plan fits in "
+                  "98.00 GiB (--device-memory-gib, less 2 GiB))");
 }
 
 // A TCP port nobody listened on a moment ago, for a group started by hand.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sciattn/train/plan.h"
 #include "train_test_util.h"
 
 namespace sciattn::train {
@@ -86,10 +87,12 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
     expect_same(base, run_step(c, lm, chunk, 0), "LM-head tile " + std::to_string(tile));
   }
   MemoryOptions kept = ckpt;
-  kept.keep_attention_outputs = true;
+  kept.keep_attention_layers = kAllLayers;
   expect_same(base, run_step(c, kept, chunk, 0), "checkpointing, attention outputs kept");
+  kept.keep_attention_layers = 1;  // of 2: layer 1 skips the attention, layer 0 recomputes it
+  expect_same(base, run_step(c, kept, chunk, 0), "checkpointing, one layer's outputs kept");
   MemoryOptions kept_alone;  // no checkpointing: every activation is kept anyway
-  kept_alone.keep_attention_outputs = true;
+  kept_alone.keep_attention_layers = kAllLayers;
   expect_same(base, run_step(c, kept_alone, chunk, 0), "attention outputs kept alone");
   MemoryOptions all;
   all.checkpoint_layers = true;
@@ -98,7 +101,7 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
   expect_same(base, run_step(c, all, chunk, 0), "all three");
   all.offload_checkpoints = true;
   expect_same(base, run_step(c, all, chunk, 0), "all four");
-  all.keep_attention_outputs = true;
+  all.keep_attention_layers = kAllLayers;
   expect_same(base, run_step(c, all, chunk, 0), "all five");
   // A tile that is not a multiple of the chunk is rounded up to one (5 -> 8 here).
   MemoryOptions odd;
@@ -185,13 +188,13 @@ TEST(TrainModel, ParameterHooksComeInGroupOrder) {
 TEST(TrainModel, MemoryPlanEqualsTheModelsLedger) {
   const GptConfig c = tiny_config(PositionEncoding::kLearned, false, 13);
   auto be = cpu_backend(4);
-  for (int k = 0; k < 32; ++k) {
+  for (int k = 0; k < 48; ++k) {
     MemoryOptions m;
     m.checkpoint_layers = (k & 1) != 0;
     m.offload_checkpoints = (k & 2) != 0;
     m.mlp_tile_tokens = (k & 4) != 0 ? 8 : 0;
     m.lm_head_tile_tokens = (k & 8) != 0 ? 12 : 0;
-    m.keep_attention_outputs = (k & 16) != 0;
+    m.keep_attention_layers = k < 16 ? 0 : k < 32 ? 1 : kAllLayers;
     std::unique_ptr<GptModel> model;
     ASSERT_TRUE(GptModel::create(c, nullptr, 2, m, be.get(), &model).ok());
     MemoryLedger plan;
@@ -216,12 +219,58 @@ TEST(TrainModel, MemoryPlanEqualsTheModelsLedger) {
   EXPECT_EQ(plan.total(Device::kCpu), uint64_t{23} * (uint64_t{1} << 20) * 2048 * 2);
   // Keeping the attention outputs adds 24 layers' [T, C] bf16 and [H, T] f32 on the device, less
   // the recomputed set's own output and log-sum-exp (blocks of 128 at 1M tokens: no padding).
-  m.keep_attention_outputs = true;
+  m.keep_attention_layers = kAllLayers;
   MemoryLedger kept;
   ASSERT_TRUE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &kept).ok());
   const uint64_t per_layer = (uint64_t{1} << 20) * (2048 * 2 + 16 * 4);
   EXPECT_EQ(kept.total(Device::kCuda) - plan.total(Device::kCuda), 23 * per_layer);
   EXPECT_EQ(kept.total(Device::kCpu), plan.total(Device::kCpu));
+  // Some layers only: the recomputed set keeps its own output and log-sum-exp for the others.
+  m.keep_attention_layers = 5;
+  MemoryLedger some;
+  ASSERT_TRUE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &some).ok());
+  EXPECT_EQ(some.total(Device::kCuda) - plan.total(Device::kCuda), 5 * per_layer);
+  m.keep_attention_layers = -1;
+  EXPECT_FALSE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &some).ok());
+}
+
+// most_kept_attention_layers: the largest k whose plan fits, found by bisection over 0 .. n.
+TEST(TrainModel, MostKeptAttentionLayersFillTheBudget) {
+  PlanInput in;
+  in.model = tiny_config(PositionEncoding::kRotary, false, 13);
+  in.model.n_layers = 5;
+  in.micro_batch = 2;
+  in.memory.checkpoint_layers = true;
+  in.compute_dtype = DType::kF32;
+  in.device = Device::kCpu;
+  in.token_chunk = 4;
+  std::vector<uint64_t> host(6);
+  for (int64_t k = 0; k <= 5; ++k) {
+    PlanInput at = in;
+    at.memory.keep_attention_layers = k;
+    MemoryPlan plan;
+    ASSERT_TRUE(plan_training_memory(at, &plan).ok());
+    host[static_cast<size_t>(k)] = plan.host_bytes;
+    if (k > 0 && k < 5) {
+      EXPECT_GT(host[static_cast<size_t>(k)], host[static_cast<size_t>(k - 1)]);
+    }
+  }
+  // Keeping every layer costs what keeping all but one does: the recomputed set then drops its
+  // own output and log-sum-exp.
+  EXPECT_EQ(host[5], host[4]);
+  auto most = [&](uint64_t budget) {
+    int64_t k = -1;
+    EXPECT_TRUE(most_kept_attention_layers(in, 0, budget, &k).ok());
+    return k;
+  };
+  EXPECT_EQ(most(host[0] - 1), 0);
+  EXPECT_EQ(most(host[0]), 0);
+  EXPECT_EQ(most(host[3] - 1), 2);
+  EXPECT_EQ(most(host[3]), 3);
+  EXPECT_EQ(most(host[4]), 5);
+  EXPECT_EQ(most(host[5] * 2), 5);
+  in.memory.checkpoint_layers = false;  // nothing to keep without checkpointing
+  EXPECT_EQ(most(host[5] * 2), 0);
 }
 
 TEST(TrainModel, SharedLayoutIndexIsStoredForOneHead) {

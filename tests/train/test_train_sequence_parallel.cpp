@@ -118,7 +118,7 @@ struct ModelCase {
   bool tied;
   int64_t layers;
   // 0: none; 1: checkpointing (offloaded), MLP and LM-head tiles; 2: those and the attention
-  // outputs kept (in the head split)
+  // outputs kept (in the head split); 3: those and the last layer's attention outputs kept
   int techniques;
 };
 
@@ -138,7 +138,7 @@ TEST_P(SequenceParallelModel, GradientsEqualOneRankOnTheWholeSequence) {
     memory.offload_checkpoints = true;
     memory.mlp_tile_tokens = 4;
     memory.lm_head_tile_tokens = 4;
-    memory.keep_attention_outputs = mc.techniques == 2;
+    memory.keep_attention_layers = mc.techniques == 2 ? kAllLayers : mc.techniques == 3 ? 1 : 0;
   }
   const ModelRun one = run_model(c, 1, MemoryOptions{});  // the techniques change no bits
   const ModelRun par = run_model(c, sp, memory);
@@ -172,7 +172,9 @@ INSTANTIATE_TEST_SUITE_P(
                           ModelCase{"learned", PositionEncoding::kLearned, true, 2, 0},
                           ModelCase{"rotary_untied", PositionEncoding::kRotary, false, 2, 0},
                           ModelCase{"rotary_techniques", PositionEncoding::kRotary, true, 2, 1},
-                          ModelCase{"attention_kept", PositionEncoding::kLearned, false, 2, 2})),
+                          ModelCase{"attention_kept", PositionEncoding::kLearned, false, 2, 2},
+                          ModelCase{"attention_kept_last", PositionEncoding::kRotary, false, 2,
+                                    3})),
     [](const ::testing::TestParamInfo<std::tuple<int, ModelCase>>& i) {
       return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param).name;
     });

@@ -107,6 +107,9 @@ ParameterLayout gpt_parameter_layout(const GptConfig& config, int64_t total_mult
 // on every thread count.
 void init_gpt_parameters(const GptConfig& config, const ParameterLayout& layout, float* params);
 
+// MemoryOptions::keep_attention_layers for every layer.
+inline constexpr int64_t kAllLayers = int64_t{1} << 40;
+
 // The memory techniques; each changes what is kept, never the result (gradients are bitwise equal
 // on and off).
 struct MemoryOptions {
@@ -117,11 +120,12 @@ struct MemoryOptions {
   // reverse layer order during the backward, one layer ahead of its use, so the back end holds
   // two layers' inputs instead of n_layers + 1 ("cpu_checkpointing").
   bool offload_checkpoints = false;
-  // With checkpointing: also keep each layer's attention output and log-sum-exp from the
-  // forward (on the back end, n_layers x ([T, C] + [B, H, L] f32)), so that the recomputation
-  // in the backward stops short of the attention: the attention's forward runs once a step
-  // instead of twice. Without checkpointing every activation is kept anyway (no effect).
-  bool keep_attention_outputs = false;
+  // With checkpointing: the last k layers (k = keep_attention_layers; kAllLayers or any k >=
+  // n_layers: every layer) also keep their attention output and log-sum-exp from the forward
+  // (on the back end, k x ([T, C] + [B, H, L] f32)), so that their recomputation in the backward
+  // stops short of the attention: the attention's forward runs once a step there instead of
+  // twice. Without checkpointing every activation is kept anyway (no effect).
+  int64_t keep_attention_layers = 0;
   // Run the MLP over tiles of this many tokens, keeping neither its [T, F] activations nor
   // gradients whole; 0 = untiled. Rounded up to a multiple of the back end's token chunk.
   int64_t mlp_tile_tokens = 0;
@@ -242,6 +246,10 @@ class GptModel {
   const ParameterLayout& layout() const { return layout_; }
   const AttentionPlan& attention() const { return attention_; }
   const MemoryOptions& memory_options() const { return memory_; }
+  // The layers whose attention outputs are kept (MemoryOptions::keep_attention_layers with
+  // checkpointing: the last kept_attention_layers() of them), and whether `layer` is one.
+  int64_t kept_attention_layers() const;
+  bool keeps_attention(int64_t layer) const;
   int64_t batch() const { return batch_; }
   // The sequence-parallel group's size and this rank's place in it (1 and 0 without one), and
   // the tokens of a micro-batch this rank holds: batch x sequence_length / size.
@@ -306,11 +314,8 @@ class GptModel {
   // The device buffer holding layer boundary l (the embedding's output for l = 0, then layer
   // l - 1's output): one of two alternating buffers when checkpoints are offloaded.
   void* boundary(int64_t l) const;
-  // Whether the attention's outputs are kept per layer (MemoryOptions::keep_attention_outputs
-  // with checkpointing).
-  bool keeps_attention() const;
   // Layer `layer`'s activations: its own set, or the one set checkpointing recomputes, with the
-  // attention's output and log-sum-exp in the layer's kept buffers when keeps_attention().
+  // attention's output and log-sum-exp in the layer's kept buffers when keeps_attention(layer).
   LayerActivations layer_activations(int64_t layer) const;
   Status hook_forward(int64_t group);
   Status hook_backward(int64_t group);

@@ -84,6 +84,12 @@ Status longest_sequence(const PlanInput& input, uint64_t device_budget, uint64_t
 // config (no limit of this kind).
 int64_t sparse_layout_max_length(const PlanInput& input);
 
+// The most layers (0 .. n_layers) that can keep their attention outputs
+// (MemoryOptions::keep_attention_layers, input.memory's own value ignored) with the plan still
+// fitting both budgets; 0 without checkpointing or when even 0 does not fit.
+Status most_kept_attention_layers(const PlanInput& input, uint64_t device_budget,
+                                  uint64_t host_budget, int64_t* out);
+
 // The table `sciattn train --plan` prints: for each technique switched on in turn (none;
 // per-layer checkpointing; + MLP and LM-head tiles; + checkpoint offload; + optimizer offload;
 // and checkpoint offload without optimizer offload's), the longest sequence that fits and the
