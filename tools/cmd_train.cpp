@@ -495,6 +495,12 @@ void run_train(const TrainArgs& a) {
   std::string keep_why;
   options.memory.keep_attention_layers = kept_attention_layers(
       a, model, config, device, world, world > 1 ? ranks.local_rank : 0, &keep_why);
+  if (options.memory.keep_attention_layers > 0 && !a.checkpoint_layers && !a.offload_checkpoints &&
+      !config.activation_checkpointing && (ranks.rank == 0 || world == 1)) {
+    std::cerr << "warning: --keep-attention-outputs / --keep-attention-layers keep what "
+                 "checkpointing would recompute; without checkpointing (--checkpoint-layers, or "
+                 "the config's activation_checkpointing) every activation is kept already\n";
+  }
   options.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   options.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   options.offload_optimizer = a.offload_optimizer;

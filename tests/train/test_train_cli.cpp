@@ -295,6 +295,10 @@ TEST(TrainCli, KeepAttentionLayersCountOrAuto) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_contains(r, "attention outputs kept (1 of 2 layers)");
   expect_contains(r, "attention outputs kept (output and log-sum-exp), 1 x");
+  r = run("train --device cpu --config " + f.config + " --model " + f.model + " --data " +
+          f.tokens + " --lr 1e-3 --steps 1 --keep-attention-outputs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "without checkpointing (--checkpoint-layers, or the config's");
   r = run(base + " --keep-attention-layers auto --host-memory-gib 100");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_contains(r,
