@@ -21,9 +21,9 @@ and an out-of-memory fails only that row):
                in the result as sdpa_ops), so the backward's recomputation skips the attention
 sciattn side: `sciattn train --device cuda` with bf16 and the matching switches (plain; the
 activation_checkpointing flag; + --mlp-tile-tokens and --lm-head-tile-tokens; + offloaded
-checkpoints; + --keep-attention-outputs), and `opt_offload` (everything but the kept attention
-outputs, the optimizer offloaded too, no PyTorch peer). The default runs every recipe but the two
-*_keep ones.
+checkpoints; + --keep-attention-outputs, or --keep-attention-layers N|auto with --keep-layers),
+and `opt_offload` (everything but the kept attention outputs, the optimizer offloaded too, no
+PyTorch peer). The default runs every recipe but the two *_keep ones.
 Each run trains --warmup + --steps steps of batch 1; the timed steps' mean is reported.
 
 Columns: step time, tokens/s, MFU (6 x matrix parameters x tokens + the causal attention's
@@ -38,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -278,6 +279,8 @@ def run_sciattn(args, recipe, tokens, work):
                    "steps_per_print": 1}, f)
     log = os.path.join(work, f"log_{recipe}_{tokens}.jsonl")
     flags = [x.format(tile=args.tile) for x in SCIATTN_FLAGS[recipe]]
+    if recipe.endswith("_keep") and args.keep_layers != "all":
+        flags = [x for x in flags if x not in KEEP] + ["--keep-attention-layers", args.keep_layers]
     cmd = [args.sciattn, "train", "--device", args.device, "--config", config, "--model", model,
            "--data", data, "--steps", str(steps), "--log", log, "--no-shuffle",
            "--peak-tflops", str(args.peak_tflops)] + flags
@@ -293,6 +296,9 @@ def run_sciattn(args, recipe, tokens, work):
     with open(log) as f:
         records = [json.loads(line) for line in f if line.strip()]
     timed = records[args.warmup:]
+    kept = re.findall(r"attention outputs kept \((\d+ of \d+ layers)", p.stdout)
+    if kept:  # the run's summary: "attention outputs kept (k of n layers; why)"
+        base["kept_attention"] = kept[-1]
     return dict(base, seconds=sum(r["seconds"] for r in timed) / len(timed),
                 losses=[r["loss"] for r in records],
                 peak_gpu_bytes=max(r.get("peak_device_bytes", 0) for r in records),
@@ -319,6 +325,9 @@ def main():
     ap.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
                     help="comma-separated, of " + ", ".join(RECIPES))
     ap.add_argument("--sides", default="pytorch,sciattn")
+    ap.add_argument("--keep-layers", default="all",
+                    help="sciattn's *_keep recipes: all layers, a count N or auto "
+                         "(--keep-attention-layers; PyTorch's keep every layer)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps")
     ap.add_argument("--warmup", type=int, default=1, help="untimed first steps")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
@@ -364,7 +373,7 @@ def main():
     meta = {"d_model": args.d_model, "layers": args.layers, "heads": args.heads,
             "vocab": args.vocab, "tile": args.tile, "steps": args.steps, "warmup": args.warmup,
             "peak_tflops": args.peak_tflops, "date": time.strftime("%Y-%m-%d"),
-            "sciattn": args.sciattn}
+            "sciattn": args.sciattn, "keep_layers": args.keep_layers}
     try:
         import torch
         meta.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
@@ -390,6 +399,10 @@ def main():
         print(f"{r['tokens']:>8} {r['recipe']:15} {r['side']:8} {r['seconds']:8.2f} "
               f"{r['tokens_per_second']:9.0f} {100 * r['mfu']:5.1f}% {gib(r['peak_gpu_bytes']):>8} "
               f"{gib(r['peak_host_bytes']):>9} {ratio:>9}")
+    for r in rows:
+        if r.get("kept_attention"):
+            print(f"sciattn {r['recipe']} at {r['tokens']} tokens kept the attention outputs of "
+                  f"{r['kept_attention']}")
     for ops in sorted({", ".join(r["sdpa_ops"]) for r in rows if r.get("sdpa_ops")}):
         print(f"PyTorch's *_keep recipes saved the outputs of {ops}")
     failed = [r for r in rows if r["side"] == "sciattn" and "error" in r]
