@@ -67,6 +67,7 @@ struct TrainArgs {
   bool checkpoint_layers = false;
   bool offload_checkpoints = false;
   bool keep_attention_outputs = false;
+  bool offload_attention_outputs = false;
   std::string keep_attention_layers;  // a count or "auto"; empty: none
   bool offload_optimizer = false;
   bool no_shuffle = false;
@@ -269,6 +270,7 @@ train::PlanInput plan_input(const TrainArgs& a, const train::GptConfig& model,
   in.memory.checkpoint_layers = a.checkpoint_layers || config.activation_checkpointing;
   in.memory.offload_checkpoints = a.offload_checkpoints || config.cpu_checkpointing;
   in.memory.keep_attention_layers = kept_layers;
+  in.memory.offload_attention_outputs = a.offload_attention_outputs;
   in.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   in.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   in.offload_optimizer = a.offload_optimizer || config.offload_optimizer;
@@ -501,6 +503,15 @@ void run_train(const TrainArgs& a) {
                  "checkpointing would recompute; without checkpointing (--checkpoint-layers, or "
                  "the config's activation_checkpointing) every activation is kept already\n";
   }
+  options.memory.offload_attention_outputs = a.offload_attention_outputs;
+  if (a.offload_attention_outputs && (ranks.rank == 0 || world == 1) &&
+      (options.memory.keep_attention_layers == 0 ||
+       !(a.offload_checkpoints || config.cpu_checkpointing))) {
+    std::cerr << "warning: --offload-attention-outputs moves kept attention outputs to host "
+                 "memory with the checkpoints; it needs --offload-checkpoints (or the config's "
+                 "cpu_checkpointing) and kept outputs (--keep-attention-outputs or "
+                 "--keep-attention-layers), and does nothing here\n";
+  }
   options.memory.mlp_tile_tokens = a.mlp_tile_tokens;
   options.memory.lm_head_tile_tokens = a.lm_head_tile_tokens;
   options.offload_optimizer = a.offload_optimizer;
@@ -583,6 +594,8 @@ void run_train(const TrainArgs& a) {
             << (m.kept_attention_layers() > 0
                     ? ", attention outputs kept (" + std::to_string(m.kept_attention_layers()) +
                           " of " + std::to_string(model.n_layers) + " layers" +
+                          (mem.offload_checkpoints && mem.offload_attention_outputs ? ", offloaded"
+                                                                                    : "") +
                           (keep_why.empty() ? "" : "; " + keep_why) + ")"
                     : std::string())
             << ", MLP tiles "
@@ -735,6 +748,10 @@ void add_train_command(CLI::App& app) {
                   "the same for the last N layers only, or auto: as many as the memory plan "
                   "fits in the device budget (--device-memory-gib, default the GPU's memory "
                   "less 1.5 GiB) less 2 GiB");
+  cmd->add_flag("--offload-attention-outputs", a->offload_attention_outputs,
+                "with --offload-checkpoints, the kept attention outputs go to host memory too "
+                "(copied out in the forward, back one kept layer ahead of the backward): two "
+                "layers' of them on the device, the rest in host memory, which then bounds auto");
   cmd->add_flag("--offload-optimizer", a->offload_optimizer,
                 "fp32 master weights and AdamW state in host memory, the CPU AdamW overlapping "
                 "the next forward (also zero_optimization.offload_optimizer.device \"cpu\")");

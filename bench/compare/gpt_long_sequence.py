@@ -21,7 +21,8 @@ and an out-of-memory fails only that row):
                in the result as sdpa_ops), so the backward's recomputation skips the attention
 sciattn side: `sciattn train --device cuda` with bf16 and the matching switches (plain; the
 activation_checkpointing flag; + --mlp-tile-tokens and --lm-head-tile-tokens; + offloaded
-checkpoints; + --keep-attention-outputs, or --keep-attention-layers N|auto with --keep-layers),
+checkpoints; + --keep-attention-outputs, or --keep-attention-layers N|auto with --keep-layers;
+offload_keep + --offload-attention-outputs with --offload-outputs),
 and `opt_offload` (everything but the kept attention outputs, the optimizer offloaded too, no
 PyTorch peer). The default runs every recipe but the two *_keep ones.
 Each run trains --warmup + --steps steps of batch 1; the timed steps' mean is reported.
@@ -281,6 +282,8 @@ def run_sciattn(args, recipe, tokens, work):
     flags = [x.format(tile=args.tile) for x in SCIATTN_FLAGS[recipe]]
     if recipe.endswith("_keep") and args.keep_layers != "all":
         flags = [x for x in flags if x not in KEEP] + ["--keep-attention-layers", args.keep_layers]
+    if recipe == "offload_keep" and args.offload_outputs:
+        flags.append("--offload-attention-outputs")
     cmd = [args.sciattn, "train", "--device", args.device, "--config", config, "--model", model,
            "--data", data, "--steps", str(steps), "--log", log, "--no-shuffle",
            "--peak-tflops", str(args.peak_tflops)] + flags
@@ -328,6 +331,9 @@ def main():
     ap.add_argument("--keep-layers", default="all",
                     help="sciattn's *_keep recipes: all layers, a count N or auto "
                          "(--keep-attention-layers; PyTorch's keep every layer)")
+    ap.add_argument("--offload-outputs", action="store_true",
+                    help="sciattn's offload_keep: the kept outputs go to host memory with the "
+                         "checkpoints (--offload-attention-outputs)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps")
     ap.add_argument("--warmup", type=int, default=1, help="untimed first steps")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
@@ -373,7 +379,8 @@ def main():
     meta = {"d_model": args.d_model, "layers": args.layers, "heads": args.heads,
             "vocab": args.vocab, "tile": args.tile, "steps": args.steps, "warmup": args.warmup,
             "peak_tflops": args.peak_tflops, "date": time.strftime("%Y-%m-%d"),
-            "sciattn": args.sciattn, "keep_layers": args.keep_layers}
+            "sciattn": args.sciattn, "keep_layers": args.keep_layers,
+            "offload_outputs": args.offload_outputs}
     try:
         import torch
         meta.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)

@@ -190,8 +190,15 @@ struct GptModel::Buffers {
   std::vector<LayerActivations> acts;             // n_layers, or 1 (recomputed) with checkpointing
   // Kept attention outputs (MemoryOptions::keep_attention_layers with checkpointing): for kept
   // layer i (layer n_layers - k + i), the attention's output as it writes it ([T, C], the head
-  // split with sequence parallelism) and its log-sum-exp [B, H/P, Lp] f32.
+  // split with sequence parallelism) and its log-sum-exp [B, H/P, Lp] f32; offloaded, two slots
+  // that alternate (kept layer i in slot i % 2), host memory for kept layers 0 .. k - 3
+  // ([k - 2, T, C] and [k - 2, B, H/P, Lp]; the last two never leave the device) and the copies'
+  // tickets of the current micro-batch.
   std::vector<void*> kept_output, kept_lse;
+  void* host_kept_output = nullptr;
+  void* host_kept_lse = nullptr;
+  // [2 k]: the output and log-sum-exp copies of kept layer i at 2 i and 2 i + 1.
+  std::vector<CopyTicket> kept_offloaded, kept_prefetched;
   void* lnf = nullptr;       // [T, C]
   void* lnf_mean = nullptr;  // [T] f32
   void* lnf_rstd = nullptr;  // [T] f32
@@ -224,6 +231,8 @@ GptModel::~GptModel() {
     if (buffers_ != nullptr) {
       for (const CopyTicket& t : buffers_->offloaded) backend_->finish_copy(t);
       for (const CopyTicket& t : buffers_->prefetched) backend_->finish_copy(t);
+      for (const CopyTicket& t : buffers_->kept_offloaded) backend_->finish_copy(t);
+      for (const CopyTicket& t : buffers_->kept_prefetched) backend_->finish_copy(t);
       for (void* p : buffers_->allocations) backend_->release(p);
       for (void* p : buffers_->host_allocations) backend_->release_host(p);
     }
@@ -401,17 +410,33 @@ Status GptModel::plan_and_allocate(bool allocate, const float* initial_params) {
   const int64_t kept_layers = kept_attention_layers();
   const bool kept = kept_layers == n;
   if (kept_layers > 0) {
-    b.kept_output.assign(static_cast<size_t>(kept_layers), nullptr);
-    b.kept_lse.assign(static_cast<size_t>(kept_layers), nullptr);
+    const bool offload_kept = offloads_attention_outputs();
+    const int64_t slots = offload_kept ? std::min<int64_t>(kept_layers, 2) : kept_layers;
+    b.kept_output.assign(static_cast<size_t>(slots), nullptr);
+    b.kept_lse.assign(static_cast<size_t>(slots), nullptr);
     Carver cv;
     for (size_t i = 0; i < b.kept_output.size(); ++i) {
       cv.add(&b.kept_output[i], T * C, es);
       cv.add(&b.kept_lse[i], batch_ * H * Lp, f4);
     }
-    SCIATTN_TRY(carve(cv,
-                      "attention outputs kept (output and log-sum-exp), " +
-                          std::to_string(kept_layers) + " x ([T, C] + [B, H, Lp] f32)",
-                      "activations", kPhaseForward | kPhaseBackward));
+    SCIATTN_TRY(carve(
+        cv,
+        std::string(offload_kept ? "attention outputs kept, in use " : "attention outputs kept ") +
+            "(output and log-sum-exp), " + std::to_string(slots) + " x ([T, C] + [B, H, Lp] f32)",
+        "activations", kPhaseForward | kPhaseBackward));
+    if (offload_kept) {
+      b.kept_offloaded.assign(static_cast<size_t>(2 * kept_layers), CopyTicket{});
+      b.kept_prefetched.assign(static_cast<size_t>(2 * kept_layers), CopyTicket{});
+      if (kept_layers > 2) {
+        Carver host;
+        host.add(&b.host_kept_output, (kept_layers - 2) * T * C, es);
+        host.add(&b.host_kept_lse, (kept_layers - 2) * batch_ * H * Lp, f4);
+        SCIATTN_TRY(carve(host,
+                          "offloaded attention outputs (kept layers 0 .. k-3), [k-2] x ([T, C] + "
+                          "[B, H, Lp] f32)",
+                          "activations", kPhaseForward | kPhaseBackward, true));
+      }
+    }
   }
 
   // Per-layer activations: all layers, or one recomputed set.
@@ -606,13 +631,19 @@ bool GptModel::keeps_attention(int64_t layer) const {
   return layer >= config_.n_layers - kept_attention_layers();
 }
 
+bool GptModel::offloads_attention_outputs() const {
+  return memory_.offload_checkpoints && memory_.offload_attention_outputs &&
+         kept_attention_layers() > 0;
+}
+
 LayerActivations GptModel::layer_activations(int64_t layer) const {
   const Buffers& b = *buffers_;
   LayerActivations a = b.acts[memory_.checkpoint_layers ? 0 : static_cast<size_t>(layer)];
   if (keeps_attention(layer)) {
-    const auto i = static_cast<size_t>(layer - (config_.n_layers - kept_attention_layers()));
-    (sp_size_ > 1 ? a.atty_heads : a.atty) = b.kept_output[i];
-    a.lse = b.kept_lse[i];
+    const int64_t i = layer - (config_.n_layers - kept_attention_layers());
+    const auto slot = static_cast<size_t>(offloads_attention_outputs() ? i % 2 : i);
+    (sp_size_ > 1 ? a.atty_heads : a.atty) = b.kept_output[slot];
+    a.lse = b.kept_lse[slot];
   }
   return a;
 }
@@ -875,6 +906,26 @@ Status GptModel::layer_backward(int64_t layer, const void* in) {
   return Status::ok_status();
 }
 
+Status GptModel::copy_kept_attention(int64_t i, CopyDirection direction) {
+  Buffers& b = *buffers_;
+  const int64_t T = local_tokens(), C = config_.d_model;
+  const int64_t lse_count = batch_ * (config_.n_heads / sp_size_) * attention_.padded_length;
+  const auto slot = static_cast<size_t>(i % 2);
+  void* host_out = at(b.host_kept_output, i * T * C, act_);
+  void* host_lse = at(b.host_kept_lse, i * lse_count, DType::kF32);
+  const size_t out_bytes = static_cast<size_t>(T * C) * dtype_size(act_);
+  const size_t lse_bytes = static_cast<size_t>(lse_count) * sizeof(float);
+  const bool to_host = direction == CopyDirection::kToHost;
+  std::vector<CopyTicket>& tickets = to_host ? b.kept_offloaded : b.kept_prefetched;
+  const auto t = static_cast<size_t>(2 * i);
+  SCIATTN_TRY(backend_->copy_async(to_host ? host_out : b.kept_output[slot],
+                                   to_host ? b.kept_output[slot] : host_out, out_bytes, direction,
+                                   &tickets[t]));
+  return backend_->copy_async(to_host ? host_lse : b.kept_lse[slot],
+                              to_host ? b.kept_lse[slot] : host_lse, lse_bytes, direction,
+                              &tickets[t + 1]);
+}
+
 Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool with_grad,
                              float grad_scale, MicroBatchResult* out) {
   Backend& be = *backend_;
@@ -908,14 +959,28 @@ Status GptModel::run_forward(const int32_t* inputs, const int32_t* targets, bool
   const TensorView wpe = position_rows(slot_view(layout_, weights_, t, d, "wpe"), sp_rank_ * L);
   SCIATTN_TRY(be.embedding_forward({b.inputs, batch_, L, wte, wpe, act2(boundary(0), T, C)}));
   SCIATTN_TRY(offload_boundary(0));
+  // Offloaded attention outputs: kept layer i's slot held kept layer i - 2, whose copy to the
+  // host must have finished before the layer writes it; kept layers 0 .. k - 3 leave as soon as
+  // they are written (the last two stay for the backward, which starts with them).
+  const bool offload_kept = with_grad && offloads_attention_outputs();
+  const int64_t k = kept_attention_layers();
   for (int64_t l = 0; l < n; ++l) {
     SCIATTN_TRY(hook_forward(l + 1));
     if (offload && l >= 1) {
       // boundary(l + 1) still holds boundary l - 1 until its copy to the host has finished.
       SCIATTN_TRY(be.wait_for_copy(b.offloaded[static_cast<size_t>(l - 1)]));
     }
+    const int64_t i = l - (n - k);  // kept layer index (negative: not kept)
+    if (offload_kept && i >= 2) {
+      for (int part = 0; part < 2; ++part) {
+        SCIATTN_TRY(be.wait_for_copy(b.kept_offloaded[static_cast<size_t>(2 * (i - 2) + part)]));
+      }
+    }
     SCIATTN_TRY(layer_forward(l, boundary(l), boundary(l + 1), false));
     SCIATTN_TRY(offload_boundary(l + 1));
+    if (offload_kept && i >= 0 && i <= k - 3) {
+      SCIATTN_TRY(copy_kept_attention(i, CopyDirection::kToHost));
+    }
   }
   SCIATTN_TRY(hook_forward(n + 1));
   const void* last = boundary(n);
@@ -1007,6 +1072,20 @@ Status GptModel::forward_backward(const int32_t* inputs, const int32_t* targets,
         SCIATTN_TRY(be.copy_async(boundary(l - 1), at(b.host_checkpoints, (l - 1) * T * C, t),
                                   boundary_bytes, CopyDirection::kToDevice,
                                   &b.prefetched[static_cast<size_t>(l - 1)]));
+      }
+    }
+    if (offloads_attention_outputs() && keeps_attention(l)) {
+      // Kept layer i is in its slot: the last two never left; the others came back during kept
+      // layer i + 1's backward. Fetch kept layer i - 1 (when it left) into the other slot,
+      // whose kept layer i + 1 the work queued so far has finished with.
+      const int64_t k = kept_attention_layers(), i = l - (n - k);
+      if (i <= k - 3) {
+        for (int part = 0; part < 2; ++part) {
+          SCIATTN_TRY(be.wait_for_copy(b.kept_prefetched[static_cast<size_t>(2 * i + part)]));
+        }
+      }
+      if (i >= 1 && i - 1 <= k - 3) {
+        SCIATTN_TRY(copy_kept_attention(i - 1, CopyDirection::kToDevice));
       }
     }
     if (memory_.checkpoint_layers) {

@@ -168,7 +168,7 @@ TEST_P(TrainStepCuda, MemoryTechniquesAreBitwiseOnTheGpu) {
     const char* name;
     MemoryOptions m;
   };
-  std::vector<Named> cases(8);
+  std::vector<Named> cases(9);
   cases[0].name = "checkpointing";
   cases[0].m.checkpoint_layers = true;
   cases[1].name = "offloaded checkpoints";
@@ -190,6 +190,10 @@ TEST_P(TrainStepCuda, MemoryTechniquesAreBitwiseOnTheGpu) {
   cases[7].name = "all and the last 2 of 3 layers' attention outputs kept";
   cases[7].m = cases[5].m;
   cases[7].m.keep_attention_layers = 2;
+  cases[8].name = "all, every layer's attention outputs kept and offloaded (layer 0's leave)";
+  cases[8].m = cases[5].m;
+  cases[8].m.keep_attention_layers = kAllLayers;
+  cases[8].m.offload_attention_outputs = true;
   for (const Named& k : cases) {
     EXPECT_TRUE(same_bits(base, model_step(*gpu, c, k.m, 2))) << k.name;
   }

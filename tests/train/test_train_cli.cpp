@@ -313,6 +313,24 @@ TEST(TrainCli, KeepAttentionLayersCountOrAuto) {
                   "98.00 GiB (--device-memory-gib, less 2 GiB))");
 }
 
+// --offload-attention-outputs: with offloaded checkpoints, the kept outputs' summary says so and
+// the ledger has the two slots in use (here every layer of 2: nothing leaves); without offloaded
+// checkpoints it warns that it does nothing.
+TEST(TrainCli, OffloadAttentionOutputsNeedsOffloadedCheckpoints) {
+  Files f;
+  ASSERT_EQ(run("data --text " + f.text + " --lines --out " + f.tokens).exit_code, 0);
+  const std::string base =
+      "train --device cpu --config " + f.config + " --model " + f.model + " --data " + f.tokens +
+      " --lr 1e-3 --steps 1 --keep-attention-outputs --offload-attention-outputs";
+  Result r = run(base + " --offload-checkpoints --memory");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "attention outputs kept (2 of 2 layers, offloaded)");
+  expect_contains(r, "attention outputs kept, in use (output and log-sum-exp), 2 x");
+  r = run(base + " --checkpoint-layers");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r, "warning: --offload-attention-outputs moves kept attention outputs to host");
+}
+
 // A TCP port nobody listened on a moment ago, for a group started by hand.
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

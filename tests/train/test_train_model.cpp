@@ -103,6 +103,8 @@ TEST_P(MemoryTechniques, GiveBitwiseEqualGradients) {
   expect_same(base, run_step(c, all, chunk, 0), "all four");
   all.keep_attention_layers = kAllLayers;
   expect_same(base, run_step(c, all, chunk, 0), "all five");
+  all.offload_attention_outputs = true;
+  expect_same(base, run_step(c, all, chunk, 0), "all five, attention outputs offloaded");
   // A tile that is not a multiple of the chunk is rounded up to one (5 -> 8 here).
   MemoryOptions odd;
   odd.mlp_tile_tokens = 5;
@@ -134,6 +136,38 @@ TEST(TrainModel, OffloadedCheckpointsWithManyLayers) {
         plan_gpt_memory(c, nullptr, 2, offload, DType::kF32, 4, Device::kCpu, &ledger).ok());
     const std::string report = ledger.report();
     EXPECT_EQ(report.find("offloaded checkpoints") != std::string::npos, layers > 1) << report;
+  }
+}
+
+// Kept attention outputs offloaded with the checkpoints: kept layers 0 .. k - 3 go to host memory
+// and come back in the backward through two alternating slots. Every count of kept layers, on
+// models with more layers than slots, gives the bits of the plain step (run_step's two
+// micro-batches: the second reuses the first's slots and tickets), and the plan is the model's
+// ledger.
+TEST(TrainModel, OffloadedAttentionOutputsWithManyLayers) {
+  auto be = cpu_backend(4);
+  for (int64_t layers : {1, 3, 5}) {
+    GptConfig c = tiny_config(PositionEncoding::kRotary, true, 13);
+    c.n_layers = layers;
+    const StepResult plain = run_step(c, MemoryOptions{}, 4, 0);
+    for (int64_t kept = 1; kept <= layers; ++kept) {
+      MemoryOptions m;
+      m.offload_checkpoints = true;
+      m.keep_attention_layers = kept;
+      m.offload_attention_outputs = true;
+      m.mlp_tile_tokens = 8;
+      const std::string what =
+          std::to_string(kept) + " of " + std::to_string(layers) + " layers kept, offloaded";
+      expect_same(plain, run_step(c, m, 4, 0), what);
+      std::unique_ptr<GptModel> model;
+      ASSERT_TRUE(GptModel::create(c, nullptr, 2, m, be.get(), &model).ok());
+      MemoryLedger plan;
+      ASSERT_TRUE(plan_gpt_memory(c, nullptr, 2, m, DType::kF32, 4, Device::kCpu, &plan).ok());
+      const std::string report = plan.report();
+      EXPECT_EQ(report, model->ledger().report()) << what;
+      EXPECT_EQ(report.find("offloaded attention outputs") != std::string::npos, kept > 2)
+          << report;
+    }
   }
 }
 
@@ -230,6 +264,16 @@ TEST(TrainModel, MemoryPlanEqualsTheModelsLedger) {
   MemoryLedger some;
   ASSERT_TRUE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &some).ok());
   EXPECT_EQ(some.total(Device::kCuda) - plan.total(Device::kCuda), 5 * per_layer);
+  // Offloaded with the checkpoints: two layers' on the device (the recomputed set's own are not
+  // held when every layer keeps them) and kept layers 0 .. 21 in host memory.
+  m.keep_attention_layers = kAllLayers;
+  m.offload_attention_outputs = true;
+  MemoryLedger offloaded;
+  ASSERT_TRUE(
+      plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &offloaded).ok());
+  EXPECT_EQ(offloaded.total(Device::kCuda) - plan.total(Device::kCuda), per_layer);
+  EXPECT_EQ(offloaded.total(Device::kCpu) - plan.total(Device::kCpu), 22 * per_layer);
+  m.offload_attention_outputs = false;
   m.keep_attention_layers = -1;
   EXPECT_FALSE(plan_gpt_memory(big, nullptr, 1, m, DType::kBF16, 4096, Device::kCuda, &some).ok());
 }

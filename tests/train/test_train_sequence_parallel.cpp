@@ -138,7 +138,10 @@ TEST_P(SequenceParallelModel, GradientsEqualOneRankOnTheWholeSequence) {
     memory.offload_checkpoints = true;
     memory.mlp_tile_tokens = 4;
     memory.lm_head_tile_tokens = 4;
-    memory.keep_attention_layers = mc.techniques == 2 ? kAllLayers : mc.techniques == 3 ? 1 : 0;
+    memory.keep_attention_layers = mc.techniques == 2 || mc.techniques == 4 ? kAllLayers
+                                   : mc.techniques == 3                     ? 1
+                                                                            : 0;
+    memory.offload_attention_outputs = mc.techniques == 4;
   }
   const ModelRun one = run_model(c, 1, MemoryOptions{});  // the techniques change no bits
   const ModelRun par = run_model(c, sp, memory);
@@ -173,8 +176,9 @@ INSTANTIATE_TEST_SUITE_P(
                           ModelCase{"rotary_untied", PositionEncoding::kRotary, false, 2, 0},
                           ModelCase{"rotary_techniques", PositionEncoding::kRotary, true, 2, 1},
                           ModelCase{"attention_kept", PositionEncoding::kLearned, false, 2, 2},
-                          ModelCase{"attention_kept_last", PositionEncoding::kRotary, false, 2,
-                                    3})),
+                          ModelCase{"attention_kept_last", PositionEncoding::kRotary, false, 2, 3},
+                          ModelCase{"attention_kept_offloaded", PositionEncoding::kRotary, true, 3,
+                                    4})),
     [](const ::testing::TestParamInfo<std::tuple<int, ModelCase>>& i) {
       return std::to_string(std::get<0>(i.param)) + "ranks_" + std::get<1>(i.param).name;
     });

@@ -126,6 +126,11 @@ struct MemoryOptions {
   // stops short of the attention: the attention's forward runs once a step there instead of
   // twice. Without checkpointing every activation is kept anyway (no effect).
   int64_t keep_attention_layers = 0;
+  // With offload_checkpoints and kept attention outputs: the kept outputs and log-sum-exps go to
+  // host memory too, copied out as the forward writes them and back one kept layer ahead of the
+  // backward's use, so the back end holds two layers' of them instead of k and keeping every
+  // layer's costs host memory, not device memory. No effect otherwise.
+  bool offload_attention_outputs = false;
   // Run the MLP over tiles of this many tokens, keeping neither its [T, F] activations nor
   // gradients whole; 0 = untiled. Rounded up to a multiple of the back end's token chunk.
   int64_t mlp_tile_tokens = 0;
@@ -317,6 +322,13 @@ class GptModel {
   // Layer `layer`'s activations: its own set, or the one set checkpointing recomputes, with the
   // attention's output and log-sum-exp in the layer's kept buffers when keeps_attention(layer).
   LayerActivations layer_activations(int64_t layer) const;
+  // Whether the kept attention outputs go to host memory (MemoryOptions::offload_attention_outputs
+  // with offloaded checkpoints and at least one kept layer): kept layer i (of k) is then in
+  // device slot i % 2, and kept layers 0 .. k - 3 also in host memory between the passes.
+  bool offloads_attention_outputs() const;
+  // Starts the copy of kept layer i's output and log-sum-exp between its device slot and host
+  // memory (its tickets in the Buffers).
+  Status copy_kept_attention(int64_t i, CopyDirection direction);
   Status hook_forward(int64_t group);
   Status hook_backward(int64_t group);
   // A gradient slot's view (absent slots stay absent), wherever its group's buffer is.
