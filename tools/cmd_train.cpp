@@ -315,11 +315,15 @@ int64_t kept_attention_layers(const TrainArgs& a, const train::GptConfig& model,
   int64_t k = 0;
   check(train::most_kept_attention_layers(plan_input(a, model, config, device, world, 0), b.device,
                                           b.host, &k));
+  const std::string host = train::format_bytes(b.host) + " (" + b.host_source + ")";
+  // Offloaded outputs grow host memory, not the device's: name both budgets then.
+  const bool host_too =
+      a.offload_attention_outputs && (a.offload_checkpoints || config.cpu_checkpointing);
   *why = device == Device::kCuda
              ? "auto: the most the plan fits in " + train::format_bytes(b.device) + " (" +
-                   b.device_source + ", less " + fixed(kAutoKeepMarginGib, 0) + " GiB)"
-             : "auto: the most the plan fits in " + train::format_bytes(b.host) + " (" +
-                   b.host_source + ")";
+                   b.device_source + ", less " + fixed(kAutoKeepMarginGib, 0) + " GiB)" +
+                   (host_too ? " and " + host + " of host memory" : "")
+             : "auto: the most the plan fits in " + host;
   return k;
 }
 

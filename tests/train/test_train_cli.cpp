@@ -311,6 +311,17 @@ TEST(TrainCli, KeepAttentionLayersCountOrAuto) {
   expect_contains(r,
                   "attention outputs kept for 2 of 2 layers (auto: the most the plan fits in "
                   "98.00 GiB (--device-memory-gib, less 2 GiB))");
+  // Offloaded with the checkpoints, the outputs are host memory: auto names that budget too.
+  r = run("train --plan --device cuda --config " + f.config + " --model " + f.model +
+          " --lr 1e-3 --steps 1 --offload-checkpoints --keep-attention-layers auto "
+          "--offload-attention-outputs --device-memory-gib 100 --host-memory-gib 50 "
+          "--plan-max-tokens 4096 --plan-granularity 64");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_contains(r,
+                  "attention outputs kept for 2 of 2 layers (auto: the most the plan fits in "
+                  "98.00 GiB (--device-memory-gib, less 2 GiB) and 50.00 GiB (--host-memory-gib) "
+                  "of host memory)");
+  expect_contains(r, "attention outputs kept, in use (output and log-sum-exp), 2 x");
 }
 
 // --offload-attention-outputs: with offloaded checkpoints, the kept outputs' summary says so and
