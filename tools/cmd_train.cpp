@@ -313,12 +313,11 @@ int64_t kept_attention_layers(const TrainArgs& a, const train::GptConfig& model,
   Budgets b = memory_budgets(a, device, local_gpu);
   b.device -= std::min(b.device, gib(kAutoKeepMarginGib));
   int64_t k = 0;
-  check(train::most_kept_attention_layers(plan_input(a, model, config, device, world, 0), b.device,
-                                          b.host, &k));
+  const train::PlanInput in = plan_input(a, model, config, device, world, 0);
+  check(train::most_kept_attention_layers(in, b.device, b.host, &k));
   const std::string host = train::format_bytes(b.host) + " (" + b.host_source + ")";
   // Offloaded outputs grow host memory, not the device's: name both budgets then.
-  const bool host_too =
-      a.offload_attention_outputs && (a.offload_checkpoints || config.cpu_checkpointing);
+  const bool host_too = in.memory.offload_attention_outputs && in.memory.offload_checkpoints;
   *why = device == Device::kCuda
              ? "auto: the most the plan fits in " + train::format_bytes(b.device) + " (" +
                    b.device_source + ", less " + fixed(kAutoKeepMarginGib, 0) + " GiB)" +
