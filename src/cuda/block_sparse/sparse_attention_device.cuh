@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cuda/block_sparse/sparse_attention_params.h"
+#include "cuda/common/accumulator_row_store.cuh"
 #include "cuda/common/device_utils.cuh"
 #include "cuda/common/mma_tiles.cuh"    // load_a_frags, mma_rows_t, mma_acc_tile
 #include "cuda/common/tile_copies.cuh"  // copy_tile_lean
@@ -260,9 +261,9 @@ __device__ __forceinline__ float prob_of(float s, float lse) {
 }
 
 // Writes this warp's 16 rows (rows[r], r = 0..1 of this thread) x dim of an accumulator, row r
-// times factor[r], into the (b, h) slice of a [B, H, L, D] output with unit stride on D; with
-// `pairs_aligned` (aligned rows, dim = kOutTiles * 8: the *_paired flags) one 32-bit store per
-// pair of elements and no per-pair test.
+// times factor[r], into the (b, h) slice of a [B, H, L, D] output with unit stride on D
+// (store_accumulator_row: 32-bit stores of pairs; with `pairs_aligned`, the *_paired flags, no test
+// per row). Warp-collective: every lane calls it.
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_slice_rows(const float acc[kOutTiles][4],
                                                  const float factor[2], void* base,
@@ -272,22 +273,9 @@ __device__ __forceinline__ void store_slice_rows(const float acc[kOutTiles][4],
   T* out = static_cast<T*>(base) + b * stride[0] + h * stride[1];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= len) continue;
-    T* row = out + rows[r] * stride[2];
-    if (pairs_aligned) {
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        *reinterpret_cast<uint32_t*>(row + i * 8 + 2 * t) =
-            ElementTraits<T>::pack(acc[i][2 * r] * factor[r], acc[i][2 * r + 1] * factor[r]);
-      }
-      continue;
-    }
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (d < dim) row[d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor[r]);
-      if (d + 1 < dim) row[d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor[r]);
-    }
+    const bool write = rows[r] < len;
+    store_accumulator_row<T, kOutTiles>(out + (write ? rows[r] : 0) * stride[2], acc, r, factor[r],
+                                        dim, t, pairs_aligned, write);
   }
 }
 

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "common/evoformer_cuda_plan.h"
+#include "cuda/common/accumulator_row_store.cuh"
 #include "cuda/common/attention_delta.cuh"
 #include "cuda/common/device_utils.cuh"
 #include "cuda/common/mma_tiles.cuh"
@@ -115,12 +116,9 @@ __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
       p.delta);
 }
 
-// Writes 16 rows (this warp's) x dim of an accumulator times `factor` into a [B,N,L,H,D] tensor;
-// with `pairs_aligned` (p.grads_paired: rows and pairs 4-byte aligned, dim even) as one 32-bit
-// store per pair of elements below dim (a pair's columns are both below an even dim or both past
-// it), else element by element. Two 16-bit stores per pair doubled the backward's L2 write
-// requests and its end's instructions: the dK/dV kernel at head dim 64 took 198 us for D 48
-// against 149 us for D 64.
+// Writes 16 rows (this warp's) x dim of an accumulator times `factor` into a [B,N,L,H,D] tensor
+// (store_accumulator_row: 32-bit stores of pairs, with `pairs_aligned` = p.grads_paired no test per
+// row). Warp-collective: every lane calls it.
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float factor, void* base,
                                            const int64_t stride[4], int64_t b, int64_t n, int64_t h,
@@ -129,25 +127,9 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
   T* out = static_cast<T*>(base) + b * stride[0] + n * stride[1] + h * stride[3];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= len) continue;
-    T* row = out + rows[r] * stride[2];
-    if (pairs_aligned) {
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        const int d = i * 8 + 2 * t;
-        if (d < dim) {
-          *reinterpret_cast<uint32_t*>(row + d) =
-              ElementTraits<T>::pack(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor);
-        }
-      }
-      continue;
-    }
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      const int d = i * 8 + 2 * t;
-      if (d < dim) row[d] = ElementTraits<T>::from_float(acc[i][2 * r] * factor);
-      if (d + 1 < dim) row[d + 1] = ElementTraits<T>::from_float(acc[i][2 * r + 1] * factor);
-    }
+    const bool write = rows[r] < len;
+    store_accumulator_row<T, kOutTiles>(out + (write ? rows[r] : 0) * stride[2], acc, r, factor,
+                                        dim, t, pairs_aligned, write);
   }
 }
 

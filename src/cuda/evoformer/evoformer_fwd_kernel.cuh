@@ -5,6 +5,7 @@
 // evoformer_fwd_hd<D>_<dtype>.cu files.
 #pragma once
 
+#include "cuda/common/accumulator_row_store.cuh"
 #include "cuda/common/device_utils.cuh"
 #include "cuda/evoformer/evoformer_grid.cuh"
 #include "cuda/evoformer/evoformer_tile_copies.cuh"
@@ -133,47 +134,22 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
   T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
-  // Rows of aligned pairs (p.out_paired: D even, 4-byte aligned): one 32-bit store per pair below
-  // D (a pair is below an even D whole or not at all), with no alignment test.
+  // Pairs of columns as 32-bit stores (store_accumulator_row; p.out_paired: every row aligned and
+  // D even, no test per row). Warp-collective: every lane stores (or passes) both rows.
   const bool pairs_aligned = p.out_paired != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = my_rows[r];
-    if (row >= p.len) continue;
+    const bool inside = row < p.len;
     // A fully masked row has sum 0: output 0, lse -inf. The sum is at least 2^-prob_shift
     // otherwise (the row's largest term is exp2(-prob_shift), prob_shift <= 62), so the fast
     // reciprocal and log are accurate to ~2^-22; a
     // row with a NaN score has a NaN sum (fmaxf drops NaN from the max, but exp2 of the score
     // does not), which must give NaN, not the masked row's 0 and -inf: the tests are != 0.
     const float inv = row_sum[r] != 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
-    T* out_row = out + row * p.out_stride[2];
-    if (pairs_aligned) {
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        const int d = i * 8 + 2 * t;
-        if (d < dim) {
-          *reinterpret_cast<uint32_t*>(out_row + d) =
-              ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        const int d = i * 8 + 2 * t;
-        if (d + 1 < dim) {
-          // Two adjacent elements: one 32-bit store when the address allows it.
-          if ((reinterpret_cast<uintptr_t>(out_row + d) & 3) == 0) {
-            *reinterpret_cast<uint32_t*>(out_row + d) =
-                ElementTraits<T>::pack(o_acc[i][2 * r] * inv, o_acc[i][2 * r + 1] * inv);
-          } else {
-            out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
-            out_row[d + 1] = ElementTraits<T>::from_float(o_acc[i][2 * r + 1] * inv);
-          }
-        } else if (d < dim) {
-          out_row[d] = ElementTraits<T>::from_float(o_acc[i][2 * r] * inv);
-        }
-      }
-    }
+    store_accumulator_row<T, kOutTiles>(out + (inside ? row : 0) * p.out_stride[2], o_acc, r, inv,
+                                        dim, t, pairs_aligned, inside);
+    if (!inside) continue;
     if (p.lse != nullptr && t == 0) {
       const float lse = row_sum[r] != 0.0f
                             ? (row_max[r] + p.prob_shift_log2 + __log2f(row_sum[r])) * kLn2

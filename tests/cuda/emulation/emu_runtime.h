@@ -430,6 +430,15 @@ inline int __shfl_sync(unsigned, int v, int src) {
   emu::cta().warp_bar[w]->arrive_and_wait();
   return r;
 }
+// A float from lane `src` (the epilogues pass a neighbour's column: store_accumulator_row).
+inline float __shfl_sync(unsigned, float v, int src) {
+  const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
+  emu::cta().shfl_buf[w][l] = v;
+  emu::cta().warp_bar[w]->arrive_and_wait();
+  const float r = emu::cta().shfl_buf[w][src];
+  emu::cta().warp_bar[w]->arrive_and_wait();
+  return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::cta().shfl_buf[w][l] = v;

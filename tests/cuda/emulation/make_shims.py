@@ -5,7 +5,7 @@ Test layer (tests/cuda/emulation; a developer tool, not part of CTest). The shar
 helpers the kernels include (src/cuda/common/device_utils.cuh, tile_copies.cuh, wgmma.cuh,
 wgmma_tiles.cuh, cluster.cuh) are copied with their inline PTX (mma.sync, ldmatrix, cp.async,
 ex2.approx, wgmma and its fences) and shared-window addresses replaced by calls into
-emu_runtime.h; both families' launchers (evoformer_launch_impl.cuh,
+emu_runtime.h, and accumulator_row_store.cuh with an alignment check on its 32-bit stores; both families' launchers (evoformer_launch_impl.cuh,
 sparse_attention_launch_impl.cuh) are copied with each <<<...>>> launch replaced by an emulated
 grid; and the fp32 kernels of sparse_attention_f32.cu are copied without their launchers, so that
 the kernel sources compile unchanged as host C++. Every replacement asserts that it matched, so a
@@ -54,6 +54,13 @@ ts, n2 = re.subn(r"(void cp_async_16_to\(uint32_t dst, const void\* src, int byt
 assert n1 == 1 and n2 == 1, "tile copies"
 assert not re.search(r"\basm\b", ts)
 (out / "cuda/common/tile_copies.cuh").write_text(ts)
+# The epilogues' 32-bit pair stores: the GPU traps on a misaligned one, which plain host stores
+# would not show.
+rs = (root / "src/cuda/common/accumulator_row_store.cuh").read_text()
+rs, n = re.subn(r"(void store_pair\(T\* at, uint32_t pair\) \{)\n",
+                r'\1\n  ::emu::require_aligned(at, 4, "32-bit global store");\n', rs)
+assert n == 1, "store_pair"
+(out / "cuda/common/accumulator_row_store.cuh").write_text(rs)
 
 # The warpgroup MMA (sm_90a): every wgmma.mma_async becomes a call of ::emu::wgmma with its shape,
 # dtype, operand sources and transposes read from the instruction; the fences, commit and wait
