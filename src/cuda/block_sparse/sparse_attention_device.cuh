@@ -271,11 +271,12 @@ __device__ __forceinline__ void store_slice_rows(const float acc[kOutTiles][4],
                                                  const int64_t rows[2], int64_t len, int64_t dim,
                                                  int t, bool pairs_aligned) {
   T* out = static_cast<T*>(base) + b * stride[0] + h * stride[1];
+  const bool may_start_odd = rows_may_start_odd(out, stride[2]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool write = rows[r] < len;
     store_accumulator_row<T, kOutTiles>(out + (write ? rows[r] : 0) * stride[2], acc, r, factor[r],
-                                        dim, t, pairs_aligned, write);
+                                        dim, t, pairs_aligned, may_start_odd, write);
   }
 }
 

@@ -2,21 +2,21 @@
 // 8 i + 2 t and 8 i + 2 t + 1 of its rows, i = 0 .. kOutTiles - 1) into a 16-bit output row with
 // unit stride, for the attention epilogues (Evoformer and block-sparse: O, dQ, dK, dV). CUDA layer.
 //
-// Three forms, by what the caller knows of the row:
+// Three forms, by what the caller knows of the rows:
 //   - `pairs_aligned` (the launch's *_paired flag: every row 4-byte aligned and D even): one 32-bit
 //     store per pair of columns below D, no test per row;
-//   - a row that starts on a 4-byte boundary: the thread's own pair as one 32-bit store while both
-//     columns are below D, the last column of an odd D alone;
-//   - a row that starts on a 2-byte boundary (an odd D, or a view one element off): a 32-bit word
-//     then holds columns (c - 1, c) for even c, whose first column is the left-hand neighbour's
+//   - every row of the slice on a 4-byte boundary (`rows_may_start_odd` false): the thread's own
+//     pair as one 32-bit store while both columns are below D, the last column of an odd D alone;
+//   - rows that may start on a 2-byte boundary (an odd row stride, as an odd D's, or a slice one
+//     element off): per row, the above on a 4-byte boundary, and on a 2-byte one a 32-bit word
+//     holding columns (c - 1, c) for even c, whose first column is the left-hand neighbour's
 //     (lane t - 1, or lane 3 of the previous 8 columns for t = 0), passed by a shuffle; column 0
-//     and an unpaired last odd column are single 16-bit stores.
+//     and an unpaired last odd column are single 16-bit stores. This form is warp-collective (the
+//     shuffles): every lane of the warp calls it for the same r, with `write` false where its row
+//     is not written (past L); `rows_may_start_odd` is the same for every lane of a CTA.
 // Element by element, an odd D's rows took two 16-bit stores per pair: at D 33 the Evoformer
 // kernels that wrote them so ran 1.14-1.19x their D 40 times (the same padded copies read, pairs
 // written).
-//
-// Warp-collective when the row is not `pairs_aligned` (the shuffles): every lane of the warp calls
-// it for the same r, with `write` false where its row is not written (past L).
 #pragma once
 
 #include <cstdint>
@@ -32,10 +32,18 @@ __device__ __forceinline__ void store_pair(T* at, uint32_t pair) {
   *reinterpret_cast<uint32_t*>(at) = pair;
 }
 
+// Whether some row of a slice whose row 0 is at `slice` and whose rows are `row_stride` elements
+// apart may start on a 2-byte boundary (16-bit elements).
+template <typename T>
+__device__ __forceinline__ bool rows_may_start_odd(const T* slice, int64_t row_stride) {
+  return sizeof(T) == 2 && ((reinterpret_cast<uintptr_t>(slice) & 3) != 0 || (row_stride & 1) != 0);
+}
+
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kOutTiles][4], int r,
                                                       float factor, int64_t dim, int t,
-                                                      bool pairs_aligned, bool write) {
+                                                      bool pairs_aligned, bool rows_may_start_odd,
+                                                      bool write) {
   using Traits = ElementTraits<T>;
   if constexpr (sizeof(T) != 2) {
     // 32-bit outputs: every element is its own aligned word.
@@ -54,6 +62,21 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
         const int d = i * 8 + 2 * t;
         if (d < dim) {
           store_pair(row + d, Traits::pack(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor));
+        }
+      }
+      return;
+    }
+    if (!rows_may_start_odd) {
+      // Every row of the slice starts on a 4-byte boundary: the thread's own pairs.
+      if (!write) return;
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+        const int d = i * 8 + 2 * t;
+        const float lo = acc[i][2 * r] * factor, hi = acc[i][2 * r + 1] * factor;
+        if (d + 1 < dim) {
+          store_pair(row + d, Traits::pack(lo, hi));
+        } else if (d < dim) {
+          row[d] = Traits::from_float(lo);
         }
       }
       return;

@@ -125,11 +125,12 @@ __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float 
                                            const int64_t rows[2], int64_t len, int64_t dim, int t,
                                            bool pairs_aligned) {
   T* out = static_cast<T*>(base) + b * stride[0] + n * stride[1] + h * stride[3];
+  const bool may_start_odd = rows_may_start_odd(out, stride[2]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool write = rows[r] < len;
     store_accumulator_row<T, kOutTiles>(out + (write ? rows[r] : 0) * stride[2], acc, r, factor,
-                                        dim, t, pairs_aligned, write);
+                                        dim, t, pairs_aligned, may_start_odd, write);
   }
 }
 

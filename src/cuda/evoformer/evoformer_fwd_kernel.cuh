@@ -135,8 +135,10 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
   }
   T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
   // Pairs of columns as 32-bit stores (store_accumulator_row; p.out_paired: every row aligned and
-  // D even, no test per row). Warp-collective: every lane stores (or passes) both rows.
+  // D even, no test per row). Every lane stores (or passes on) both rows: where rows may start on
+  // a 2-byte boundary the store is warp-collective.
   const bool pairs_aligned = p.out_paired != 0;
+  const bool may_start_odd = rows_may_start_odd(out, p.out_stride[2]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = my_rows[r];
@@ -148,7 +150,7 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     // does not), which must give NaN, not the masked row's 0 and -inf: the tests are != 0.
     const float inv = row_sum[r] != 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
     store_accumulator_row<T, kOutTiles>(out + (inside ? row : 0) * p.out_stride[2], o_acc, r, inv,
-                                        dim, t, pairs_aligned, inside);
+                                        dim, t, pairs_aligned, may_start_odd, inside);
     if (!inside) continue;
     if (p.lse != nullptr && t == 0) {
       const float lse = row_sum[r] != 0.0f

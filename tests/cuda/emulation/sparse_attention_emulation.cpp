@@ -595,6 +595,23 @@ int main(int argc, char** argv) {
   c.causal = true;
   c.dtype = DType::kF16;
   cases.push_back(c);  // 19: dense causal with split rows: dQ whole from the causal kernel
+  // An odd head dim in 16 bits: every other output row starts on a 2-byte boundary, written as
+  // shuffled 32-bit pairs (common/accumulator_row_store.cuh), by the fused kernels and by the dense
+  // causal ones.
+  c = Case();
+  c.N = 5;
+  c.H = 2;
+  c.D = 33;
+  c.kpm = true;
+  cases.push_back(c);  // 20: bf16 b16 random, D 33
+  c = Case();
+  c.kind = 4;
+  c.block = 64;
+  c.N = 3;
+  c.D = 63;
+  c.causal = true;
+  c.dtype = DType::kF16;
+  cases.push_back(c);  // 21: dense causal, D 63
   int fails = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     if (which >= 0 && (int)i != which) continue;
@@ -619,8 +636,8 @@ int main(int argc, char** argv) {
       x.seed = 1000 + i;
       x.block = int64_t{16} << (r() % 4);
       x.N = 1 + (int64_t)(r() % (x.block <= 32 ? 12 : 4));
-      const int64_t dims[] = {8, 32, 40, 64, 100, 128};
-      x.D = dims[r() % 6];
+      const int64_t dims[] = {8, 32, 33, 40, 64, 100, 127, 128};
+      x.D = dims[r() % 8];
       x.dtype = r() % 2 ? DType::kF16 : DType::kBF16;
       x.split = (int64_t)(r() % 3);
       x.causal = r() % 2;
