@@ -5,7 +5,7 @@
 // Three forms, by what the caller knows of the rows:
 //   - `pairs_aligned` (the launch's *_paired flag: every row 4-byte aligned and D even): one 32-bit
 //     store per pair of columns below D, no test per row;
-//   - every row of the slice on a 4-byte boundary (`rows_may_start_odd` false): the thread's own
+//   - every row of the slice on a 4-byte boundary (`may_start_odd` false): the thread's own
 //     pair as one 32-bit store while both columns are below D, the last column of an odd D alone;
 //   - rows that may start on a 2-byte boundary (an odd row stride, as an odd D's, or a slice one
 //     element off): per row, the above on a 4-byte boundary, and on a 2-byte one a 32-bit word
@@ -13,7 +13,8 @@
 //     (lane t - 1, or lane 3 of the previous 8 columns for t = 0), passed by a shuffle; column 0
 //     and an unpaired last odd column are single 16-bit stores. This form is warp-collective (the
 //     shuffles): every lane of the warp calls it for the same r, with `write` false where its row
-//     is not written (past L); `rows_may_start_odd` is the same for every lane of a CTA.
+//     is not written (past L); `may_start_odd` (rows_may_start_odd below) is the same for every
+//     lane of a CTA.
 // Element by element, an odd D's rows took two 16-bit stores per pair: at D 33 the Evoformer
 // kernels that wrote them so ran 1.14-1.19x their D 40 times (the same padded copies read, pairs
 // written).
@@ -42,7 +43,7 @@ __device__ __forceinline__ bool rows_may_start_odd(const T* slice, int64_t row_s
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kOutTiles][4], int r,
                                                       float factor, int64_t dim, int t,
-                                                      bool pairs_aligned, bool rows_may_start_odd,
+                                                      bool pairs_aligned, bool may_start_odd,
                                                       bool write) {
   using Traits = ElementTraits<T>;
   if constexpr (sizeof(T) != 2) {
@@ -66,7 +67,7 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
       }
       return;
     }
-    if (!rows_may_start_odd) {
+    if (!may_start_odd) {
       // Every row of the slice starts on a 4-byte boundary: the thread's own pairs.
       if (!write) return;
 #pragma unroll
