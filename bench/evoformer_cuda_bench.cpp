@@ -139,6 +139,13 @@ void shapes(benchmark::internal::Benchmark* b) {
       // whose inputs are staged copies and whose rows start on 2-byte boundaries.
       {1, 256, 256, 4, 40, 1},
       {1, 256, 256, 4, 33, 1},
+      // Lengths that are not tile multiples, each beside the same N at L rounded up to 64: a
+      // partial last query and key tile (288), and a pair bias whose rows are not 16-byte
+      // aligned (250).
+      {1, 288, 288, 4, 32, 1},
+      {1, 288, 320, 4, 32, 1},
+      {1, 250, 250, 4, 32, 1},
+      {1, 250, 256, 4, 32, 1},
   };
   for (int64_t dtype : {2, 1})
     for (const auto& s : problems)

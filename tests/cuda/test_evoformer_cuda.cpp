@@ -182,6 +182,21 @@ std::vector<EvoConfig> gpu_cases() {
       cases.push_back(c);
     }
   }
+  // Lengths that are multiples of 8 but not of 64: both 16-bit biases read in place, the last
+  // query and key tiles through the masked streams (rows past L and bias chunks past the rows'
+  // ends zero-filled).
+  int alternate = 0;
+  for (int64_t L : {200, 328}) {
+    for (int64_t D : {32, 64}) {
+      EvoConfig c;
+      c.shape = {1, 2, L, 2, D};
+      c.dtype = alternate++ % 3 == 0 ? DType::kBF16 : DType::kF16;
+      c.bias1 = Bias1Kind::kSameAsQ;
+      c.bias2 = Bias2Kind::kSameAsQ;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
   // Several key and query tiles with triangle-attention head counts.
   EvoConfig tri;
   tri.shape = {1, 3, 200, 4, 32};

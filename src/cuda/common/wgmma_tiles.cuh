@@ -196,6 +196,31 @@ struct ChunkStream {
     }
     src += advance;
   }
+
+  // copy_next for a tile some of whose chunks lie outside the tensor (a partial last tile, rows
+  // past L): bit i of `inside` says whether copy i reads its chunk; the others are zero-filled
+  // and read nothing (their address is `fallback`, a chunk inside the tensor).
+  __device__ __forceinline__ void copy_next_masked(uint32_t tile, uint32_t inside,
+                                                   const char* fallback) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      const int read = kSourceBytes ? bytes : 16;
+      cp_async_16_to(tile + dst + i * kDstStep, in ? src + i * step : fallback, in ? read : 0);
+    }
+    src += advance;
+  }
+  // The same for tile t (copy's).
+  __device__ __forceinline__ void copy_masked(uint32_t tile, int64_t t, uint32_t inside,
+                                              const char* fallback) const {
+    const char* const from = src + t * advance;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      const int read = kSourceBytes ? bytes : 16;
+      cp_async_16_to(tile + dst + i * kDstStep, in ? from + i * step : fallback, in ? read : 0);
+    }
+  }
 };
 
 // The compiler sees a wgmma's accumulators written when the instruction is issued; this empty

@@ -28,8 +28,9 @@ namespace sciattn::cuda {
 // stats + 64 buf, delta at stats + 64 (kStages + buf)), and bias2's tile [those queries][the keys]
 // into its stage (bias2_stages + buf * the stage's bytes). Whole tiles through per-thread streams
 // at head dim 32 (282 against 307 us at triangle 384 in the dK/dV kernel; at 64 their registers
-// spill at three CTAs per SM: 151 against 141 us at [1,256,256,4,64]); a partial last tile and
-// other biases through the generic copies (copy_slice_swizzled). In the caller's cp.async group.
+// spill at three CTAs per SM: 151 against 141 us at [1,256,256,4,64]), masked where rows or bias2
+// columns reach past L (EvoformerQueryTileStreams); other biases and head dims through the generic
+// copies (copy_slice_swizzled). In the caller's cp.async group.
 template <typename T, int kHeadDim, int kStages = 2, TileCols kCols = TileCols::kExact>
 struct EvoformerQueryTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
@@ -76,10 +77,24 @@ struct EvoformerQueryTileLoader {
   // Starts query tile qt's copies into buffer `buf`.
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t qt, int buf) const {
     const int64_t q0 = qt * kWgmmaRows;
-    if (kStreamed && streams.usable && q0 + kWgmmaRows <= p.len) {
-      streams.copy(qt, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
-                   shared_address(bias2_stage(buf)));
-      return;
+    if constexpr (kStreamed) {
+      const bool keys_whole = key0 + kWgmmaRows <= p.len;
+      if (streams.usable && keys_whole && q0 + kWgmmaRows <= p.len) {
+        streams.copy(qt, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
+                     shared_address(bias2_stage(buf)));
+        return;
+      }
+      if (keys_whole ? streams.usable : streams.last_usable) {
+        streams.copy_masked(
+            p, qt, key0, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
+            shared_address(bias2_stage(buf)),
+            static_cast<const char*>(q_src.base) + q0 * q_src.row_stride * 2,
+            static_cast<const char*>(do_src.base) + q0 * do_src.row_stride * 2,
+            static_cast<const char*>(p.bias2) +
+                (b * p.bias2_stride[0] + h * p.bias2_stride[1] + q0 * p.bias2_stride[2] + key0) *
+                    2);
+        return;
+      }
     }
     copy_slice_swizzled<T, kHeadDim, kCols>(q_tile(buf), q_src, q0, p);
     copy_slice_swizzled<T, kHeadDim, kCols>(do_tile(buf), do_src, q0, p);

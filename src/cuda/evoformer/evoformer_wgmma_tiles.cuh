@@ -142,19 +142,22 @@ __device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, in
           static_cast<uint32_t>((x / 8) * (64 * 2 + 16) + (x % 8) * 16)};
 }
 
-// The copies of whole key tiles in the forward and dQ wgmma kernels (K and V rows [64 t, 64 t +
-// 64), and the 16-bit staged biases' columns of them), this thread's addresses worked out once per
-// CTA. `usable`: whole key tiles may take them (the CTA's 64 query rows, bias2's rows, inside L;
-// each bias absent, or 16-bit, staged and, bias2, lean); a partial last key tile and other biases
-// take the generic copies (copy_slice_swizzled, copy_key_tile_biases). kStageBias1 = false: bias1
-// is not copied (the forward reads it into registers itself). The bias types are the kernel's
-// (evoformer_bias_types.cuh), so that fixed ones leave no test in the copies.
+// The copies of key tiles in the forward and dQ wgmma kernels (K and V rows [64 t, 64 t + 64), and
+// the 16-bit staged biases' columns of them), this thread's addresses worked out once per CTA.
+// `usable`: each bias absent, or 16-bit, staged and, bias2, lean; then whole key tiles take them,
+// unmasked where the CTA's 64 query rows (bias2's rows) are inside L, with the chunks of rows past
+// L zero-filled (copy_next_masked) in the CTA of the last query rows. `last_usable`: the partial
+// last key tile takes them too, masked, because every bias's rows end on a whole chunk (so a chunk
+// is either inside a row or past it). Other tiles take the generic copies (copy_slice_swizzled,
+// copy_key_tile_biases). kStageBias1 = false: bias1 is not copied (the forward reads it into
+// registers itself). The bias types are the kernel's (evoformer_bias_types.cuh), so that fixed
+// ones leave no test in the copies.
 template <int kHeadDim, bool kStageBias1 = true, bool kPadded = false>
 struct EvoformerKeyTileStreams {
   typename SliceTileStream<kHeadDim, kPadded>::Stream k, v;
   BiasTileStream bias2;
   ChunkStream<1, 0> bias1;  // the 64 keys' 128 bytes: threads 0..7
-  bool usable, has_bias2, has_bias1;
+  bool usable, last_usable, has_bias2, has_bias1;
 
   __device__ __forceinline__ EvoformerKeyTileStreams(const EvoformerDeviceParams& p,
                                                      const SliceSource& k_src,
@@ -167,8 +170,10 @@ struct EvoformerKeyTileStreams {
         bias1{},
         has_bias2(bias2_type != BiasType::kNone),
         has_bias1(kStageBias1 && bias1_type != BiasType::kNone) {
-    usable = row0 + kWgmmaRows <= p.len && bias_streamed(bias2_type, p.bias2_lean) &&
+    usable = bias_streamed(bias2_type, p.bias2_lean) &&
              (!kStageBias1 || bias_streamed(bias1_type, p.bias1_staged));
+    last_usable =
+        usable && (!has_bias2 || p.bias2_cols % 8 == 0) && (!has_bias1 || p.bias1_cols % 8 == 0);
     if (has_bias2) {
       bias2 = bias_tile_stream(
           static_cast<const char*>(p.bias2) +
@@ -197,6 +202,54 @@ struct EvoformerKeyTileStreams {
     v.copy_next(v_tile);
     if (has_bias2) bias2.copy_next(bias2_stage);
     if (has_bias1 && threadIdx.x < 8) bias1.copy_next(bias1_stage);
+  }
+
+  // Which of this thread's copies of the key tile at col0 read a chunk inside the tensors (a key
+  // row below L; a bias2 row below L and, like a bias1 chunk, inside its bias's rows), for a CTA
+  // whose query rows start at row0.
+  struct Inside {
+    uint32_t kv, bias2, bias1;
+  };
+  __device__ __forceinline__ static Inside inside(const EvoformerDeviceParams& p, int64_t row0,
+                                                  int64_t col0) {
+    using Slice = SliceTileStream<kHeadDim, kPadded>;
+    const int x = static_cast<int>(threadIdx.x);
+    const int64_t keys_inside = p.len - col0, rows_inside = p.len - row0;
+    Inside in{0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < kWgmmaRows / Slice::kRowStep; ++i) {
+      if (x / Slice::kChunks + i * Slice::kRowStep < keys_inside) in.kv |= 1u << i;
+    }
+    const bool bias2_chunk = col0 + 8 * (x % 8) + 8 <= p.bias2_cols;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (bias2_chunk && x / 8 + 16 * i < rows_inside) in.bias2 |= 1u << i;
+    }
+    in.bias1 = col0 + 8 * x + 8 <= p.bias1_cols ? 1u : 0u;
+    return in;
+  }
+
+  // copy_next for a key tile with chunks outside the tensors (`in`, from inside()); those read
+  // nothing and are zero-filled (their addresses are the tile's first chunks: `k0`, `v0`,
+  // `bias2_0`, `bias1_0`).
+  __device__ __forceinline__ void copy_next_masked(uint32_t k_tile, uint32_t v_tile,
+                                                   uint32_t bias2_stage, uint32_t bias1_stage,
+                                                   const Inside& in, const char* k0, const char* v0,
+                                                   const char* bias2_0, const char* bias1_0) {
+    k.copy_next_masked(k_tile, in.kv, k0);
+    v.copy_next_masked(v_tile, in.kv, v0);
+    if (has_bias2) bias2.copy_next_masked(bias2_stage, in.bias2, bias2_0);
+    if (has_bias1 && threadIdx.x < 8) bias1.copy_next_masked(bias1_stage, in.bias1, bias1_0);
+  }
+  // The same for tile t (copy's).
+  __device__ __forceinline__ void copy_masked(int64_t t, uint32_t k_tile, uint32_t v_tile,
+                                              uint32_t bias2_stage, uint32_t bias1_stage,
+                                              const Inside& in, const char* k0, const char* v0,
+                                              const char* bias2_0, const char* bias1_0) const {
+    k.copy_masked(k_tile, t, in.kv, k0);
+    v.copy_masked(v_tile, t, in.kv, v0);
+    if (has_bias2) bias2.copy_masked(bias2_stage, t, in.bias2, bias2_0);
+    if (has_bias1 && threadIdx.x < 8) bias1.copy_masked(bias1_stage, t, in.bias1, bias1_0);
   }
 };
 
@@ -253,25 +306,53 @@ struct EvoformerKeyTileLoader {
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t tile,
                                        int buf) const {
     const int64_t col0 = tile * kWgmmaRows;
-    if (streams.usable && col0 + kWgmmaRows <= p.len) {
+    const bool whole = col0 + kWgmmaRows <= p.len;
+    if (streams.usable && whole && row0 + kWgmmaRows <= p.len) {
       streams.copy(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                    shared_address(bias1_stage(buf)));
-      return;
+    } else if (whole ? streams.usable : streams.last_usable) {
+      streams.copy_masked(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
+                          shared_address(bias1_stage(buf)), Streams::inside(p, row0, col0),
+                          first_row(k_src, col0), first_row(v_src, col0), bias2_first(p, col0),
+                          bias1_first(p, col0));
+    } else {
+      load_generic(p, col0, buf);
     }
-    load_generic(p, col0, buf);
   }
   // The same for a loop that loads tiles 0, 1, 2, ... in order (each exactly once).
   __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
     const int64_t col0 = tile * kWgmmaRows;
-    if (streams.usable && col0 + kWgmmaRows <= p.len) {
+    const bool whole = col0 + kWgmmaRows <= p.len;
+    if (streams.usable && whole && row0 + kWgmmaRows <= p.len) {
       streams.copy_next(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                         shared_address(bias1_stage(buf)));
-      return;
+    } else if (whole ? streams.usable : streams.last_usable) {
+      streams.copy_next_masked(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
+                               shared_address(bias1_stage(buf)), Streams::inside(p, row0, col0),
+                               first_row(k_src, col0), first_row(v_src, col0), bias2_first(p, col0),
+                               bias1_first(p, col0));
+    } else {
+      load_generic(p, col0, buf);
     }
-    load_generic(p, col0, buf);
   }
 
  private:
+  using Streams = EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols == TileCols::kPadded>;
+  // The first chunks of key tile col0's K (or V) rows and bias tiles: where a masked copy points
+  // the chunks it does not read.
+  __device__ __forceinline__ static const char* first_row(const SliceSource& src, int64_t col0) {
+    return static_cast<const char*>(src.base) + col0 * src.row_stride * 2;
+  }
+  __device__ __forceinline__ const char* bias2_first(const EvoformerDeviceParams& p,
+                                                     int64_t col0) const {
+    return static_cast<const char*>(p.bias2) +
+           (b * p.bias2_stride[0] + h * p.bias2_stride[1] + row0 * p.bias2_stride[2] + col0) * 2;
+  }
+  __device__ __forceinline__ const char* bias1_first(const EvoformerDeviceParams& p,
+                                                     int64_t col0) const {
+    return static_cast<const char*>(p.bias1) +
+           (b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0) * 2;
+  }
   __device__ __forceinline__ void load_generic(const EvoformerDeviceParams& p, int64_t col0,
                                                int buf) const {
     copy_slice_swizzled<T, kHeadDim, kCols>(k_tile(buf), k_src, col0, p);
@@ -281,9 +362,12 @@ struct EvoformerKeyTileLoader {
   }
 };
 
-// The same for the dK/dV wgmma kernel's whole query tiles: Q and dO rows [64 t, 64 t + 64), their
-// lse and delta (threads 0..63, one row each), and bias2's tile [those queries][the CTA's 64
-// keys]. `usable`: the CTA's key block inside L and bias2 absent or 16-bit, staged and lean.
+// The same for the dK/dV wgmma kernel's query tiles: Q and dO rows [64 t, 64 t + 64), their lse
+// and delta (threads 0..63, one row each), and bias2's tile [those queries][the CTA's 64 keys].
+// `usable`: bias2 absent or 16-bit, staged and lean; then whole query tiles of a CTA whose keys
+// are inside L take copy, and a partial last query tile takes copy_masked. `last_usable`: the
+// CTA of the last keys, whose bias2 columns reach past L, takes copy_masked too, because bias2's
+// rows end on a whole chunk.
 template <int kHeadDim, bool kPadded = false>
 struct EvoformerQueryTileStreams {
   typename SliceTileStream<kHeadDim, kPadded>::Stream q, dout;
@@ -291,7 +375,7 @@ struct EvoformerQueryTileStreams {
   const float* lse;  // row threadIdx.x of tile 0 (threads 0..63)
   const float* delta;
   int64_t lse_advance;  // elements from a tile's lse row to the next tile's
-  bool usable, has_bias2;
+  bool usable, last_usable, has_bias2;
 
   __device__ __forceinline__ EvoformerQueryTileStreams(const EvoformerDeviceParams& p,
                                                        const SliceSource& q_src,
@@ -305,7 +389,8 @@ struct EvoformerQueryTileStreams {
         delta(p.delta + (bn * p.heads + h) * p.len + threadIdx.x),
         lse_advance(kWgmmaRows * p.lse_stride[2]),
         has_bias2(bias2_type != BiasType::kNone) {
-    usable = key0 + kWgmmaRows <= p.len && bias_streamed(bias2_type, p.bias2_lean);
+    usable = bias_streamed(bias2_type, p.bias2_lean);
+    last_usable = usable && (!has_bias2 || p.bias2_cols % 8 == 0);
     if (has_bias2) {
       bias2 = bias_tile_stream(static_cast<const char*>(p.bias2) +
                                    (b * p.bias2_stride[0] + h * p.bias2_stride[1] + key0) * 2,
@@ -323,6 +408,45 @@ struct EvoformerQueryTileStreams {
       cp_async_4(delta_dst + threadIdx.x, delta + t * kWgmmaRows, 4);
     }
     if (has_bias2) bias2.copy(bias2_stage, t);
+  }
+
+  // copy for a query tile with chunks outside the tensors: Q and dO rows at or past L, bias2's
+  // rows there and its chunks past bias2's columns (keys from key0) zero-filled, reading nothing
+  // (their addresses are the tile's first chunks: `q0_row`, `do0_row`, `bias2_0`); the rows past
+  // L get lse = +inf and delta = 0 (load_row_stats's).
+  __device__ __forceinline__ void copy_masked(const EvoformerDeviceParams& p, int64_t t,
+                                              int64_t key0, uint32_t q_tile, uint32_t do_tile,
+                                              float* lse_dst, float* delta_dst,
+                                              uint32_t bias2_stage, const char* q0_row,
+                                              const char* do0_row, const char* bias2_0) const {
+    using Slice = SliceTileStream<kHeadDim, kPadded>;
+    const int x = static_cast<int>(threadIdx.x);
+    const int64_t rows_inside = p.len - t * kWgmmaRows;
+    uint32_t rows = 0;
+#pragma unroll
+    for (int i = 0; i < kWgmmaRows / Slice::kRowStep; ++i) {
+      if (x / Slice::kChunks + i * Slice::kRowStep < rows_inside) rows |= 1u << i;
+    }
+    q.copy_masked(q_tile, t, rows, q0_row);
+    dout.copy_masked(do_tile, t, rows, do0_row);
+    if (x < kWgmmaRows) {
+      if (x < rows_inside) {
+        cp_async_4(lse_dst + x, lse + t * lse_advance, 4);
+        cp_async_4(delta_dst + x, delta + t * kWgmmaRows, 4);
+      } else {
+        lse_dst[x] = __builtin_huge_valf();
+        delta_dst[x] = 0.0f;
+      }
+    }
+    if (has_bias2) {
+      const bool chunk = key0 + 8 * (x % 8) + 8 <= p.bias2_cols;
+      uint32_t cells = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (chunk && x / 8 + 16 * i < rows_inside) cells |= 1u << i;
+      }
+      bias2.copy_masked(bias2_stage, t, cells, bias2_0);
+    }
   }
 };
 

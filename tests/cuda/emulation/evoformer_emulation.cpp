@@ -317,6 +317,9 @@ std::vector<EvoConfig> cases() {
   // bias element, and at head dim 64 with a partial fourth tile.
   add({1, 2, 192, 1, 128}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kPacked);
   add({1, 2, 200, 2, 64}, DType::kBF16, Bias1Kind::kF32, Bias2Kind::kSameAsQ, Layout::kPacked);
+  // A length that is a multiple of 8 but not of 64: both 16-bit biases read in place (rows end on
+  // whole chunks), the last query and key tiles through the masked streams.
+  add({1, 2, 200, 2, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
   // Strided inputs (the element-wise copy paths) and transposed N / L.
   add({1, 2, 45, 2, 32}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
   add({1, 3, 80, 2, 32}, DType::kF16, Bias1Kind::kBool, Bias2Kind::kSameAsQ, Layout::kTransposedNL);
