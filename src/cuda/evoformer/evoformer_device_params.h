@@ -121,7 +121,7 @@ struct EvoformerRowCopyArgs {
 };
 
 // The copies a launch makes before its kernels (at most both biases and Q, K, V, dO), in order:
-// the dispatch launches each (launch_evoformer_row_copy), the kernel emulator does them on the
+// the dispatch makes them in one launch (launch_evoformer_row_copies), the kernel emulator on the
 // host.
 struct EvoformerCopyJobs {
   static constexpr int kMax = 6;

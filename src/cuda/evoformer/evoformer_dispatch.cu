@@ -119,11 +119,9 @@ namespace {
 // Makes the padded copies of the unaligned biases and inputs (forward_copy_jobs /
 // backward_copy_jobs) that the kernels then read.
 Status make_copies(const EvoformerCopyJobs& jobs, cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
-  for (int i = 0; i < jobs.count && e == cudaSuccess; ++i) {
-    e = launch_evoformer_row_copy(jobs.job[i], stream);
-  }
-  return device_status(e, "Evoformer padded copy kernel launch");
+  if (jobs.count == 0) return Status();
+  return device_status(launch_evoformer_row_copies(jobs, stream),
+                       "Evoformer padded copy kernel launch");
 }
 
 // The mma.sync kernels (which take every shape) where the device or build has no warpgroup
