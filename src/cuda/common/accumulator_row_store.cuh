@@ -15,9 +15,8 @@
 //     shuffles): every lane of the warp calls it for the same r, with `write` false where its row
 //     is not written (past L); `may_start_odd` (rows_may_start_odd below) is the same for every
 //     lane of a CTA.
-// Element by element, an odd D's rows took two 16-bit stores per pair: at D 33 the Evoformer
-// kernels that wrote them so ran 1.14-1.19x their D 40 times (the same padded copies read, pairs
-// written).
+// Each form stops at the first 8-column tile past D (a padded D writes fewer tiles than the head
+// dim has; dim is the same in every lane, so the shuffles stay warp-wide).
 #pragma once
 
 #include <cstdint>
@@ -51,6 +50,7 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
     if (!write) return;
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
+      if (i * 8 >= dim) break;  // the tiles past D (dim is the same in every lane)
       const int d = i * 8 + 2 * t;
       if (d < dim) row[d] = Traits::from_float(acc[i][2 * r] * factor);
       if (d + 1 < dim) row[d + 1] = Traits::from_float(acc[i][2 * r + 1] * factor);
@@ -60,6 +60,7 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
       if (!write) return;
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
+        if (i * 8 >= dim) break;  // the tiles past D (dim is the same in every lane)
         const int d = i * 8 + 2 * t;
         if (d < dim) {
           store_pair(row + d, Traits::pack(acc[i][2 * r] * factor, acc[i][2 * r + 1] * factor));
@@ -72,6 +73,7 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
       if (!write) return;
 #pragma unroll
       for (int i = 0; i < kOutTiles; ++i) {
+        if (i * 8 >= dim) break;  // the tiles past D (dim is the same in every lane)
         const int d = i * 8 + 2 * t;
         const float lo = acc[i][2 * r] * factor, hi = acc[i][2 * r + 1] * factor;
         if (d + 1 < dim) {
@@ -89,6 +91,7 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
     float carried = 0.0f;
 #pragma unroll
     for (int i = 0; i < kOutTiles; ++i) {
+      if (i * 8 >= dim) break;  // the tiles past D (dim is the same in every lane)
       const int d = i * 8 + 2 * t;
       const float lo = acc[i][2 * r] * factor, hi = acc[i][2 * r + 1] * factor;
       const float left_hi = __shfl_sync(0xffffffffu, hi, left_lane);
