@@ -7,7 +7,7 @@
 #   3. the `cuda` preset: compiles every kernel for sm_80, 86, 89 and 90a and every GPU test (runs
 #      nothing on a GPU; skipped with a message when nvcc is absent), then the host emulator's
 #      fixed cases of the mma.sync and warpgroup kernels (tests/cuda/emulation: Evoformer and
-#      block-sparse, side by side, against the fp64 oracle; about seven minutes on 2 cores);
+#      block-sparse, side by side, against the fp64 oracle; about two minutes on 2 cores);
 #   4. the `asan` preset: the cpu-labelled tests under AddressSanitizer and UBSan;
 #   5. the libFuzzer targets (scripts/fuzz.sh): side by side for 60 s from their seed corpora,
 #      failing on any crash, leak or sanitizer report;

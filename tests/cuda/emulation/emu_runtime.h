@@ -1,6 +1,7 @@
 // Host emulation of the CUDA features the fused sparse attention and Evoformer kernels use (test
-// layer, a developer tool): one CTA at a time as blockDim.x (up to 256) std::threads, std::barrier
-// for __syncthreads and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
+// layer, a developer tool): one CTA (or cluster) at a time, its blockDim.x (up to 256) threads as
+// cooperative user-level threads on the calling thread (fibers, below), barriers for __syncthreads
+// and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
 // fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz, and Hopper's
 // warpgroup MMA (wgmma.mma_async, completing at issue) reading its shared-memory operands through
 // their matrix descriptors and swizzle modes as the PTX ISA defines them. The operand alignment
@@ -13,15 +14,17 @@
 #include <cuda_fp16.h>
 #include <driver_types.h>
 
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
+
+#include <sys/mman.h>
+
+#include "emu_fiber_switch.h"
 
 // Kernels are plain functions and shared memory plain storage here (replacing the CUDA headers'
 // host definitions of these keywords).
@@ -37,28 +40,12 @@
 struct EmuDim {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local EmuDim threadIdx, blockIdx;
+inline EmuDim threadIdx, blockIdx;  // the running fiber's (set at each switch)
 inline EmuDim blockDim{128, 1, 1}, gridDim{1, 1, 1};
 
 namespace emu {
 constexpr int kMaxWarps = 8;
 constexpr int kMaxClusterCtas = 2;
-// One CTA of the running cluster (a launch without clusters runs one CTA at a time): its barriers,
-// the staging its warp collectives exchange through, and its shared memory.
-struct CtaState {
-  std::unique_ptr<std::barrier<>> block_bar;
-  std::unique_ptr<std::barrier<>> warp_bar[kMaxWarps];
-  float shfl_buf[kMaxWarps][32];
-  uint32_t a_buf[kMaxWarps][32][4], b_buf[kMaxWarps][32][2];
-  const void* row_buf[kMaxWarps][32];
-  unsigned char* shared_base = nullptr;
-};
-inline CtaState cta_states[kMaxClusterCtas];
-inline thread_local int cta_rank = 0;  // the calling thread's CTA in its cluster
-inline CtaState& cta() {
-  return cta_states[cta_rank];
-}
-inline std::unique_ptr<std::barrier<>> cluster_bar;  // every thread of the running cluster
 
 // cp.async: immediate copies by default (the earliest a copy can land), or, with `defer` (the
 // EMU_DEFER environment variable), held back until the cp.async.wait_group that must complete
@@ -69,8 +56,75 @@ struct PendingCopy {
   const void* src;
   int size, bytes, group;
 };
-inline thread_local std::vector<PendingCopy> pending;
-inline thread_local int group_id = 0;
+
+// The emulated threads of the running cluster are fibers: each a context (emu_fiber_switch.h) on
+// its own stack, all run by the launching thread. A fiber runs until it waits at a barrier, then
+// hands control back to the scheduler (run_clusters), which resumes the cluster's fibers
+// round-robin. Waiting costs a user-level switch instead of an OS thread's sleep and wake-up: the
+// barriers of every mma.sync, shuffle and ldmatrix made the emulation spend most of its time in the
+// operating system with one std::thread per CUDA thread. A fiber's state is its thread and CTA
+// rank, and its cp.async groups.
+struct Fiber {
+  FiberContext context;
+  unsigned char* stack = nullptr;  // kFiberStack bytes above a guard page
+  unsigned thread = 0;
+  int rank = 0;
+  bool finished = false;
+  std::vector<PendingCopy> pending;
+  int group_id = 0;
+};
+constexpr size_t kFiberStack = size_t{1} << 19;
+inline std::vector<Fiber> fibers(static_cast<size_t>(32 * kMaxWarps * kMaxClusterCtas));
+inline Fiber* running = nullptr;
+inline FiberContext scheduler_context;
+// Arrivals at barriers and finished fibers: a scheduler pass without one is a deadlock.
+inline uint64_t events = 0;
+inline Fiber& fiber() {
+  return *running;
+}
+inline void yield() {
+  switch_context(running->context, scheduler_context);
+}
+
+// A barrier of `expected` fibers: the last to arrive opens the phase and goes on; the others yield
+// until it is open.
+class Barrier {
+ public:
+  void reset(int expected) {
+    expected_ = expected;
+    arrived_ = 0;
+  }
+  void arrive_and_wait() {
+    const uint64_t phase = phase_;
+    ++events;
+    if (++arrived_ == expected_) {
+      arrived_ = 0;
+      ++phase_;
+      return;
+    }
+    while (phase_ == phase) yield();
+  }
+
+ private:
+  int expected_ = 0, arrived_ = 0;
+  uint64_t phase_ = 0;
+};
+// One CTA of the running cluster (a launch without clusters runs one CTA at a time): its barriers,
+// the staging its warp collectives exchange through, and its shared memory.
+struct CtaState {
+  Barrier block_bar;
+  Barrier warp_bar[kMaxWarps];
+  float shfl_buf[kMaxWarps][32];
+  uint32_t a_buf[kMaxWarps][32][4], b_buf[kMaxWarps][32][2];
+  const void* row_buf[kMaxWarps][32];
+  unsigned char* shared_base = nullptr;
+};
+inline CtaState cta_states[kMaxClusterCtas];
+inline int cta_rank = 0;  // the running fiber's CTA in its cluster (set at each switch)
+inline CtaState& cta() {
+  return cta_states[cta_rank];
+}
+inline Barrier cluster_bar;  // every thread of the running cluster
 
 // Stops the run when `address` is not a multiple of `alignment` (cudaErrorMisalignedAddress on
 // the GPU).
@@ -91,9 +145,9 @@ inline void copy_now(const PendingCopy& c) {
 inline void cp_async(void* dst, const void* src, int size, int bytes) {
   require_aligned(dst, size, "cp.async shared");
   require_aligned(src, size, "cp.async global");
-  const PendingCopy c{dst, src, size, bytes, group_id};
+  const PendingCopy c{dst, src, size, bytes, fiber().group_id};
   if (defer) {
-    pending.push_back(c);
+    fiber().pending.push_back(c);
   } else {
     copy_now(c);
   }
@@ -105,13 +159,14 @@ inline float ex2_approx_ftz(float x) {
   return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 inline void cp_async_commit() {
-  ++group_id;
+  ++fiber().group_id;
 }
 // Completes every committed group except the newest n.
 inline void cp_async_wait(int n) {
+  std::vector<PendingCopy>& pending = fiber().pending;
   std::vector<PendingCopy> keep;
   for (const PendingCopy& c : pending) {
-    if (c.group < group_id - n) {
+    if (c.group < fiber().group_id - n) {
       copy_now(c);
     } else {
       keep.push_back(c);
@@ -160,7 +215,7 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
   emu::cta().b_buf[w][l][0] = b[0];
   emu::cta().b_buf[w][l][1] = b[1];
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   float A[16][16], B[16][8];
   a_fragments<T>(w, A);
   for (int L = 0; L < 32; ++L) {
@@ -177,7 +232,7 @@ inline void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
     c[e] = acc;
   }
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
 }
 // ldmatrix .x4 (optionally .trans): lane l passes the address of row l % 8 of matrix l / 8; of
 // matrix i it receives elements (l / 4, 2 (l % 4) .. +1), or with kTrans (2 (l % 4) .. +1, l / 4).
@@ -186,7 +241,7 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   require_aligned(row, 16, "ldmatrix row");
   emu::cta().row_buf[w][l] = row;
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   auto element = [&](int m, int rr, int c) {
     uint16_t v;
     std::memcpy(&v, static_cast<const char*>(emu::cta().row_buf[w][m * 8 + rr]) + 2 * c, 2);
@@ -197,7 +252,7 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row) {
     r[m] = kTrans ? element(m, 2 * t, g) | (element(m, 2 * t + 1, g) << 16)
                   : element(m, g, 2 * t) | (element(m, g, 2 * t + 1) << 16);
   }
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
 }
 // The CTA's shared memory (run_grid's buffer), so that a 32-bit shared-window address (an offset
 // into it here) can be made from a pointer and turned back into one.
@@ -284,55 +339,97 @@ inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t des
                      int accumulate) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   for (int i = 0; i < 4; ++i) emu::cta().a_buf[w][l][i] = a[i];
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   float A[16][16];
   a_fragments<T>(w, A);
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   const SmemMatrix b = decode_descriptor(desc_b);
   wgmma_product<T, kN>(
       d, [&](int row, int k) { return A[row % 16][k]; }, b, kTransB != 0, accumulate);
 }
 
+// The stack of fiber i, made at its first use: kFiberStack bytes above a page that faults on
+// access (a kernel frame that overflows stops the run instead of writing over another fiber's).
+inline unsigned char* fiber_stack(Fiber& f) {
+  if (f.stack == nullptr) {
+    const size_t page = 4096;
+    void* at = mmap(nullptr, kFiberStack + page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED || mprotect(at, page, PROT_NONE) != 0) {
+      std::perror("emulator: a fiber stack");
+      std::abort();
+    }
+    f.stack = static_cast<unsigned char*>(at) + page;
+  }
+  return f.stack;
+}
+// The CTA body every fiber of a cluster runs (a launch's kernel and arguments), and the fibers'
+// entry point, which runs it, marks the fiber finished and hands control back for good.
+inline void (*cta_body)(const void*) = nullptr;
+inline const void* cta_body_state = nullptr;
+inline void fiber_main() {
+  cta_body(cta_body_state);
+  running->finished = true;
+  ++events;
+  yield();
+  std::abort();  // a finished fiber is never resumed
+}
+
 // Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads in clusters of `cluster`
 // CTAs (1: one CTA at a time), the CTAs of one cluster at once, CTA rank r with the shared memory
-// smem[r] (`smem_bytes`, filled with garbage before each cluster). The threads are made once per
-// launch and run cluster after cluster (starting threads costs milliseconds per CTA, more than most
-// CTAs' work); a barrier over all of them resets the shared memory and the CTAs' barriers between
-// clusters, and each thread starts each CTA with the state a new thread has (no pending copies).
+// smem[r] (`smem_bytes`, filled with garbage before each cluster). Each cluster starts its fibers
+// afresh (the state a new thread has: no pending copies) with reset barriers, and resumes them
+// round-robin until every one has returned; a pass in which no fiber arrives at a barrier or
+// returns is a deadlock (a barrier some threads never reach), which stops the run.
 template <typename Kernel, typename... Args>
 void run_clusters(Kernel kernel, int64_t ctas, unsigned threads, int cluster,
                   unsigned char* const* smem, size_t smem_bytes, const Args&... args) {
   gridDim.x = static_cast<unsigned>(ctas);
   blockDim.x = threads;
-  const auto prepare_cluster = [&]() noexcept {
-    cluster_bar = std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(threads) * cluster);
+  const auto body = [&]() { kernel(args...); };
+  cta_body = [](const void* state) { (*static_cast<const decltype(body)*>(state))(); };
+  cta_body_state = &body;
+  const int count = static_cast<int>(threads) * cluster;
+  for (int64_t first = 0; first < ctas; first += cluster) {
+    cluster_bar.reset(count);
     for (int r = 0; r < cluster; ++r) {
       CtaState& c = cta_states[r];
       c.shared_base = smem[r];
       std::memset(smem[r], 0xA5, smem_bytes);
-      c.block_bar = std::make_unique<std::barrier<>>(threads);
-      for (auto& w : c.warp_bar) w = std::make_unique<std::barrier<>>(32);
+      c.block_bar.reset(static_cast<int>(threads));
+      for (Barrier& w : c.warp_bar) w.reset(32);
     }
-  };
-  prepare_cluster();
-  std::barrier between_clusters(static_cast<std::ptrdiff_t>(threads) * cluster, prepare_cluster);
-  std::vector<std::thread> pool;
-  for (int r = 0; r < cluster; ++r) {
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back([&, r, t] {
-        cta_rank = r;
-        threadIdx.x = t;
-        for (int64_t first = 0; first < ctas; first += cluster) {
-          pending.clear();
-          group_id = 0;
-          blockIdx.x = static_cast<unsigned>(first + r);
-          kernel(args...);
-          if (first + cluster < ctas) between_clusters.arrive_and_wait();
-        }
-      });
+    for (int i = 0; i < count; ++i) {
+      Fiber& f = fibers[static_cast<size_t>(i)];
+      f.thread = static_cast<unsigned>(i) % threads;
+      f.rank = i / static_cast<int>(threads);
+      f.finished = false;
+      f.pending.clear();
+      f.group_id = 0;
+      start_context(f.context, fiber_stack(f), kFiberStack, fiber_main);
+    }
+    for (int live = count; live > 0;) {
+      const uint64_t before = events;
+      for (int i = 0; i < count; ++i) {
+        Fiber& f = fibers[static_cast<size_t>(i)];
+        if (f.finished) continue;
+        running = &f;
+        threadIdx.x = f.thread;
+        cta_rank = f.rank;
+        blockIdx.x = static_cast<unsigned>(first + f.rank);
+        switch_context(scheduler_context, f.context);
+        if (f.finished) --live;
+      }
+      if (live > 0 && events == before) {
+        std::fprintf(stderr,
+                     "emulator: deadlock in CTA %lld: %d threads wait at barriers the others "
+                     "never reach\n",
+                     static_cast<long long>(first), live);
+        std::abort();
+      }
     }
   }
-  for (auto& th : pool) th.join();
+  running = nullptr;
 }
 template <typename Kernel, typename... Args>
 void run_grid(Kernel kernel, int64_t ctas, unsigned threads, unsigned char* smem, size_t smem_bytes,
@@ -346,7 +443,7 @@ inline uint32_t cluster_rank() {
   return static_cast<uint32_t>(cta_rank);
 }
 inline void cluster_sync() {
-  cluster_bar->arrive_and_wait();
+  cluster_bar.arrive_and_wait();
 }
 inline uint32_t cluster_address(uint32_t address, uint32_t rank) {
   return address | ((rank + 1) << 24);
@@ -397,7 +494,7 @@ cudaError_t launch(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
 }  // namespace emu
 
 inline void __syncthreads() {
-  ::emu::cta().block_bar->arrive_and_wait();
+  ::emu::cta().block_bar.arrive_and_wait();
 }
 // The fast math intrinsics, as their exact host counterparts (the hardware's are within 2 ulp).
 inline float __fdividef(float x, float y) {
@@ -425,25 +522,25 @@ inline unsigned int __float_as_uint(float f) {
 inline int __shfl_sync(unsigned, int v, int src) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::cta().shfl_buf[w][l] = static_cast<float>(v);
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   const int r = static_cast<int>(emu::cta().shfl_buf[w][src]);
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   return r;
 }
 // A float from lane `src` (the epilogues pass a neighbour's column: store_accumulator_row).
 inline float __shfl_sync(unsigned, float v, int src) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::cta().shfl_buf[w][l] = v;
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   const float r = emu::cta().shfl_buf[w][src];
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   return r;
 }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const int tid = static_cast<int>(threadIdx.x), w = tid / 32, l = tid % 32;
   emu::cta().shfl_buf[w][l] = v;
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   const float r = emu::cta().shfl_buf[w][l ^ m];
-  emu::cta().warp_bar[w]->arrive_and_wait();
+  emu::cta().warp_bar[w].arrive_and_wait();
   return r;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the fused block-sparse attention kernels, or with `evoformer` the Evoformer kernels, under
 # host emulation (no GPU): the kernel sources compiled as C++20 with emulated mma.sync / ldmatrix /
-# warp shuffles / barriers / warpgroup MMA (one CTA at a time, one std::thread per CUDA thread;
-# cp.async lands at issue, or with EMU_DEFER=1 only at the wait that must complete it, the two
+# warp shuffles / barriers / warpgroup MMA (one CTA or cluster at a time, its threads as fibers
+# on one OS thread, run in thread order from barrier to barrier; cp.async lands at issue, or with EMU_DEFER=1 only at the wait that must complete it, the two
 # extremes of the pipeline's timing; wgmma completes at issue), against the fp64 oracle and the
 # CPU path with the tolerance rule: the mma.sync kernels, and the sm_90a warpgroup kernels where
 # the host picks them, through the dispatch's own launchers. Developer tool (tests/cuda/emulation),
