@@ -28,8 +28,12 @@ def import_sciattn():
     return sys.modules["sciattn"]
 
 
-def time_ms(fn, warmup=5, reps=20):
-    """Median of `reps` timed calls (CUDA events) after `warmup` untimed ones, in ms."""
+def time_ms(fn, warmup=5, reps=20, inner=1):
+    """Median of `reps` timed samples (CUDA events) after `warmup` untimed calls, in ms per call.
+
+    A sample is `inner` calls back to back divided by `inner`: with 1, a call from an idle GPU
+    (its host-side launch latency included, as a lone synchronous call sees it); with more, the
+    GPU's time per call once the host runs ahead of it, as in a training loop."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -37,10 +41,11 @@ def time_ms(fn, warmup=5, reps=20):
     for _ in range(reps):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         stop.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
+        times.append(start.elapsed_time(stop) / inner)
     return statistics.median(times)
 
 

@@ -13,7 +13,10 @@ friendly shape keeps N = L and rounds L. Head-dim sweep: [1, 256, 256, 4, D] wit
 for every D in 1..128. bf16.
 
 sciattn is called through libsciattn_capi.so (bench/compare/evoformer.py's ctypes wrapper: each
-call's workspace from torch's allocator). Peers beside it, on the same inputs: FlexAttention
+call's workspace from torch's allocator). Each time is the median of 20 samples, a sample
+`--inner` calls back to back (default 10: the GPU's time per call; with single calls from an
+idle GPU the host's launch latency, about 30 us through ctypes, is part of every sample, and its
+jitter made single points up to 1.5x their neighbours). Peers beside it, on the same inputs: FlexAttention
 (torch.compile, a score_mod bias; one compile per shape, so by default only at --peer-lengths and
 --peer-dims) and SDPA's memory-efficient backend with a materialised bias.
 
@@ -64,9 +67,10 @@ def dim_shape(D):
 class Timer:
     """Times one shape per implementation, caching sciattn's times (the friendly shapes repeat)."""
 
-    def __init__(self, sci, peers):
+    def __init__(self, sci, peers, inner):
         self.sci = sci
         self.peers = peers
+        self.inner = inner
         self.cache = {}
 
     def sciattn(self, shape):
@@ -80,7 +84,8 @@ class Timer:
                 o, lse = self.sci.forward(q, k, v, b1, b2)
                 self.sci.backward(q, k, v, b1, b2, o, lse, dout, True)
             try:
-                self.cache[shape] = {"fwd_ms": time_ms(fwd), "fwd_bwd_ms": time_ms(fwd_bwd)}
+                self.cache[shape] = {"fwd_ms": time_ms(fwd, inner=self.inner),
+                                     "fwd_bwd_ms": time_ms(fwd_bwd, inner=self.inner)}
             except Exception as e:  # a shape sciattn refuses is a finding, not a crash
                 self.cache[shape] = {"error": error_text(e)}
             del q, k, v, b1, b2, dout
@@ -104,7 +109,8 @@ class Timer:
             o = fn(qg, kg, vg, b1, b2g, scale)
             torch.autograd.grad(o, [qg, kg, vg, b2g], dout)
         try:
-            return {"fwd_ms": time_ms(fwd), "fwd_bwd_ms": time_ms(fwd_bwd)}
+            return {"fwd_ms": time_ms(fwd, inner=self.inner),
+                    "fwd_bwd_ms": time_ms(fwd_bwd, inner=self.inner)}
         except Exception as e:
             torch.cuda.empty_cache()
             return {"error": error_text(e)}
@@ -209,6 +215,9 @@ def main():
                     help=f"a coarser grid: L in {QUICK_LENGTHS}, D in {QUICK_DIMS}")
     ap.add_argument("--lengths", default=None,
                     help="comma-separated lengths replacing the length grid ('' skips it)")
+    ap.add_argument("--inner", type=int, default=10,
+                    help="calls per timed sample, back to back (default 10: the GPU's time per "
+                         "call; 1: single calls from an idle GPU, host launch latency included)")
     ap.add_argument("--dims", default=None,
                     help="comma-separated head dims (1..128) replacing the head-dim grid ('' skips it)")
     args = ap.parse_args()
@@ -228,7 +237,9 @@ def main():
     peer_lengths = set(lengths) if args.peer_lengths == "all" else {int(x) for x in args.peer_lengths.split(",") if x}
     peer_dims = set(dims) if args.peer_dims == "all" else {int(x) for x in args.peer_dims.split(",") if x}
 
-    timer = Timer(evo.Sciattn(args.lib), peers)
+    if args.inner < 1:
+        sys.exit(f"--inner: {args.inner} is not a count; give 1 or more")
+    timer = Timer(evo.Sciattn(args.lib), peers, args.inner)
     rows = sweep(timer, "L", sorted(set(lengths)), length_shape,
                  lambda L: (1, L, round_up(L, 64), 4, 32), peer_lengths, peers)
     rows += sweep(timer, "D", dims, dim_shape, lambda D: (1, 256, 256, 4, friendly_dim(D)),
@@ -238,6 +249,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     meta = gpu_meta()
     meta["summary"] = lines
+    meta["calls_per_sample"] = args.inner
     write_json(os.path.join(args.out, "evoformer_sweep.json"), meta, rows)
     plot(rows, peers, os.path.join(args.out, "evoformer_sweep.png"))
 
