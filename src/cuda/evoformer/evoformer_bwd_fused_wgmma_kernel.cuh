@@ -18,6 +18,7 @@
 
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/common/cluster.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
 
@@ -179,6 +180,7 @@ template <typename T, int kHeadDim, int kRanks, typename BiasTypes, int kStages>
 __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasPerSm)
     evoformer_bwd_fused_wgmma_kernel(const EvoformerDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
+  enter_overlapped_grid();
   static_assert(kHeadDim == 32, "the fused backward runs head dim 32 (the host plan)");
   static_assert(kRanks == 1 || kRanks == 2, "clusters of one or two CTAs per slice");
   static_assert(kStages == 2 || (kStages == 3 && kRanks == 1), "the host plan's stages");

@@ -27,6 +27,7 @@
 #include "cuda/common/accumulator_row_store.cuh"
 #include "cuda/common/attention_delta.cuh"
 #include "cuda/common/device_utils.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/mma_tiles.cuh"
 #include "cuda/evoformer/evoformer_grid.cuh"
 #include "cuda/evoformer/evoformer_tile_copies.cuh"
@@ -100,6 +101,7 @@ __host__ __device__ inline bool evoformer_delta_vec(const EvoformerDeviceParams&
 
 template <typename T, int kLanes>
 __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
+  enter_overlapped_grid();
   delta_rows<T, kLanes>(
       p.batch * p.n * p.len * p.heads, p.dim, evoformer_delta_vec<T>(p), 1, 1,
       [&](auto row) {
@@ -282,6 +284,7 @@ __device__ __forceinline__ void evoformer_row_ds(float (&ds)[8][4], const float 
 template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dkdv_kernel(const EvoformerDeviceParams p) {
+  enter_overlapped_grid();
   using Tile = EvoformerBwdTile;
   using Smem = EvoformerBwdSmem<T, kHeadDim, kStages>;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;
@@ -379,6 +382,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
 template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCtas<kHeadDim>)
     evoformer_bwd_dq_kernel(const EvoformerDeviceParams p) {
+  enter_overlapped_grid();
   using Tile = EvoformerBwdTile;
   using Smem = EvoformerBwdSmem<T, kHeadDim, kStages>;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;
@@ -567,6 +571,7 @@ template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
                                   EvoformerDbias2Tile<kHeadDim>::kCtasPerSm)
     evoformer_bwd_dbias2_kernel(const EvoformerDeviceParams p) {
+  enter_overlapped_grid();
   using Tile = EvoformerDbias2Tile<kHeadDim>;
   using Smem = EvoformerDbias2Smem<T, kHeadDim, kStages>;
   constexpr int kKeys = EvoformerBwdTile::kBlock;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "cuda/common/attention_delta.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
@@ -140,6 +141,7 @@ template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDim>)
     evoformer_bwd_dkdv_wgmma_kernel(const EvoformerDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
+  enter_overlapped_grid();
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   const BiasTypes types(p);
   constexpr int kOutTiles = kHeadDim / 8;
@@ -201,6 +203,7 @@ template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>)
     evoformer_bwd_dq_wgmma_kernel(const EvoformerDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
+  enter_overlapped_grid();
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   const BiasTypes types(p);
   constexpr int kOutTiles = kHeadDim / 8;
@@ -317,6 +320,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
                                   detail::cuda_dbias2_ctas_per_sm(kHeadDim))
     evoformer_bwd_dbias2_wgmma_kernel(const EvoformerDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
+  enter_overlapped_grid();
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   const BiasTypes types(p);
   constexpr int kStages = Smem::kDbias2Stages, kGroups = Smem::kDbias2Groups;

@@ -96,6 +96,10 @@ struct EvoformerDeviceParams {
   // SCIATTN_CUDA_KERNELS=portable-99k; 0: not given, take the two-stage forms): the mma.sync
   // kernels with one stage of streamed tiles where two do not fit (launch_staged).
   int smem_limit;
+  // 1 when the 16-bit path's kernels are launched overlapped with the kernel before them
+  // (common/overlapped_launch.h; devices of sm_90 and later): each starts with
+  // enter_overlapped_grid().
+  int overlap_launches;
 
   // Workspace regions of the backward (fp32, packed).
   float* delta;           // [B*N, H, L]: <dO_i, O_i>

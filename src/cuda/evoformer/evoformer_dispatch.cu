@@ -9,6 +9,7 @@
 #include "cuda/common/device_arch.h"
 #include "cuda/common/device_guard.h"
 #include "cuda/common/instance_switch.h"
+#include "cuda/common/overlapped_launch.h"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_cuda.h"
 #include "cuda/evoformer/evoformer_device_params_of.h"
@@ -118,9 +119,10 @@ namespace {
 
 // Makes the padded copies of the unaligned biases and inputs (forward_copy_jobs /
 // backward_copy_jobs) that the kernels then read.
-Status make_copies(const EvoformerCopyJobs& jobs, cudaStream_t stream) {
+Status make_copies(const EvoformerCopyJobs& jobs, const EvoformerDeviceParams& p,
+                   cudaStream_t stream) {
   if (jobs.count == 0) return Status();
-  return device_status(launch_evoformer_row_copies(jobs, stream),
+  return device_status(launch_evoformer_row_copies(jobs, p.overlap_launches != 0, stream),
                        "Evoformer padded copy kernel launch");
 }
 
@@ -133,17 +135,18 @@ Status keep_to_device_kernels(EvoformerDeviceParams& p) {
   if (!usable.ok()) return usable;
   if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
   p.smem_limit = kernels.smem_limit;
+  p.overlap_launches = kernels.major >= 9 ? 1 : 0;
   return usable;
 }
 
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
                         void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  const Status copied = make_copies(forward_copy_jobs(params, s, workspace), cuda_stream);
-  if (!copied.ok()) return copied;
   EvoformerDeviceParams p = forward_device_params(params, s, workspace);
   const Status usable = keep_to_device_kernels(p);
   if (!usable.ok()) return usable;
+  const Status copied = make_copies(forward_copy_jobs(params, s, workspace), p, cuda_stream);
+  if (!copied.ok()) return copied;
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),
                          "Evoformer forward (fp32) kernel launch");
@@ -155,11 +158,11 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
 Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
                          void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  const Status copied = make_copies(backward_copy_jobs(params, s, workspace), cuda_stream);
-  if (!copied.ok()) return copied;
   EvoformerDeviceParams p = backward_device_params(params, s, workspace);
   const Status usable = keep_to_device_kernels(p);
   if (!usable.ok()) return usable;
+  const Status copied = make_copies(backward_copy_jobs(params, s, workspace), p, cuda_stream);
+  if (!copied.ok()) return copied;
   const bool f32 = params.q.dtype == DType::kF32;
   cudaError_t e = cudaSuccess;
   if (f32) {
@@ -185,6 +188,7 @@ Status run_backward_here(const EvoformerBackwardParams& params, const detail::Ev
 // dbias1[b, n, j] = sum over heads of dbias1_partial; dbias2[b, h, i, j] = sum over chunks of
 // dbias2_partial (when N was split into chunks); both in a fixed order.
 __global__ void evoformer_bwd_dbias_reduce_kernel(const EvoformerDeviceParams p) {
+  enter_overlapped_grid();
   const int64_t d1 = p.dbias1 != nullptr ? p.batch * p.n * p.len : 0;
   const int64_t d2 = p.dbias2_partial != nullptr ? p.batch * p.heads * p.len * p.len : 0;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < d1 + d2;
@@ -215,8 +219,8 @@ cudaError_t launch_evoformer_backward_delta(const EvoformerDeviceParams& p, cuda
   const int threads = 256;
   const unsigned grid = delta_grid(p.batch * p.n * p.len * p.heads, threads, 132 * 16);
   return launch_with_delta_lanes(p.dim, evoformer_delta_vec<T>(p), [&](auto lanes) {
-    evoformer_bwd_delta_kernel<T, decltype(lanes)::value><<<grid, threads, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch_overlapped(evoformer_bwd_delta_kernel<T, decltype(lanes)::value>, dim3(grid),
+                             threads, 0, stream, p.overlap_launches != 0, 1, p);
   });
 }
 template cudaError_t launch_evoformer_backward_delta<float>(const EvoformerDeviceParams&,
@@ -233,8 +237,8 @@ cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& 
                            (p.dbias2_partial ? p.batch * p.heads * p.len * p.len : 0);
   const int64_t blocks = std::min<int64_t>((elements + threads - 1) / threads, int64_t{132} * 16);
   if (blocks == 0) return cudaSuccess;
-  evoformer_bwd_dbias_reduce_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_overlapped(evoformer_bwd_dbias_reduce_kernel, dim3(static_cast<unsigned>(blocks)),
+                           threads, 0, stream, p.overlap_launches != 0, 1, p);
 }
 
 }  // namespace sciattn::cuda

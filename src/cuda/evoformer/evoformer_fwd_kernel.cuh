@@ -7,6 +7,7 @@
 
 #include "cuda/common/accumulator_row_store.cuh"
 #include "cuda/common/device_utils.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/evoformer/evoformer_grid.cuh"
 #include "cuda/evoformer/evoformer_tile_copies.cuh"
 
@@ -164,6 +165,7 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
 template <typename T, int kHeadDim, int kStages = 2>
 __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCtas<kHeadDim>)
     evoformer_fwd_kernel(const EvoformerDeviceParams p) {
+  enter_overlapped_grid();
   using Tile = EvoformerFwdTile;
   using Smem = EvoformerFwdSmem<T, kHeadDim, kStages>;
   constexpr int kTileDim = kTileDimFor<kHeadDim>;  // head dim 8 runs in 16-wide tiles

@@ -12,6 +12,7 @@
 // (evoformer_bias_types.cuh) is an instantiation. CUDA layer.
 #pragma once
 
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/evoformer/evoformer_bias_types.cuh"
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
@@ -32,6 +33,7 @@ template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim>)
     evoformer_fwd_wgmma_kernel(const EvoformerDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
+  enter_overlapped_grid();
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
   constexpr int kOutTiles = kHeadDim / 8;
   static_assert(EvoformerFwdTile::kBlockM == kWgmmaRows &&

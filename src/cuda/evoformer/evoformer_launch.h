@@ -28,8 +28,10 @@ cudaError_t launch_evoformer_backward_dbias_reduce(const EvoformerDeviceParams& 
                                                    cudaStream_t stream);
 
 // The padded copies of a call's unaligned biases and inputs, in one launch
-// (detail::CudaInputCopies; evoformer_row_copy.cu).
-cudaError_t launch_evoformer_row_copies(const EvoformerCopyJobs& jobs, cudaStream_t stream);
+// (detail::CudaInputCopies; evoformer_row_copy.cu), overlapped with the kernels before it where
+// `overlap` (common/overlapped_launch.h).
+cudaError_t launch_evoformer_row_copies(const EvoformerCopyJobs& jobs, bool overlap,
+                                        cudaStream_t stream);
 
 // CTAs of each kernel (also used to reject shapes whose 1-D grid would pass 2^31 - 1).
 int64_t evoformer_forward_ctas(const EvoformerDeviceParams& p);

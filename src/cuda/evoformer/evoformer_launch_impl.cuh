@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "cuda/common/kernel_smem_config.h"
+#include "cuda/common/overlapped_launch.h"
 #include "cuda/evoformer/evoformer_bwd_fused_wgmma_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_bwd_wgmma_kernels.cuh"
@@ -16,7 +17,8 @@ namespace sciattn::cuda {
 // Launches `kernel` on a 1-D grid with `smem_bytes` of dynamic shared memory, raising the
 // kernel's shared-memory limit first when it needs more than the default 48 KiB. The carveout is
 // set to the most shared memory: with the driver's own choice (200 KB) the dK/dV and dQ kernels'
-// fourth CTA per SM at head dim 32 (4 x 50.3 KB) did not fit.
+// fourth CTA per SM at head dim 32 (4 x 50.3 KB) did not fit. Overlapped with the kernel before
+// it where p.overlap_launches (the kernels start with enter_overlapped_grid()).
 template <typename Kernel>
 cudaError_t launch_1d(Kernel kernel, int64_t ctas, int threads, size_t smem_bytes,
                       const EvoformerDeviceParams& p, cudaStream_t stream) {
@@ -24,8 +26,8 @@ cudaError_t launch_1d(Kernel kernel, int64_t ctas, int threads, size_t smem_byte
   const cudaError_t e =
       configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem_bytes, true);
   if (e != cudaSuccess) return e;
-  kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_overlapped(kernel, dim3(static_cast<unsigned>(ctas)), threads, smem_bytes, stream,
+                           p.overlap_launches != 0, 1, p);
 }
 
 // Shared memory of the staged bias tiles (`stages` buffers of each bias present) of a kernel
@@ -92,25 +94,14 @@ inline detail::CudaFusedBackwardPlan evoformer_fused_backward_plan(const Evoform
 }
 
 // Launches `kernel` as `pairs` clusters of two CTAs (1-D), with `smem_bytes` of dynamic shared
-// memory each.
+// memory each (overlapped as launch_1d's).
 template <typename Kernel>
 cudaError_t launch_cluster_pairs(Kernel kernel, int64_t pairs, size_t smem,
                                  const EvoformerDeviceParams& p, cudaStream_t stream) {
   const cudaError_t e = configure_kernel_smem(reinterpret_cast<const void*>(kernel), smem, true);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(2 * pairs));
-  config.blockDim = dim3(kWgmmaThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, p);
+  return launch_overlapped(kernel, dim3(static_cast<unsigned>(2 * pairs)), kWgmmaThreads, smem,
+                           stream, p.overlap_launches != 0, 2, p);
 }
 
 // Launches the fused kernel as planned: a plain launch for one CTA per slice (two or three

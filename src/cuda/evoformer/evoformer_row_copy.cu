@@ -4,12 +4,15 @@
 // elements from the tensor in whatever strides it has, zeros past the row's end. It reads each
 // tensor once and writes it once, about the bytes of one of the kernels' own passes over it; one
 // launch instead of one per copy saves a launch's latency and tail per extra copy (the two bias
-// copies of a short length took 3.5-3.9 us each on the H100, mostly that). CUDA layer.
+// copies of a short length took 3.5-3.9 us each on the H100, mostly that). Overlapped with the
+// kernels before and after it on sm_90 (overlapped_launch.h). CUDA layer.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/grid_dependency.cuh"
+#include "cuda/common/overlapped_launch.h"
 #include "cuda/evoformer/evoformer_launch.h"
 
 namespace sciattn::cuda {
@@ -75,6 +78,7 @@ __device__ void copy_rows(const EvoformerRowCopyArgs& a) {
 // run time from the parameters without first copying them all to local memory).
 template <typename Index>
 __global__ void evoformer_row_copies_kernel(const __grid_constant__ EvoformerCopyJobs jobs) {
+  enter_overlapped_grid();
   const EvoformerRowCopyArgs& a = jobs.job[blockIdx.y];
   switch (a.elem_bytes) {
     case 1:
@@ -91,7 +95,8 @@ __global__ void evoformer_row_copies_kernel(const __grid_constant__ EvoformerCop
 
 }  // namespace
 
-cudaError_t launch_evoformer_row_copies(const EvoformerCopyJobs& jobs, cudaStream_t stream) {
+cudaError_t launch_evoformer_row_copies(const EvoformerCopyJobs& jobs, bool overlap,
+                                        cudaStream_t stream) {
   int64_t most = 0;
   for (int i = 0; i < jobs.count; ++i) {
     const int b = jobs.job[i].elem_bytes;
@@ -107,11 +112,11 @@ cudaError_t launch_evoformer_row_copies(const EvoformerCopyJobs& jobs, cudaStrea
       static_cast<unsigned>(jobs.count));
   // The grid-stride loop's last step stays below 2^32 too.
   if (most + int64_t{grid.x} * threads < (int64_t{1} << 32)) {
-    evoformer_row_copies_kernel<uint32_t><<<grid, threads, 0, stream>>>(jobs);
-  } else {
-    evoformer_row_copies_kernel<int64_t><<<grid, threads, 0, stream>>>(jobs);
+    return launch_overlapped(evoformer_row_copies_kernel<uint32_t>, grid, threads, 0, stream,
+                             overlap, 1, jobs);
   }
-  return cudaGetLastError();
+  return launch_overlapped(evoformer_row_copies_kernel<int64_t>, grid, threads, 0, stream, overlap,
+                           1, jobs);
 }
 
 }  // namespace sciattn::cuda

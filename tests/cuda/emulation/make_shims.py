@@ -118,13 +118,13 @@ cl = cl.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
     "namespace sciattn::cuda {\ninline cudaError_t configure_kernel_smem(const void*, size_t, bool) "
     "{ return cudaSuccess; }\n}  // namespace sciattn::cuda\n")
 li = (root / "src/cuda/evoformer/evoformer_launch_impl.cuh").read_text()
-li, n1 = re.subn(r"kernel<<<static_cast<unsigned>\(ctas\), threads, smem_bytes, stream>>>\(p\);\s*"
-                 r"return cudaGetLastError\(\);",
+li, n1 = re.subn(r"return launch_overlapped\(kernel, dim3\(static_cast<unsigned>\(ctas\)\), threads, "
+                 r"smem_bytes, stream,\s*p\.overlap_launches != 0, 1, p\);",
                  "return ::emu::launch(kernel, ctas, threads, smem_bytes, p);", li)
 li, n2 = re.subn(r"(cudaError_t launch_cluster_pairs\([^{]*\{).*?\n\}",
                  r"\1\n  return ::emu::launch_cluster(kernel, 2 * pairs, kWgmmaThreads, smem, 2, p);\n}",
                  li, flags=re.S)
-assert n1 == 1 and n2 == 1 and "<<<" not in li, "launch_impl"
+assert n1 == 1 and n2 == 1 and "<<<" not in li and "launch_overlapped" not in li, "launch_impl"
 (out / "cuda/evoformer/evoformer_launch_impl.cuh").write_text(li)
 # The fused backward runs in clusters, whose CTAs run at once here: its shared memory is its CTA's
 # (emu::cta()), not the one buffer the other kernels' `extern __shared__` names.
