@@ -1,6 +1,6 @@
 // Host emulation of the CUDA features the fused sparse attention and Evoformer kernels use (test
 // layer, a developer tool): one CTA (or cluster) at a time, its blockDim.x (up to 256) threads as
-// cooperative user-level threads on the calling thread (fibers, below), barriers for __syncthreads
+// cooperative user-level threads on the calling thread (emu_fibers.h), barriers for __syncthreads
 // and the warp collectives (__shfl_xor_sync, mma.sync m16n8k16 with the PTX
 // fragment layout, ldmatrix), synchronous cp.async with zero fill, ex2.approx.ftz, and Hopper's
 // warpgroup MMA (wgmma.mma_async, completing at issue) reading its shared-memory operands through
@@ -22,9 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include <sys/mman.h>
-
-#include "emu_fiber_switch.h"
+#include "emu_fibers.h"
 
 // Kernels are plain functions and shared memory plain storage here (replacing the CUDA headers'
 // host definitions of these keywords).
@@ -57,58 +55,21 @@ struct PendingCopy {
   int size, bytes, group;
 };
 
-// The emulated threads of the running cluster are fibers: each a context (emu_fiber_switch.h) on
-// its own stack, all run by the launching thread. A fiber runs until it waits at a barrier, then
-// hands control back to the scheduler (run_clusters), which resumes the cluster's fibers
-// round-robin. Waiting costs a user-level switch instead of an OS thread's sleep and wake-up: the
-// barriers of every mma.sync, shuffle and ldmatrix made the emulation spend most of its time in the
-// operating system with one std::thread per CUDA thread. A fiber's state is its thread and CTA
-// rank, and its cp.async groups.
-struct Fiber {
-  FiberContext context;
-  unsigned char* stack = nullptr;  // kFiberStack bytes above a guard page
+// The emulated threads of the running cluster are fibers (emu_fibers.h), all run by the launching
+// thread; each has its thread index, its CTA's rank in the cluster, and its cp.async groups.
+struct ThreadState {
   unsigned thread = 0;
   int rank = 0;
-  bool finished = false;
   std::vector<PendingCopy> pending;
   int group_id = 0;
 };
-constexpr size_t kFiberStack = size_t{1} << 19;
-inline std::vector<Fiber> fibers(static_cast<size_t>(32 * kMaxWarps * kMaxClusterCtas));
-inline Fiber* running = nullptr;
-inline FiberContext scheduler_context;
-// Arrivals at barriers and finished fibers: a scheduler pass without one is a deadlock.
-inline uint64_t events = 0;
-inline Fiber& fiber() {
+inline std::vector<ThreadState> thread_states(static_cast<size_t>(32 * kMaxWarps *
+                                                                  kMaxClusterCtas));
+inline ThreadState* running = nullptr;
+inline ThreadState& fiber() {
   return *running;
 }
-inline void yield() {
-  switch_context(running->context, scheduler_context);
-}
 
-// A barrier of `expected` fibers: the last to arrive opens the phase and goes on; the others yield
-// until it is open.
-class Barrier {
- public:
-  void reset(int expected) {
-    expected_ = expected;
-    arrived_ = 0;
-  }
-  void arrive_and_wait() {
-    const uint64_t phase = phase_;
-    ++events;
-    if (++arrived_ == expected_) {
-      arrived_ = 0;
-      ++phase_;
-      return;
-    }
-    while (phase_ == phase) yield();
-  }
-
- private:
-  int expected_ = 0, arrived_ = 0;
-  uint64_t phase_ = 0;
-};
 // One CTA of the running cluster (a launch without clusters runs one CTA at a time): its barriers,
 // the staging its warp collectives exchange through, and its shared memory.
 struct CtaState {
@@ -348,47 +309,16 @@ inline void wgmma_rs(float (&d)[kN / 8][4], const uint32_t (&a)[4], uint64_t des
       d, [&](int row, int k) { return A[row % 16][k]; }, b, kTransB != 0, accumulate);
 }
 
-// The stack of fiber i, made at its first use: kFiberStack bytes above a page that faults on
-// access (a kernel frame that overflows stops the run instead of writing over another fiber's).
-inline unsigned char* fiber_stack(Fiber& f) {
-  if (f.stack == nullptr) {
-    const size_t page = 4096;
-    void* at = mmap(nullptr, kFiberStack + page, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (at == MAP_FAILED || mprotect(at, page, PROT_NONE) != 0) {
-      std::perror("emulator: a fiber stack");
-      std::abort();
-    }
-    f.stack = static_cast<unsigned char*>(at) + page;
-  }
-  return f.stack;
-}
-// The CTA body every fiber of a cluster runs (a launch's kernel and arguments), and the fibers'
-// entry point, which runs it, marks the fiber finished and hands control back for good.
-inline void (*cta_body)(const void*) = nullptr;
-inline const void* cta_body_state = nullptr;
-inline void fiber_main() {
-  cta_body(cta_body_state);
-  running->finished = true;
-  ++events;
-  yield();
-  std::abort();  // a finished fiber is never resumed
-}
-
 // Runs kernel(args...) on a 1-D grid of `ctas` CTAs of `threads` threads in clusters of `cluster`
 // CTAs (1: one CTA at a time), the CTAs of one cluster at once, CTA rank r with the shared memory
-// smem[r] (`smem_bytes`, filled with garbage before each cluster). Each cluster starts its fibers
-// afresh (the state a new thread has: no pending copies) with reset barriers, and resumes them
-// round-robin until every one has returned; a pass in which no fiber arrives at a barrier or
-// returns is a deadlock (a barrier some threads never reach), which stops the run.
+// smem[r] (`smem_bytes`, filled with garbage before each cluster). Each cluster starts its threads
+// afresh (the state a new thread has: no pending copies) with reset barriers, as fibers
+// (run_fibers: a barrier some threads never reach stops the run as a deadlock).
 template <typename Kernel, typename... Args>
 void run_clusters(Kernel kernel, int64_t ctas, unsigned threads, int cluster,
                   unsigned char* const* smem, size_t smem_bytes, const Args&... args) {
   gridDim.x = static_cast<unsigned>(ctas);
   blockDim.x = threads;
-  const auto body = [&]() { kernel(args...); };
-  cta_body = [](const void* state) { (*static_cast<const decltype(body)*>(state))(); };
-  cta_body_state = &body;
   const int count = static_cast<int>(threads) * cluster;
   for (int64_t first = 0; first < ctas; first += cluster) {
     cluster_bar.reset(count);
@@ -400,34 +330,22 @@ void run_clusters(Kernel kernel, int64_t ctas, unsigned threads, int cluster,
       for (Barrier& w : c.warp_bar) w.reset(32);
     }
     for (int i = 0; i < count; ++i) {
-      Fiber& f = fibers[static_cast<size_t>(i)];
-      f.thread = static_cast<unsigned>(i) % threads;
-      f.rank = i / static_cast<int>(threads);
-      f.finished = false;
-      f.pending.clear();
-      f.group_id = 0;
-      start_context(f.context, fiber_stack(f), kFiberStack, fiber_main);
+      ThreadState& t = thread_states[static_cast<size_t>(i)];
+      t.thread = static_cast<unsigned>(i) % threads;
+      t.rank = i / static_cast<int>(threads);
+      t.pending.clear();
+      t.group_id = 0;
     }
-    for (int live = count; live > 0;) {
-      const uint64_t before = events;
-      for (int i = 0; i < count; ++i) {
-        Fiber& f = fibers[static_cast<size_t>(i)];
-        if (f.finished) continue;
-        running = &f;
-        threadIdx.x = f.thread;
-        cta_rank = f.rank;
-        blockIdx.x = static_cast<unsigned>(first + f.rank);
-        switch_context(scheduler_context, f.context);
-        if (f.finished) --live;
-      }
-      if (live > 0 && events == before) {
-        std::fprintf(stderr,
-                     "emulator: deadlock in CTA %lld: %d threads wait at barriers the others "
-                     "never reach\n",
-                     static_cast<long long>(first), live);
-        std::abort();
-      }
-    }
+    const auto enter = [&](int i) {
+      running = &thread_states[static_cast<size_t>(i)];
+      threadIdx.x = running->thread;
+      cta_rank = running->rank;
+      blockIdx.x = static_cast<unsigned>(first + running->rank);
+    };
+    char what[64];
+    std::snprintf(what, sizeof what, "CTA %lld", static_cast<long long>(first));
+    run_fibers(
+        count, enter, [&](int) { kernel(args...); }, what);
   }
   running = nullptr;
 }
