@@ -1,25 +1,26 @@
-// Host emulation of the CUDA features the block-sparse MatMul / Softmax kernels use (threads and
-// barriers of one CTA, warp shuffles, mma.sync m16n8k16 and m16n8k8 TF32 with the PTX fragment
-// layouts, 16-bit float types, the runtime calls of the GPU test suite on host memory). Developer
-// tool of the GPU ops (tests/cuda/ops_emulation), not part of CTest: run_ops_emulation.sh includes
-// it in place of the CUDA headers.
+// Host emulation of the CUDA features the block-sparse MatMul / Softmax kernels use (the threads of
+// one CTA as fibers with their barriers (../emulation/emu_fibers.h), warp shuffles, mma.sync
+// m16n8k16 and m16n8k8 TF32 with the PTX fragment layouts, 16-bit float types, the runtime calls of
+// the GPU test suite on host memory). Developer tool of the GPU ops (tests/cuda/ops_emulation), not
+// part of CTest: run_ops_emulation.sh includes it in place of the CUDA headers.
 #pragma once
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
+
+#include "emu_fibers.h"
 struct dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
 namespace emu {
-inline thread_local dim3 tidx, bidx;
+inline dim3 tidx, bidx;  // the running fiber's (set at each switch)
 inline dim3 gdim;
-inline std::barrier<>* cta_bar = nullptr;
-inline std::barrier<>* warp_bar[32] = {};
+inline Barrier* cta_bar = nullptr;
+inline Barrier* warp_bar[32] = {};
 inline float shfl_buf[32][32];
 }  // namespace emu
 #define threadIdx (::emu::tidx)
@@ -81,26 +82,22 @@ inline float __bfloat162float(__nv_bfloat16 h) {
 namespace emu {
 inline uint32_t mma_a[32][32][4], mma_b[32][32][2];
 }
+// One block at a time, its threads as fibers (emu::run_fibers) with fresh barriers.
 template <class Kernel, class Args>
 void emu_launch(Kernel k, unsigned grid, int threads, const Args& args) {
   emu::gdim.x = grid;
-  std::barrier<> bar(threads);
-  emu::cta_bar = &bar;
-  std::vector<std::barrier<>*> warps;
-  for (int w = 0; w < threads / 32; ++w) emu::warp_bar[w] = new std::barrier<>(32);
-  std::vector<std::thread> ts;
-  for (int t = 0; t < threads; ++t) {
-    ts.emplace_back([&, t] {
-      emu::tidx.x = t;
-      for (unsigned b = 0; b < grid; ++b) {
-        emu::bidx.x = b;
-        k(args);
-        bar.arrive_and_wait();
-      }
-    });
+  for (unsigned b = 0; b < grid; ++b) {
+    emu::Barrier bar(threads);
+    emu::cta_bar = &bar;
+    std::vector<emu::Barrier> warps(static_cast<size_t>(threads / 32), emu::Barrier(32));
+    for (int w = 0; w < threads / 32; ++w) emu::warp_bar[w] = &warps[static_cast<size_t>(w)];
+    emu::bidx.x = b;
+    char what[32];
+    std::snprintf(what, sizeof what, "block %u", b);
+    emu::run_fibers(
+        threads, [](int i) { emu::tidx.x = static_cast<unsigned>(i); }, [&](int) { k(args); },
+        what);
   }
-  for (auto& t : ts) t.join();
-  for (int w = 0; w < threads / 32; ++w) delete emu::warp_bar[w];
 }
 // Runtime calls of the tests: device memory is host memory.
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
