@@ -169,8 +169,9 @@ std::vector<EvoConfig> gpu_cases() {
       cases.push_back(c);
     }
   }
-  // Head dims that are not multiples of 8, read from staged copies with rows of D rounded up to
-  // 8 (detail::CudaInputCopies), the outputs written at D.
+  // Head dims that are not multiples of 8: odd ones read from staged copies with rows of D rounded
+  // up to 8 (detail::CudaInputCopies), even ones in place in 4-byte pieces (kRowsInPieces), the
+  // outputs written at D.
   for (int64_t D : {20, 33, 34, 63, 100, 127}) {
     for (int64_t L : {129, 300}) {
       EvoConfig c;
@@ -178,6 +179,22 @@ std::vector<EvoConfig> gpu_cases() {
       c.dtype = (D + L) % 2 == 0 ? DType::kBF16 : DType::kF16;
       c.bias1 = L == 129 ? Bias1Kind::kBool : Bias1Kind::kSameAsQ;
       c.bias2 = D % 2 == 0 ? Bias2Kind::kSameAsQ : Bias2Kind::kF32;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  // Even head dims read in 4-byte pieces from rows whose columns past D are poisoned (a piece
+  // past D read instead of zero-filled turns the products into NaN), at every head dim: the
+  // mma.sync kernels at 8 and 16, PaddedDimTypes at 32, 64 and 128 (and the mma.sync kernels
+  // there with an fp32 pair bias).
+  for (int64_t D : {6, 12, 26, 58, 116}) {
+    for (int64_t L : {129, 300}) {
+      EvoConfig c;
+      c.shape = {1, 2, L, 2, D};
+      c.dtype = L == 129 ? DType::kF16 : DType::kBF16;
+      c.bias1 = L == 129 ? Bias1Kind::kSameAsQ : Bias1Kind::kBool;
+      c.bias2 = L == 129 ? Bias2Kind::kSameAsQ : Bias2Kind::kF32;
+      c.in_layout = Layout::kWideRows;
       c.seed = seed++;
       cases.push_back(c);
     }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/bias_type.h"
+#include "cuda/common/row_copy.h"
 
 namespace sciattn::cuda {
 
@@ -278,7 +279,7 @@ __device__ __forceinline__ void store_bias(void* base, BiasType type, int64_t of
 struct SliceSource {
   const void* base;
   int64_t row_stride;
-  int vec;  // 16-byte copies allowed
+  int vec;  // how its rows may be copied: a RowCopy (cuda/common/row_copy.h)
 };
 
 __host__ __device__ inline size_t bias_bytes(BiasType type) {
@@ -354,7 +355,9 @@ __device__ __forceinline__ int stream_tile(int64_t i, int64_t count, const CopyT
 // fixed, unrolled set whose addresses advance by constants: no division or 64-bit multiply per
 // copy (the generic strided loop spent ~25 instructions on each; without them the Evoformer dK/dV
 // and dQ kernels ran 11-13% faster).
-template <typename T, int kRows, int kChunks, int kPitch, int kThreads>
+// kPieces (16-bit rows on 4-byte boundaries, kRowsInPieces; D even): each chunk as four 4-byte
+// pieces, those at or past dim zero-filled.
+template <typename T, int kRows, int kChunks, int kPitch, int kThreads, bool kPieces = false>
 __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t row_stride,
                                                 int64_t row0, int64_t len, int64_t dim) {
   static_assert(kThreads % kChunks == 0, "a thread's chunk column must not change");
@@ -372,7 +375,15 @@ __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t 
     const int r = r0 + i * kRowStep;
     if (kRows % kRowStep != 0 && r >= kRows) break;
     const bool valid = column_inside && r < rows_inside;
-    cp_async_16(dst + i * kRowStep * kPitch, valid ? src : base, valid ? 16 : 0);
+    if constexpr (kPieces) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool in = valid && c * 8 + 2 * j < dim;
+        cp_async_4(dst + i * kRowStep * kPitch + 2 * j, in ? src + 2 * j : base, in ? 4 : 0);
+      }
+    } else {
+      cp_async_16(dst + i * kRowStep * kPitch, valid ? src : base, valid ? 16 : 0);
+    }
     src += src_step;
   }
 }
@@ -385,9 +396,12 @@ template <typename T, int kRows, int kHeadDim, int kPitch, int kThreads>
 __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64_t row0,
                                           int64_t len, int64_t dim) {
   const T* base = static_cast<const T*>(src.base);
-  if (src.vec) {
+  if (src.vec == kRowsInChunks) {
     copy_rows_async<T, kRows, kHeadDim / 8, kPitch, kThreads>(smem, base, src.row_stride, row0, len,
                                                               dim);
+  } else if (sizeof(T) == 2 && src.vec == kRowsInPieces) {
+    copy_rows_async<T, kRows, kHeadDim / 8, kPitch, kThreads, true>(smem, base, src.row_stride,
+                                                                    row0, len, dim);
   } else {
     // The rare unaligned case: kept rolled so that it does not crowd the fast path's code.
     const T zero = ElementTraits<T>::from_float(0.0f);

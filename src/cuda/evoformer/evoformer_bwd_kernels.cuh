@@ -96,7 +96,7 @@ struct EvoformerDbias2Smem {
 // (common/attention_delta.cuh); rows in the tensors' memory order, so a warp's rows are adjacent.
 template <typename T>
 __host__ __device__ inline bool evoformer_delta_vec(const EvoformerDeviceParams& p) {
-  return sizeof(T) == 2 && p.vec_out && p.vec_dout;
+  return sizeof(T) == 2 && p.vec_out == kRowsInChunks && p.vec_dout == kRowsInChunks;
 }
 
 template <typename T, int kLanes>

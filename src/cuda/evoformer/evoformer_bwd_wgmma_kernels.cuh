@@ -349,26 +349,28 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   // Each warpgroup copies its own Q and dO rows; K and V are split between the warpgroups (one
   // copier per thread: Q or dO, then K or V; with one warpgroup, K and V). The copiers start at
   // the chunk's first n and move one n on per copy.
-  const auto copier = [&](const void* data, const int64_t stride[4], int64_t row0) {
-    const SliceSource src = slice_of(data, stride, 1, sizeof(T), b, 0, h);
+  const auto copier = [&](const void* data, const int64_t stride[4], int vec, int64_t row0) {
+    const SliceSource src = slice_of(data, stride, vec, sizeof(T), b, 0, h);
     const int32_t row_bytes =
         static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
     SwizzledTileCopier<kHeadDim, BiasTypes::kCols> copy(
         static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes, p.len - row0,
-        group_thread, static_cast<int>(2 * p.load_dim));
+        group_thread, static_cast<int>(2 * p.load_dim), vec == kRowsInPieces);
     copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
     return copy;
   };
   const auto n_bytes = [](const int64_t stride[4]) {
     return stride[1] * static_cast<int64_t>(sizeof(T));
   };
-  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> q_copy = copier(p.q, p.q_stride, group_q0);
-  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> do_copy = copier(p.dout, p.dout_stride, group_q0);
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> q_copy =
+      copier(p.q, p.q_stride, p.vec_q, group_q0);
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> do_copy =
+      copier(p.dout, p.dout_stride, p.vec_dout, group_q0);
   const bool copies_k = kGroups == 1 || group == 0;
   SwizzledTileCopier<kHeadDim, BiasTypes::kCols> kv_copy =
-      copies_k ? copier(p.k, p.k_stride, k0) : copier(p.v, p.v_stride, k0);
+      copies_k ? copier(p.k, p.k_stride, p.vec_k, k0) : copier(p.v, p.v_stride, p.vec_v, k0);
   SwizzledTileCopier<kHeadDim, BiasTypes::kCols> v_copy =
-      copier(p.v, p.v_stride, k0);  // one warpgroup only
+      copier(p.v, p.v_stride, p.vec_v, k0);  // one warpgroup only
   const int64_t q_n_bytes = n_bytes(p.q_stride), do_n_bytes = n_bytes(p.dout_stride),
                 kv_n_bytes = copies_k ? n_bytes(p.k_stride) : n_bytes(p.v_stride),
                 v_n_bytes = n_bytes(p.v_stride);

@@ -68,8 +68,9 @@ constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
 // Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
 // or past L are zero-filled. kCols (the kernel's, TileCols): kExact, 16-byte aligned rows of
-// exactly kHeadDim elements; kPadded, aligned rows of p.load_dim elements in whole chunks, the
-// chunks past them zero-filled. `thread`: as copy_tile_swizzled's.
+// exactly kHeadDim elements; kPadded, rows of p.load_dim elements in whole chunks (or in 4-byte
+// pieces: src.vec kRowsInPieces), the chunks past them zero-filled. `thread`: as
+// copy_tile_swizzled's.
 template <typename T, int kHeadDim, TileCols kCols = TileCols::kExact>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
                                                     int64_t row0, const EvoformerDeviceParams& p,
@@ -78,7 +79,7 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
   if constexpr (kCols == TileCols::kPadded) {
     copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
-                                       static_cast<int>(2 * p.load_dim));
+                                       static_cast<int>(2 * p.load_dim), src.vec == kRowsInPieces);
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -86,8 +87,9 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
 
 // The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
 // (16-bit, the host's wgmma_tiles) into the swizzled tile layout: tile t is rows [64 t, 64 t + 64).
-// kPadded (TileCols::kPadded): rows of p.load_dim elements, this thread's chunk zero-filled when
-// it lies past them (its reads then start at the row's first chunk and read nothing).
+// kPadded (TileCols::kPadded): rows of p.load_dim elements (in whole chunks, or in 4-byte pieces
+// where src.vec is kRowsInPieces), this thread's chunk zero-filled past them (its reads then
+// start at the row's first chunk and read nothing).
 template <int kHeadDim, bool kPadded = false>
 struct SliceTileStream {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
@@ -106,9 +108,10 @@ struct SliceTileStream {
                                               const EvoformerDeviceParams& p) {
     static_assert(kPadded, "rows of the head dim: of(src)");
     const int c = static_cast<int>(threadIdx.x) % kChunks;
-    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * p.load_dim));
+    const int bytes =
+        chunk_source_bytes(c, static_cast<int>(2 * p.load_dim), src.vec == kRowsInPieces);
     Stream stream = of(src);
-    if (bytes == 0) stream.src -= c * 16;
+    if (!chunk_reads(bytes)) stream.src -= c * 16;
     stream.bytes = bytes;
     return stream;
   }

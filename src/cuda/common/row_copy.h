@@ -1,0 +1,15 @@
+// How a kernel may copy the rows of a [.., L, .., D] slice into shared memory (SliceSource::vec,
+// the Evoformer parameters' vec_q, vec_k, vec_v, vec_dout), decided by the host from the tensor's
+// dtype, alignment and strides. CUDA layer; plain C++ so that host code fills the kernels'
+// arguments without device headers.
+#pragma once
+
+namespace sciattn::cuda {
+
+// kRowsElementwise: element by element (rows on 2-byte boundaries, or the rare strided view);
+// kRowsInChunks: whole 16-byte chunks (every row 16-byte aligned, D a multiple of 8 16-bit
+// elements); kRowsInPieces: 16-byte chunks copied as four 4-byte pieces (16-bit rows on 4-byte
+// boundaries: an even D, or a view off a 16-byte boundary), the pieces past D zero-filled.
+enum RowCopy : int { kRowsElementwise = 0, kRowsInChunks = 1, kRowsInPieces = 2 };
+
+}  // namespace sciattn::cuda
