@@ -43,8 +43,9 @@ __device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src, int
 // chunk's bytes inside the row (0..16, the rest zero-filled and not read), kChunkInPieces set when
 // the row is only 4-byte aligned (16-bit rows of an even D, or a view off a 16-byte boundary):
 // then the chunk is copied as four 4-byte pieces, each read only if it lies inside the row (the
-// row's bytes are then a multiple of 4). Without the flag it is one 16-byte cp.async, `src`
-// 16-byte aligned. `src` must point inside the tensor whenever any byte is read.
+// row's bytes are then a multiple of 4): copy_chunk_pieces_to. Without the flag it is one
+// 16-byte cp.async, `src` 16-byte aligned (with_chunk_copy in wgmma_tiles.cuh picks the form once
+// per set of copies). `src` must point inside the tensor whenever any byte is read.
 constexpr int kChunkInPieces = 32;
 __host__ __device__ constexpr int chunk_size_word(int bytes_inside, bool pieces) {
   return bytes_inside | (pieces ? kChunkInPieces : 0);
@@ -55,13 +56,6 @@ __device__ __forceinline__ void copy_chunk_pieces_to(uint32_t dst, const char* s
   for (int j = 0; j < 4; ++j) {
     const bool in = 4 * j < inside;
     cp_async_4_to(dst + 4 * j, in ? src + 4 * j : src, in ? 4 : 0);
-  }
-}
-__device__ __forceinline__ void copy_chunk_to(uint32_t dst, const char* src, int size) {
-  if (size & kChunkInPieces) {
-    copy_chunk_pieces_to(dst, src, size);
-  } else {
-    cp_async_16_to(dst, src, size);
   }
 }
 // Starts 16-byte cp.async copies of a tile of kRows rows of kRowChunks chunks whose element
