@@ -120,6 +120,22 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
   }
 }
 
+// Zeroes element 0 of the rows of the swizzled tile at `tile` whose chunk 0 this thread copies
+// (copy_tile_swizzled's mapping, which SwizzledTileCopier and the slice streams share): a shifted
+// slice's column before its rows (SliceSource). Called between this thread's cp.async wait and the
+// barrier that shows the tile to the CTA, so that it lands after the copy's write.
+template <int kHeadDim>
+__device__ __forceinline__ void zero_first_column_swizzled(
+    uint32_t tile, int thread = static_cast<int>(threadIdx.x)) {
+  constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
+  if (thread % kChunks != 0) return;
+  const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(thread / kChunks, 0);
+#pragma unroll
+  for (int i = 0; i < kWgmmaRows / kRowStep; ++i)
+    store_shared_u16_to(dst + i * kRowStep * kWidth, 0);
+}
+
 // copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
 // Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is
 // kCopies cp.async from one pointer plus fixed offsets, with no branch (the rows-past-L test is a

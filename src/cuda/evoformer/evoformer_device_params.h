@@ -62,7 +62,9 @@ struct EvoformerDeviceParams {
   // How that tensor's rows are copied (a RowCopy, cuda/common/row_copy.h): kRowsInChunks when
   // 16-byte copies are safe (D % 8 == 0, every stride over (B, N, L, H) a multiple of 8 elements,
   // the data 16-byte aligned); kRowsInPieces for 16-bit rows on 4-byte boundaries (D even, even
-  // strides, the data 4-byte aligned); kRowsElementwise else (vec_out: as the backward reads out).
+  // strides, the data 4-byte aligned); kRowsShifted for an odd D's read in shifted slices (even L
+  // and N strides, the data 4-byte aligned, Q, K, V, dO alike: slice_of); kRowsElementwise else
+  // (vec_out: as the backward reads out).
   int vec_q, vec_k, vec_v, vec_dout, vec_out;
   // 1 when out is pairable (D even, rows and pairs 4-byte aligned): the forward writes its rows as
   // aligned 32-bit pairs.

@@ -80,13 +80,55 @@ inline int pairable(const TensorView& t) {
   return 1;
 }
 
+// Rows of an odd D that the kernels may read in shifted slices (kRowsShifted): 16-bit, the data
+// 4-byte aligned and even row (L) and N strides, so that every row of a (b, n, h) slice starts on
+// the same 4-byte parity, the same for every n (the dbias2 kernel walks n with one copier): a
+// slice's shift, slice_of. An odd D leaves room for the shifted column below every head dim
+// (they are even).
+inline bool shiftable(const TensorView& t) {
+  if (dtype_size(t.dtype) != 2 || t.sizes[4] % 2 == 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0) return false;
+  for (int d : {1, 2}) {
+    if (t.sizes[d] > 1 && t.strides[d] % 2 != 0) return false;
+  }
+  return true;
+}
+
 // How the kernels copy a Q, K, V or dO of 16-bit inputs (or out, as the delta kernel reads it):
-// in whole 16-byte chunks, in 4-byte pieces (rows on 4-byte boundaries: D even, even strides), or
-// element by element (cuda/common/row_copy.h).
+// in whole 16-byte chunks, in 4-byte pieces (rows on 4-byte boundaries: D even, even strides), in
+// shifted slices (odd D, shiftable) or element by element (cuda/common/row_copy.h).
 inline int row_copy_of(const TensorView& t) {
   if (vectorizable(t)) return kRowsInChunks;
   if (dtype_size(t.dtype) == 2 && pairable(t)) return kRowsInPieces;
+  if (shiftable(t)) return kRowsShifted;
   return kRowsElementwise;
+}
+
+// Whether every (b, n, h) slice of two shiftable tensors of one shape starts on the same 4-byte
+// parity (then a slice's shift is the same in both, as the products over D need: Q with K, dO
+// with V).
+inline bool same_slice_parity(const TensorView& a, const TensorView& b) {
+  for (int d : {0, 3}) {
+    const bool a_odd = a.sizes[d] > 1 && a.strides[d] % 2 != 0;
+    const bool b_odd = b.sizes[d] > 1 && b.strides[d] % 2 != 0;
+    if (a_odd != b_odd) return false;
+  }
+  return true;
+}
+
+// Whether the kernels read a call's Q, K, V and dO (those present) where they are: none is read
+// element by element, and those in shifted slices shift alike.
+inline bool inputs_read_in_place(const TensorView* const (&inputs)[detail::kStagedInputs]) {
+  const TensorView* shifted = nullptr;
+  for (const TensorView* t : inputs) {
+    if (!t->present()) continue;
+    const int copy = row_copy_of(*t);
+    if (copy == kRowsElementwise) return false;
+    if (copy != kRowsShifted) continue;
+    if (shifted != nullptr && !same_slice_parity(*shifted, *t)) return false;
+    shifted = t;
+  }
+  return true;
 }
 
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
@@ -98,11 +140,12 @@ inline int64_t bias_copy_bytes(const TensorView& bias, DType inputs) {
 }
 
 // The copies a call's kernels read (detail::CudaCopyNeeds): its unaligned biases and, where any
-// of Q, K, V (and dO: `dout`, absent in the forward) of 16-bit inputs has rows on 2-byte
-// boundaries (an odd D, or an odd stride or offset), each of them whose rows are not whole
-// aligned 16-byte chunks (so that every tensor the kernels read in place has rows of D and every
-// copy rows of D rounded up to 8, never both: p.load_dim is one width). Rows on 4-byte boundaries
-// are read in place, in 4-byte pieces, when none needs a copy.
+// of Q, K, V (and dO: `dout`, absent in the forward) of 16-bit inputs cannot be read in place
+// (inputs_read_in_place: rows on 2-byte boundaries that no shifted slice reads, or shifted
+// slices that do not shift alike), each of them whose rows are not whole aligned 16-byte chunks
+// (so that every tensor the kernels read in place has rows of D and every copy rows of D rounded
+// up to 8, never both: p.load_dim is one width). Rows on 4-byte boundaries are read in place in
+// 4-byte pieces, and an odd D's in shifted slices, when none needs a copy.
 inline detail::CudaCopyNeeds copy_needs(const TensorView& q, const TensorView& k,
                                         const TensorView& v, const TensorView& dout,
                                         const TensorView& bias1, const TensorView& bias2) {
@@ -110,11 +153,8 @@ inline detail::CudaCopyNeeds copy_needs(const TensorView& q, const TensorView& k
   n.bias1_bytes = bias_copy_bytes(bias1, q.dtype);
   n.bias2_bytes = bias_copy_bytes(bias2, q.dtype);
   if (q.dtype == DType::kF32) return n;
-  const TensorView* inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
-  bool read_in_place = true;
-  for (const TensorView* t : inputs) {
-    if (t->present() && row_copy_of(*t) == kRowsElementwise) read_in_place = false;
-  }
+  const TensorView* const inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
+  const bool read_in_place = inputs_read_in_place(inputs);
   for (int i = 0; i < detail::kStagedInputs; ++i) {
     if (!read_in_place && inputs[i]->present() && !vectorizable(*inputs[i])) n.inputs |= 1u << i;
   }

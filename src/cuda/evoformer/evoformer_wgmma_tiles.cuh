@@ -79,7 +79,8 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
   if constexpr (kCols == TileCols::kPadded) {
     copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
-                                       static_cast<int>(2 * p.load_dim), src.vec == kRowsInPieces);
+                                       static_cast<int>(2 * slice_columns(src, p.load_dim)),
+                                       src.vec == kRowsInPieces);
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -108,8 +109,8 @@ struct SliceTileStream {
                                               const EvoformerDeviceParams& p) {
     static_assert(kPadded, "rows of the head dim: of(src)");
     const int c = static_cast<int>(threadIdx.x) % kChunks;
-    const int bytes =
-        chunk_source_bytes(c, static_cast<int>(2 * p.load_dim), src.vec == kRowsInPieces);
+    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * slice_columns(src, p.load_dim)),
+                                         src.vec == kRowsInPieces);
     Stream stream = of(src);
     if (!chunk_reads(bytes)) stream.src -= c * 16;
     stream.bytes = bytes;
@@ -303,6 +304,17 @@ struct EvoformerKeyTileLoader {
   }
   __device__ __forceinline__ unsigned char* bias1_stage(int buf) const {
     return bias1_stages + buf * bias1_stage_bytes;
+  }
+
+  // Zeroes the column before the rows of buffer buf's K and V tiles where the slices are shifted
+  // (SliceSource; after this thread's wait for them, before the barrier).
+  __device__ __forceinline__ void zero_shifted_columns(int buf) const {
+    if constexpr (kCols == TileCols::kPadded) {
+      if (k_src.shift != 0) {
+        zero_first_column_swizzled<kHeadDim>(k_tile(buf));
+        zero_first_column_swizzled<kHeadDim>(v_tile(buf));
+      }
+    }
   }
 
   // Starts key tile `tile`'s copies into buffer `buf`.
