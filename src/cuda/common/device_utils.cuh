@@ -277,9 +277,9 @@ __device__ __forceinline__ void store_bias(void* base, BiasType type, int64_t of
 
 // One (b, n, :, h, :) slice: the address of its element (row 0, d 0) and the row (L) stride. A
 // shifted slice (shift 1: kRowsShifted rows that start on a 2-byte boundary) has its base one
-// element before row 0's first, its rows read as rows of D + 1 columns in 4-byte pieces (vec
-// kRowsInPieces), column 0 holding the element before each row, which the kernel zeroes after the
-// copy, and column c + 1 element c.
+// element before row 0's first, its rows read as rows of D + 1 columns in 4-byte pieces
+// (rows_in_pieces), column 0 holding the element before each row, which the kernel zeroes after
+// the copy, and column c + 1 element c.
 struct SliceSource {
   const void* base;
   int64_t row_stride;
@@ -296,16 +296,23 @@ __device__ __forceinline__ const void* bias_ptr(const void* base, BiasType type,
   return static_cast<const char*>(base) + offset * static_cast<int64_t>(bias_bytes(type));
 }
 
-// The slice of (b, n, h) (vec: the tensor's RowCopy; a kRowsShifted slice comes back in pieces,
-// shifted where it starts on a 2-byte boundary).
+// Whether a RowCopy reads 16-byte chunks as 4-byte pieces (kRowsInPieces, and the shifted
+// slices' rows).
+__host__ __device__ inline bool rows_in_pieces(int vec) {
+  return vec == kRowsInPieces || vec == kRowsShifted;
+}
+
+// The slice of (b, n, h) (vec: the tensor's RowCopy; a kRowsShifted slice that starts on a 2-byte
+// boundary comes back shifted). Without a branch: one at every kernel's start (the exact tiles'
+// too) cost the head dim 64 dK/dV kernels 50-250 bytes of spill at their register cap.
 __device__ __forceinline__ SliceSource slice_of(const void* data, const int64_t stride[4], int vec,
                                                 size_t elem_bytes, int64_t b, int64_t n,
                                                 int64_t h) {
   const int64_t offset = b * stride[0] + n * stride[1] + h * stride[3];
   const char* base = static_cast<const char*>(data) + offset * static_cast<int64_t>(elem_bytes);
-  if (vec != kRowsShifted) return {base, stride[2], vec, 0};
-  const int shift = static_cast<int>((reinterpret_cast<uintptr_t>(base) >> 1) & 1);
-  return {base - 2 * shift, stride[2], kRowsInPieces, shift};
+  const int shift = static_cast<int>(vec == kRowsShifted) &
+                    static_cast<int>((reinterpret_cast<uintptr_t>(base) >> 1) & 1);
+  return {base - 2 * shift, stride[2], vec, shift};
 }
 
 // Columns a kernel copies of a slice's rows of `dim` elements (one more in a shifted slice).
@@ -432,7 +439,7 @@ __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64
   if (src.vec == kRowsInChunks) {
     copy_rows_async<T, kRows, kHeadDim / 8, kPitch, kThreads>(smem, base, src.row_stride, row0, len,
                                                               dim);
-  } else if (sizeof(T) == 2 && src.vec == kRowsInPieces) {
+  } else if (sizeof(T) == 2 && rows_in_pieces(src.vec)) {
     copy_rows_async<T, kRows, kHeadDim / 8, kPitch, kThreads, true>(smem, base, src.row_stride,
                                                                     row0, len, dim);
   } else {

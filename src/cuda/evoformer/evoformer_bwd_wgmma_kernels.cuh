@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     SwizzledTileCopier<kHeadDim, BiasTypes::kCols> copy(
         static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes, p.len - row0,
         group_thread, static_cast<int>(2 * slice_columns(src, p.load_dim)),
-        src.vec == kRowsInPieces);
+        rows_in_pieces(src.vec));
     copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
     return copy;
   };

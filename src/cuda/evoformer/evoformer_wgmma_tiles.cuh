@@ -80,7 +80,7 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
   if constexpr (kCols == TileCols::kPadded) {
     copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
                                        static_cast<int>(2 * slice_columns(src, p.load_dim)),
-                                       src.vec == kRowsInPieces);
+                                       rows_in_pieces(src.vec));
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -110,7 +110,7 @@ struct SliceTileStream {
     static_assert(kPadded, "rows of the head dim: of(src)");
     const int c = static_cast<int>(threadIdx.x) % kChunks;
     const int bytes = chunk_source_bytes(c, static_cast<int>(2 * slice_columns(src, p.load_dim)),
-                                         src.vec == kRowsInPieces);
+                                         rows_in_pieces(src.vec));
     Stream stream = of(src);
     if (!chunk_reads(bytes)) stream.src -= c * 16;
     stream.bytes = bytes;
