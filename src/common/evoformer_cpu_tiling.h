@@ -43,11 +43,11 @@ inline CpuForwardScratch plan_cpu_forward_scratch(const EvoformerShape& s, Works
 }
 
 // Per-thread scratch of the backward: scaled Q, K, dO [L, D]; K^T, V^T [D, L]; the dQ accumulator
-// [L, D]; rows D_i = <dO_i, O_i>, lse and bias1 [L]; probabilities and dS tiles [Tq, Tk];
-// dK and dV accumulators [Tk, D]; one row of O [D] and of bias2 [Tk].
+// [L, D]; rows D_i = <dO_i, O_i>, lse and bias1 [L]; probabilities and dS tiles [Tq, Tk] and one
+// of them transposed [Tk, Tq]; dK and dV accumulators [Tk, D]; one row of O [D] and of bias2 [Tk].
 struct CpuBackwardScratch {
-  size_t q, k, dout, k_t, v_t, dq_acc, row_delta, lse, bias1, probs, dscores, dk_acc, dv_acc,
-      out_row, bias2_row;
+  size_t q, k, dout, k_t, v_t, dq_acc, row_delta, lse, bias1, probs, dscores, tile_t, dk_acc,
+      dv_acc, out_row, bias2_row;
 };
 
 inline CpuBackwardScratch plan_cpu_backward_scratch(const EvoformerShape& s, WorkspaceLayout* w) {
@@ -64,6 +64,7 @@ inline CpuBackwardScratch plan_cpu_backward_scratch(const EvoformerShape& s, Wor
   r.bias1 = w->add<float>(s.len);
   r.probs = w->add<float>(kCpuQueryTile * kCpuKeyTile);
   r.dscores = w->add<float>(kCpuQueryTile * kCpuKeyTile);
+  r.tile_t = w->add<float>(kCpuKeyTile * kCpuQueryTile);
   r.dk_acc = w->add<float>(kCpuKeyTile * s.dim);
   r.dv_acc = w->add<float>(kCpuKeyTile * s.dim);
   r.out_row = w->add<float>(s.dim);

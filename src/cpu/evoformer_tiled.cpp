@@ -8,7 +8,8 @@
 //             then reduced over heads and chunks in a fixed order.
 // Inside a task, queries are processed in tiles of kCpuQueryTile rows against key tiles of
 // kCpuKeyTile columns; no more than one score tile exists at a time. Inner loops run along a
-// contiguous dimension (keys, or the head dim) so the compiler can vectorise them.
+// contiguous dimension (keys, or the head dim) so the compiler can vectorise them; the score tile
+// and, where D is whole vectors, the backward's four products are register-blocked (gemm_acc.h).
 #include "cpu/evoformer_tiled.h"
 
 #include <omp.h>
@@ -54,6 +55,14 @@ void load_slice(const TensorView& t, int64_t b, int64_t n, int64_t h, const Evof
 void transpose(const float* src, int64_t len, int64_t dim, float* dst) {
   for (int64_t i = 0; i < len; ++i)
     for (int64_t d = 0; d < dim; ++d) dst[d * len + i] = src[i * dim + d];
+}
+
+// dst [cols, rows] (rows ld_dst apart) = transpose of the [rows, cols] block of src (rows ld_src
+// apart).
+SCIATTN_CPU_INLINE void transpose_block(const float* src, int64_t rows, int64_t cols,
+                                        int64_t ld_src, float* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_dst + r] = src[r * ld_src + c];
 }
 
 // The inputs of one score tile.
@@ -206,6 +215,90 @@ SCIATTN_CPU_CLONES void forward_task(const EvoformerForwardParams& p, const Evof
   }
 }
 
+// One step of the backward: a tile of tq query rows against tk keys, P already in `probs`.
+// Everything is fp32, rows packed: probs and dscores [tq, kCpuKeyTile], tile_t [kCpuKeyTile,
+// kCpuQueryTile] scratch, q (scale * Q), dout and dq the tile's rows [tq, dim], k the keys' rows
+// [tk, dim], v_t their columns of V^T (rows `len` apart), dk and dv [tk, dim]; dbias1 [tk] and
+// dbias2 (the tile's rows, `len` apart) or nullptr.
+struct BackwardTile {
+  const float* probs;
+  float* dscores;
+  float* tile_t;
+  const float* q;
+  const float* k;
+  const float* v_t;
+  const float* dout;
+  const float* row_delta;
+  float* dq;
+  float* dk;
+  float* dv;
+  float* dbias1;
+  float* dbias2;
+  int64_t tq, tk, dim, len;
+};
+
+// Row r's dS_ij = P_ij (dP_ij - D_i) in place of its dP, and its terms of the bias gradients.
+SCIATTN_CPU_INLINE void finish_ds_row(const BackwardTile& t, int64_t r) {
+  const float* prow = t.probs + r * kCpuKeyTile;
+  float* dsrow = t.dscores + r * kCpuKeyTile;
+  const float delta = t.row_delta[r];
+  for (int64_t c = 0; c < t.tk; ++c) dsrow[c] = prow[c] * (dsrow[c] - delta);
+  if (t.dbias1 != nullptr) {
+    for (int64_t c = 0; c < t.tk; ++c) t.dbias1[c] += dsrow[c];
+  }
+  if (t.dbias2 != nullptr) {
+    float* acc = t.dbias2 + r * t.len;
+    for (int64_t c = 0; c < t.tk; ++c) acc[c] += dsrow[c];
+  }
+}
+
+// The step for D a whole number of 16-float vectors (the usual head dims): dV += P^T dO,
+// dP = dO V^T, dQ += dS K and dK += dS^T Q as register-blocked products (gemm_acc; P and dS
+// transposed into tile_t for the two whose rows are keys). Every sum runs over its index in
+// increasing order, as in backward_tile_rows.
+SCIATTN_CPU_INLINE void backward_tile_products(const BackwardTile& t) {
+  transpose_block(t.probs, t.tq, t.tk, kCpuKeyTile, t.tile_t, kCpuQueryTile);
+  gemm_acc(t.tk, t.dim, t.tq, t.tile_t, kCpuQueryTile, t.dout, t.dim, t.dv, t.dim);
+  for (int64_t r = 0; r < t.tq; ++r) {
+    std::fill(t.dscores + r * kCpuKeyTile, t.dscores + r * kCpuKeyTile + t.tk, 0.0f);
+  }
+  gemm_acc(t.tq, t.tk, t.dim, t.dout, t.dim, t.v_t, t.len, t.dscores, kCpuKeyTile);
+  for (int64_t r = 0; r < t.tq; ++r) finish_ds_row(t, r);
+  gemm_acc(t.tq, t.dim, t.tk, t.dscores, kCpuKeyTile, t.k, t.dim, t.dq, t.dim);
+  transpose_block(t.dscores, t.tq, t.tk, kCpuKeyTile, t.tile_t, kCpuQueryTile);
+  gemm_acc(t.tk, t.dim, t.tq, t.tile_t, kCpuQueryTile, t.q, t.dim, t.dk, t.dim);
+}
+
+// The same step row by row, for other D: at D 8 the products' 8-term sums cost more than they
+// save (dP as a product made the backward 1.35x slower there).
+SCIATTN_CPU_INLINE void backward_tile_rows(const BackwardTile& t) {
+  for (int64_t r = 0; r < t.tq; ++r) {
+    const float* prow = t.probs + r * kCpuKeyTile;
+    const float* go = t.dout + r * t.dim;
+    float* dsrow = t.dscores + r * kCpuKeyTile;
+    // dV_j += P_ij dO_i.
+    for (int64_t c = 0; c < t.tk; ++c) {
+      float* dv = t.dv + c * t.dim;
+      for (int64_t d = 0; d < t.dim; ++d) dv[d] += prow[c] * go[d];
+    }
+    // dP_ij = <dO_i, V_j>.
+    std::fill(dsrow, dsrow + t.tk, 0.0f);
+    for (int64_t d = 0; d < t.dim; ++d) {
+      const float g = go[d];
+      const float* vt = t.v_t + d * t.len;
+      for (int64_t c = 0; c < t.tk; ++c) dsrow[c] += g * vt[c];
+    }
+    finish_ds_row(t, r);
+    // dQ_i += dS_ij K_j (times scale at the end); dK_j += dS_ij (scale Q_i).
+    add_weighted_rows(t.dq + r * t.dim, dsrow, t.k, t.tk, t.dim);
+    const float* qs = t.q + r * t.dim;
+    for (int64_t c = 0; c < t.tk; ++c) {
+      float* dk = t.dk + c * t.dim;
+      for (int64_t d = 0; d < t.dim; ++d) dk[d] += dsrow[c] * qs[d];
+    }
+  }
+}
+
 // The backward of one (b, n, h) slice. Adds dS into dbias1_partial ([L], this slice's own) and
 // dbias2_acc ([L, L], the task's chunk accumulator) when they are not null.
 SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const EvoformerShape& s,
@@ -223,6 +316,7 @@ SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const E
   float* lse = w.at<float>(scratch, plan.lse);
   float* probs = w.at<float>(scratch, plan.probs);
   float* dscores = w.at<float>(scratch, plan.dscores);
+  float* tile_t = w.at<float>(scratch, plan.tile_t);
   float* dk_acc = w.at<float>(scratch, plan.dk_acc);
   float* dv_acc = w.at<float>(scratch, plan.dv_acc);
   float* out_row = w.at<float>(scratch, plan.out_row);
@@ -270,42 +364,27 @@ SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const E
           for (int64_t c = 0; c < tk; ++c) prow[c] = vector_exp(prow[c] - row_lse);
         }
       }
-      for (int64_t r = 0; r < tq; ++r) {
-        const float* prow = probs + r * kCpuKeyTile;
-        const float* go = dout + (i0 + r) * s.dim;
-        float* dsrow = dscores + r * kCpuKeyTile;
-        // dV_j += P_ij dO_i.
-        for (int64_t c = 0; c < tk; ++c) {
-          const float prob = prow[c];
-          if (prob == 0.0f) continue;
-          float* dv = dv_acc + c * s.dim;
-          for (int64_t d = 0; d < s.dim; ++d) dv[d] += prob * go[d];
-        }
-        // dP_ij = <dO_i, V_j>, then dS_ij = P_ij (dP_ij - D_i).
-        std::fill(dsrow, dsrow + tk, 0.0f);
-        for (int64_t d = 0; d < s.dim; ++d) {
-          const float g = go[d];
-          const float* vt = v_t + d * s.len + j0;
-          for (int64_t c = 0; c < tk; ++c) dsrow[c] += g * vt[c];
-        }
-        const float delta = row_delta[i0 + r];
-        for (int64_t c = 0; c < tk; ++c) dsrow[c] = prow[c] * (dsrow[c] - delta);
-        // dQ_i += dS_ij K_j (times scale at the end); dK_j += dS_ij (scale Q_i).
-        add_weighted_rows(dq_acc + (i0 + r) * s.dim, dsrow, k + j0 * s.dim, tk, s.dim);
-        const float* qs = q + (i0 + r) * s.dim;
-        for (int64_t c = 0; c < tk; ++c) {
-          const float g = dsrow[c];
-          if (g == 0.0f) continue;
-          float* dk = dk_acc + c * s.dim;
-          for (int64_t d = 0; d < s.dim; ++d) dk[d] += g * qs[d];
-        }
-        if (dbias1_partial != nullptr) {
-          for (int64_t c = 0; c < tk; ++c) dbias1_partial[j0 + c] += dsrow[c];
-        }
-        if (dbias2_acc != nullptr) {
-          float* acc = dbias2_acc + (i0 + r) * s.len + j0;
-          for (int64_t c = 0; c < tk; ++c) acc[c] += dsrow[c];
-        }
+      const BackwardTile t{probs,
+                           dscores,
+                           tile_t,
+                           q + i0 * s.dim,
+                           k + j0 * s.dim,
+                           v_t + j0,
+                           dout + i0 * s.dim,
+                           row_delta + i0,
+                           dq_acc + i0 * s.dim,
+                           dk_acc,
+                           dv_acc,
+                           dbias1_partial != nullptr ? dbias1_partial + j0 : nullptr,
+                           dbias2_acc != nullptr ? dbias2_acc + i0 * s.len + j0 : nullptr,
+                           tq,
+                           tk,
+                           s.dim,
+                           s.len};
+      if (s.dim % kVecWidth == 0) {
+        backward_tile_products(t);
+      } else {
+        backward_tile_rows(t);
       }
     }
     for (int64_t c = 0; c < tk; ++c) {
