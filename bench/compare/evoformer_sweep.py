@@ -20,15 +20,9 @@ jitter made single points up to 1.5x their neighbours). Peers beside it, on the 
 (torch.compile, a score_mod bias; one compile per shape, so by default only at --peer-lengths and
 --peer-dims) and SDPA's memory-efficient backend with a materialised bias.
 
-`--stage-inputs` times the path an even D took before it was read in place in 4-byte pieces: for
-every D that is not a multiple of 8, v is handed over one element past a 4-byte boundary, so the
-library copies q, k and v (and dO) into padded rows before the kernels run (its staged copies, as
-for an odd D); the friendly shapes are unchanged. Run the sweep with and without it in one session
-for an A/B of the two paths on the same GPU.
-
 Usage (on the GPU machine):
   python3 bench/compare/evoformer_sweep.py --lib build/gpu/bindings/capi/libsciattn_capi.so \\
-      --out results/ [--peers flex,sdpa] [--quick] [--stage-inputs]
+      --out results/ [--peers flex,sdpa] [--quick]
 Writes results/evoformer_sweep.json and results/evoformer_sweep.png (ms against L and against D,
 one line per implementation, forward + backward).
 """
@@ -73,18 +67,15 @@ def dim_shape(D):
 class Timer:
     """Times one shape per implementation, caching sciattn's times (the friendly shapes repeat)."""
 
-    def __init__(self, sci, peers, inner, stage_inputs=False):
+    def __init__(self, sci, peers, inner):
         self.sci = sci
         self.peers = peers
         self.inner = inner
-        self.stage_inputs = stage_inputs
         self.cache = {}
 
     def sciattn(self, shape):
         if shape not in self.cache:
             q, k, v, b1, b2, dout = evo.make_inputs(shape, True, torch.bfloat16, seed=sum(shape))
-            if self.stage_inputs and shape[4] % 8 != 0:
-                v = off_alignment(v)
 
             def fwd():
                 self.sci.forward(q, k, v, b1, b2)
@@ -123,16 +114,6 @@ class Timer:
         except Exception as e:
             torch.cuda.empty_cache()
             return {"error": error_text(e)}
-
-
-def off_alignment(t):
-    """A packed copy of `t` that starts one element past a 4-byte boundary (16-bit elements)."""
-    buf = torch.empty(t.numel() + 2, device=t.device, dtype=t.dtype)
-    start = 1 if buf.data_ptr() % 4 == 0 else 0
-    out = buf[start:start + t.numel()].view(t.shape)
-    out.copy_(t)
-    assert out.data_ptr() % 4 == 2
-    return out
 
 
 def sweep(timer, axis, values, shape_of, friendly_of, peer_values, peers):
@@ -237,10 +218,6 @@ def main():
     ap.add_argument("--inner", type=int, default=10,
                     help="calls per timed sample, back to back (default 10: the GPU's time per "
                          "call; 1: single calls from an idle GPU, host launch latency included)")
-    ap.add_argument("--stage-inputs", action="store_true",
-                    help="hand v over off a 4-byte boundary for every D not a multiple of 8, so "
-                         "that the library stages q, k, v (and dO) as it did before even D were "
-                         "read in place (an A/B of the two paths)")
     ap.add_argument("--dims", default=None,
                     help="comma-separated head dims (1..128) replacing the head-dim grid ('' skips it)")
     args = ap.parse_args()
@@ -262,7 +239,7 @@ def main():
 
     if args.inner < 1:
         sys.exit(f"--inner: {args.inner} is not a count; give 1 or more")
-    timer = Timer(evo.Sciattn(args.lib), peers, args.inner, args.stage_inputs)
+    timer = Timer(evo.Sciattn(args.lib), peers, args.inner)
     rows = sweep(timer, "L", sorted(set(lengths)), length_shape,
                  lambda L: (1, L, round_up(L, 64), 4, 32), peer_lengths, peers)
     rows += sweep(timer, "D", dims, dim_shape, lambda D: (1, 256, 256, 4, friendly_dim(D)),
@@ -273,7 +250,6 @@ def main():
     meta = gpu_meta()
     meta["summary"] = lines
     meta["calls_per_sample"] = args.inner
-    meta["stage_inputs"] = args.stage_inputs
     write_json(os.path.join(args.out, "evoformer_sweep.json"), meta, rows)
     plot(rows, peers, os.path.join(args.out, "evoformer_sweep.png"))
 

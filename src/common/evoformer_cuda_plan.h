@@ -176,15 +176,13 @@ inline CudaFusedBackwardPlan cuda_fused_backward_plan(const EvoformerShape& s,
 // element by element made L = 300 2.6x slower than L = 320. bias1 [B, N, 1, 1, L] becomes
 // [B, N, row], bias2 [B, 1, H, L, L] becomes [B, H, L, row].
 //
-// Q, K, V and dO: where any of them has rows on 2-byte boundaries that the kernels cannot read in
-// shifted slices (an odd D with an odd row stride, or an odd stride or offset of 16-bit elements:
-// no cp.async can read them; cuda/common/row_copy.h), each whose rows are not whole aligned
-// 16-byte chunks is copied into a packed [B, N, L, H, input_row] tensor, D rounded up to 8
-// elements, the columns past D zeros. The kernels read the copies as they read a D that is a
-// multiple of 8 (whole chunks), and write the outputs at D; a copy is one read and one write of
-// the tensor, and the copies make the workspace that much larger (about the size of the copied
-// tensors). Rows on 4-byte boundaries (an even D) are read in place in 4-byte pieces, and an odd
-// D's with an even row stride in shifted slices (cuda/common/row_copy.h), with no copy.
+// Q, K, V and dO: rows that are not whole aligned 16-byte chunks (D not a multiple of 8, or a
+// tensor off a 16-byte boundary) are copied into packed [B, N, L, H, input_row] tensors, D rounded
+// up to 8 elements, the columns past D zeros. The kernels read the copies as they read a D that is
+// a multiple of 8 (whole chunks), and write the outputs at D; reading such rows in 2-, 4- or 8-byte
+// pieces in every tile made the kernels 2-3x slower than at the head dim (H200, [1, 256, 256, 4,
+// D]), and a copy is one read and one write of the tensor. The copies make the workspace that much
+// larger (about the size of the copied tensors).
 enum CudaStagedInput { kStagedQ, kStagedK, kStagedV, kStagedDout, kStagedInputs };
 
 struct CudaCopyNeeds {

@@ -212,37 +212,21 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
     const Shape s{1, 2, 300, 2, d};
     EXPECT_EQ(forward(views(s, DType::kBF16), s).padded_tiles, 0);
   }
-  // Rows on 4-byte boundaries (even D) are read in place in pieces, and an odd D's in shifted
-  // slices (H even: an even row stride): load_dim D, with or without copies. Rows on 2-byte
-  // boundaries that no shifted slice reads (H odd) take the warpgroup kernels only through their
-  // staged copies (load_dim: D rounded up to 8); read as they are (a call without the copies'
-  // workspace, which the dispatch never makes) they would keep the mma.sync kernels'
-  // element-wise copies.
+  // Rows that are not whole aligned chunks take the warpgroup kernels only through their staged
+  // copies (load_dim: D rounded up to 8); read as they are (a call without the copies' workspace,
+  // which the dispatch never makes) they would keep the mma.sync kernels' element-wise copies.
   for (const int64_t d : {20, 100, 36, 34, 33, 127}) {
     const Shape s{1, 2, 300, 2, d};
     const Views v = views(s, DType::kBF16);
-    const bool even = d % 2 == 0;
     cuda::EvoformerDeviceParams f = cuda::evoformer_params::common_params(
         v.f.q, v.f.k, v.f.v, v.f.bias1, v.f.bias2, v.f.out, v.f.lse, v.f.options, s.evo());
-    EXPECT_EQ(f.wgmma_tiles, 1) << d;
+    EXPECT_EQ(f.wgmma_tiles, 0) << d;
     EXPECT_EQ(f.load_dim, d) << d;
     f = forward(v, s);
     EXPECT_EQ(f.wgmma_tiles, 1) << d;
     EXPECT_EQ(f.lean_tiles, 0) << d;
     EXPECT_EQ(f.padded_tiles, 1) << d;
-    EXPECT_EQ(f.load_dim, d) << d;
-    EXPECT_EQ(f.vec_q, even ? cuda::kRowsInPieces : cuda::kRowsShifted) << d;
-    if (even) continue;
-    const Shape s3{1, 2, 300, 3, d};
-    const Views v3 = views(s3, DType::kBF16);
-    f = cuda::evoformer_params::common_params(v3.f.q, v3.f.k, v3.f.v, v3.f.bias1, v3.f.bias2,
-                                              v3.f.out, v3.f.lse, v3.f.options, s3.evo());
-    EXPECT_EQ(f.wgmma_tiles, 0) << d;
-    f = forward(v3, s3);
-    EXPECT_EQ(f.wgmma_tiles, 1) << d;
-    EXPECT_EQ(f.padded_tiles, 1) << d;
     EXPECT_EQ(f.load_dim, (d + 7) / 8 * 8) << d;
-    EXPECT_EQ(f.vec_q, cuda::kRowsInChunks) << d;
   }
   // Head dims 8 and 16 (and the D padded to them) keep the mma.sync kernels, as do fp32 inputs.
   for (const int64_t d : {1, 7, 8, 12, 16}) {
@@ -260,15 +244,9 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   EXPECT_EQ(f.wgmma_tiles, 1);
   EXPECT_EQ(f.lean_tiles, 1);
   EXPECT_EQ(f.padded_tiles, 0);
-  // dO off a 16-byte boundary but on a 4-byte one: read in place in pieces, PaddedDimTypes.
   v = views(s, DType::kBF16);
-  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);
+  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 4);  // dO is staged like Q
   EXPECT_EQ(backward(v, s).wgmma_tiles, 1);
-  EXPECT_EQ(backward(v, s).lean_tiles, 0);
-  EXPECT_EQ(backward(v, s).padded_tiles, 1);
-  EXPECT_EQ(backward(v, s).vec_dout, cuda::kRowsInPieces);
-  // dO on a 2-byte boundary: staged like Q, so the lean tiles.
-  v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);
   EXPECT_EQ(backward(v, s).lean_tiles, 1);
   // Rows 2^24 elements apart keep the mma.sync kernels (tile offsets past 31 bits).
   v = views(s, DType::kBF16);
@@ -347,13 +325,12 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   EXPECT_EQ(cuda::forward_workspace(views(s, DType::kF32).f, s.evo()).layout.total_bytes(), 0u);
 }
 
-// Q, K, V and dO of 16-bit inputs where any of them has rows on 2-byte boundaries that no
-// shifted slice reads (an odd D with an odd row stride, H odd here; a tensor off a 4-byte
-// boundary) are copied into the workspace, each whose rows are not whole aligned 16-byte chunks,
-// as packed rows of D rounded up to 8, zeros past D; the kernels read those copies (load_dim
-// columns, 16-byte copies) and write the outputs at D where they are.
+// Q, K, V and dO of 16-bit inputs whose rows are not whole aligned 16-byte chunks (D not a
+// multiple of 8, or a tensor off a 16-byte boundary) are copied into the workspace as packed
+// rows of D rounded up to 8, zeros past D; the kernels read those copies (load_dim columns,
+// 16-byte copies) and write the outputs at D where they are.
 TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
-  const Shape s{1, 2, 300, 3, 33};
+  const Shape s{1, 2, 300, 2, 33};
   const Views v = views(s, DType::kBF16);
   const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo());
   EXPECT_EQ(w.copies.input_bytes, 2);
@@ -362,17 +339,17 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   EXPECT_TRUE(w.copies.staged[detail::kStagedK]);
   EXPECT_TRUE(w.copies.staged[detail::kStagedV]);
   EXPECT_FALSE(w.copies.staged[detail::kStagedDout]);
-  // The two bias copies (L = 300), then Q, K, V of 1 x 2 x 300 x 3 rows of 40 bf16 (144,000
+  // The two bias copies (L = 300), then Q, K, V of 1 x 2 x 300 x 2 rows of 40 bf16 (96,000
   // bytes each, a multiple of 64), plus the base's alignment slack.
-  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 547200 + 3 * 144000 + 64});
+  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 3 * 96000 + 64});
   void* const ws = address(12 << 24);
   const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo(), ws);
   EXPECT_EQ(f.q, w.layout.at<unsigned char>(ws, w.copies.input[detail::kStagedQ]));
   EXPECT_EQ(f.v, w.layout.at<unsigned char>(ws, w.copies.input[detail::kStagedV]));
   EXPECT_EQ(f.out, v.f.out.data);  // written where it is, at D
-  EXPECT_EQ(f.q_stride[0], 2 * 300 * 3 * 40);
-  EXPECT_EQ(f.q_stride[1], 300 * 3 * 40);
-  EXPECT_EQ(f.q_stride[2], 3 * 40);
+  EXPECT_EQ(f.q_stride[0], 2 * 300 * 2 * 40);
+  EXPECT_EQ(f.q_stride[1], 300 * 2 * 40);
+  EXPECT_EQ(f.q_stride[2], 2 * 40);
   EXPECT_EQ(f.q_stride[3], 40);
   EXPECT_EQ(f.dim, 33);
   EXPECT_EQ(f.load_dim, 40);
@@ -417,18 +394,8 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   EXPECT_EQ(f8.vec_k, 1);
   EXPECT_EQ(f8.load_dim, 8);
   EXPECT_EQ(cuda::forward_copy_jobs(v8.f, s8.evo(), address(12 << 24)).count, 1);
-  // One input of an even D off a 4-byte boundary: every input is staged (one width of rows).
-  const Shape s34{1, 2, 64, 2, 34};
-  Views v34 = views(s34, DType::kBF16);
-  v34.f.v = qkv(s34, DType::kBF16, (1 << 24) + 2);
-  const detail::CudaForwardWorkspace w34 = cuda::forward_workspace(v34.f, s34.evo());
-  EXPECT_TRUE(w34.copies.staged[detail::kStagedQ]);
-  EXPECT_TRUE(w34.copies.staged[detail::kStagedK]);
-  EXPECT_TRUE(w34.copies.staged[detail::kStagedV]);
-  EXPECT_EQ(w34.copies.input_row, 40);
-  EXPECT_EQ(forward(v34, s34).load_dim, 40);
   // Head dims 1..16 (the mma.sync kernels) are staged too; fp32 inputs and aligned rows never.
-  const Shape s5{1, 2, 64, 3, 5};
+  const Shape s5{1, 2, 64, 2, 5};
   EXPECT_EQ(forward(views(s5, DType::kBF16), s5).load_dim, 8);
   EXPECT_EQ(forward(views(s5, DType::kBF16), s5).vec_q, 1);
   EXPECT_EQ(cuda::forward_workspace(views(s5, DType::kF32).f, s5.evo()).copies.input_bytes, 0);
@@ -436,96 +403,6 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   const Shape s32{1, 2, 64, 2, 32};
   EXPECT_EQ(cuda::forward_workspace(views(s32, DType::kBF16).f, s32.evo()).layout.total_bytes(),
             0u);
-}
-
-// Q, K, V and dO whose rows start on 4-byte boundaries (16-bit, an even D or a view off a
-// 16-byte boundary, even strides) are read in place in 4-byte pieces (kRowsInPieces): no staged
-// copy, load_dim = D, PaddedDimTypes on the warpgroup kernels, the outputs written at D.
-TEST(EvoformerDeviceParams, EvenHeadDimsAreReadInPlaceInPieces) {
-  const Shape s{1, 2, 300, 2, 34};
-  const Views v = views(s, DType::kF16);
-  const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo());
-  EXPECT_EQ(w.copies.input_bytes, 0);
-  for (int i = 0; i < detail::kStagedInputs; ++i) EXPECT_FALSE(w.copies.staged[i]) << i;
-  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 64});  // the two bias copies only
-  const cuda::EvoformerDeviceParams f =
-      cuda::forward_device_params(v.f, s.evo(), address(12 << 24));
-  EXPECT_EQ(f.q, v.f.q.data);
-  EXPECT_EQ(f.vec_q, cuda::kRowsInPieces);
-  EXPECT_EQ(f.vec_k, cuda::kRowsInPieces);
-  EXPECT_EQ(f.vec_v, cuda::kRowsInPieces);
-  EXPECT_EQ(f.vec_out, cuda::kRowsElementwise);
-  EXPECT_EQ(f.load_dim, 34);
-  EXPECT_EQ(f.lean_tiles, 0);
-  EXPECT_EQ(f.padded_tiles, 1);
-  EXPECT_EQ(cuda::forward_copy_jobs(v.f, s.evo(), address(12 << 24)).count, 2);
-  const cuda::EvoformerDeviceParams b = backward(v, s);
-  EXPECT_EQ(b.vec_dout, cuda::kRowsInPieces);
-  EXPECT_EQ(b.load_dim, 34);
-  EXPECT_EQ(b.padded_tiles, 1);
-  EXPECT_EQ(cuda::backward_copy_jobs(v.b, s.evo(), address(11 << 24)).count, 2);
-  // An aligned D in a view off a 16-byte (but on a 4-byte) boundary: pieces, no lean tiles.
-  const Shape s8{1, 2, 64, 2, 32};
-  Views v8 = views(s8, DType::kBF16);
-  v8.f.k = qkv(s8, DType::kBF16, (1 << 24) + 4);
-  EXPECT_EQ(cuda::forward_workspace(v8.f, s8.evo()).layout.total_bytes(), 0u);
-  const cuda::EvoformerDeviceParams f8 = forward(v8, s8);
-  EXPECT_EQ(f8.vec_q, cuda::kRowsInChunks);
-  EXPECT_EQ(f8.vec_k, cuda::kRowsInPieces);
-  EXPECT_EQ(f8.lean_tiles, 0);
-  EXPECT_EQ(f8.padded_tiles, 1);
-  // fp32 inputs are never read in pieces (their kernels read rows element by element).
-  EXPECT_EQ(forward(views(s, DType::kF32), s).vec_q, cuda::kRowsElementwise);
-}
-
-// Q, K, V and dO of an odd D whose rows have an even stride (H even, as every AlphaFold stack's)
-// and whose (b, n, h) slices start on the same 4-byte parity in each are read in place in
-// shifted slices (kRowsShifted): no staged copy, load_dim = D, PaddedDimTypes, on the mma.sync
-// kernels too. Slices that would shift differently, an odd N stride, or data off a 4-byte
-// boundary send every input back to the staged copies.
-TEST(EvoformerDeviceParams, OddHeadDimsAreReadInShiftedSlices) {
-  const Shape s{1, 2, 300, 2, 33};
-  const Views v = views(s, DType::kBF16);
-  const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo());
-  EXPECT_EQ(w.copies.input_bytes, 0);
-  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 64});  // the two bias copies only
-  const cuda::EvoformerDeviceParams f = forward(v, s);
-  EXPECT_EQ(f.q, v.f.q.data);
-  EXPECT_EQ(f.vec_q, cuda::kRowsShifted);
-  EXPECT_EQ(f.vec_k, cuda::kRowsShifted);
-  EXPECT_EQ(f.vec_v, cuda::kRowsShifted);
-  EXPECT_EQ(f.load_dim, 33);
-  EXPECT_EQ(f.padded_tiles, 1);
-  EXPECT_EQ(cuda::forward_copy_jobs(v.f, s.evo(), address(12 << 24)).count, 2);
-  const cuda::EvoformerDeviceParams b = backward(v, s);
-  EXPECT_EQ(b.vec_dout, cuda::kRowsShifted);
-  EXPECT_EQ(b.load_dim, 33);
-  EXPECT_EQ(cuda::backward_copy_jobs(v.b, s.evo(), address(11 << 24)).count, 2);
-  // Head dims below 16 (the mma.sync kernels) alike.
-  const Shape s5{1, 2, 64, 2, 5};
-  EXPECT_EQ(forward(views(s5, DType::kF16), s5).vec_q, cuda::kRowsShifted);
-  EXPECT_EQ(forward(views(s5, DType::kF16), s5).load_dim, 5);
-  // K with an even H stride (a padded view): its slices shift unlike Q's, so all are staged.
-  Views odd = views(s, DType::kBF16);
-  odd.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 300, 2, 33},
-                                {2 * 300 * 68, 300 * 68, 68, 34, 1});
-  EXPECT_TRUE(cuda::forward_workspace(odd.f, s.evo()).copies.staged[detail::kStagedQ]);
-  EXPECT_EQ(forward(odd, s).load_dim, 40);
-  // The same in dO alone: the backward stages every input, the forward none.
-  odd = views(s, DType::kBF16);
-  odd.b.dout = TensorView::strided(address(7 << 24), DType::kBF16, {1, 2, 300, 2, 33},
-                                   {2 * 300 * 68, 300 * 68, 68, 34, 1});
-  EXPECT_EQ(cuda::forward_workspace(odd.f, s.evo()).copies.input_bytes, 0);
-  EXPECT_TRUE(cuda::backward_workspace(odd.b, s.evo()).copies.staged[detail::kStagedK]);
-  EXPECT_EQ(backward(odd, s).load_dim, 40);
-  // An odd N stride (the dbias2 kernels walk n with one copier) or data on a 2-byte boundary.
-  odd = views(s, DType::kBF16);
-  odd.f.v = TensorView::strided(address(2 << 24), DType::kBF16, {1, 2, 300, 2, 33},
-                                {2 * 19801, 19801, 66, 33, 1});
-  EXPECT_EQ(forward(odd, s).vec_q, cuda::kRowsInChunks);
-  odd = views(s, DType::kBF16);
-  odd.f.q = qkv(s, DType::kBF16, 2);
-  EXPECT_EQ(forward(odd, s).load_dim, 40);
 }
 
 // The forwards' probability shift (cuda/common/probability_shift.h): with bf16 inputs 2^k is the

@@ -169,8 +169,8 @@ std::vector<EvoConfig> gpu_cases() {
       cases.push_back(c);
     }
   }
-  // Head dims that are not multiples of 8 (H 2): even ones read in place in 4-byte pieces
-  // (kRowsInPieces), odd ones in shifted slices (kRowsShifted), the outputs written at D.
+  // Head dims that are not multiples of 8, read from staged copies with rows of D rounded up to
+  // 8 (detail::CudaInputCopies), the outputs written at D.
   for (int64_t D : {20, 33, 34, 63, 100, 127}) {
     for (int64_t L : {129, 300}) {
       EvoConfig c;
@@ -181,49 +181,6 @@ std::vector<EvoConfig> gpu_cases() {
       c.seed = seed++;
       cases.push_back(c);
     }
-  }
-  // Even head dims read in 4-byte pieces from rows whose columns past D are poisoned (a piece
-  // past D read instead of zero-filled turns the products into NaN), at every head dim: the
-  // mma.sync kernels at 8 and 16, PaddedDimTypes at 32, 64 and 128 (and the mma.sync kernels
-  // there with an fp32 pair bias).
-  for (int64_t D : {6, 12, 26, 58, 116}) {
-    for (int64_t L : {129, 300}) {
-      EvoConfig c;
-      c.shape = {1, 2, L, 2, D};
-      c.dtype = L == 129 ? DType::kF16 : DType::kBF16;
-      c.bias1 = L == 129 ? Bias1Kind::kSameAsQ : Bias1Kind::kBool;
-      c.bias2 = L == 129 ? Bias2Kind::kSameAsQ : Bias2Kind::kF32;
-      c.in_layout = Layout::kWideRows;
-      c.seed = seed++;
-      cases.push_back(c);
-    }
-  }
-  // Odd head dims in shifted slices from wide rows whose columns past D are poisoned: the odd
-  // heads' slices start one element before their rows, on the previous head's poisoned column (a
-  // column not zeroed after the copy turns the products into NaN), at every head dim (the
-  // mma.sync kernels at 8 and 16, PaddedDimTypes at 32, 64 and 128, and the mma.sync kernels
-  // there with an fp32 pair bias). Then H 3 (an odd row stride): the staged copies, rows of D
-  // rounded up to 8 (detail::CudaInputCopies).
-  for (int64_t D : {7, 15, 31, 63, 127}) {
-    for (int64_t L : {129, 300}) {
-      EvoConfig c;
-      c.shape = {1, 2, L, 2, D};
-      c.dtype = L == 129 ? DType::kBF16 : DType::kF16;
-      c.bias1 = L == 129 ? Bias1Kind::kSameAsQ : Bias1Kind::kBool;
-      c.bias2 = L == 129 ? Bias2Kind::kSameAsQ : Bias2Kind::kF32;
-      c.in_layout = Layout::kWideRows;
-      c.seed = seed++;
-      cases.push_back(c);
-    }
-  }
-  for (int64_t D : {33, 127}) {
-    EvoConfig c;
-    c.shape = {1, 2, 257, 3, D};
-    c.dtype = D == 33 ? DType::kBF16 : DType::kF16;
-    c.bias1 = Bias1Kind::kSameAsQ;
-    c.bias2 = Bias2Kind::kSameAsQ;
-    c.seed = seed++;
-    cases.push_back(c);
   }
   // Lengths that are multiples of 8 but not of 64: both 16-bit biases read in place, the last
   // query and key tiles through the masked streams (rows past L and bias chunks past the rows'

@@ -9,7 +9,6 @@
 #include <type_traits>
 
 #include "cuda/common/bias_type.h"
-#include "cuda/common/row_copy.h"
 
 namespace sciattn::cuda {
 
@@ -275,16 +274,11 @@ __device__ __forceinline__ void store_bias(void* base, BiasType type, int64_t of
 
 // ---- Tiles of [B, N, L, H, D] tensors into shared memory ----
 
-// One (b, n, :, h, :) slice: the address of its element (row 0, d 0) and the row (L) stride. A
-// shifted slice (shift 1: kRowsShifted rows that start on a 2-byte boundary) has its base one
-// element before row 0's first, its rows read as rows of D + 1 columns in 4-byte pieces
-// (rows_in_pieces), column 0 holding the element before each row, which the kernel zeroes after
-// the copy, and column c + 1 element c.
+// One (b, n, :, h, :) slice: the address of its element (row 0, d 0) and the row (L) stride.
 struct SliceSource {
   const void* base;
   int64_t row_stride;
-  int vec;    // how its rows may be copied: a RowCopy (cuda/common/row_copy.h)
-  int shift;  // 0, or 1 for a shifted slice
+  int vec;  // 16-byte copies allowed
 };
 
 __host__ __device__ inline size_t bias_bytes(BiasType type) {
@@ -296,28 +290,12 @@ __device__ __forceinline__ const void* bias_ptr(const void* base, BiasType type,
   return static_cast<const char*>(base) + offset * static_cast<int64_t>(bias_bytes(type));
 }
 
-// Whether a RowCopy reads 16-byte chunks as 4-byte pieces (kRowsInPieces, and the shifted
-// slices' rows).
-__host__ __device__ inline bool rows_in_pieces(int vec) {
-  return vec == kRowsInPieces || vec == kRowsShifted;
-}
-
-// The slice of (b, n, h) (vec: the tensor's RowCopy; a kRowsShifted slice that starts on a 2-byte
-// boundary comes back shifted). Without a branch: one at every kernel's start (the exact tiles'
-// too) cost the head dim 64 dK/dV kernels 50-250 bytes of spill at their register cap.
 __device__ __forceinline__ SliceSource slice_of(const void* data, const int64_t stride[4], int vec,
                                                 size_t elem_bytes, int64_t b, int64_t n,
                                                 int64_t h) {
   const int64_t offset = b * stride[0] + n * stride[1] + h * stride[3];
-  const char* base = static_cast<const char*>(data) + offset * static_cast<int64_t>(elem_bytes);
-  const int shift = static_cast<int>(vec == kRowsShifted) &
-                    static_cast<int>((reinterpret_cast<uintptr_t>(base) >> 1) & 1);
-  return {base - 2 * shift, stride[2], vec, shift};
-}
-
-// Columns a kernel copies of a slice's rows of `dim` elements (one more in a shifted slice).
-__device__ __forceinline__ int64_t slice_columns(const SliceSource& src, int64_t dim) {
-  return dim + src.shift;
+  return {static_cast<const char*>(data) + offset * static_cast<int64_t>(elem_bytes), stride[2],
+          vec};
 }
 
 // cp.async of 16 bytes, zero-filling when `bytes` is 0 (then nothing is read from `src`).
@@ -376,10 +354,7 @@ __device__ __forceinline__ int stream_tile(int64_t i, int64_t count, const CopyT
 // fixed, unrolled set whose addresses advance by constants: no division or 64-bit multiply per
 // copy (the generic strided loop spent ~25 instructions on each; without them the Evoformer dK/dV
 // and dQ kernels ran 11-13% faster).
-// kPieces (16-bit rows on 4-byte boundaries, kRowsInPieces): each chunk as four 4-byte pieces,
-// those at or past dim zero-filled (an odd dim, a shifted slice's unshifted rows: the last piece
-// reads its one element).
-template <typename T, int kRows, int kChunks, int kPitch, int kThreads, bool kPieces = false>
+template <typename T, int kRows, int kChunks, int kPitch, int kThreads>
 __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t row_stride,
                                                 int64_t row0, int64_t len, int64_t dim) {
   static_assert(kThreads % kChunks == 0, "a thread's chunk column must not change");
@@ -397,33 +372,8 @@ __device__ __forceinline__ void copy_rows_async(T* smem, const T* base, int64_t 
     const int r = r0 + i * kRowStep;
     if (kRows % kRowStep != 0 && r >= kRows) break;
     const bool valid = column_inside && r < rows_inside;
-    if constexpr (kPieces) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t left = dim - (c * 8 + 2 * j);  // elements from the piece's first
-        const bool in = valid && left > 0;
-        cp_async_4(dst + i * kRowStep * kPitch + 2 * j, in ? src + 2 * j : base,
-                   in ? (left >= 2 ? 4 : 2) : 0);
-      }
-    } else {
-      cp_async_16(dst + i * kRowStep * kPitch, valid ? src : base, valid ? 16 : 0);
-    }
+    cp_async_16(dst + i * kRowStep * kPitch, valid ? src : base, valid ? 16 : 0);
     src += src_step;
-  }
-}
-
-// Zeroes element 0 of the rows of a tile load_tile<T, kRows, kHeadDim, kPitch, kThreads> copied
-// whose chunk 0 this thread copied, when the slice is shifted (`shift`, SliceSource::shift: that
-// column holds the element before each row). Called between this thread's cp.async wait and the
-// barrier that shows the tile to the CTA, so that it lands after the copy's write.
-template <typename T, int kRows, int kHeadDim, int kPitch, int kThreads>
-__device__ __forceinline__ void zero_shifted_column(T* smem, int shift) {
-  constexpr int kChunks = kHeadDim / 8, kRowStep = kThreads / kChunks;
-  if (shift == 0 || threadIdx.x % kChunks != 0) return;
-  const T zero = ElementTraits<T>::from_float(0.0f);
-#pragma unroll
-  for (int r = static_cast<int>(threadIdx.x) / kChunks; r < kRows; r += kRowStep) {
-    smem[r * kPitch] = zero;
   }
 }
 
@@ -433,15 +383,11 @@ __device__ __forceinline__ void zero_shifted_column(T* smem, int shift) {
 // waits); otherwise it is done element by element before returning.
 template <typename T, int kRows, int kHeadDim, int kPitch, int kThreads>
 __device__ __forceinline__ void load_tile(T* smem, const SliceSource& src, int64_t row0,
-                                          int64_t len, int64_t rows_dim) {
+                                          int64_t len, int64_t dim) {
   const T* base = static_cast<const T*>(src.base);
-  const int64_t dim = slice_columns(src, rows_dim);
-  if (src.vec == kRowsInChunks) {
+  if (src.vec) {
     copy_rows_async<T, kRows, kHeadDim / 8, kPitch, kThreads>(smem, base, src.row_stride, row0, len,
                                                               dim);
-  } else if (sizeof(T) == 2 && rows_in_pieces(src.vec)) {
-    copy_rows_async<T, kRows, kHeadDim / 8, kPitch, kThreads, true>(smem, base, src.row_stride,
-                                                                    row0, len, dim);
   } else {
     // The rare unaligned case: kept rolled so that it does not crowd the fast path's code.
     const T zero = ElementTraits<T>::from_float(0.0f);

@@ -33,37 +33,6 @@ __device__ __forceinline__ uint32_t shared_address(const void* smem) {
 __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
-// cp.async of 4 bytes to a shared-window address (both 4-byte aligned); zero-fills when `bytes`
-// is 0. Cached in L1 (.ca: the only form below 16 bytes), which serves a chunk's other pieces.
-__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-
-// A 16-bit store to a shared-window address.
-__device__ __forceinline__ void store_shared_u16_to(uint32_t dst, uint16_t value) {
-  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(value) : "memory");
-}
-
-// A 16-byte chunk of a row whose source is described by a chunk size word: its low bits the
-// chunk's bytes inside the row (0..16, the rest zero-filled and not read), kChunkInPieces set when
-// the row is only 4-byte aligned (16-bit rows of an even D, a view off a 16-byte boundary, or a
-// shifted slice's rows): then the chunk is copied as four 4-byte pieces, each reading the row's
-// bytes inside it (a piece that starts past the row's end reads nothing; one that ends past it,
-// the last of an odd D's unshifted row, reads 2 bytes): copy_chunk_pieces_to. Without the flag it
-// is one 16-byte cp.async, `src` 16-byte aligned (with_chunk_copy in wgmma_tiles.cuh picks the form
-// once per set of copies). `src` must point inside the tensor whenever any byte is read.
-constexpr int kChunkInPieces = 32;
-__host__ __device__ constexpr int chunk_size_word(int bytes_inside, bool pieces) {
-  return bytes_inside | (pieces ? kChunkInPieces : 0);
-}
-__device__ __forceinline__ void copy_chunk_pieces_to(uint32_t dst, const char* src, int size) {
-  const int inside = size & (kChunkInPieces - 1);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int left = inside - 4 * j;
-    cp_async_4_to(dst + 4 * j, left > 0 ? src + 4 * j : src, left >= 4 ? 4 : (left > 0 ? left : 0));
-  }
-}
 // Starts 16-byte cp.async copies of a tile of kRows rows of kRowChunks chunks whose element
 // (0, 0) is at `tile` (inside the tensor) and whose rows are `row_stride` bytes apart, into the
 // stage at shared address `stage` (rows kPitchBytes apart), in the caller's group; chunks of rows

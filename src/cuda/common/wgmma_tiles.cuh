@@ -21,10 +21,9 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 // How a kernel instantiation's tiles hold rows of D 16-bit elements (kHeadDim the instantiated
 // head dim; the Evoformer kernels' bias-type structs carry it, evoformer_bias_types.cuh):
 //   kExact:  D = kHeadDim, rows 16-byte aligned: whole chunks, no column test anywhere;
-//   kPadded: D < kHeadDim, rows 16-byte aligned (D a multiple of 8) or 4-byte aligned (D even:
-//            each chunk as four 4-byte pieces, kChunkInPieces): the same copies, a thread's chunk
+//   kPadded: D < kHeadDim a multiple of 8, rows 16-byte aligned: the same copies, a thread's chunk
 //            past D (fixed per thread: its chunk column) zero-filled by a source size of 0.
-// (Rows on 2-byte boundaries, an odd D, are copied into such rows before the kernels run: the
+// (Rows of any other D or alignment are copied into such rows before the kernels run: the
 // Evoformer dispatch's staged copies.)
 enum class TileCols { kExact, kPadded };
 
@@ -36,27 +35,10 @@ __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWgmmaThreads, 0);
 }
 
-// The chunk size word (chunk_size_word) of chunk column c in rows of `dim_bytes` bytes
-// (TileCols::kPadded): its bytes inside the row (16 or 0 for rows of whole chunks, any multiple of
-// 4 for rows in `pieces`).
-__device__ __forceinline__ int chunk_source_bytes(int c, int dim_bytes, bool pieces = false) {
-  const int inside = dim_bytes - c * 16;
-  return chunk_size_word(inside >= 16 ? 16 : (inside > 0 ? inside : 0), pieces);
-}
-// Whether a chunk size word reads anything.
-__device__ __forceinline__ bool chunk_reads(int size) {
-  return (size & (kChunkInPieces - 1)) != 0;
-}
-
-// Runs `copies(copy)` with `copy(dst, src, size)` the chunk copy of size words of `size`'s form
-// (one 16-byte cp.async, or four 4-byte pieces), chosen once for a whole unrolled set of copies.
-template <typename Copies>
-__device__ __forceinline__ void with_chunk_copy(int size, const Copies& copies) {
-  if (size & kChunkInPieces) {
-    copies([](uint32_t dst, const char* src, int bytes) { copy_chunk_pieces_to(dst, src, bytes); });
-  } else {
-    copies([](uint32_t dst, const char* src, int bytes) { cp_async_16_to(dst, src, bytes); });
-  }
+// Source size of a 16-byte chunk copy (16, or 0: zero-filled, nothing read) of chunk column c in
+// rows of `dim_bytes` bytes (TileCols::kPadded).
+__device__ __forceinline__ int chunk_source_bytes(int c, int dim_bytes) {
+  return c * 16 < dim_bytes ? 16 : 0;
 }
 
 // Starts cp.async copies of 64 rows x kHeadDim 16-bit columns whose first element is at `rows`
@@ -66,41 +48,37 @@ __device__ __forceinline__ void with_chunk_copy(int size, const Copies& copies) 
 // the same for all its rows) and both its offsets are fixed across the copy. A whole tile
 // (rows_inside >= 64, a value the caller knows per tile) takes the copy without tests. `thread`:
 // the calling thread's index in the warpgroup that makes the copy (0..127).
-// kPadded (TileCols::kPadded): rows of `dim_bytes` bytes (below 2 kHeadDim; a multiple of 16, or
-// of 4 with `pieces`: rows on 4-byte boundaries), the chunks past them zero-filled too (a thread's
-// chunk column, so its source size, is fixed; a chunk wholly past them reads from the row's first
-// chunk and reads nothing). Without it `dim_bytes` and `pieces` are unused and the code is the
-// head dim's alone, written apart: folding the head dim's copies into the padded form (a source
-// size that is a constant 16) changed how nvcc scheduled the aligned kernels.
+// kPadded (TileCols::kPadded): rows of `dim_bytes` bytes (a multiple of 16 below 2 kHeadDim), the
+// chunks past them zero-filled too (a thread's chunk column, so its source size, is fixed; its
+// reads start at the row's first chunk and read nothing). Without it `dim_bytes` is unused and the
+// code is the head dim's alone, written apart: folding the head dim's copies into the padded form
+// (a source size that is a constant 16) changed how nvcc scheduled the aligned kernels.
 template <int kHeadDim, bool kPadded = false>
 __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* rows,
                                                    int32_t row_bytes, int64_t rows_inside = 64,
                                                    int thread = static_cast<int>(threadIdx.x),
-                                                   [[maybe_unused]] int dim_bytes = 2 * kHeadDim,
-                                                   [[maybe_unused]] bool pieces = false) {
+                                                   [[maybe_unused]] int dim_bytes = 2 * kHeadDim) {
   constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   constexpr int kWidth = kSwizzleBytes<kHeadDim>;
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
   const int c = thread % kChunks, r0 = thread / kChunks;
   if constexpr (kPadded) {
-    const int size = chunk_source_bytes(c, dim_bytes, pieces);
-    const char* src = rows + (r0 * row_bytes + (chunk_reads(size) ? c * 16 : 0));
+    const int bytes = chunk_source_bytes(c, dim_bytes);
+    const char* src = rows + (r0 * row_bytes + (bytes != 0 ? c * 16 : 0));
     const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
-    with_chunk_copy(size, [&](const auto& copy) {
-      if (rows_inside >= kWgmmaRows) {
+    if (rows_inside >= kWgmmaRows) {
 #pragma unroll
-        for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
-          copy(dst + i * kRowStep * kWidth, src + i * kRowStep * row_bytes, size);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
-          const bool inside = r0 + i * kRowStep < rows_inside;
-          copy(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
-               inside ? size : size & kChunkInPieces);
-        }
+      for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+        cp_async_16_to(dst + i * kRowStep * kWidth, src + i * kRowStep * row_bytes, bytes);
       }
-    });
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+        const bool inside = r0 + i * kRowStep < rows_inside;
+        cp_async_16_to(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
+                       inside ? bytes : 0);
+      }
+    }
     return;
   }
   const char* src = rows + (r0 * row_bytes + c * 16);
@@ -120,30 +98,14 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
   }
 }
 
-// Zeroes element 0 of the rows of the swizzled tile at `tile` whose chunk 0 this thread copies
-// (copy_tile_swizzled's mapping, which SwizzledTileCopier and the slice streams share): a shifted
-// slice's column before its rows (SliceSource). Called between this thread's cp.async wait and the
-// barrier that shows the tile to the CTA, so that it lands after the copy's write.
-template <int kHeadDim>
-__device__ __forceinline__ void zero_first_column_swizzled(
-    uint32_t tile, int thread = static_cast<int>(threadIdx.x)) {
-  constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
-  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
-  if (thread % kChunks != 0) return;
-  const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(thread / kChunks, 0);
-#pragma unroll
-  for (int i = 0; i < kWgmmaRows / kRowStep; ++i)
-    store_shared_u16_to(dst + i * kRowStep * kWidth, 0);
-}
-
 // copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
 // Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is
 // kCopies cp.async from one pointer plus fixed offsets, with no branch (the rows-past-L test is a
 // bit mask, turned into the copies' zero-fill sizes), and the next slice is a 64-bit add
 // (`advance`) instead of a multiply from the loop's index.
-// kCols (TileCols): kPadded, rows of D (`dim_bytes`) in whole aligned chunks or, with `pieces`
-// (rows on 4-byte boundaries), in 4-byte pieces, the chunks and pieces past D zero-filled; kExact,
-// rows of exactly kHeadDim elements in whole aligned chunks.
+// kCols (TileCols): kPadded, rows of D (`dim_bytes`, a multiple of 16) in whole aligned chunks,
+// the chunks past D zero-filled; kExact, rows of exactly kHeadDim elements in whole aligned
+// chunks.
 template <int kHeadDim, TileCols kCols = TileCols::kExact>
 struct SwizzledTileCopier {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
@@ -155,13 +117,13 @@ struct SwizzledTileCopier {
   int32_t step;      // bytes between this thread's successive rows (kRowStep rows)
   uint32_t dst;      // this thread's first chunk in a tile
   uint32_t inside;   // bit i: this thread's i-th row is inside the tensor (and its chunk in D)
-  int chunk_bytes;   // kPadded: the size word of this thread's chunk (chunk_source_bytes)
+  int chunk_bytes;   // kPadded: bytes of this thread's chunk inside D
 
   // `rows`: the tile's first row, rows `row_bytes` apart, `rows_inside` of them inside the tensor;
   // `thread`: as copy_tile_swizzled's.
   __device__ __forceinline__ SwizzledTileCopier(const char* tile_rows, int32_t row_bytes,
                                                 int64_t rows_inside, int thread,
-                                                int dim_bytes = 2 * kHeadDim, bool pieces = false)
+                                                int dim_bytes = 2 * kHeadDim)
       : rows(tile_rows),
         first((thread / kChunks) * row_bytes + (thread % kChunks) * 16),
         step(kRowStep * row_bytes),
@@ -169,13 +131,11 @@ struct SwizzledTileCopier {
         inside(0),
         chunk_bytes(16) {
     if constexpr (kCols == TileCols::kPadded) {
-      chunk_bytes = chunk_source_bytes(thread % kChunks, dim_bytes, pieces);
+      chunk_bytes = chunk_source_bytes(thread % kChunks, dim_bytes);
     }
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      if (chunk_reads(chunk_bytes) && thread / kChunks + i * kRowStep < rows_inside) {
-        inside |= 1u << i;
-      }
+      if (chunk_bytes > 0 && thread / kChunks + i * kRowStep < rows_inside) inside |= 1u << i;
     }
   }
 
@@ -183,22 +143,11 @@ struct SwizzledTileCopier {
   // (or a chunk past D) is zero-filled: its copy reads nothing (its address is the
   // tile's first row's).
   __device__ __forceinline__ void copy(uint32_t tile) const {
-    if constexpr (kCols == TileCols::kPadded) {
-      with_chunk_copy(chunk_bytes, [&](const auto& copy_chunk) {
 #pragma unroll
-        for (int i = 0; i < kCopies; ++i) {
-          const bool in = (inside >> i) & 1u;
-          copy_chunk(tile + dst + i * kRowStep * kWidth, in ? rows + (first + i * step) : rows,
-                     in ? chunk_bytes : chunk_bytes & kChunkInPieces);
-        }
-      });
-    } else {
-#pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        const bool in = (inside >> i) & 1u;
-        cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? rows + (first + i * step) : rows,
-                       in ? 16 : 0);
-      }
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      cp_async_16_to(tile + dst + i * kRowStep * kWidth, in ? rows + (first + i * step) : rows,
+                     in ? 16 : 0);
     }
   }
 
@@ -212,25 +161,39 @@ struct SwizzledTileCopier {
 // after another), worked out once: tile t's copies are kCopies 16-byte chunks from
 // src + t * advance + i * step (global memory) to dst + i * kDstStep from the tile's shared
 // base, each an add and a cp.async (no per-tile address arithmetic from the CTA's coordinates).
-// kSourceBytes: every copy of this thread reads by the size word `bytes` (chunk_source_bytes:
-// 16 or 0 for rows of whole chunks, where 0 zero-fills the chunk and reads nothing; rows in
-// 4-byte pieces as TileCols::kPadded describes); else whole chunks, and `bytes` is unused.
+// kSourceBytes: every copy of this thread reads `bytes` (16, or 0: its chunk is zero-filled and
+// nothing is read; TileCols::kPadded's chunks past D); else whole chunks, and `bytes` is unused.
 template <int kCopies, int kDstStep, bool kSourceBytes = false>
 struct ChunkStream {
   const char* src;  // this thread's first chunk of tile 0
   int32_t step;     // bytes between this thread's chunks of a tile
   int32_t advance;  // bytes from one tile to the next
   uint32_t dst;     // this thread's first chunk in a tile
-  int32_t bytes;    // kSourceBytes: the copies' size word
+  int32_t bytes;    // kSourceBytes: the copies' source size
 
   __device__ __forceinline__ void copy(uint32_t tile, int64_t t) const {
-    copy_from<false>(tile, src + t * advance, 0, nullptr);
+    const char* const from = src + t * advance;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      if constexpr (kSourceBytes) {
+        cp_async_16_to(tile + dst + i * kDstStep, from + i * step, bytes);
+      } else {
+        cp_async_16_to(tile + dst + i * kDstStep, from + i * step, 16);
+      }
+    }
   }
 
   // The same for a loop that copies tiles 0, 1, 2, ... in order: copies the next tile and moves
   // on to the one after it (a pointer carried in registers, no per-tile address arithmetic).
   __device__ __forceinline__ void copy_next(uint32_t tile) {
-    copy_from<false>(tile, src, 0, nullptr);
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      if constexpr (kSourceBytes) {
+        cp_async_16_to(tile + dst + i * kDstStep, src + i * step, bytes);
+      } else {
+        cp_async_16_to(tile + dst + i * kDstStep, src + i * step, 16);
+      }
+    }
     src += advance;
   }
 
@@ -239,39 +202,23 @@ struct ChunkStream {
   // and read nothing (their address is `fallback`, a chunk inside the tensor).
   __device__ __forceinline__ void copy_next_masked(uint32_t tile, uint32_t inside,
                                                    const char* fallback) {
-    copy_from<true>(tile, src, inside, fallback);
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      const int read = kSourceBytes ? bytes : 16;
+      cp_async_16_to(tile + dst + i * kDstStep, in ? src + i * step : fallback, in ? read : 0);
+    }
     src += advance;
   }
   // The same for tile t (copy's).
   __device__ __forceinline__ void copy_masked(uint32_t tile, int64_t t, uint32_t inside,
                                               const char* fallback) const {
-    copy_from<true>(tile, src + t * advance, inside, fallback);
-  }
-
- private:
-  // The copies of the tile whose first chunk (this thread's) is at `from`; kMasked: as
-  // copy_next_masked's `inside` and `fallback`.
-  template <bool kMasked>
-  __device__ __forceinline__ void copy_from(uint32_t tile, const char* from,
-                                            [[maybe_unused]] uint32_t inside,
-                                            [[maybe_unused]] const char* fallback) const {
-    const int read = kSourceBytes ? bytes : 16;
-    const auto copies = [&](const auto& copy_chunk) {
+    const char* const from = src + t * advance;
 #pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        if constexpr (kMasked) {
-          const bool in = (inside >> i) & 1u;
-          copy_chunk(tile + dst + i * kDstStep, in ? from + i * step : fallback,
-                     in ? read : read & kChunkInPieces);
-        } else {
-          copy_chunk(tile + dst + i * kDstStep, from + i * step, read);
-        }
-      }
-    };
-    if constexpr (kSourceBytes) {
-      with_chunk_copy(read, copies);
-    } else {
-      copies([](uint32_t to, const char* at, int size) { cp_async_16_to(to, at, size); });
+    for (int i = 0; i < kCopies; ++i) {
+      const bool in = (inside >> i) & 1u;
+      const int read = kSourceBytes ? bytes : 16;
+      cp_async_16_to(tile + dst + i * kDstStep, in ? from + i * step : fallback, in ? read : 0);
     }
   }
 };

@@ -48,12 +48,11 @@ struct ParamBiasTypes {
 };
 
 // The warpgroup kernels for a D below the instantiated head dim, read in whole 16-byte chunks
-// from rows 16-byte aligned (p.load_dim columns: 24, 40, 48, 56, 72-120, or an odd D's staged
-// copy) or in 4-byte pieces from rows 4-byte aligned (an even D; p.padded_tiles), for the bias
-// pairs FixedBiasTypes compiles: the exact head dim's copies and per-thread streams, each
-// thread's chunk (or piece) past load_dim zero-filled (a source size of 0, fixed per thread), so
-// a whole tile in chunks costs what it costs at the head dim; the stores and delta stop at D in
-// any alignment. Other bias pairs with such a D run the mma.sync kernels
+// from rows 16-byte aligned (p.load_dim columns: 24, 40, 48, 56, 72-120, or any other D's staged
+// copy; p.padded_tiles), for the bias pairs FixedBiasTypes compiles: the exact head dim's copies
+// and per-thread streams, each thread's chunk past load_dim zero-filled (a source size of 0,
+// fixed per thread), so a whole tile costs what it costs at the head dim; the stores and delta
+// stop at D in any alignment. Other bias pairs with such a D run the mma.sync kernels
 // (set_warpgroup_tiles).
 template <BiasType kBias1, BiasType kBias2>
 using PaddedDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPadded>;

@@ -100,13 +100,13 @@ __device__ __forceinline__ void wgmma_ds_k(float (&dq)[kHeadDim / 8][4], uint32_
 // and the second barrier makes the stores visible. The next writes into either area come after
 // the next key tile's first barrier (this CTA's) or its first cluster barrier (the partner's),
 // both after the reads here. Two terms, so the sum's bits do not depend on which CTA adds them.
-// dim: the D of the rows stored (written_dim); shift: store_rows'.
+// dim: the D of the rows stored (written_dim).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
     const EvoformerDeviceParams& p, float (&dk)[kHeadDim / 8][4], float (&dv)[kHeadDim / 8][4],
     const float (&key_dbias1)[2], uint32_t rank, float4* received, float* received_dbias1,
     int64_t b, int64_t n, int64_t h, int64_t bn, const int64_t (&my_keys)[2], int warp, int lane,
-    int64_t dim, int shift) {
+    int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
   const int t = lane % 4;
   const bool dbias1 = p.dbias1_partial != nullptr;
@@ -155,7 +155,7 @@ __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
   if (rank == 0) {
     add_received(dk);
     store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, dim, t,
-                             p.grads_paired, shift);
+                             p.grads_paired);
     if (dbias1 && t == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -168,7 +168,7 @@ __device__ __forceinline__ void evoformer_fused_exchange_key_tile(
   } else {
     add_received(dv);
     store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, dim, t,
-                             p.grads_paired, shift);
+                             p.grads_paired);
   }
 }
 
@@ -216,8 +216,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
   const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
   const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  // The outputs' column shift (every slice of the call shifts alike; none on the exact tiles).
-  const int shift = BiasTypes::kAnyDim ? q_src.shift : 0;
 
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int64_t key0 = kt * kWgmmaRows;
@@ -227,18 +225,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
         p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kQ, smem.address + Smem::kDo, stats,
         bias2_stages, types.bias2);
     auto load_query_tile = [&](int64_t i, int buf) { queries.load(p, kRanks * i + rank, buf); };
-    // Where step i's tiles have arrived: its lse in log2 units, and a shifted slice's column
-    // before its rows zeroed (Q, dO, and at the first step K, V).
-    auto arrived = [&](int64_t i, int buf) {
-      stage_lse_to_log2<kWgmmaRows>(queries.lse(buf));
-      queries.zero_shifted_columns(buf);
-      if constexpr (BiasTypes::kAnyDim) {
-        if (i == 0 && k_src.shift != 0) {
-          zero_first_column_swizzled<kHeadDim>(k_tile);
-          zero_first_column_swizzled<kHeadDim>(v_tile);
-        }
-      }
-    };
+    auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
     uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
     load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
     // Every thread is done with the previous key tile's K, V, query tiles and dS^T (and, in a
@@ -265,11 +252,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     int buf = 0;  // i % kStages
     for (int64_t i = 0; i < my_tiles; ++i, buf = buf + 1 == kStages ? 0 : buf + 1) {
       const int64_t qt = kRanks * i + rank;
-      const auto step_arrived = [&](int at) { arrived(i, at); };
       if constexpr (kStages == 2) {
-        next_stage(i, my_tiles, buf, load_query_tile, step_arrived);
+        next_stage(i, my_tiles, buf, load_query_tile, convert_lse);
       } else {
-        next_stage_of<kStages>(i, my_tiles, buf, load_query_tile, step_arrived);
+        next_stage_of<kStages>(i, my_tiles, buf, load_query_tile, convert_lse);
       }
       if (i == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, types.bias1);
       float pt[8][4];
@@ -308,7 +294,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
         const int64_t q0 = qt * kWgmmaRows;
         const int64_t my_rows[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
         store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len,
-                                 written_dim<kHeadDim, BiasTypes>(p), t, p.grads_paired, shift);
+                                 written_dim<kHeadDim, BiasTypes>(p), t, p.grads_paired);
       } else {
 #pragma unroll
         for (int j = 0; j < kOutTiles; ++j)
@@ -319,10 +305,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     if constexpr (kRanks > 1) {
       evoformer_fused_exchange_key_tile<T, kHeadDim>(
           p, dk, dv, key_dbias1, rank, reinterpret_cast<float4*>(ds_stored), queries.lse(0), b, n,
-          h, bn, my_keys, warp, lane, written_dim<kHeadDim, BiasTypes>(p), shift);
+          h, bn, my_keys, warp, lane, written_dim<kHeadDim, BiasTypes>(p));
     } else {
       evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t,
-                                         written_dim<kHeadDim, BiasTypes>(p), shift);
+                                         written_dim<kHeadDim, BiasTypes>(p));
     }
   }
 #else

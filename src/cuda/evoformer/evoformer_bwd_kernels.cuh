@@ -96,7 +96,7 @@ struct EvoformerDbias2Smem {
 // (common/attention_delta.cuh); rows in the tensors' memory order, so a warp's rows are adjacent.
 template <typename T>
 __host__ __device__ inline bool evoformer_delta_vec(const EvoformerDeviceParams& p) {
-  return sizeof(T) == 2 && p.vec_out == kRowsInChunks && p.vec_dout == kRowsInChunks;
+  return sizeof(T) == 2 && p.vec_out && p.vec_dout;
 }
 
 template <typename T, int kLanes>
@@ -120,21 +120,19 @@ __global__ void evoformer_bwd_delta_kernel(const EvoformerDeviceParams p) {
 
 // Writes 16 rows (this warp's) x dim of an accumulator times `factor` into a [B,N,L,H,D] tensor
 // (store_accumulator_row: 32-bit stores of pairs, with `pairs_aligned` = p.grads_paired no test per
-// row). `shift`: 1 when the accumulator's column c + 1 holds element c (its product read shifted
-// slices, SliceSource), else 0. Warp-collective: every lane calls it.
+// row). Warp-collective: every lane calls it.
 template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_rows(const float acc[kOutTiles][4], float factor, void* base,
                                            const int64_t stride[4], int64_t b, int64_t n, int64_t h,
                                            const int64_t rows[2], int64_t len, int64_t dim, int t,
-                                           bool pairs_aligned, int shift = 0) {
-  T* out = static_cast<T*>(base) + b * stride[0] + n * stride[1] + h * stride[3] - shift;
+                                           bool pairs_aligned) {
+  T* out = static_cast<T*>(base) + b * stride[0] + n * stride[1] + h * stride[3];
   const bool may_start_odd = rows_may_start_odd(out, stride[2]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const bool write = rows[r] < len;
     store_accumulator_row<T, kOutTiles>(out + (write ? rows[r] : 0) * stride[2], acc, r, factor,
-                                        dim + shift, t, pairs_aligned && shift == 0, may_start_odd,
-                                        write, shift != 0);
+                                        dim, t, pairs_aligned, may_start_odd, write);
   }
 }
 
@@ -209,17 +207,17 @@ __device__ __forceinline__ void evoformer_transposed_ds(float (&pt)[8][4], const
 }
 
 // dK/dV kernel's epilogue: dK (times the scale), dV and the per-head dbias1 partial of its keys.
-// dim: the D of the rows written (p.dim, or written_dim's constant); shift: store_rows'.
+// dim: the D of the rows written (p.dim, or written_dim's constant).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_finish_dkdv(
     const EvoformerDeviceParams& p, const float (&dk)[kHeadDim / 8][4],
     const float (&dv)[kHeadDim / 8][4], const float (&key_dbias1)[2], int64_t b, int64_t n,
-    int64_t h, int64_t bn, const int64_t (&my_keys)[2], int t, int64_t dim, int shift = 0) {
+    int64_t h, int64_t bn, const int64_t (&my_keys)[2], int t, int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
   store_rows<T, kOutTiles>(dk, p.scale, p.dk, p.dk_stride, b, n, h, my_keys, p.len, dim, t,
-                           p.grads_paired, shift);
+                           p.grads_paired);
   store_rows<T, kOutTiles>(dv, 1.0f, p.dv, p.dv_stride, b, n, h, my_keys, p.len, dim, t,
-                           p.grads_paired, shift);
+                           p.grads_paired);
   if (p.dbias1_partial != nullptr) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -312,12 +310,10 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
 
   const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
   const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
-  const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
-  const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.a, k_src, key0, p.len,
-                                                               p.load_dim);
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.b, v_src, key0, p.len,
-                                                               p.load_dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+      smem.a, slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h), key0, p.len, p.load_dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+      smem.b, slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h), key0, p.len, p.load_dim);
   // The bias2 tile of each query tile ([64 queries][64 keys], in kStages buffers) is staged in
   // shared memory after the fixed part, copied with the Q/dO tile it belongs to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
@@ -349,15 +345,6 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     const int buf = stream_tile<kStages>(
         qt, q_tiles, [&](int to, int64_t next) { copy_query_tile_to(to, next * Tile::kBlock); });
     stage_lse_to_log2<Tile::kBlock>(smem.lse[buf]);
-    // A shifted slice's column before its rows, in every tile a product over D reads.
-    if (qt == 0) {
-      zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.a, k_src.shift);
-      zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.b, v_src.shift);
-    }
-    zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[buf],
-                                                                           q_src.shift);
-    zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf],
-                                                                           do_src.shift);
     __syncthreads();
     if (qt == 0) {
       load_a_frags<T, kSteps, kPitch>(k_frag, smem.a + warp * 16 * kPitch, g, t);
@@ -389,8 +376,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     __syncthreads();  // the buffers of this tile are refilled next iteration
   }
 
-  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t, p.dim,
-                                     q_src.shift);
+  evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t, p.dim);
 }
 
 template <typename T, int kHeadDim, int kStages = 2>
@@ -417,12 +403,11 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
 
   const SliceSource k_src = slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b, n, h);
   const SliceSource v_src = slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b, n, h);
-  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
-  const SliceSource do_src = slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h);
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.a, q_src, q0, p.len,
-                                                               p.load_dim);
-  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.b, do_src, q0, p.len,
-                                                               p.load_dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+      smem.a, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p.len, p.load_dim);
+  load_tile<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(
+      smem.b, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p.len,
+      p.load_dim);
   // The biases of each key tile are staged in shared memory (in kStages buffers like K and V,
   // after the fixed part), copied with the K/V tile they belong to.
   unsigned char* const bias2_stage = smem_raw + sizeof(Smem);
@@ -450,15 +435,6 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     const int64_t k0 = kt * Tile::kBlock;
     const int buf = stream_tile<kStages>(
         kt, k_tiles, [&](int to, int64_t next) { copy_key_tile_to(to, next * Tile::kBlock); });
-    // A shifted slice's column before its rows, in every tile a product over D reads.
-    if (kt == 0) {
-      zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.a, q_src.shift);
-      zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.b, do_src.shift);
-    }
-    zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.c[buf],
-                                                                           k_src.shift);
-    zero_shifted_column<T, Tile::kBlock, kTileDim, kPitch, Tile::kThreads>(smem.d[buf],
-                                                                           v_src.shift);
     __syncthreads();
     if (kt == 0) {
       load_a_frags<T, kSteps, kPitch>(q_frag, smem.a + warp * 16 * kPitch, g, t);
@@ -477,7 +453,7 @@ __global__ void __launch_bounds__(EvoformerBwdTile::kThreads, kEvoformerBwdMinCt
     __syncthreads();
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len, p.dim, t,
-                           p.grads_paired, k_src.shift);
+                           p.grads_paired);
 }
 
 // ---- The dbias2 kernel's parts, shared by its mma.sync and wgmma forms ----
@@ -655,8 +631,6 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
   // bias1 of n is read into a register one n ahead and stored in shared memory at the end of the
   // iteration, so its latency hides behind the MMAs and it takes no registers in the cell loop.
   auto bias1_of = [&](int64_t n) { return dbias2_bias1_log2(p, b, n, k0); };
-  // Every n's slices shift alike (the host's kRowsShifted needs an even N stride).
-  const int shift = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n_begin, h).shift;
   load_n(n_begin, 0);
   cp_async_commit();
   if (threadIdx.x < kKeys) smem.bias1_log2[0][threadIdx.x] = bias1_of(n_begin);
@@ -683,10 +657,6 @@ __global__ void __launch_bounds__(EvoformerDbias2Tile<kHeadDim>::kThreads,
     const float bias1_next = n + 1 < n_end ? bias1_of(n + 1) : 0.0f;
     const int buf = stream_tile<kStages>(n - n_begin, n_end - n_begin,
                                          [&](int to, int64_t next) { load_n(n_begin + next, to); });
-    zero_shifted_column<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(smem.q[buf], shift);
-    zero_shifted_column<T, Tile::kRows, kTileDim, kPitch, Tile::kThreads>(smem.dout[buf], shift);
-    zero_shifted_column<T, kKeys, kTileDim, kPitch, Tile::kThreads>(smem.k[buf], shift);
-    zero_shifted_column<T, kKeys, kTileDim, kPitch, Tile::kThreads>(smem.v[buf], shift);
     __syncthreads();
     uint32_t q_frag[kSteps][4], do_frag[kSteps][4];
     load_a_frags<T, kSteps, kPitch>(q_frag, smem.q[buf] + warp * 16 * kPitch, g, t);

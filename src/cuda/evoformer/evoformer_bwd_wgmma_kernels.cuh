@@ -75,17 +75,6 @@ struct EvoformerQueryTileLoader {
     return bias2_stages + buf * bias2_stage_bytes;
   }
 
-  // Zeroes the column before the rows of buffer buf's Q and dO tiles where the slices are shifted
-  // (SliceSource; after this thread's wait for them, before the barrier).
-  __device__ __forceinline__ void zero_shifted_columns(int buf) const {
-    if constexpr (kCols == TileCols::kPadded) {
-      if (q_src.shift != 0) {
-        zero_first_column_swizzled<kHeadDim>(q_tile(buf));
-        zero_first_column_swizzled<kHeadDim>(do_tile(buf));
-      }
-    }
-  }
-
   // Starts query tile qt's copies into buffer `buf`.
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t qt, int buf) const {
     const int64_t q0 = qt * kWgmmaRows;
@@ -178,6 +167,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
       reinterpret_cast<float*>(smem.pointer + Smem::kStats), smem.pointer + Smem::kBwdBytes,
       types.bias2);
   auto load_query_tile = [&](int64_t qt, int buf) { queries.load(p, qt, buf); };
+  auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
   uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
   load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
   copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
@@ -194,17 +184,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
 
   for (int64_t qt = 0; qt < q_tiles; ++qt) {
     const int buf = static_cast<int>(qt & 1);
-    next_stage(qt, q_tiles, buf, load_query_tile, [&](int arrived) {
-      stage_lse_to_log2<kWgmmaRows>(queries.lse(arrived));
-      // A shifted slice's column before its rows (Q, dO, and at the first step K, V).
-      queries.zero_shifted_columns(arrived);
-      if constexpr (BiasTypes::kAnyDim) {
-        if (qt == 0 && queries.q_src.shift != 0) {
-          zero_first_column_swizzled<kHeadDim>(k_tile);
-          zero_first_column_swizzled<kHeadDim>(v_tile);
-        }
-      }
-    });
+    next_stage(qt, q_tiles, buf, load_query_tile, convert_lse);
     if (qt == 0) key_bias1_from_bits(key_bias1, key_bias1_bits, types.bias1);
     float pt[8][4];
     evoformer_dkdv_wgmma_ds(pt, dv, key_dbias1, k_tile, v_tile, queries, buf, types.bias2,
@@ -213,8 +193,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDkdvCtas<kHeadDi
   }
 
   evoformer_finish_dkdv<T, kHeadDim>(p, dk, dv, key_dbias1, b, n, h, bn, my_keys, t,
-                                     written_dim<kHeadDim, BiasTypes>(p),
-                                     BiasTypes::kAnyDim ? queries.q_src.shift : 0);
+                                     written_dim<kHeadDim, BiasTypes>(p));
 #else
   __trap();  // not in this architecture's image: never launched here
 #endif
@@ -244,7 +223,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
       p, b, n, h, q0, smem.address + Smem::kC, smem.address + Smem::kD,
       smem.pointer + Smem::kBwdBytes, types.bias1, types.bias2);
   auto load_key_tile = [&](int64_t kt, int buf) { keys.load(p, kt, buf); };
-  const int shift = keys.k_src.shift;  // every slice of the call shifts alike
   copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p);
   copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
@@ -302,16 +280,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
 
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int buf = static_cast<int>(kt & 1);
-    next_stage(kt, k_tiles, buf, load_key_tile, [&](int arrived) {
-      // A shifted slice's column before its rows (K, V, and at the first step Q, dO).
-      keys.zero_shifted_columns(arrived);
-      if constexpr (BiasTypes::kAnyDim) {
-        if (kt == 0 && shift != 0) {
-          zero_first_column_swizzled<kHeadDim>(q_tile);
-          zero_first_column_swizzled<kHeadDim>(do_tile);
-        }
-      }
-    });
+    next_stage(kt, k_tiles, buf, load_key_tile);
     if (kt == 0) {
       delta[0] = delta_rows[my_rows[0] - q0];
       delta[1] = delta_rows[my_rows[1] - q0];
@@ -333,8 +302,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
     wgmma_acc_tile<T, kHeadDim>(dq, ds, keys.k_tile(buf));  // dQ += dS K
   }
   store_rows<T, kOutTiles>(dq, p.scale, p.dq, p.dq_stride, b, n, h, my_rows, p.len,
-                           written_dim<kHeadDim, BiasTypes>(p), t, p.grads_paired,
-                           BiasTypes::kAnyDim ? shift : 0);
+                           written_dim<kHeadDim, BiasTypes>(p), t, p.grads_paired);
 #else
   __trap();  // not in this architecture's image: never launched here
 #endif
@@ -381,35 +349,30 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
   // Each warpgroup copies its own Q and dO rows; K and V are split between the warpgroups (one
   // copier per thread: Q or dO, then K or V; with one warpgroup, K and V). The copiers start at
   // the chunk's first n and move one n on per copy.
-  const auto copier = [&](const void* data, const int64_t stride[4], int vec, int64_t row0) {
-    const SliceSource src = slice_of(data, stride, vec, sizeof(T), b, 0, h);
+  const auto copier = [&](const void* data, const int64_t stride[4], int64_t row0) {
+    const SliceSource src = slice_of(data, stride, 1, sizeof(T), b, 0, h);
     const int32_t row_bytes =
         static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
     SwizzledTileCopier<kHeadDim, BiasTypes::kCols> copy(
         static_cast<const char*>(src.base) + row0 * row_bytes, row_bytes, p.len - row0,
-        group_thread, static_cast<int>(2 * slice_columns(src, p.load_dim)),
-        rows_in_pieces(src.vec));
+        group_thread, static_cast<int>(2 * p.load_dim));
     copy.advance(at.n_begin * stride[1] * static_cast<int64_t>(sizeof(T)));
     return copy;
   };
   const auto n_bytes = [](const int64_t stride[4]) {
     return stride[1] * static_cast<int64_t>(sizeof(T));
   };
-  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> q_copy =
-      copier(p.q, p.q_stride, p.vec_q, group_q0);
-  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> do_copy =
-      copier(p.dout, p.dout_stride, p.vec_dout, group_q0);
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> q_copy = copier(p.q, p.q_stride, group_q0);
+  SwizzledTileCopier<kHeadDim, BiasTypes::kCols> do_copy = copier(p.dout, p.dout_stride, group_q0);
   const bool copies_k = kGroups == 1 || group == 0;
   SwizzledTileCopier<kHeadDim, BiasTypes::kCols> kv_copy =
-      copies_k ? copier(p.k, p.k_stride, p.vec_k, k0) : copier(p.v, p.v_stride, p.vec_v, k0);
+      copies_k ? copier(p.k, p.k_stride, k0) : copier(p.v, p.v_stride, k0);
   SwizzledTileCopier<kHeadDim, BiasTypes::kCols> v_copy =
-      copier(p.v, p.v_stride, p.vec_v, k0);  // one warpgroup only
+      copier(p.v, p.v_stride, k0);  // one warpgroup only
   const int64_t q_n_bytes = n_bytes(p.q_stride), do_n_bytes = n_bytes(p.dout_stride),
                 kv_n_bytes = copies_k ? n_bytes(p.k_stride) : n_bytes(p.v_stride),
                 v_n_bytes = n_bytes(p.v_stride);
   const int kv_tile = 2 * kGroups + (copies_k ? 0 : 1);
-  // Every n's slices shift alike (the host's kRowsShifted needs an even N stride).
-  const int shift = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, 0, h).shift;
   // The row statistics of n: thread r < kRows copies row q0 + r's lse and delta (rows past L get
   // lse +inf and delta 0, written once per stage below, so P = 0 there).
   static_assert(kThreads >= kRows, "one thread per row's statistics");
@@ -479,15 +442,6 @@ __global__ void __launch_bounds__(kWgmmaThreads* EvoformerWgmmaSmem<kHeadDim>::k
     const uint32_t bias1_next =
         n + 1 < at.n_end ? dbias2_bias1_bits(p, b, n + 1, k0) : neutral_bias_bits(types.bias1);
     cp_async_wait<kStages - 2>();  // n's group is complete (n + 1's may still run)
-    if constexpr (BiasTypes::kAnyDim) {
-      if (shift != 0) {  // a shifted slice's column before its rows, in the tiles it copied
-        zero_first_column_swizzled<kHeadDim>(tile(group, st), group_thread);
-        zero_first_column_swizzled<kHeadDim>(tile(kGroups + group, st), group_thread);
-        zero_first_column_swizzled<kHeadDim>(tile(kv_tile, st), group_thread);
-        if (kGroups == 1)
-          zero_first_column_swizzled<kHeadDim>(tile(2 * kGroups + 1, st), group_thread);
-      }
-    }
     fence_proxy_async_shared();
     // Past this barrier n's tiles are visible to the whole CTA and every thread has finished
     // n - 1, so its stage (st + kStages - 1, mod kStages) is refilled for n + kStages - 1 and

@@ -6,7 +6,6 @@
 
 #include "cuda/common/bias_type.h"
 #include "cuda/common/fast_divisor.h"
-#include "cuda/common/row_copy.h"
 
 namespace sciattn::cuda {
 
@@ -59,12 +58,9 @@ struct EvoformerDeviceParams {
   void* dbias2;  // [B, 1, H, L, L] in bias2's type, strides over (B, H, Lq, Lk)
   int64_t dbias2_stride[4];
 
-  // How that tensor's rows are copied (a RowCopy, cuda/common/row_copy.h): kRowsInChunks when
-  // 16-byte copies are safe (D % 8 == 0, every stride over (B, N, L, H) a multiple of 8 elements,
-  // the data 16-byte aligned); kRowsInPieces for 16-bit rows on 4-byte boundaries (D even, even
-  // strides, the data 4-byte aligned); kRowsShifted for an odd D's read in shifted slices (even L
-  // and N strides, the data 4-byte aligned, Q, K, V, dO alike: slice_of); kRowsElementwise else
-  // (vec_out: as the backward reads out).
+  // 1 when 16-byte copies are safe for that tensor's rows: D % 8 == 0, every stride over
+  // (B, N, L, H) a multiple of 8 elements and the data 16-byte aligned (vec_out: as the backward
+  // reads out).
   int vec_q, vec_k, vec_v, vec_dout, vec_out;
   // 1 when out is pairable (D even, rows and pairs 4-byte aligned): the forward writes its rows as
   // aligned 32-bit pairs.
@@ -89,10 +85,9 @@ struct EvoformerDeviceParams {
   // another bias pair runs the mma.sync kernels).
   int wgmma_tiles;
   // 1 when the warpgroup kernels run as PaddedDimTypes (evoformer_bias_types.cuh): Q, K, V (and
-  // dO) read in whole chunks or in 4-byte pieces, as they are or through their staged copies,
-  // without lean_tiles (D below the head dim, or O not vectorizable), each bias absent or in the
-  // inputs' type; whole tiles take the lean copies' streams, a thread's chunk past load_dim
-  // zero-filled, the outputs written at D.
+  // dO) vectorizable, as they are or through their staged copies, without lean_tiles (D below the
+  // head dim, or O not vectorizable), each bias absent or in the inputs' type; whole tiles take the
+  // lean copies, a thread's chunk past load_dim zero-filled, the outputs written at D.
   int padded_tiles;
   // 1 when dQ, dK and dV are pairable (D even, rows and pairs 4-byte aligned): the backward writes
   // their rows as aligned 32-bit pairs (store_rows), else element by element.

@@ -12,7 +12,6 @@
 #include "common/evoformer_cuda_plan.h"
 #include "cuda/common/bias_type_of.h"
 #include "cuda/common/probability_shift.h"
-#include "cuda/common/row_copy.h"
 #include "cuda/evoformer/evoformer_device_params.h"
 #include "sciattn/evoformer.h"
 
@@ -80,57 +79,6 @@ inline int pairable(const TensorView& t) {
   return 1;
 }
 
-// Rows of an odd D that the kernels may read in shifted slices (kRowsShifted): 16-bit, the data
-// 4-byte aligned and even row (L) and N strides, so that every row of a (b, n, h) slice starts on
-// the same 4-byte parity, the same for every n (the dbias2 kernel walks n with one copier): a
-// slice's shift, slice_of. An odd D leaves room for the shifted column below every head dim
-// (they are even).
-inline bool shiftable(const TensorView& t) {
-  if (dtype_size(t.dtype) != 2 || t.sizes[4] % 2 == 0) return false;
-  if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0) return false;
-  for (int d : {1, 2}) {
-    if (t.sizes[d] > 1 && t.strides[d] % 2 != 0) return false;
-  }
-  return true;
-}
-
-// How the kernels copy a Q, K, V or dO of 16-bit inputs (or out, as the delta kernel reads it):
-// in whole 16-byte chunks, in 4-byte pieces (rows on 4-byte boundaries: D even, even strides), in
-// shifted slices (odd D, shiftable) or element by element (cuda/common/row_copy.h).
-inline int row_copy_of(const TensorView& t) {
-  if (vectorizable(t)) return kRowsInChunks;
-  if (dtype_size(t.dtype) == 2 && pairable(t)) return kRowsInPieces;
-  if (shiftable(t)) return kRowsShifted;
-  return kRowsElementwise;
-}
-
-// Whether every (b, n, h) slice of two shiftable tensors of one shape starts on the same 4-byte
-// parity (then a slice's shift is the same in both, as the products over D need: Q with K, dO
-// with V).
-inline bool same_slice_parity(const TensorView& a, const TensorView& b) {
-  for (int d : {0, 3}) {
-    const bool a_odd = a.sizes[d] > 1 && a.strides[d] % 2 != 0;
-    const bool b_odd = b.sizes[d] > 1 && b.strides[d] % 2 != 0;
-    if (a_odd != b_odd) return false;
-  }
-  return true;
-}
-
-// Whether the kernels read a call's Q, K, V and dO (those present) where they are: none is read
-// element by element, and those in shifted slices shift alike.
-inline bool inputs_read_in_place(const TensorView* const (&inputs)[detail::kStagedInputs]) {
-  const TensorView* shifted = nullptr;
-  for (const TensorView* t : inputs) {
-    if (!t->present()) continue;
-    const int copy = row_copy_of(*t);
-    if (copy == kRowsElementwise) return false;
-    if (copy != kRowsShifted) continue;
-    if (shifted != nullptr && !same_slice_parity(*shifted, *t)) return false;
-    shifted = t;
-  }
-  return true;
-}
-
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
 // not 16-byte aligned: detail::CudaInputCopies), or 0: absent, staged as it is, or fp32 inputs
 // (whose kernels read biases per element).
@@ -139,13 +87,9 @@ inline int64_t bias_copy_bytes(const TensorView& bias, DType inputs) {
   return static_cast<int64_t>(dtype_size(bias.dtype));
 }
 
-// The copies a call's kernels read (detail::CudaCopyNeeds): its unaligned biases and, where any
-// of Q, K, V (and dO: `dout`, absent in the forward) of 16-bit inputs cannot be read in place
-// (inputs_read_in_place: rows on 2-byte boundaries that no shifted slice reads, or shifted
-// slices that do not shift alike), each of them whose rows are not whole aligned 16-byte chunks
-// (so that every tensor the kernels read in place has rows of D and every copy rows of D rounded
-// up to 8, never both: p.load_dim is one width). Rows on 4-byte boundaries are read in place in
-// 4-byte pieces, and an odd D's in shifted slices, when none needs a copy.
+// The copies a call's kernels read (detail::CudaCopyNeeds): its unaligned biases, and each of Q,
+// K, V (and dO: `dout`, absent in the forward) of 16-bit inputs whose rows are not whole aligned
+// 16-byte chunks.
 inline detail::CudaCopyNeeds copy_needs(const TensorView& q, const TensorView& k,
                                         const TensorView& v, const TensorView& dout,
                                         const TensorView& bias1, const TensorView& bias2) {
@@ -153,10 +97,9 @@ inline detail::CudaCopyNeeds copy_needs(const TensorView& q, const TensorView& k
   n.bias1_bytes = bias_copy_bytes(bias1, q.dtype);
   n.bias2_bytes = bias_copy_bytes(bias2, q.dtype);
   if (q.dtype == DType::kF32) return n;
-  const TensorView* const inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
-  const bool read_in_place = inputs_read_in_place(inputs);
+  const TensorView* inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
   for (int i = 0; i < detail::kStagedInputs; ++i) {
-    if (!read_in_place && inputs[i]->present() && !vectorizable(*inputs[i])) n.inputs |= 1u << i;
+    if (inputs[i]->present() && !vectorizable(*inputs[i])) n.inputs |= 1u << i;
   }
   n.input_bytes = static_cast<int64_t>(dtype_size(q.dtype));
   return n;
@@ -244,8 +187,8 @@ inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaInputCop
 }
 
 // Which kernels run a 16-bit call at head dims 32, 64 and 128 (offsets_fit: every tile's offsets
-// below 2^31; aligned_inputs: the Q, K, V (and dO) rows the kernels copy are read in whole chunks
-// or 4-byte pieces, which the dispatch's staged copies make them, detail::CudaInputCopies):
+// below 2^31; aligned_inputs: the Q, K, V (and dO) rows the kernels copy are vectorizable, which
+// the dispatch's staged copies make them, detail::CudaInputCopies):
 // - the warpgroup kernels on lean tiles (D the head dim, rows 16-byte aligned, O too);
 // - the warpgroup kernels as PaddedDimTypes (padded_tiles) for any other D or an unaligned O with
 //   aligned inputs and a bias pair FixedBiasTypes compiles (each bias absent or in the inputs'
@@ -294,9 +237,9 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.prob_shift_log2 = probability_shift_log2(q.dtype, s.len);
   p.q = q.data;
   qkv_strides(q, p.q_stride);
-  p.vec_q = row_copy_of(q);
-  p.vec_k = row_copy_of(k);
-  p.vec_v = row_copy_of(v);
+  p.vec_q = vectorizable(q);
+  p.vec_k = vectorizable(k);
+  p.vec_v = vectorizable(v);
   p.k = k.data;
   qkv_strides(k, p.k_stride);
   p.v = v.data;
@@ -317,18 +260,16 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.lse = static_cast<float*>(lse.data);
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;
-  p.vec_out = vectorizable(out) ? kRowsInChunks : kRowsElementwise;
+  p.vec_out = vectorizable(out);
   p.out_paired = pairable(out);
   bool offsets_fit = true;
   for (const TensorView* t : {&q, &k, &v, &out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) offsets_fit = false;
   }
   const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
-  p.lean_tiles = p.vec_q == kRowsInChunks && p.vec_k == kRowsInChunks && p.vec_v == kRowsInChunks &&
-                 p.vec_out == kRowsInChunks && offsets_fit && s.dim == head_dim && s.dim >= 16;
-  set_warpgroup_tiles(
-      p, q.dtype, s, offsets_fit,
-      p.vec_q != kRowsElementwise && p.vec_k != kRowsElementwise && p.vec_v != kRowsElementwise);
+  p.lean_tiles =
+      p.vec_q && p.vec_k && p.vec_v && p.vec_out && offsets_fit && s.dim == head_dim && s.dim >= 16;
+  set_warpgroup_tiles(p, q.dtype, s, offsets_fit, p.vec_q && p.vec_k && p.vec_v);
   // Grid decoders. Every grid has fewer than 2^31 CTAs (the launchers check), so each quotient
   // fits fast_divide's range; divisors are at least 1 (an empty shape launches nothing).
   const auto divisor = [](int64_t d) {
@@ -415,17 +356,16 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
       common_params(q, k, v, params.bias1, params.bias2, params.out, params.lse, params.options, s);
   p.dout = dout.data;
   qkv_strides(dout, p.dout_stride);
-  p.vec_dout = row_copy_of(dout);
+  p.vec_dout = vectorizable(dout);
   p.load_dim = std::max(p.load_dim, dout.sizes[4]);
   const bool dout_fits = tile_offsets_fit_32_bits(dout, 2);
-  if (p.vec_dout != kRowsInChunks || !dout_fits) p.lean_tiles = 0;
+  if (!p.vec_dout || !dout_fits) p.lean_tiles = 0;
   bool offsets_fit = dout_fits;
   for (const TensorView* t : {&q, &k, &v, &params.out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) offsets_fit = false;
   }
   set_warpgroup_tiles(p, params.q.dtype, s, offsets_fit,
-                      p.vec_q != kRowsElementwise && p.vec_k != kRowsElementwise &&
-                          p.vec_v != kRowsElementwise && p.vec_dout != kRowsElementwise);
+                      p.vec_q && p.vec_k && p.vec_v && p.vec_dout);
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;

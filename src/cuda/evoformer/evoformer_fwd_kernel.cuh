@@ -119,15 +119,14 @@ __device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const f
 }
 
 // The forward's epilogue: O (this thread's two rows, divided by their sums) and the rows' lse.
-// dim: the D of the rows written (p.dim, or written_dim's constant on the exact warpgroup tiles);
-// shift: 1 when o_acc's column c + 1 holds element c (V read in a shifted slice, SliceSource).
+// dim: the D of the rows written (p.dim, or written_dim's constant on the exact warpgroup tiles).
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDeviceParams& p,
                                                          const float (&o_acc)[kHeadDim / 8][4],
                                                          float (&row_max)[2], float (&row_sum)[2],
                                                          int64_t b, int64_t n, int64_t h,
                                                          int64_t bn, const int64_t (&my_rows)[2],
-                                                         int t, int64_t dim, int shift = 0) {
+                                                         int t, int64_t dim) {
   constexpr int kOutTiles = kHeadDim / 8;
   // The row sums are spread over the four threads of each row.
 #pragma unroll
@@ -135,14 +134,11 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
-  // A shifted accumulator is stored as rows one element before O's, of D + 1 columns, the first
-  // not written.
-  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] +
-           h * p.out_stride[3] - shift;
+  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
   // Pairs of columns as 32-bit stores (store_accumulator_row; p.out_paired: every row aligned and
   // D even, no test per row). Every lane stores (or passes on) both rows: where rows may start on
   // a 2-byte boundary the store is warp-collective.
-  const bool pairs_aligned = p.out_paired != 0 && shift == 0;
+  const bool pairs_aligned = p.out_paired != 0;
   const bool may_start_odd = rows_may_start_odd(out, p.out_stride[2]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -155,8 +151,7 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     // does not), which must give NaN, not the masked row's 0 and -inf: the tests are != 0.
     const float inv = row_sum[r] != 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
     store_accumulator_row<T, kOutTiles>(out + (inside ? row : 0) * p.out_stride[2], o_acc, r, inv,
-                                        dim + shift, t, pairs_aligned, may_start_odd, inside,
-                                        shift != 0);
+                                        dim, t, pairs_aligned, may_start_odd, inside);
     if (!inside) continue;
     if (p.lse != nullptr && t == 0) {
       const float lse = row_sum[r] != 0.0f
@@ -229,12 +224,6 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
     // the end of the previous iteration) while this one's are waited for.
     const int buf = stream_tile<kStages>(
         tile, tiles, [&](int to, int64_t next) { copy_key_tile_to(to, next * Tile::kBlockN); });
-    // A shifted slice's column before its rows, in Q and K (V's only reaches O's column 0).
-    if (tile == 0) {
-      zero_shifted_column<T, Tile::kBlockM, kTileDim, kPitch, Tile::kThreads>(smem.q, q_src.shift);
-    }
-    zero_shifted_column<T, Tile::kBlockN, kTileDim, kPitch, Tile::kThreads>(smem.k[buf],
-                                                                            k_src.shift);
     __syncthreads();
     if (tile == 0) {
       // Q stays in registers as A fragments for the whole key loop.
@@ -279,8 +268,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
-  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t, p.dim,
-                                        v_src.shift);
+  evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t, p.dim);
 }
 
 }  // namespace sciattn::cuda

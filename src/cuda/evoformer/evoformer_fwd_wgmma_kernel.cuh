@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     }
   };
 
-  const SliceSource q_src = slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h);
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(q_tile, q_src, row0, p);
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
+      q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), row0, p);
   load_key_tile(0, 0);
   cp_async_commit();
 
@@ -95,14 +95,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
 
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buf = static_cast<int>(tile & 1);
-    next_stage(tile, tiles, buf, load_key_tile, [&](int arrived) {
-      store_bias1(arrived);
-      // A shifted slice's column before its rows (K, V, and at the first step Q).
-      keys.zero_shifted_columns(arrived);
-      if constexpr (BiasTypes::kAnyDim) {
-        if (tile == 0 && q_src.shift != 0) zero_first_column_swizzled<kHeadDim>(q_tile);
-      }
-    });
+    next_stage(tile, tiles, buf, load_key_tile, store_bias1);
     // S = Q K^T runs while the tile's biases are read.
     float dot[8][4];
     wgmma_tile_nt_issue<T, kHeadDim>(dot, q_tile, keys.k_tile(buf));
@@ -116,8 +109,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   }
 
   evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t,
-                                        written_dim<kHeadDim, BiasTypes>(p),
-                                        BiasTypes::kAnyDim ? q_src.shift : 0);
+                                        written_dim<kHeadDim, BiasTypes>(p));
 #else
   __trap();  // not in this architecture's image: never launched here
 #endif

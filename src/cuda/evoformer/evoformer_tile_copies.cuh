@@ -49,8 +49,7 @@ __device__ __forceinline__ void load_row_stats(float* lse, float* delta,
 }
 
 // Rows [row0, row0 + 64) of two slices of one head (K and V, or Q and dO) into their stages:
-// the lean copy when the tile is whole and both are aligned, copy_whole_slice_tile when both are
-// in whole chunks, load_tile otherwise.
+// the lean copy when the tile is whole and both are aligned, load_tile otherwise.
 template <typename T, int kTileDim, int kPitch, int kThreads>
 __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams& p, bool whole,
                                                      const SliceSource& a_src, T* a_dst,
@@ -60,7 +59,7 @@ __device__ __forceinline__ void copy_slice_pair_tile(const EvoformerDeviceParams
   if (whole && p.lean_tiles) {
     copy_slice_tile_lean<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0);
     copy_slice_tile_lean<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0);
-  } else if (whole && a_src.vec == kRowsInChunks && b_src.vec == kRowsInChunks) {
+  } else if (whole && a_src.vec && b_src.vec) {
     copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(a_dst, a_src, row0, p.load_dim);
     copy_whole_slice_tile<T, kRows, kTileDim, kPitch, kThreads>(b_dst, b_src, row0, p.load_dim);
   } else {

@@ -68,9 +68,8 @@ constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
 // Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
 // or past L are zero-filled. kCols (the kernel's, TileCols): kExact, 16-byte aligned rows of
-// exactly kHeadDim elements; kPadded, rows of p.load_dim elements in whole chunks (or in 4-byte
-// pieces: src.vec kRowsInPieces), the chunks past them zero-filled. `thread`: as
-// copy_tile_swizzled's.
+// exactly kHeadDim elements; kPadded, aligned rows of p.load_dim elements in whole chunks, the
+// chunks past them zero-filled. `thread`: as copy_tile_swizzled's.
 template <typename T, int kHeadDim, TileCols kCols = TileCols::kExact>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
                                                     int64_t row0, const EvoformerDeviceParams& p,
@@ -79,8 +78,7 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
   if constexpr (kCols == TileCols::kPadded) {
     copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
-                                       static_cast<int>(2 * slice_columns(src, p.load_dim)),
-                                       rows_in_pieces(src.vec));
+                                       static_cast<int>(2 * p.load_dim));
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -88,9 +86,8 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
 
 // The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
 // (16-bit, the host's wgmma_tiles) into the swizzled tile layout: tile t is rows [64 t, 64 t + 64).
-// kPadded (TileCols::kPadded): rows of p.load_dim elements (in whole chunks, or in 4-byte pieces
-// where src.vec is kRowsInPieces), this thread's chunk zero-filled past them (its reads then
-// start at the row's first chunk and read nothing).
+// kPadded (TileCols::kPadded): rows of p.load_dim elements, this thread's chunk zero-filled when
+// it lies past them (its reads then start at the row's first chunk and read nothing).
 template <int kHeadDim, bool kPadded = false>
 struct SliceTileStream {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
@@ -109,10 +106,9 @@ struct SliceTileStream {
                                               const EvoformerDeviceParams& p) {
     static_assert(kPadded, "rows of the head dim: of(src)");
     const int c = static_cast<int>(threadIdx.x) % kChunks;
-    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * slice_columns(src, p.load_dim)),
-                                         rows_in_pieces(src.vec));
+    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * p.load_dim));
     Stream stream = of(src);
-    if (!chunk_reads(bytes)) stream.src -= c * 16;
+    if (bytes == 0) stream.src -= c * 16;
     stream.bytes = bytes;
     return stream;
   }
@@ -304,17 +300,6 @@ struct EvoformerKeyTileLoader {
   }
   __device__ __forceinline__ unsigned char* bias1_stage(int buf) const {
     return bias1_stages + buf * bias1_stage_bytes;
-  }
-
-  // Zeroes the column before the rows of buffer buf's K and V tiles where the slices are shifted
-  // (SliceSource; after this thread's wait for them, before the barrier).
-  __device__ __forceinline__ void zero_shifted_columns(int buf) const {
-    if constexpr (kCols == TileCols::kPadded) {
-      if (k_src.shift != 0) {
-        zero_first_column_swizzled<kHeadDim>(k_tile(buf));
-        zero_first_column_swizzled<kHeadDim>(v_tile(buf));
-      }
-    }
   }
 
   // Starts key tile `tile`'s copies into buffer `buf`.

@@ -341,28 +341,6 @@ std::vector<EvoConfig> cases() {
   // and by the head dim 8 kernels: D 5.
   add({1, 2, 130, 2, 33}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
   add({1, 2, 70, 2, 5}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
-  // Even head dims that are not multiples of 8, read in place in 4-byte pieces (kRowsInPieces):
-  // PaddedDimTypes at each head dim (D 20 and 116 from rows with poisoned columns past D, D 58
-  // with partial tiles), and the mma.sync kernels at head dims 8 and 16 (the D 20 and 100 cases
-  // above take them with their fp32 and boolean biases).
-  add({1, 2, 130, 2, 20}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
-      Layout::kWideRows);
-  add({1, 2, 77, 2, 58}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
-  add({1, 1, 70, 2, 116}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kWideRows);
-  add({1, 2, 70, 2, 12}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
-  add({1, 2, 33, 2, 6}, DType::kBF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kWideRows);
-  // Odd head dims with an even row stride (H 2), read in place in shifted slices (kRowsShifted):
-  // the odd heads' slices start one element before their rows, on the previous head's last
-  // column, which wide rows poison with NaN (so a column not zeroed shows). PaddedDimTypes at
-  // each head dim (D 33 and 127 on wide rows, D 63 with partial tiles), the mma.sync kernels at
-  // head dims 8, 16 and 32 (fp32 and boolean biases).
-  add({1, 3, 130, 2, 33}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
-      Layout::kWideRows);
-  add({1, 2, 77, 2, 63}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
-  add({1, 1, 70, 2, 127}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kWideRows);
-  add({1, 2, 70, 2, 15}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kWideRows);
-  add({1, 2, 33, 2, 7}, DType::kBF16, Bias1Kind::kBool, Bias2Kind::kF32, Layout::kWideRows);
-  add({1, 2, 77, 2, 31}, DType::kF16, Bias1Kind::kF32, Bias2Kind::kF32, Layout::kWideRows);
   return out;
 }
 
