@@ -51,14 +51,8 @@ void load_slice(const TensorView& t, int64_t b, int64_t n, int64_t h, const Evof
   }
 }
 
-// dst [D, L] = transpose of src [L, D].
-void transpose(const float* src, int64_t len, int64_t dim, float* dst) {
-  for (int64_t i = 0; i < len; ++i)
-    for (int64_t d = 0; d < dim; ++d) dst[d * len + i] = src[i * dim + d];
-}
-
 // dst [cols, rows] (rows ld_dst apart) = transpose of the [rows, cols] block of src (rows ld_src
-// apart).
+// apart): a slice's [L, D] rows into [D, L], or a tile's P or dS into keys x queries.
 SCIATTN_CPU_INLINE void transpose_block(const float* src, int64_t rows, int64_t cols,
                                         int64_t ld_src, float* dst, int64_t ld_dst) {
   for (int64_t r = 0; r < rows; ++r)
@@ -153,7 +147,7 @@ SCIATTN_CPU_CLONES void forward_task(const EvoformerForwardParams& p, const Evof
 
   // K^T through V's buffer, then V itself.
   load_slice(p.k, b, n, h, s, 1.0f, v);
-  transpose(v, s.len, s.dim, k_t);
+  transpose_block(v, s.len, s.dim, s.dim, k_t, s.len);
   load_slice(p.v, b, n, h, s, 1.0f, v);
   const float* bias1 = load_bias1(p.bias1, b, n, s, w.at<float>(scratch, plan.bias1));
 
@@ -323,9 +317,9 @@ SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const E
 
   load_slice(p.q, b, n, h, s, scale, q);
   load_slice(p.k, b, n, h, s, 1.0f, k);
-  transpose(k, s.len, s.dim, k_t);
+  transpose_block(k, s.len, s.dim, s.dim, k_t, s.len);
   load_slice(p.v, b, n, h, s, 1.0f, dq_acc);  // V rows pass through dq_acc on their way to V^T
-  transpose(dq_acc, s.len, s.dim, v_t);
+  transpose_block(dq_acc, s.len, s.dim, s.dim, v_t, s.len);
   std::fill(dq_acc, dq_acc + s.len * s.dim, 0.0f);
   load_slice(p.dout, b, n, h, s, 1.0f, dout);
   const float* bias1 = load_bias1(p.bias1, b, n, s, w.at<float>(scratch, plan.bias1));
