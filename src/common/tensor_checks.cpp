@@ -142,18 +142,23 @@ Status check_non_overlapping(const TensorView& t, const char* name) {
   return Status::ok_status();
 }
 
-ByteExtent byte_extent(const TensorView& t) {
-  int64_t lo = 0, hi = 0;
+ElementExtent element_extent(const TensorView& t) {
+  ElementExtent e;
   for (int d = 0; d < t.rank; ++d) {
     const int64_t reach = (t.sizes[d] - 1) * t.strides[d];
     if (reach < 0)
-      lo += reach;
+      e.lo += reach;
     else
-      hi += reach;
+      e.hi += reach;
   }
+  return e;
+}
+
+ByteExtent byte_extent(const TensorView& t) {
+  const ElementExtent e = element_extent(t);
   const int64_t es = static_cast<int64_t>(dtype_size(t.dtype));
   const intptr_t base = reinterpret_cast<intptr_t>(t.data);
-  return {base + static_cast<intptr_t>(lo * es), base + static_cast<intptr_t>((hi + 1) * es)};
+  return {base + static_cast<intptr_t>(e.lo * es), base + static_cast<intptr_t>((e.hi + 1) * es)};
 }
 
 Status check_disjoint(const TensorView& out, const char* out_name, const TensorView& other,

@@ -33,6 +33,15 @@ Status check_tensor(const TensorView& t, const char* name, const char* symbolic,
 // Outputs must not have two elements at one address (else threads would race on it).
 Status check_non_overlapping(const TensorView& t, const char* name);
 
+// The element offsets from t.data of the lowest and highest elements a view that already passed
+// check_tensor reaches (any strides: the lowest is at or below 0): every element offset between
+// them lies inside the memory that holds the view.
+struct ElementExtent {
+  int64_t lo = 0;
+  int64_t hi = 0;
+};
+ElementExtent element_extent(const TensorView& t);
+
 // The byte range touched by a view that already passed check_tensor.
 ByteExtent byte_extent(const TensorView& t);
 

@@ -325,6 +325,39 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   EXPECT_EQ(cuda::forward_workspace(views(s, DType::kF32).f, s.evo()).layout.total_bytes(), 0u);
 }
 
+// bias2_reach: the lowest and highest element offsets the kernels may read bias2 at, which let
+// the CTAs of the last query rows read rows past L of a (b, h) slice that still lie inside bias2
+// (the next slice's). A wrong upper end would read past the tensor on the GPU.
+TEST(EvoformerDeviceParams, Bias2ReachIsTheViewsWholeExtent) {
+  const Shape s{2, 2, 296, 3, 32};  // 592-byte rows: bias2 read in place
+  Views v = views(s, DType::kBF16);
+  cuda::EvoformerDeviceParams f = forward(v, s);
+  EXPECT_EQ(f.bias2, v.f.bias2.data);
+  EXPECT_EQ(f.bias2_reach[0], 0);
+  EXPECT_EQ(f.bias2_reach[1], 2 * 3 * 296 * 296 - 1);
+  EXPECT_EQ(backward(v, s).bias2_reach[1], 2 * 3 * 296 * 296 - 1);
+  // Broadcast over the batch (stride 0) and the heads in reverse (a negative stride): the reach
+  // spans heads 2 .. 0 below the first element.
+  v.f.bias2.strides[0] = 0;
+  v.f.bias2.strides[2] = -296 * 296;
+  f = forward(v, s);
+  EXPECT_EQ(f.bias2_reach[0], -2 * 296 * 296);
+  EXPECT_EQ(f.bias2_reach[1], 296 * 296 - 1);
+  // No bias2: nothing to reach.
+  v.f.bias2 = TensorView{};
+  f = forward(v, s);
+  EXPECT_EQ(f.bias2_reach[0], 0);
+  EXPECT_EQ(f.bias2_reach[1], 0);
+  // A padded copy: its whole region, [B, H, L, padded row].
+  const Shape odd{2, 2, 300, 3, 32};
+  const Views u = views(odd, DType::kBF16);
+  const cuda::EvoformerDeviceParams g = forward(u, odd);
+  EXPECT_EQ(g.bias2_stride[2], 304);
+  EXPECT_EQ(g.bias2_reach[0], 0);
+  EXPECT_EQ(g.bias2_reach[1], 2 * 3 * 300 * 304 - 1);
+  EXPECT_EQ(backward(u, odd).bias2_reach[1], 2 * 3 * 300 * 304 - 1);
+}
+
 // Q, K, V and dO of 16-bit inputs whose rows are not whole aligned 16-byte chunks (D not a
 // multiple of 8, or a tensor off a 16-byte boundary) are copied into the workspace as packed
 // rows of D rounded up to 8, zeros past D; the kernels read those copies (load_dim columns,

@@ -76,9 +76,9 @@ bool same_bytes(const HostTensor& a, const HostTensor& b) {
 
 // The whole check of one case: GPU vs fp64 oracle with the CPU reference as lowp_ref, and the
 // GPU run twice giving identical bytes.
-void check_case(const EvoConfig& cfg) {
+void check_inputs(const EvoInputs& in) {
+  const EvoConfig& cfg = in.cfg;
   SCOPED_TRACE(cfg.str());
-  const EvoInputs in = make_inputs(cfg);
   const bool want_dbias1 = in.bias1.present() && in.bias1.dtype() != DType::kBool;
   const bool want_dbias2 = in.bias2.present();
   const NaiveProblem naive = to_naive(in);
@@ -115,6 +115,10 @@ void check_case(const EvoConfig& cfg) {
   EXPECT_TRUE(same_bytes(gpu.dv, again.dv)) << "dv differs between two runs";
   EXPECT_TRUE(same_bytes(gpu.dbias1, again.dbias1)) << "dbias1 differs between two runs";
   EXPECT_TRUE(same_bytes(gpu.dbias2, again.dbias2)) << "dbias2 differs between two runs";
+}
+
+void check_case(const EvoConfig& cfg) {
+  check_inputs(make_inputs(cfg));
 }
 
 // The CPU suites' cases in every dtype (f16 and bf16 on tensor cores, f32 on the CUDA cores).
@@ -244,6 +248,31 @@ TEST(EvoformerCudaEdges, FullyMaskedRowsGiveZeroNotNaN) {
     c.mask_false_fraction = 0.97;
     c.seed = kBaseSeed + 70002;
     check_case(c);
+  }
+}
+
+// The CTAs of the last query rows read bias2's rows past L where they still lie inside the
+// tensor's memory (EvoformerDeviceParams::bias2_reach): here the first L rows of rows of L + 64
+// per head, the 64 past L NaN-poisoned. What they hold reaches only score rows past L, which are
+// never written: outputs and gradients match the reference with no NaN. L = 200 (rows read in
+// place, the last query tile 8 rows inside L) at head dims 32 and 64, every 16-bit bias1.
+TEST(EvoformerCudaEdges, Bias2RowsPastLNeverReachTheOutputs) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = kBaseSeed + 70100;
+  for (int64_t D : {32, 64}) {
+    for (Bias1Kind b1 : {Bias1Kind::kNone, Bias1Kind::kSameAsQ, Bias1Kind::kBool}) {
+      EvoConfig c;
+      c.shape = {1, 2, 200, 3, D};
+      c.dtype = D == 32 ? DType::kBF16 : DType::kF16;
+      c.bias1 = b1;
+      c.bias2 = Bias2Kind::kSameAsQ;
+      c.seed = seed++;
+      EvoInputs in = make_inputs(c);
+      HostTensor rows = HostTensor::padded(c.dtype, in.bias2.sizes(), {0, 0, 0, 64, 0}, 0);
+      for (int64_t i = 0; i < rows.numel(); ++i) rows.set(i, in.bias2.get(i));
+      in.bias2 = rows;
+      check_inputs(in);
+    }
   }
 }
 

@@ -250,6 +250,21 @@ __device__ __forceinline__ uint32_t neutral_bias_bits(BiasType type) {
   return type == BiasType::kBool ? 1u : 0u;
 }
 
+// The bits of a bias element that masks its key (-inf, or a masked mask entry): what the forward
+// puts in bias1's row for keys past L, so that those keys need no masking of their own.
+__device__ __forceinline__ uint32_t masking_bias_bits(BiasType type) {
+  switch (type) {
+    case BiasType::kF32:
+      return 0xff800000u;
+    case BiasType::kF16:
+      return 0xfc00u;
+    case BiasType::kBF16:
+      return 0xff80u;
+    default:
+      return 0u;  // kBool: 0 masks
+  }
+}
+
 // A bias element as it enters the score.
 __device__ __forceinline__ float load_bias(const void* base, BiasType type, int64_t offset) {
   return bias_from_bits(load_bias_bits(base, type, offset), type);

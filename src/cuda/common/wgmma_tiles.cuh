@@ -198,29 +198,38 @@ struct ChunkStream {
   }
 
   // copy_next for a tile some of whose chunks lie outside the tensor (a partial last tile, rows
-  // past L): bit i of `inside` says whether copy i reads its chunk; the others are zero-filled
-  // and read nothing (their address is `fallback`, a chunk inside the tensor).
-  __device__ __forceinline__ void copy_next_masked(uint32_t tile, uint32_t inside,
+  // past L): copy i reads its chunk where in(i) holds (`in`: a callable of the copy's index, whose
+  // tests the compiler keeps as predicates, or ChunkBits); the others are zero-filled and read
+  // nothing (their address is `fallback`, a chunk inside the tensor).
+  template <typename In>
+  __device__ __forceinline__ void copy_next_masked(uint32_t tile, const In& in,
                                                    const char* fallback) {
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      const bool in = (inside >> i) & 1u;
-      const int read = kSourceBytes ? bytes : 16;
-      cp_async_16_to(tile + dst + i * kDstStep, in ? src + i * step : fallback, in ? read : 0);
+      const bool read = in(i);
+      const int size = kSourceBytes ? bytes : 16;
+      cp_async_16_to(tile + dst + i * kDstStep, read ? src + i * step : fallback, read ? size : 0);
     }
     src += advance;
   }
   // The same for tile t (copy's).
-  __device__ __forceinline__ void copy_masked(uint32_t tile, int64_t t, uint32_t inside,
+  template <typename In>
+  __device__ __forceinline__ void copy_masked(uint32_t tile, int64_t t, const In& in,
                                               const char* fallback) const {
     const char* const from = src + t * advance;
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      const bool in = (inside >> i) & 1u;
-      const int read = kSourceBytes ? bytes : 16;
-      cp_async_16_to(tile + dst + i * kDstStep, in ? from + i * step : fallback, in ? read : 0);
+      const bool read = in(i);
+      const int size = kSourceBytes ? bytes : 16;
+      cp_async_16_to(tile + dst + i * kDstStep, read ? from + i * step : fallback, read ? size : 0);
     }
   }
+};
+
+// A ChunkStream mask as bits: copy i reads its chunk where bit i is set.
+struct ChunkBits {
+  uint32_t bits;
+  __device__ __forceinline__ bool operator()(int i) const { return (bits >> i) & 1u; }
 };
 
 // The compiler sees a wgmma's accumulators written when the instruction is issued; this empty

@@ -40,6 +40,11 @@ struct EvoformerDeviceParams {
   // Columns of each bias row that may be read: L, or a padded copy's whole row (its columns past L
   // are zeros, as the copies' zero-fill would give), so that its last tile ends on a 16-byte chunk.
   int64_t bias1_cols, bias2_cols;
+  // bias2's lowest and highest element offsets from p.bias2 (common/tensor_checks.h's
+  // element_extent; a padded copy: its whole region): a CTA of the last query rows may read rows
+  // past L of its (b, h) slice where they still lie between the two (the next slice's rows; what
+  // they hold only reaches score rows past L, which are never written).
+  int64_t bias2_reach[2];
 
   float* lse;  // [B*N, H, L] strides over (B*N, H, L)
   int64_t lse_stride[3];

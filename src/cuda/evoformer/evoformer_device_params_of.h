@@ -10,6 +10,7 @@
 
 #include "common/evoformer_checks.h"
 #include "common/evoformer_cuda_plan.h"
+#include "common/tensor_checks.h"
 #include "cuda/common/bias_type_of.h"
 #include "cuda/common/probability_shift.h"
 #include "cuda/evoformer/evoformer_device_params.h"
@@ -20,6 +21,14 @@ namespace sciattn::cuda::evoformer_params {
 inline void copy_strides(const TensorView& t, int64_t* dst, std::initializer_list<int> dims) {
   int i = 0;
   for (int d : dims) dst[i++] = t.present() ? t.strides[d] : 0;
+}
+
+// bias2_reach of `bias2` as the call passes it (both 0 when absent).
+inline void set_bias2_reach(EvoformerDeviceParams& p, const TensorView& bias2) {
+  const detail::ElementExtent e =
+      bias2.present() ? detail::element_extent(bias2) : detail::ElementExtent{};
+  p.bias2_reach[0] = e.lo;
+  p.bias2_reach[1] = e.hi;
 }
 
 // [B, N, L, H, D] -> strides over (B, N, L, H).
@@ -183,6 +192,8 @@ inline void use_bias_copies(EvoformerDeviceParams& p, const detail::CudaInputCop
     p.bias2_pairs = 1;
     p.bias2_staged = 1;
     p.bias2_lean = c.bias2_row <= (int64_t{1} << 31) / 128 / c.bias2_bytes - 1;
+    p.bias2_reach[0] = 0;
+    p.bias2_reach[1] = p.batch * p.heads * p.len * c.bias2_row - 1;
   }
 }
 
@@ -257,6 +268,7 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.bias2_staged = bias_staged(bias2);
   p.bias2_lean = p.bias2_staged && tile_offsets_fit_32_bits(bias2, 3);
   p.bias1_cols = p.bias2_cols = s.len;
+  set_bias2_reach(p, bias2);
   p.lse = static_cast<float*>(lse.data);
   copy_strides(lse, p.lse_stride, {0, 1, 2});
   p.dbias2_chunks = 1;

@@ -49,10 +49,13 @@ constexpr int kEvoformerFwdMinCtas = kHeadDim <= 32 ? 4 : 0;
 // return s holds P = exp2(s + dot * scale_log2 - running max - prob_shift) (prob_shift: bf16's
 // guard against an fp32 overflow of O, cuda/common/probability_shift.h), keys past L (the last
 // tile only) give 0, and the running max, the running sum and O are rescaled to the new max.
+// `past_len_biased`: the biases in s already hold -inf for keys past L (the wgmma forward's bias1
+// row), so the tile masks nothing itself.
 template <int kOutTiles>
 __device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const float (&dot)[8][4],
                                                        float scale_log2, float prob_shift,
-                                                       int64_t col0, int64_t len, int t,
+                                                       int64_t col0, int64_t len,
+                                                       bool past_len_biased, int t,
                                                        float (&row_max)[2], float (&row_sum)[2],
                                                        float (&o_acc)[kOutTiles][4]) {
   constexpr int kScoreTiles = 8;
@@ -63,7 +66,7 @@ __device__ __forceinline__ void evoformer_softmax_tile(float (&s)[8][4], const f
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[j][e] = fmaf(dot[j][e], scale_log2, s[j][e]);
   // Keys past L exist only in the last tile (checked once per tile, not per element).
-  if (col0 + 64 > len) {
+  if (!past_len_biased && col0 + 64 > len) {
     const int cols_left = static_cast<int>(len - col0);
 #pragma unroll
     for (int j = 0; j < kScoreTiles; ++j)
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(EvoformerFwdTile::kThreads, kEvoformerFwdMinCt
       }
     }
 
-    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, p.prob_shift_log2, col0, p.len, t,
+    evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, p.prob_shift_log2, col0, p.len, false, t,
                                       row_max, row_sum, o_acc);
 
     // O += P V. The accumulators of two adjacent n8 score tiles are exactly an A fragment.

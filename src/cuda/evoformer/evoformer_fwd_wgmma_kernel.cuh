@@ -6,7 +6,8 @@
 // shared tiles, and O
 // += P V as four m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16 with
 // ldmatrix fragment loads. Any L: the tiles' rows past L are zero-filled, and the last key tile's
-// keys past L are masked as in the mma.sync kernel. Biases: bias2 through its stages; bias1, one
+// keys past L are masked by -inf in bias1's row where there is a bias1, else as in the mma.sync
+// kernel. Biases: bias2 through its stages; bias1, one
 // value per key, into registers with the tile's copies and, converted to log2 units, into a
 // 64-float row per buffer, so that a step reads its keys' bias1 with no conversion. Each BiasTypes
 // (evoformer_bias_types.cuh) is an instantiation. CUDA layer.
@@ -59,6 +60,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   // bias1 of the key tile's 64 keys in log2 units (buffer buf at bias1_log2 + 64 buf, after
   // bias2's stages): thread x < 64 loads key x's bits with the tile's copies, a step ahead, and
   // stores the converted value between that step's wait and its barrier (next_stage's `arrived`).
+  // Keys past L get -inf there, which masks them in the last tile with no test per score.
   const bool has_bias1 = types.bias1 != BiasType::kNone;
   const bool loads_bias1 = has_bias1 && threadIdx.x < kWgmmaRows;
   float* const bias1_log2 = reinterpret_cast<float*>(keys.bias1_stages);
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     if (loads_bias1) {
       bias1_bits = tile * kWgmmaRows + threadIdx.x < p.len
                        ? load_bias_bits(p.bias1, types.bias1, bias1_at)
-                       : neutral_bias_bits(types.bias1);
+                       : masking_bias_bits(types.bias1);
       bias1_at += bias1_advance;
     }
   };
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
                     warp * 16, lane);
     wgmma_tile_done<0>(dot);
     evoformer_softmax_tile<kOutTiles>(s, dot, scale_log2, p.prob_shift_log2, tile * kWgmmaRows,
-                                      p.len, t, row_max, row_sum, o_acc);
+                                      p.len, has_bias1, t, row_max, row_sum, o_acc);
     wgmma_acc_tile<T, kHeadDim>(o_acc, s, keys.v_tile(buf));  // O += P V
   }
 

@@ -145,8 +145,9 @@ __device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, in
 // The copies of key tiles in the forward and dQ wgmma kernels (K and V rows [64 t, 64 t + 64), and
 // the 16-bit staged biases' columns of them), this thread's addresses worked out once per CTA.
 // `usable`: each bias absent, or 16-bit, staged and, bias2, lean; then whole key tiles take them,
-// unmasked where the CTA's 64 query rows (bias2's rows) are inside L, with the chunks of rows past
-// L zero-filled (copy_next_masked) in the CTA of the last query rows. `last_usable`: the partial
+// unmasked where the CTA's 64 query rows (bias2's rows) are inside L or their rows past L still
+// lie inside bias2 (EvoformerKeyTileLoader::rows_streamed), else with the chunks of rows past L
+// zero-filled (copy_next_masked) in the CTA of the last query rows. `last_usable`: the partial
 // last key tile takes them too, masked, because every bias's rows end on a whole chunk (so a chunk
 // is either inside a row or past it). Other tiles take the generic copies (copy_slice_swizzled,
 // copy_key_tile_biases). kStageBias1 = false: bias1 is not copied (the forward reads it into
@@ -204,52 +205,69 @@ struct EvoformerKeyTileStreams {
     if (has_bias1 && threadIdx.x < 8) bias1.copy_next(bias1_stage);
   }
 
-  // Which of this thread's copies of the key tile at col0 read a chunk inside the tensors (a key
-  // row below L; a bias2 row below L and, like a bias1 chunk, inside its bias's rows), for a CTA
-  // whose query rows start at row0.
+  // Which of this thread's copies of the key tile at col0 read a chunk inside the tensors, for a
+  // CTA whose query rows start at row0: the tile's key rows below L and the CTA's query rows
+  // (bias2's rows) below L, each at most 64, and whether this thread's bias chunks lie inside their
+  // bias's rows. Counts in 32 bits, each copy's test made where it is used (copy_next_masked).
   struct Inside {
-    uint32_t kv, bias2, bias1;
+    int keys, rows;
+    bool bias2_chunk, bias1_chunk;
   };
   __device__ __forceinline__ static Inside inside(const EvoformerDeviceParams& p, int64_t row0,
                                                   int64_t col0) {
-    using Slice = SliceTileStream<kHeadDim, kPadded>;
     const int x = static_cast<int>(threadIdx.x);
-    const int64_t keys_inside = p.len - col0, rows_inside = p.len - row0;
-    Inside in{0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < kWgmmaRows / Slice::kRowStep; ++i) {
-      if (x / Slice::kChunks + i * Slice::kRowStep < keys_inside) in.kv |= 1u << i;
-    }
-    const bool bias2_chunk = col0 + 8 * (x % 8) + 8 <= p.bias2_cols;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (bias2_chunk && x / 8 + 16 * i < rows_inside) in.bias2 |= 1u << i;
-    }
-    in.bias1 = col0 + 8 * x + 8 <= p.bias1_cols ? 1u : 0u;
-    return in;
+    const int64_t keys = p.len - col0, rows = p.len - row0;
+    return {keys < kWgmmaRows ? static_cast<int>(keys) : kWgmmaRows,
+            rows < kWgmmaRows ? static_cast<int>(rows) : kWgmmaRows,
+            col0 + 8 * (x % 8) + 8 <= p.bias2_cols, col0 + 8 * x + 8 <= p.bias1_cols};
   }
 
   // copy_next for a key tile with chunks outside the tensors (`in`, from inside()); those read
-  // nothing and are zero-filled (their addresses are the tile's first chunks: `k0`, `v0`,
-  // `bias2_0`, `bias1_0`).
+  // nothing and are zero-filled (their addresses are the tensors' first chunks: p.k, p.v,
+  // p.bias2, p.bias1, whose buffers the streams' copies need 16-byte aligned).
   __device__ __forceinline__ void copy_next_masked(uint32_t k_tile, uint32_t v_tile,
                                                    uint32_t bias2_stage, uint32_t bias1_stage,
-                                                   const Inside& in, const char* k0, const char* v0,
-                                                   const char* bias2_0, const char* bias1_0) {
-    k.copy_next_masked(k_tile, in.kv, k0);
-    v.copy_next_masked(v_tile, in.kv, v0);
-    if (has_bias2) bias2.copy_next_masked(bias2_stage, in.bias2, bias2_0);
-    if (has_bias1 && threadIdx.x < 8) bias1.copy_next_masked(bias1_stage, in.bias1, bias1_0);
+                                                   const Inside& in,
+                                                   const EvoformerDeviceParams& p) {
+    k.copy_next_masked(k_tile, key_rows(in), static_cast<const char*>(p.k));
+    v.copy_next_masked(v_tile, key_rows(in), static_cast<const char*>(p.v));
+    if (has_bias2) bias2.copy_next_masked(bias2_stage, bias2_cells(in), bias2_fallback(p));
+    if (has_bias1 && threadIdx.x < 8) {
+      bias1.copy_next_masked(bias1_stage, bias1_cells(in), static_cast<const char*>(p.bias1));
+    }
   }
   // The same for tile t (copy's).
   __device__ __forceinline__ void copy_masked(int64_t t, uint32_t k_tile, uint32_t v_tile,
                                               uint32_t bias2_stage, uint32_t bias1_stage,
-                                              const Inside& in, const char* k0, const char* v0,
-                                              const char* bias2_0, const char* bias1_0) const {
-    k.copy_masked(k_tile, t, in.kv, k0);
-    v.copy_masked(v_tile, t, in.kv, v0);
-    if (has_bias2) bias2.copy_masked(bias2_stage, t, in.bias2, bias2_0);
-    if (has_bias1 && threadIdx.x < 8) bias1.copy_masked(bias1_stage, t, in.bias1, bias1_0);
+                                              const Inside& in,
+                                              const EvoformerDeviceParams& p) const {
+    k.copy_masked(k_tile, t, key_rows(in), static_cast<const char*>(p.k));
+    v.copy_masked(v_tile, t, key_rows(in), static_cast<const char*>(p.v));
+    if (has_bias2) bias2.copy_masked(bias2_stage, t, bias2_cells(in), bias2_fallback(p));
+    if (has_bias1 && threadIdx.x < 8) {
+      bias1.copy_masked(bias1_stage, t, bias1_cells(in), static_cast<const char*>(p.bias1));
+    }
+  }
+
+ private:
+  // The copies' tests: K and V copy i holds row x / kChunks + i kRowStep of the tile; bias2 copy i
+  // row x / 8 + 16 i of the CTA's query rows (chunk x % 8); bias1's one copy chunk x.
+  __device__ __forceinline__ static auto key_rows(const Inside& in) {
+    using Slice = SliceTileStream<kHeadDim, kPadded>;
+    return [row = static_cast<int>(threadIdx.x) / Slice::kChunks, keys = in.keys](int i) {
+      return row + i * Slice::kRowStep < keys;
+    };
+  }
+  __device__ __forceinline__ static auto bias2_cells(const Inside& in) {
+    return [row = static_cast<int>(threadIdx.x) / 8, in](int i) {
+      return in.bias2_chunk && row + 16 * i < in.rows;
+    };
+  }
+  __device__ __forceinline__ static auto bias1_cells(const Inside& in) {
+    return [chunk = in.bias1_chunk](int) { return chunk; };
+  }
+  __device__ __forceinline__ static const char* bias2_fallback(const EvoformerDeviceParams& p) {
+    return static_cast<const char*>(p.bias2);
   }
 };
 
@@ -268,6 +286,10 @@ struct EvoformerKeyTileLoader {
   int bias2_stage_bytes, bias1_stage_bytes;
   int64_t b, n, h, row0;
   EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols == TileCols::kPadded> streams;
+  // Whole key tiles take the unmasked stream copies: the CTA's 64 query rows lie inside L, or
+  // there is no bias2, or bias2's rows past L of this slice still lie inside its memory
+  // (p.bias2_reach: the next slice's rows, whose values reach only score rows past L).
+  bool rows_streamed;
 
   // The bias stages start at `bias_stages` (bias2's two, then bias1's two where kStageBias1).
   __device__ __forceinline__ EvoformerKeyTileLoader(const EvoformerDeviceParams& p, int64_t b_,
@@ -287,7 +309,9 @@ struct EvoformerKeyTileLoader {
         n(n_),
         h(h_),
         row0(row0_),
-        streams(p, k_src, v_src, b_, n_, h_, row0_, bias1_type, bias2_type) {}
+        streams(p, k_src, v_src, b_, n_, h_, row0_, bias1_type, bias2_type) {
+    rows_streamed = row0 + kWgmmaRows <= p.len || !streams.has_bias2 || bias2_rows_reachable(p);
+  }
 
   __device__ __forceinline__ uint32_t k_tile(int buf) const {
     return k_tiles + buf * Smem::kTileBytes;
@@ -307,14 +331,12 @@ struct EvoformerKeyTileLoader {
                                        int buf) const {
     const int64_t col0 = tile * kWgmmaRows;
     const bool whole = col0 + kWgmmaRows <= p.len;
-    if (streams.usable && whole && row0 + kWgmmaRows <= p.len) {
+    if (streams.usable && whole && rows_streamed) {
       streams.copy(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                    shared_address(bias1_stage(buf)));
     } else if (whole ? streams.usable : streams.last_usable) {
       streams.copy_masked(tile, k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
-                          shared_address(bias1_stage(buf)), Streams::inside(p, row0, col0),
-                          first_row(k_src, col0), first_row(v_src, col0), bias2_first(p, col0),
-                          bias1_first(p, col0));
+                          shared_address(bias1_stage(buf)), Streams::inside(p, row0, col0), p);
     } else {
       load_generic(p, col0, buf);
     }
@@ -323,14 +345,12 @@ struct EvoformerKeyTileLoader {
   __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
     const int64_t col0 = tile * kWgmmaRows;
     const bool whole = col0 + kWgmmaRows <= p.len;
-    if (streams.usable && whole && row0 + kWgmmaRows <= p.len) {
+    if (streams.usable && whole && rows_streamed) {
       streams.copy_next(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
                         shared_address(bias1_stage(buf)));
     } else if (whole ? streams.usable : streams.last_usable) {
       streams.copy_next_masked(k_tile(buf), v_tile(buf), shared_address(bias2_stage(buf)),
-                               shared_address(bias1_stage(buf)), Streams::inside(p, row0, col0),
-                               first_row(k_src, col0), first_row(v_src, col0), bias2_first(p, col0),
-                               bias1_first(p, col0));
+                               shared_address(bias1_stage(buf)), Streams::inside(p, row0, col0), p);
     } else {
       load_generic(p, col0, buf);
     }
@@ -338,20 +358,12 @@ struct EvoformerKeyTileLoader {
 
  private:
   using Streams = EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols == TileCols::kPadded>;
-  // The first chunks of key tile col0's K (or V) rows and bias tiles: where a masked copy points
-  // the chunks it does not read.
-  __device__ __forceinline__ static const char* first_row(const SliceSource& src, int64_t col0) {
-    return static_cast<const char*>(src.base) + col0 * src.row_stride * 2;
-  }
-  __device__ __forceinline__ const char* bias2_first(const EvoformerDeviceParams& p,
-                                                     int64_t col0) const {
-    return static_cast<const char*>(p.bias2) +
-           (b * p.bias2_stride[0] + h * p.bias2_stride[1] + row0 * p.bias2_stride[2] + col0) * 2;
-  }
-  __device__ __forceinline__ const char* bias1_first(const EvoformerDeviceParams& p,
-                                                     int64_t col0) const {
-    return static_cast<const char*>(p.bias1) +
-           (b * p.bias1_stride[0] + n * p.bias1_stride[1] + col0) * 2;
+  // Whether every chunk of bias2's rows row0 .. row0 + 63 of this slice lies inside bias2's
+  // memory: the last row's first and last columns do (offsets are linear in the row).
+  __device__ __forceinline__ bool bias2_rows_reachable(const EvoformerDeviceParams& p) const {
+    const int64_t last =
+        b * p.bias2_stride[0] + h * p.bias2_stride[1] + (row0 + kWgmmaRows - 1) * p.bias2_stride[2];
+    return last >= p.bias2_reach[0] && last + p.bias2_cols - 1 <= p.bias2_reach[1];
   }
   __device__ __forceinline__ void load_generic(const EvoformerDeviceParams& p, int64_t col0,
                                                int buf) const {
@@ -427,8 +439,8 @@ struct EvoformerQueryTileStreams {
     for (int i = 0; i < kWgmmaRows / Slice::kRowStep; ++i) {
       if (x / Slice::kChunks + i * Slice::kRowStep < rows_inside) rows |= 1u << i;
     }
-    q.copy_masked(q_tile, t, rows, q0_row);
-    dout.copy_masked(do_tile, t, rows, do0_row);
+    q.copy_masked(q_tile, t, ChunkBits{rows}, q0_row);
+    dout.copy_masked(do_tile, t, ChunkBits{rows}, do0_row);
     if (x < kWgmmaRows) {
       if (x < rows_inside) {
         cp_async_4(lse_dst + x, lse + t * lse_advance, 4);
@@ -445,7 +457,7 @@ struct EvoformerQueryTileStreams {
       for (int i = 0; i < 4; ++i) {
         if (chunk && x / 8 + 16 * i < rows_inside) cells |= 1u << i;
       }
-      bias2.copy_masked(bias2_stage, t, cells, bias2_0);
+      bias2.copy_masked(bias2_stage, t, ChunkBits{cells}, bias2_0);
     }
   }
 };
