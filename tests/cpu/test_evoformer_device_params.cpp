@@ -296,6 +296,9 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   EXPECT_EQ(a.outer[3], 1);
   EXPECT_EQ(a.len, 300);
   EXPECT_EQ(a.row, 304);
+  // The tensor's element extent, inside which the copy reads whole aligned 16-byte blocks.
+  EXPECT_EQ(a.reach[0], 0);
+  EXPECT_EQ(a.reach[1], 2 * 300 * 300 - 1);
   const cuda::EvoformerRowCopyArgs& a1 = jobs.job[0];
   EXPECT_EQ(a1.dst, f.bias1);
   EXPECT_EQ(a1.outer[0] * a1.outer[1] * a1.outer[2] * a1.outer[3], 2);  // [B = 1, N = 2, 1, 1]

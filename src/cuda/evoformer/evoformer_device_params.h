@@ -120,13 +120,16 @@ struct EvoformerDeviceParams {
 // One padded copy (detail::CudaInputCopies): rows of `len` elements, `len_stride` apart inside a
 // row, at `src` plus the outer indices' strides (bias1: B, N; bias2: B, H, L; Q, K, V, dO: B, N,
 // L, H; unused outer dims have size 1), into packed rows of `row` elements at `dst` (a multiple of
-// 16 bytes), the elements past `len` zero.
+// 16 bytes), the elements past `len` zero. `reach`: the lowest and highest element offsets from
+// `src` of the tensor's elements (common/tensor_checks.h's element_extent): the copy reads whole
+// aligned 16-byte blocks that lie between them.
 struct EvoformerRowCopyArgs {
   const void* src;
   void* dst;
   int elem_bytes;
   int64_t outer[4], outer_stride[4];
   int64_t len, len_stride, row;
+  int64_t reach[2];
 };
 
 // The copies a launch makes before its kernels (at most both biases and Q, K, V, dO), in order:

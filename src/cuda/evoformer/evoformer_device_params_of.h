@@ -126,7 +126,11 @@ inline EvoformerRowCopyArgs row_copy_args(const TensorView& t, const int (&outer
                          {},
                          t.sizes[4],
                          t.strides[4],
-                         row};
+                         row,
+                         {}};
+  const detail::ElementExtent extent = detail::element_extent(t);
+  a.reach[0] = extent.lo;
+  a.reach[1] = extent.hi;
   for (int d = 0; d < 4; ++d) {
     a.outer[d] = outer[d] < 0 ? 1 : t.sizes[outer[d]];
     a.outer_stride[d] = outer[d] < 0 ? 0 : t.strides[outer[d]];
