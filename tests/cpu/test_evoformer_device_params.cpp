@@ -299,6 +299,16 @@ TEST(EvoformerDeviceParams, UnalignedBiasesAreReadThroughPaddedCopies) {
   // The tensor's element extent, inside which the copy reads whole aligned 16-byte blocks.
   EXPECT_EQ(a.reach[0], 0);
   EXPECT_EQ(a.reach[1], 2 * 300 * 300 - 1);
+  // The divisors that decode a chunk's index: 38 chunks of 16 bytes per row, then (B, H, L, 1).
+  EXPECT_EQ(a.row_chunks_div.divisor, 38u);
+  EXPECT_EQ(a.outer_div[0].divisor, 2u);
+  EXPECT_EQ(a.outer_div[1].divisor, 300u);
+  EXPECT_EQ(a.outer_div[2].divisor, 1u);
+  const uint32_t x = 5 * 38 + 7;  // chunk 7 of row 5 (h = 0, query row 5)
+  EXPECT_EQ(cuda::fast_divmod(x, a.row_chunks_div).remainder, 7u);
+  EXPECT_EQ(
+      cuda::fast_divmod(cuda::fast_divmod(x, a.row_chunks_div).quotient, a.outer_div[1]).remainder,
+      5u);
   const cuda::EvoformerRowCopyArgs& a1 = jobs.job[0];
   EXPECT_EQ(a1.dst, f.bias1);
   EXPECT_EQ(a1.outer[0] * a1.outer[1] * a1.outer[2] * a1.outer[3], 2);  // [B = 1, N = 2, 1, 1]

@@ -122,7 +122,9 @@ struct EvoformerDeviceParams {
 // L, H; unused outer dims have size 1), into packed rows of `row` elements at `dst` (a multiple of
 // 16 bytes), the elements past `len` zero. `reach`: the lowest and highest element offsets from
 // `src` of the tensor's elements (common/tensor_checks.h's element_extent): the copy reads whole
-// aligned 16-byte blocks that lie between them.
+// aligned 16-byte blocks that lie between them. `row_chunks_div`, `outer_div`: the divisors that
+// turn a chunk's index into its row's coordinates (16-byte chunks per row, outer[1], outer[2],
+// outer[3]), for copies whose chunks number below 2^31 (else unused).
 struct EvoformerRowCopyArgs {
   const void* src;
   void* dst;
@@ -130,6 +132,7 @@ struct EvoformerRowCopyArgs {
   int64_t outer[4], outer_stride[4];
   int64_t len, len_stride, row;
   int64_t reach[2];
+  FastDivisor row_chunks_div, outer_div[3];
 };
 
 // The copies a launch makes before its kernels (at most both biases and Q, K, V, dO), in order:

@@ -127,6 +127,8 @@ inline EvoformerRowCopyArgs row_copy_args(const TensorView& t, const int (&outer
                          t.sizes[4],
                          t.strides[4],
                          row,
+                         {},
+                         {},
                          {}};
   const detail::ElementExtent extent = detail::element_extent(t);
   a.reach[0] = extent.lo;
@@ -135,6 +137,13 @@ inline EvoformerRowCopyArgs row_copy_args(const TensorView& t, const int (&outer
     a.outer[d] = outer[d] < 0 ? 1 : t.sizes[outer[d]];
     a.outer_stride[d] = outer[d] < 0 ? 0 : t.strides[outer[d]];
   }
+  // The divisors, where each is below 2^31 (a copy of fewer than 2^31 chunks, the only kind that
+  // uses them, has all of them there).
+  const auto divisor = [](int64_t d) {
+    return make_fast_divisor(static_cast<uint32_t>(d >= 1 && d < (int64_t{1} << 31) ? d : 1));
+  };
+  a.row_chunks_div = divisor(row * bytes / 16);
+  for (int d = 0; d < 3; ++d) a.outer_div[d] = divisor(a.outer[d + 1]);
   return a;
 }
 

@@ -15,9 +15,11 @@
 #include "cuda/evoformer/evoformer_fwd_kernel.cuh"
 #include "cuda/evoformer/evoformer_bwd_kernels.cuh"
 #include "cuda/evoformer/evoformer_launch_impl.cuh"
+#include "cuda/evoformer/evoformer_row_copy.cuh"
 #include "evoformer_ctas.h"
 // clang-format on
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,14 +54,26 @@ void launch(Kernel kernel, int64_t ctas, unsigned threads, size_t smem_bytes,
   emu::launch(kernel, ctas, static_cast<int>(threads), smem_bytes, p);
 }
 
+// One padded copy as the dispatch's kernel makes it (evoformer_row_copy.cuh's copy_rows, with the
+// fast divisors the GPU takes below 2^31 chunks), for elements of kBytes.
+template <int kBytes>
+void copy_rows_job(const cuda::EvoformerRowCopyArgs& a) {
+  cuda::copy_rows<kBytes, uint32_t, true>(a);
+}
+
+int copy_failures = 0;
+
 // The padded copies of unaligned biases and inputs that the dispatch makes before a launch
-// (evoformer_row_copy.cu), element by element in the same layout.
+// (evoformer_row_copy.cu): its kernel's code on an emulated grid of up to four CTAs of 256 threads
+// (so that the grid-stride loop turns), checked byte for byte against the same copy made element
+// by element here.
 void make_copies(const cuda::EvoformerCopyJobs& jobs) {
   for (int i = 0; i < jobs.count; ++i) {
     const cuda::EvoformerRowCopyArgs& a = jobs.job[i];
     const auto* src = static_cast<const unsigned char*>(a.src);
-    auto* dst = static_cast<unsigned char*>(a.dst);
     const size_t e = static_cast<size_t>(a.elem_bytes);
+    const int64_t rows = a.outer[0] * a.outer[1] * a.outer[2] * a.outer[3];
+    std::vector<unsigned char> want(static_cast<size_t>(rows * a.row) * e);
     int64_t row = 0;
     for (int64_t i0 = 0; i0 < a.outer[0]; ++i0)
       for (int64_t i1 = 0; i1 < a.outer[1]; ++i1)
@@ -68,7 +82,7 @@ void make_copies(const cuda::EvoformerCopyJobs& jobs) {
             const int64_t from = i0 * a.outer_stride[0] + i1 * a.outer_stride[1] +
                                  i2 * a.outer_stride[2] + i3 * a.outer_stride[3];
             for (int64_t j = 0; j < a.row; ++j) {
-              unsigned char* to = dst + static_cast<size_t>(row * a.row + j) * e;
+              unsigned char* to = want.data() + static_cast<size_t>(row * a.row + j) * e;
               if (j < a.len) {
                 std::memcpy(to, src + static_cast<size_t>(from + j * a.len_stride) * e, e);
               } else {
@@ -76,6 +90,25 @@ void make_copies(const cuda::EvoformerCopyJobs& jobs) {
               }
             }
           }
+    const int64_t chunks = rows * a.row * a.elem_bytes / 16;
+    const int64_t ctas = std::min<int64_t>((chunks + 255) / 256, 4);
+    switch (a.elem_bytes) {
+      case 1:
+        emu::run_grid(copy_rows_job<1>, ctas, 256, cuda::smem_raw, 0, a);
+        break;
+      case 2:
+        emu::run_grid(copy_rows_job<2>, ctas, 256, cuda::smem_raw, 0, a);
+        break;
+      default:
+        emu::run_grid(copy_rows_job<4>, ctas, 256, cuda::smem_raw, 0, a);
+        break;
+    }
+    if (std::memcmp(a.dst, want.data(), want.size()) != 0) {
+      std::printf(
+          "row copy %d (%d-byte elements, rows of %lld into %lld) differs from the host's\n", i,
+          a.elem_bytes, static_cast<long long>(a.len), static_cast<long long>(a.row));
+      ++copy_failures;
+    }
   }
 }
 
@@ -397,6 +430,7 @@ int main(int argc, char** argv) {
     for (const EvoConfig& c : all) failures += !run(c);
     for (const EvoConfig& c : huge_v_cases()) failures += !run(c, /*huge_v=*/true);
   }
+  failures += copy_failures;
   std::printf("%d failures\n", failures);
   return failures == 0 ? 0 : 1;
 }
