@@ -177,7 +177,8 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   }
   // Any other D (24, 40, 48, 96, 120, and through staged copies those that are not multiples of
   // 8) takes them as PaddedDimTypes when each bias is absent or in the inputs' type (the pairs
-  // FixedBiasTypes compiles), and keeps the mma.sync kernels with any other pair.
+  // FixedBiasTypes compiles), and keeps the mma.sync kernels with any other pair; the forward at
+  // D 127 (near its head dim, rows on 4-byte boundaries in shifted slices) as InPlaceDimTypes.
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     for (const int64_t d : {24, 40, 48, 96, 120, 20, 33, 127}) {
       const Shape s{1, 2, 300, 2, d};
@@ -188,8 +189,10 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
         if (absent & 2) v.f.bias2 = v.b.bias2 = TensorView{};
         const cuda::EvoformerDeviceParams f = forward(v, s);
         const cuda::EvoformerDeviceParams b = backward(v, s);
+        const int in_place = d == 127 ? 1 : 0;
         EXPECT_EQ(f.wgmma_tiles, 1) << d << " " << absent;
-        EXPECT_EQ(f.padded_tiles, 1) << d << " " << absent;
+        EXPECT_EQ(f.padded_tiles, 1 - in_place) << d << " " << absent;
+        EXPECT_EQ(f.in_place_tiles, in_place) << d << " " << absent;
         EXPECT_EQ(f.lean_tiles, 0) << d << " " << absent;
         EXPECT_EQ(b.wgmma_tiles, 1) << d << " " << absent;
         EXPECT_EQ(b.padded_tiles, 1) << d << " " << absent;
@@ -199,6 +202,7 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
           TensorView::contiguous(address(4 << 24), DType::kBool, {s.B, s.N, 1, 1, s.L});
       EXPECT_EQ(forward(v, s).wgmma_tiles, 0) << d;
       EXPECT_EQ(forward(v, s).padded_tiles, 0) << d;
+      EXPECT_EQ(forward(v, s).in_place_tiles, 0) << d;
       EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
       v = views(s, dtype);
       v.f.bias2 = v.b.bias2 =
@@ -212,10 +216,11 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
     const Shape s{1, 2, 300, 2, d};
     EXPECT_EQ(forward(views(s, DType::kBF16), s).padded_tiles, 0);
   }
-  // Rows that are not whole aligned chunks take the warpgroup kernels only through their staged
-  // copies (load_dim: D rounded up to 8); read as they are (a call without the copies' workspace,
-  // which the dispatch never makes) they would keep the mma.sync kernels' element-wise copies.
-  for (const int64_t d : {20, 100, 36, 34, 33, 127}) {
+  // Rows that are not whole aligned chunks take the warpgroup kernels (below three quarters of the
+  // head dim, and in the backward) only through their staged copies (load_dim: D rounded up to
+  // 8); read as they are (a call without the copies' workspace, which the dispatch never makes)
+  // they would keep the mma.sync kernels' element-wise copies.
+  for (const int64_t d : {20, 36, 34, 33}) {
     const Shape s{1, 2, 300, 2, d};
     const Views v = views(s, DType::kBF16);
     cuda::EvoformerDeviceParams f = cuda::evoformer_params::common_params(
@@ -226,7 +231,11 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
     EXPECT_EQ(f.wgmma_tiles, 1) << d;
     EXPECT_EQ(f.lean_tiles, 0) << d;
     EXPECT_EQ(f.padded_tiles, 1) << d;
+    EXPECT_EQ(f.in_place_tiles, 0) << d;
     EXPECT_EQ(f.load_dim, (d + 7) / 8 * 8) << d;
+    const cuda::EvoformerDeviceParams b = backward(v, s);
+    EXPECT_EQ(b.padded_tiles, 1) << d;
+    EXPECT_EQ(b.load_dim, (d + 7) / 8 * 8) << d;
   }
   // Head dims 8 and 16 (and the D padded to them) keep the mma.sync kernels, as do fp32 inputs.
   for (const int64_t d : {1, 7, 8, 12, 16}) {
@@ -253,6 +262,85 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 128, 2, 64},
                               {int64_t{1} << 33, int64_t{1} << 32, int64_t{1} << 24, 64, 1});
   EXPECT_EQ(forward(v, s).wgmma_tiles, 0);
+}
+
+// The forward reads Q, K and V where they are (InPlaceDimTypes, 4-byte pieces) when D is at least
+// three quarters of its head dim, their rows start on 4-byte boundaries (an even D; an odd D in
+// slices that shift alike) and the device runs the warpgroup kernels; then its workspace holds no
+// input copies. The backward always reads the staged copies.
+TEST(EvoformerDeviceParams, ForwardReadsRowsNearTheHeadDimInPlace) {
+  const auto in_place = [](const Views& v, const Shape& s, bool warpgroup = true) {
+    const cuda::EvoformerDeviceParams f =
+        cuda::forward_device_params(v.f, s.evo(), address(12 << 24), warpgroup);
+    const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo(), warpgroup);
+    bool staged = false;
+    for (bool st : w.copies.staged) staged = staged || st;
+    EXPECT_FALSE(staged && f.in_place_tiles != 0) << s.D;
+    return f;
+  };
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t d : {25, 26, 30, 31, 49, 50, 58, 63, 97, 100, 116, 126, 127}) {
+      const Shape s{1, 2, 300, 2, d};
+      const Views v = views(s, dtype);
+      const cuda::EvoformerDeviceParams f = in_place(v, s);
+      EXPECT_EQ(f.in_place_tiles, 1) << d;
+      EXPECT_EQ(f.shifted_slices, d % 2) << d;
+      EXPECT_EQ(f.wgmma_tiles, 1) << d;
+      EXPECT_EQ(f.padded_tiles, 0) << d;
+      EXPECT_EQ(f.lean_tiles, 0) << d;
+      EXPECT_EQ(f.load_dim, d) << d;
+      EXPECT_EQ(f.q, v.f.q.data) << d;
+      EXPECT_EQ(f.k, v.f.k.data) << d;
+      EXPECT_EQ(f.v, v.f.v.data) << d;
+      // Only the biases are copied (L 300: rows off 16-byte boundaries).
+      EXPECT_EQ(cuda::forward_copy_jobs(v.f, s.evo(), address(12 << 24)).count, 2) << d;
+      const cuda::EvoformerDeviceParams b = backward(v, s);
+      EXPECT_EQ(b.padded_tiles, 1) << d;
+      EXPECT_EQ(b.load_dim, (d + 7) / 8 * 8) << d;
+      // A device without the warpgroup kernels: the staged copies.
+      const cuda::EvoformerDeviceParams portable = in_place(v, s, false);
+      EXPECT_EQ(portable.in_place_tiles, 0) << d;
+      EXPECT_EQ(portable.load_dim, (d + 7) / 8 * 8) << d;
+    }
+  }
+  // Below three quarters of the head dim, multiples of 8 (whole chunks), head dims 8 and 16,
+  // fp32 inputs: no in-place reads.
+  for (const int64_t d : {23, 24, 33, 47, 56, 95, 120, 128, 12, 15}) {
+    const Shape s{1, 2, 300, 2, d};
+    EXPECT_EQ(in_place(views(s, DType::kBF16), s).in_place_tiles, 0) << d;
+  }
+  const Shape s{1, 2, 300, 2, 63};
+  EXPECT_EQ(in_place(views(s, DType::kF32), s).in_place_tiles, 0);
+  // An odd D with an odd H (rows an odd number of elements apart, so a slice's rows alternate
+  // 4-byte parity): staged.
+  const Shape odd_h{1, 2, 300, 3, 63};
+  EXPECT_EQ(in_place(views(odd_h, DType::kBF16), odd_h).in_place_tiles, 0);
+  const Shape even{1, 2, 300, 3, 62};  // an even D's rows stay 4-byte aligned at any H
+  EXPECT_EQ(in_place(views(even, DType::kBF16), even).shifted_slices, 0);
+  EXPECT_EQ(in_place(views(even, DType::kBF16), even).in_place_tiles, 1);
+  // Data off a 4-byte boundary, for an even and an odd D: staged.
+  for (const Shape& t : {Shape{1, 2, 300, 2, 62}, s}) {
+    Views v = views(t, DType::kBF16);
+    v.f.k = qkv(t, DType::kBF16, (1 << 24) + 2);
+    EXPECT_EQ(in_place(v, t).in_place_tiles, 0) << t.D;
+  }
+  // Slices that would not shift alike: K's N stride odd where Q's is even.
+  Views v = views(s, DType::kBF16);
+  const int64_t n_stride = 300 * 2 * 63 + 1;
+  v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 300, 2, 63},
+                              {2 * n_stride, n_stride, 2 * 63, 63, 1});
+  EXPECT_EQ(in_place(v, s).in_place_tiles, 0);
+  // ... and the same strides in all three: in place.
+  v.f.q = TensorView::strided(address(0), DType::kBF16, {1, 2, 300, 2, 63},
+                              {2 * n_stride, n_stride, 2 * 63, 63, 1});
+  v.f.v = TensorView::strided(address(2 << 24), DType::kBF16, {1, 2, 300, 2, 63},
+                              {2 * n_stride, n_stride, 2 * 63, 63, 1});
+  EXPECT_EQ(in_place(v, s).in_place_tiles, 1);
+  // A bias pair FixedBiasTypes does not compile keeps the mma.sync kernels and the copies.
+  v = views(s, DType::kBF16);
+  v.f.bias1 = TensorView::contiguous(address(4 << 24), DType::kBool, {1, 2, 1, 1, 300});
+  EXPECT_EQ(in_place(v, s).in_place_tiles, 0);
+  EXPECT_EQ(in_place(v, s).wgmma_tiles, 0);
 }
 
 // Biases whose rows do not start on 16-byte boundaries (L not a multiple of 8 for 16-bit ones)

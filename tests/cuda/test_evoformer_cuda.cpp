@@ -186,6 +186,23 @@ std::vector<EvoConfig> gpu_cases() {
       cases.push_back(c);
     }
   }
+  // Head dims near their head dim that are not multiples of 8, whose forward reads Q, K and V
+  // where they are, in 4-byte pieces (InPlaceDimTypes: an even D; an odd D in shifted slices,
+  // whose column before each row, in wide rows a poisoned one, is zeroed), with every bias pair
+  // those kernels compile (each absent or in the inputs' dtype); the backward reads staged copies.
+  for (int64_t D : {26, 31, 58, 63, 116, 127}) {
+    for (int pair = 0; pair < 4; ++pair) {  // bit 0: bias1, bit 1: bias2
+      EvoConfig c;
+      c.shape = {1, 2, pair % 2 == 0 ? 300 : 129, 2, D};
+      c.dtype = (D + pair) % 2 == 0 ? DType::kBF16 : DType::kF16;
+      c.bias1 = pair & 1 ? Bias1Kind::kSameAsQ : Bias1Kind::kNone;
+      c.bias2 = pair & 2 ? Bias2Kind::kSameAsQ : Bias2Kind::kNone;
+      c.in_layout = pair == 1 ? Layout::kPacked : Layout::kWideRows;
+      c.out_layout = pair == 2 ? Layout::kPadded : Layout::kPacked;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
   // Lengths that are multiples of 8 but not of 64: both 16-bit biases read in place, the last
   // query and key tiles through the masked streams (rows past L and bias chunks past the rows'
   // ends zero-filled).

@@ -16,7 +16,9 @@
 //     is not written (past L); `may_start_odd` (rows_may_start_odd below) is the same for every
 //     lane of a CTA.
 // Each form stops at the first 8-column tile past D (a padded D writes fewer tiles than the head
-// dim has; dim is the same in every lane, so the shuffles stay warp-wide).
+// dim has; dim is the same in every lane, so the shuffles stay warp-wide). `skip_first`: column 0
+// is not written (an accumulator whose column c + 1 is element c, from shifted slices: the caller
+// passes the row one element before the output's, and D + 1).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,7 @@ template <typename T, int kOutTiles>
 __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kOutTiles][4], int r,
                                                       float factor, int64_t dim, int t,
                                                       bool pairs_aligned, bool may_start_odd,
-                                                      bool write) {
+                                                      bool write, bool skip_first = false) {
   using Traits = ElementTraits<T>;
   if constexpr (sizeof(T) != 2) {
     // 32-bit outputs: every element is its own aligned word.
@@ -76,7 +78,9 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
         if (i * 8 >= dim) break;  // the tiles past D (dim is the same in every lane)
         const int d = i * 8 + 2 * t;
         const float lo = acc[i][2 * r] * factor, hi = acc[i][2 * r + 1] * factor;
-        if (d + 1 < dim) {
+        if (d == 0 && skip_first) {
+          row[1] = Traits::from_float(hi);  // column 0 of a shifted row: its second alone
+        } else if (d + 1 < dim) {
           store_pair(row + d, Traits::pack(lo, hi));
         } else if (d < dim) {
           row[d] = Traits::from_float(lo);
@@ -101,13 +105,15 @@ __device__ __forceinline__ void store_accumulator_row(T* row, const float acc[kO
       if (odd_start) {
         if (d < dim) {
           if (d == 0) {
-            row[0] = Traits::from_float(lo);
+            if (!skip_first) row[0] = Traits::from_float(lo);
           } else {
             store_pair(row + d - 1, Traits::pack(left, lo));
           }
         }
         // The last column, odd, has no right-hand partner.
         if (d + 2 == dim) row[d + 1] = Traits::from_float(hi);
+      } else if (d == 0 && skip_first) {
+        row[1] = Traits::from_float(hi);
       } else if (d + 1 < dim) {
         store_pair(row + d, Traits::pack(lo, hi));
       } else if (d < dim) {

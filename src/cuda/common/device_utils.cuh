@@ -290,10 +290,14 @@ __device__ __forceinline__ void store_bias(void* base, BiasType type, int64_t of
 // ---- Tiles of [B, N, L, H, D] tensors into shared memory ----
 
 // One (b, n, :, h, :) slice: the address of its element (row 0, d 0) and the row (L) stride.
+// `shift` 1: a shifted slice (the Evoformer forward's in-place reads of an odd D, TileCols::kPieces
+// of cuda/common/wgmma_tiles.cuh): `base` is one element before row 0's first, and a tile's column
+// c + 1 holds element c.
 struct SliceSource {
   const void* base;
   int64_t row_stride;
-  int vec;  // 16-byte copies allowed
+  int vec;        // 16-byte copies allowed
+  int shift = 0;  // 0, or 1 for a shifted slice
 };
 
 __host__ __device__ inline size_t bias_bytes(BiasType type) {

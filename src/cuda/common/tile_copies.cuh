@@ -33,6 +33,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* smem) {
 __device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
+// cp.async of 4 bytes to a shared-window address (both 4-byte aligned), reading `bytes` (0, 2 or
+// 4; the rest zero-filled, nothing read for 0). Cached in L1 (.ca, the only form below 16 bytes),
+// which serves a 16-byte chunk's other pieces.
+__device__ __forceinline__ void cp_async_4_to(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 // Starts 16-byte cp.async copies of a tile of kRows rows of kRowChunks chunks whose element
 // (0, 0) is at `tile` (inside the tensor) and whose rows are `row_stride` bytes apart, into the
 // stage at shared address `stage` (rows kPitchBytes apart), in the caller's group; chunks of rows

@@ -23,9 +23,14 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 //   kExact:  D = kHeadDim, rows 16-byte aligned: whole chunks, no column test anywhere;
 //   kPadded: D < kHeadDim a multiple of 8, rows 16-byte aligned: the same copies, a thread's chunk
 //            past D (fixed per thread: its chunk column) zero-filled by a source size of 0.
-// (Rows of any other D or alignment are copied into such rows before the kernels run: the
+//   kPieces: D < kHeadDim, rows 4-byte aligned (an even D; or an odd D read from one element
+//            before each row, as rows of D + 1: the Evoformer forward's shifted slices): each
+//            16-byte chunk as four 4-byte pieces (copy_chunk_pieces_to), the bytes past the row
+//            zero-filled; four copy instructions per chunk, so only the Evoformer forward reads
+//            rows this way, and only where D is near the head dim.
+// (Rows of any other D or alignment are copied into kPadded rows before the kernels run: the
 // Evoformer dispatch's staged copies.)
-enum class TileCols { kExact, kPadded };
+enum class TileCols { kExact, kPadded, kPieces };
 
 // The calling thread's warpgroup in its CTA, broadcast from lane 0 so that the compiler knows it
 // is the same across the warp: code that branches on it (a warpgroup's own tile count) then keeps
@@ -40,6 +45,32 @@ __device__ __forceinline__ int warpgroup_index() {
 __device__ __forceinline__ int chunk_source_bytes(int c, int dim_bytes) {
   return c * 16 < dim_bytes ? 16 : 0;
 }
+// The bytes of chunk column c inside rows of `dim_bytes` bytes (TileCols::kPieces: 0 to 16, even).
+__device__ __forceinline__ int chunk_bytes_inside(int c, int dim_bytes) {
+  const int inside = dim_bytes - c * 16;
+  return inside >= 16 ? 16 : (inside > 0 ? inside : 0);
+}
+
+// A 16-byte chunk as four 4-byte cp.async pieces (TileCols::kPieces), `src` 4-byte aligned, of
+// which `inside` bytes (even, 0 to 16) lie in the row: piece j reads those of its bytes that do (4,
+// 2 or 0; a piece that reads nothing takes `src` as its address) and zero-fills the rest.
+__device__ __forceinline__ void copy_chunk_pieces_to(uint32_t dst, const char* src, int inside) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int left = inside - 4 * j;
+    cp_async_4_to(dst + 4 * j, left > 0 ? src + 4 * j : src, left >= 4 ? 4 : (left > 0 ? left : 0));
+  }
+}
+// One chunk copy of a padded tile's form: four pieces (kPieces), else one 16-byte cp.async
+// (`bytes`: 16, or 0 to zero-fill it).
+template <bool kPieces>
+__device__ __forceinline__ void copy_chunk_to(uint32_t dst, const char* src, int bytes) {
+  if constexpr (kPieces) {
+    copy_chunk_pieces_to(dst, src, bytes);
+  } else {
+    cp_async_16_to(dst, src, bytes);
+  }
+}
 
 // Starts cp.async copies of 64 rows x kHeadDim 16-bit columns whose first element is at `rows`
 // (rows `row_bytes` apart, 16-byte aligned) into the swizzled tile at shared address `tile`;
@@ -50,10 +81,12 @@ __device__ __forceinline__ int chunk_source_bytes(int c, int dim_bytes) {
 // the calling thread's index in the warpgroup that makes the copy (0..127).
 // kPadded (TileCols::kPadded): rows of `dim_bytes` bytes (a multiple of 16 below 2 kHeadDim), the
 // chunks past them zero-filled too (a thread's chunk column, so its source size, is fixed; its
-// reads start at the row's first chunk and read nothing). Without it `dim_bytes` is unused and the
-// code is the head dim's alone, written apart: folding the head dim's copies into the padded form
-// (a source size that is a constant 16) changed how nvcc scheduled the aligned kernels.
-template <int kHeadDim, bool kPadded = false>
+// reads start at the row's first chunk and read nothing); with kPieces (TileCols::kPieces) rows
+// of any even `dim_bytes`, 4-byte aligned, each chunk in pieces. Without kPadded `dim_bytes` is
+// unused and the code is the head dim's alone, written apart: folding the head dim's copies into
+// the padded form (a source size that is a constant 16) changed how nvcc scheduled the aligned
+// kernels.
+template <int kHeadDim, bool kPadded = false, bool kPieces = false>
 __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* rows,
                                                    int32_t row_bytes, int64_t rows_inside = 64,
                                                    int thread = static_cast<int>(threadIdx.x),
@@ -63,20 +96,20 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
   static_assert(kRowStep % 8 == 0, "a thread's rows must share their swizzle");
   const int c = thread % kChunks, r0 = thread / kChunks;
   if constexpr (kPadded) {
-    const int bytes = chunk_source_bytes(c, dim_bytes);
+    const int bytes = kPieces ? chunk_bytes_inside(c, dim_bytes) : chunk_source_bytes(c, dim_bytes);
     const char* src = rows + (r0 * row_bytes + (bytes != 0 ? c * 16 : 0));
     const uint32_t dst = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(r0, c);
     if (rows_inside >= kWgmmaRows) {
 #pragma unroll
       for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
-        cp_async_16_to(dst + i * kRowStep * kWidth, src + i * kRowStep * row_bytes, bytes);
+        copy_chunk_to<kPieces>(dst + i * kRowStep * kWidth, src + i * kRowStep * row_bytes, bytes);
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
         const bool inside = r0 + i * kRowStep < rows_inside;
-        cp_async_16_to(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
-                       inside ? bytes : 0);
+        copy_chunk_to<kPieces>(dst + i * kRowStep * kWidth,
+                               inside ? src + i * kRowStep * row_bytes : rows, inside ? bytes : 0);
       }
     }
     return;
@@ -95,6 +128,25 @@ __device__ __forceinline__ void copy_tile_swizzled(uint32_t tile, const char* ro
       cp_async_16_to(dst + i * kRowStep * kWidth, inside ? src + i * kRowStep * row_bytes : rows,
                      inside ? 16 : 0);
     }
+  }
+}
+
+// Zeroes column 0 of the rows of the swizzled tile at `tile` (a generic pointer into shared
+// memory) whose chunk 0 this thread copies (copy_tile_swizzled's mapping, which the slice streams
+// share): a shifted slice's column before its rows, which holds the element before each row.
+// Called between this thread's cp.async wait and the barrier that shows the tile to the CTA (and
+// before the proxy fence that shows it to wgmma), so that it lands after the copy's write.
+template <int kHeadDim>
+__device__ __forceinline__ void zero_first_column_swizzled(
+    unsigned char* tile, int thread = static_cast<int>(threadIdx.x)) {
+  constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
+  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
+  if (thread % kChunks != 0) return;
+  unsigned char* const first =
+      tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(thread / kChunks, 0);
+#pragma unroll
+  for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+    *reinterpret_cast<uint16_t*>(first + i * kRowStep * kWidth) = 0;
   }
 }
 
@@ -163,8 +215,11 @@ struct SwizzledTileCopier {
 // base, each an add and a cp.async (no per-tile address arithmetic from the CTA's coordinates).
 // kSourceBytes: every copy of this thread reads `bytes` (16, or 0: its chunk is zero-filled and
 // nothing is read; TileCols::kPadded's chunks past D); else whole chunks, and `bytes` is unused.
-template <int kCopies, int kDstStep, bool kSourceBytes = false>
+// kPieces (with kSourceBytes; TileCols::kPieces): `bytes` is the chunk's bytes inside its row (0
+// to 16), each chunk copied as four 4-byte pieces.
+template <int kCopies, int kDstStep, bool kSourceBytes = false, bool kPieces = false>
 struct ChunkStream {
+  static_assert(kSourceBytes || !kPieces, "pieces read a source size");
   const char* src;  // this thread's first chunk of tile 0
   int32_t step;     // bytes between this thread's chunks of a tile
   int32_t advance;  // bytes from one tile to the next
@@ -176,7 +231,7 @@ struct ChunkStream {
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
       if constexpr (kSourceBytes) {
-        cp_async_16_to(tile + dst + i * kDstStep, from + i * step, bytes);
+        copy_chunk_to<kPieces>(tile + dst + i * kDstStep, from + i * step, bytes);
       } else {
         cp_async_16_to(tile + dst + i * kDstStep, from + i * step, 16);
       }
@@ -189,7 +244,7 @@ struct ChunkStream {
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
       if constexpr (kSourceBytes) {
-        cp_async_16_to(tile + dst + i * kDstStep, src + i * step, bytes);
+        copy_chunk_to<kPieces>(tile + dst + i * kDstStep, src + i * step, bytes);
       } else {
         cp_async_16_to(tile + dst + i * kDstStep, src + i * step, 16);
       }
@@ -208,7 +263,8 @@ struct ChunkStream {
     for (int i = 0; i < kCopies; ++i) {
       const bool read = in(i);
       const int size = kSourceBytes ? bytes : 16;
-      cp_async_16_to(tile + dst + i * kDstStep, read ? src + i * step : fallback, read ? size : 0);
+      copy_chunk_to<kPieces>(tile + dst + i * kDstStep, read ? src + i * step : fallback,
+                             read ? size : 0);
     }
     src += advance;
   }
@@ -221,7 +277,8 @@ struct ChunkStream {
     for (int i = 0; i < kCopies; ++i) {
       const bool read = in(i);
       const int size = kSourceBytes ? bytes : 16;
-      cp_async_16_to(tile + dst + i * kDstStep, read ? from + i * step : fallback, read ? size : 0);
+      copy_chunk_to<kPieces>(tile + dst + i * kDstStep, read ? from + i * step : fallback,
+                             read ? size : 0);
     }
   }
 };

@@ -57,20 +57,31 @@ struct ParamBiasTypes {
 template <BiasType kBias1, BiasType kBias2>
 using PaddedDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPadded>;
 
+// The warpgroup forward for a D near the head dim whose Q, K and V rows are read where they are,
+// in 4-byte pieces (p.in_place_tiles: rows on 4-byte boundaries, or an odd D in shifted slices;
+// TileCols::kPieces), for the bias pairs FixedBiasTypes compiles. The forward only: its copies are
+// four instructions per chunk, which the backward kernels, copying each tile many times, do not
+// repay (they read the staged copies).
+template <BiasType kBias1, BiasType kBias2>
+using InPlaceDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPieces>;
+
 // The 16-bit bias type of the inputs' element type T.
 template <typename T>
 constexpr BiasType kBiasTypeOf = std::is_same_v<T, __half> ? BiasType::kF16 : BiasType::kBF16;
 
 // Calls launch(types) with the FixedBiasTypes of the call's pair where one is compiled (bias1 in
-// T's type or absent, bias2 in T's type or absent; as PaddedDimTypes for p.padded_tiles), else with
-// ParamBiasTypes: the one place a launcher maps the run-time bias types and tile shape to an
-// instantiation.
-template <typename T, typename Launch>
+// T's type or absent, bias2 in T's type or absent; as PaddedDimTypes for p.padded_tiles and, in
+// the forward (kForward), as InPlaceDimTypes for p.in_place_tiles), else with ParamBiasTypes: the
+// one place a launcher maps the run-time bias types and tile shape to an instantiation.
+template <typename T, bool kForward = false, typename Launch>
 auto with_bias_types(const EvoformerDeviceParams& p, const Launch& launch) {
   constexpr BiasType kT = kBiasTypeOf<T>, kNone = BiasType::kNone;
   const bool bias1_t = p.bias1_type == kT, bias1_none = p.bias1_type == kNone;
   const auto fixed = [&](auto exact) {
     using Exact = decltype(exact);
+    if constexpr (kForward) {
+      if (p.in_place_tiles) return launch(InPlaceDimTypes<Exact::bias1, Exact::bias2>{p});
+    }
     if (p.padded_tiles) return launch(PaddedDimTypes<Exact::bias1, Exact::bias2>{p});
     return launch(exact);
   };

@@ -42,7 +42,7 @@ struct EvoformerQueryTileLoader {
   unsigned char* bias2_stages;
   int bias2_stage_bytes;
   int64_t b, bn, h, key0;
-  EvoformerQueryTileStreams<kHeadDim, kCols == TileCols::kPadded> streams;
+  EvoformerQueryTileStreams<kHeadDim, kCols> streams;
 
   __device__ __forceinline__ EvoformerQueryTileLoader(
       const EvoformerDeviceParams& p, const SliceSource& q_src_, const SliceSource& do_src_,

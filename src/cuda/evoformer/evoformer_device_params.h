@@ -94,6 +94,13 @@ struct EvoformerDeviceParams {
   // head dim, or O not vectorizable), each bias absent or in the inputs' type; whole tiles take the
   // lean copies, a thread's chunk past load_dim zero-filled, the outputs written at D.
   int padded_tiles;
+  // Forward only. 1 when the warpgroup forward runs as InPlaceDimTypes (evoformer_bias_types.cuh):
+  // Q, K and V read where they are, in 4-byte pieces (evoformer_params::forward_reads_in_place:
+  // rows on 4-byte boundaries, D below the head dim and near it, each bias absent or in the
+  // inputs' type), load_dim = dim. shifted_slices: 1 when that D is odd, so that a slice that
+  // starts on a 2-byte boundary is read from one element before (SliceSource::shift; Q, K and V
+  // shift alike, slice by slice).
+  int in_place_tiles, shifted_slices;
   // 1 when dQ, dK and dV are pairable (D even, rows and pairs 4-byte aligned): the backward writes
   // their rows as aligned 32-bit pairs (store_rows), else element by element.
   int grads_paired;

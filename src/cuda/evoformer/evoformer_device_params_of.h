@@ -88,6 +88,59 @@ inline int pairable(const TensorView& t) {
   return 1;
 }
 
+// Rows of an odd D that the forward may read in shifted slices (EvoformerDeviceParams::
+// shifted_slices): 16-bit, the data 4-byte aligned, every stride non-negative and the row (L)
+// stride even, so that every row of a (b, n, h) slice starts on its first row's 4-byte parity and
+// the element before a slice that starts on a 2-byte boundary lies inside the tensor's span.
+inline bool shiftable(const TensorView& t) {
+  if (dtype_size(t.dtype) != 2 || t.sizes[4] % 2 == 0) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % 4 != 0) return false;
+  for (int d = 0; d < 4; ++d) {
+    if (t.strides[d] < 0) return false;
+  }
+  return t.sizes[2] <= 1 || t.strides[2] % 2 == 0;
+}
+
+// Whether every (b, n, h) slice of two shiftable tensors of one shape starts on the same 4-byte
+// parity, so that a slice's shift is the same in both (as the products over D need).
+inline bool same_slice_parity(const TensorView& a, const TensorView& b) {
+  for (int d : {0, 1, 3}) {
+    const bool a_odd = a.sizes[d] > 1 && a.strides[d] % 2 != 0;
+    const bool b_odd = b.sizes[d] > 1 && b.strides[d] % 2 != 0;
+    if (a_odd != b_odd) return false;
+  }
+  return true;
+}
+
+// Whether the warpgroup forward reads a call's Q, K and V where they are, in 4-byte pieces
+// (InPlaceDimTypes; p.in_place_tiles), instead of from staged copies: 16-bit inputs on a device
+// with the warpgroup kernels (`warpgroup`), some of Q, K, V not whole aligned chunks, D at least
+// three quarters of its head dim (32, 64 or 128: below that the four copies per chunk of the
+// whole padded row cost more than the staged copy, which scales with D; measured on an H100, D 33
+// and 34 at head dim 64 lost 7-9% in the forward, D 58 and up gained 5-22%), each bias absent or
+// in the inputs' type, every tile offset below 2^31, and rows on 4-byte boundaries: all three
+// pairable (an even D), or, for an odd D, all three shiftable with slices that shift alike.
+inline bool forward_reads_in_place(const EvoformerForwardParams& params,
+                                   const detail::EvoformerShape& s, bool warpgroup) {
+  const TensorView &q = params.q, &k = params.k, &v = params.v;
+  if (!warpgroup || q.dtype == DType::kF32) return false;
+  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
+  if (head_dim != 32 && head_dim != 64 && head_dim != 128) return false;
+  if (4 * s.dim < 3 * head_dim) return false;
+  if (vectorizable(q) && vectorizable(k) && vectorizable(v)) return false;
+  const BiasType inputs = q.dtype == DType::kF16 ? BiasType::kF16 : BiasType::kBF16;
+  for (const TensorView* bias : {&params.bias1, &params.bias2}) {
+    const BiasType t = bias_type_of(*bias);
+    if (t != inputs && t != BiasType::kNone) return false;
+  }
+  for (const TensorView* t : {&q, &k, &v, &params.out}) {
+    if (!tile_offsets_fit_32_bits(*t, 2)) return false;
+  }
+  if (s.dim % 2 == 0) return pairable(q) && pairable(k) && pairable(v);
+  return shiftable(q) && shiftable(k) && shiftable(v) && same_slice_parity(q, k) &&
+         same_slice_parity(q, v);
+}
+
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
 // not 16-byte aligned: detail::CudaInputCopies), or 0: absent, staged as it is, or fp32 inputs
 // (whose kernels read biases per element).
@@ -98,14 +151,15 @@ inline int64_t bias_copy_bytes(const TensorView& bias, DType inputs) {
 
 // The copies a call's kernels read (detail::CudaCopyNeeds): its unaligned biases, and each of Q,
 // K, V (and dO: `dout`, absent in the forward) of 16-bit inputs whose rows are not whole aligned
-// 16-byte chunks.
+// 16-byte chunks, unless the kernels read them in place (`in_place`: forward_reads_in_place).
 inline detail::CudaCopyNeeds copy_needs(const TensorView& q, const TensorView& k,
                                         const TensorView& v, const TensorView& dout,
-                                        const TensorView& bias1, const TensorView& bias2) {
+                                        const TensorView& bias1, const TensorView& bias2,
+                                        bool in_place = false) {
   detail::CudaCopyNeeds n;
   n.bias1_bytes = bias_copy_bytes(bias1, q.dtype);
   n.bias2_bytes = bias_copy_bytes(bias2, q.dtype);
-  if (q.dtype == DType::kF32) return n;
+  if (q.dtype == DType::kF32 || in_place) return n;
   const TensorView* inputs[detail::kStagedInputs] = {&q, &k, &v, &dout};
   for (int i = 0; i < detail::kStagedInputs; ++i) {
     if (inputs[i]->present() && !vectorizable(*inputs[i])) n.inputs |= 1u << i;
@@ -241,6 +295,8 @@ inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
 inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
   p.wgmma_tiles = 0;
   p.padded_tiles = 0;
+  p.in_place_tiles = 0;
+  p.shifted_slices = 0;
 }
 
 inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k,
@@ -313,29 +369,36 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
 
 namespace sciattn::cuda {
 
-// The forward's workspace plan: the padded copies of its unaligned biases and inputs.
+// The forward's workspace plan: the padded copies of its unaligned biases and inputs (none of the
+// inputs where the forward reads them in place). `warpgroup`: the device runs the warpgroup
+// kernels (the dispatch asks the device; the same value for the plan, the copies and the
+// parameters of one call).
 inline detail::CudaForwardWorkspace forward_workspace(const EvoformerForwardParams& params,
-                                                      const detail::EvoformerShape& s) {
+                                                      const detail::EvoformerShape& s,
+                                                      bool warpgroup = true) {
   return detail::plan_cuda_forward(
-      s, evoformer_params::copy_needs(params.q, params.k, params.v, TensorView{}, params.bias1,
-                                      params.bias2));
+      s, evoformer_params::copy_needs(
+             params.q, params.k, params.v, TensorView{}, params.bias1, params.bias2,
+             evoformer_params::forward_reads_in_place(params, s, warpgroup)));
 }
 
 // The copies the forward's kernels read, into `workspace` (forward_workspace's regions).
 inline EvoformerCopyJobs forward_copy_jobs(const EvoformerForwardParams& params,
-                                           const detail::EvoformerShape& s, void* workspace) {
-  const detail::CudaForwardWorkspace w = forward_workspace(params, s);
+                                           const detail::EvoformerShape& s, void* workspace,
+                                           bool warpgroup = true) {
+  const detail::CudaForwardWorkspace w = forward_workspace(params, s, warpgroup);
   return evoformer_params::copy_jobs(params.q, params.k, params.v, TensorView{}, params.bias1,
                                      params.bias2, w.copies, w.layout, workspace);
 }
 
 // `workspace` holds forward_workspace's regions (workspace_size bytes; nullptr where there are
-// none), filled by forward_copy_jobs before the launch: the kernels read the copies.
+// none), filled by forward_copy_jobs before the launch: the kernels read the copies, or Q, K and
+// V in place (in_place_tiles).
 inline EvoformerDeviceParams forward_device_params(const EvoformerForwardParams& params,
-                                                   const detail::EvoformerShape& s,
-                                                   void* workspace) {
+                                                   const detail::EvoformerShape& s, void* workspace,
+                                                   bool warpgroup = true) {
   using namespace evoformer_params;
-  const detail::CudaForwardWorkspace w = forward_workspace(params, s);
+  const detail::CudaForwardWorkspace w = forward_workspace(params, s, warpgroup);
   const auto staged = [&](const TensorView& t, int i) {
     return staged_view(t, i, w.copies, w.layout, workspace);
   };
@@ -344,6 +407,14 @@ inline EvoformerDeviceParams forward_device_params(const EvoformerForwardParams&
                     staged(params.v, detail::kStagedV), params.bias1, params.bias2, params.out,
                     params.lse, params.options, s);
   use_bias_copies(p, w.copies, w.layout, workspace);
+  if (forward_reads_in_place(params, s, warpgroup)) {
+    p.in_place_tiles = 1;
+    p.shifted_slices = static_cast<int>(s.dim % 2);
+    p.wgmma_tiles = 1;
+    p.padded_tiles = 0;
+    p.lean_tiles = 0;
+    p.load_dim = s.dim;
+  }
   return p;
 }
 

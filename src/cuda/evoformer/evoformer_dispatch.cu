@@ -86,9 +86,26 @@ Status check_evoformer_cuda(const EvoformerBackwardParams& p, const detail::Evof
   return check_cuda(p.q.dtype, s, std::max(blocks * s.heads * s.batch * s.n, dbias2_ctas));
 }
 
+namespace {
+// Whether the device of `tensor` runs the warpgroup kernels (the forward's plan depends on it:
+// forward_reads_in_place). False where the device cannot be asked, which plans the staged
+// copies: the larger workspace, enough for either form.
+bool runs_warpgroup_kernels(const void* tensor) {
+  bool warpgroup = false;
+  const Status asked = on_device_of(tensor, [&] {
+    DeviceKernels kernels;
+    const Status usable = current_device_kernels(&kernels);
+    warpgroup = usable.ok() && kernels.warpgroup_mma;
+    return usable;
+  });
+  return asked.ok() && warpgroup;
+}
+}  // namespace
+
 size_t evoformer_workspace_size_cuda(const EvoformerForwardParams& p,
                                      const detail::EvoformerShape& s) {
-  return forward_workspace(p, s).layout.total_bytes();  // unaligned biases' and inputs' copies
+  // Unaligned biases' and inputs' copies.
+  return forward_workspace(p, s, runs_warpgroup_kernels(p.q.data)).layout.total_bytes();
 }
 
 size_t evoformer_workspace_size_cuda(const EvoformerBackwardParams& p,
@@ -142,10 +159,15 @@ Status keep_to_device_kernels(EvoformerDeviceParams& p) {
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
                         void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  EvoformerDeviceParams p = forward_device_params(params, s, workspace);
+  DeviceKernels kernels;
+  const Status asked = current_device_kernels(&kernels);
+  if (!asked.ok()) return asked;
+  const bool warpgroup = kernels.warpgroup_mma;
+  EvoformerDeviceParams p = forward_device_params(params, s, workspace, warpgroup);
   const Status usable = keep_to_device_kernels(p);
   if (!usable.ok()) return usable;
-  const Status copied = make_copies(forward_copy_jobs(params, s, workspace), p, cuda_stream);
+  const Status copied =
+      make_copies(forward_copy_jobs(params, s, workspace, warpgroup), p, cuda_stream);
   if (!copied.ok()) return copied;
   if (params.q.dtype == DType::kF32) {
     return device_status(launch_evoformer_forward_f32(p, cuda_stream),

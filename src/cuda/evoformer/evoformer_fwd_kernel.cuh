@@ -129,7 +129,7 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
                                                          float (&row_max)[2], float (&row_sum)[2],
                                                          int64_t b, int64_t n, int64_t h,
                                                          int64_t bn, const int64_t (&my_rows)[2],
-                                                         int t, int64_t dim) {
+                                                         int t, int64_t dim, int shift = 0) {
   constexpr int kOutTiles = kHeadDim / 8;
   // The row sums are spread over the four threads of each row.
 #pragma unroll
@@ -137,11 +137,14 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
-  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] + h * p.out_stride[3];
+  // A shifted accumulator (`shift` 1: column c + 1 holds element c, V read in shifted slices) is
+  // stored as rows one element before O's, of D + 1 columns, the first not written.
+  T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] +
+           h * p.out_stride[3] - shift;
   // Pairs of columns as 32-bit stores (store_accumulator_row; p.out_paired: every row aligned and
   // D even, no test per row). Every lane stores (or passes on) both rows: where rows may start on
   // a 2-byte boundary the store is warp-collective.
-  const bool pairs_aligned = p.out_paired != 0;
+  const bool pairs_aligned = p.out_paired != 0 && shift == 0;
   const bool may_start_odd = rows_may_start_odd(out, p.out_stride[2]);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -154,7 +157,8 @@ __device__ __forceinline__ void evoformer_finish_forward(const EvoformerDevicePa
     // does not), which must give NaN, not the masked row's 0 and -inf: the tests are != 0.
     const float inv = row_sum[r] != 0.0f ? __fdividef(1.0f, row_sum[r]) : 0.0f;
     store_accumulator_row<T, kOutTiles>(out + (inside ? row : 0) * p.out_stride[2], o_acc, r, inv,
-                                        dim, t, pairs_aligned, may_start_odd, inside);
+                                        dim + shift, t, pairs_aligned, may_start_odd, inside,
+                                        shift != 0);
     if (!inside) continue;
     if (p.lse != nullptr && t == 0) {
       const float lse = row_sum[r] != 0.0f

@@ -1,5 +1,6 @@
 // The Evoformer attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for head dims 32, 64
-// and 128 (and every D padded to them: PaddedDimTypes) (the host's wgmma_tiles). The
+// and 128 (and every D padded to them: PaddedDimTypes, or read in place near the head dim:
+// InPlaceDimTypes, whose shifted slices' column 0 this kernel zeroes) (the host's wgmma_tiles). The
 // grid, the bias stages, the online softmax and the epilogue are evoformer_fwd_kernel's (shared
 // helpers); what differs is how the two products run: the four warps issue them together as one
 // warpgroup, S = Q K^T as head dim / 16 m64n64k16 steps reading Q and K straight from swizzled
@@ -83,8 +84,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     }
   };
 
-  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
-      q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), row0, p);
+  constexpr bool kInPlace = BiasTypes::kCols == TileCols::kPieces;
+  const SliceSource q_src =
+      evoformer_slice_of<BiasTypes::kCols>(p.q, p.q_stride, p.vec_q, p, b, n, h);
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(q_tile, q_src, row0, p);
   load_key_tile(0, 0);
   cp_async_commit();
 
@@ -97,7 +100,19 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
 
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int buf = static_cast<int>(tile & 1);
-    next_stage(tile, tiles, buf, load_key_tile, store_bias1);
+    next_stage(tile, tiles, buf, load_key_tile, [&](int arrived) {
+      store_bias1(arrived);
+      if constexpr (kInPlace) {
+        // Shifted slices: column 0 of Q and K holds the element before each row (another head's,
+        // perhaps not finite), zeroed before S = Q K^T reads it. V's column 0 reaches only O's
+        // column 0, which is not stored.
+        if (q_src.shift != 0) {
+          zero_first_column_swizzled<kHeadDim>(smem.pointer + Smem::kK +
+                                               arrived * Smem::kTileBytes);
+          if (tile == 0) zero_first_column_swizzled<kHeadDim>(smem.pointer + Smem::kQ);
+        }
+      }
+    });
     // S = Q K^T runs while the tile's biases are read.
     float dot[8][4];
     wgmma_tile_nt_issue<T, kHeadDim>(dot, q_tile, keys.k_tile(buf));
@@ -111,7 +126,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   }
 
   evoformer_finish_forward<T, kHeadDim>(p, o_acc, row_max, row_sum, b, n, h, bn, my_rows, t,
-                                        written_dim<kHeadDim, BiasTypes>(p));
+                                        written_dim<kHeadDim, BiasTypes>(p),
+                                        kInPlace ? q_src.shift : 0);
 #else
   __trap();  // not in this architecture's image: never launched here
 #endif

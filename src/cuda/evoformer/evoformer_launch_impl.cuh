@@ -68,7 +68,7 @@ template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_forward(const EvoformerDeviceParams& p, cudaStream_t stream) {
   if constexpr (kEvoformerWgmmaHeadDim<kHeadDim>) {
     if (p.wgmma_tiles) {
-      return with_bias_types<T>(p, [&](auto types) {
+      return with_bias_types<T, true>(p, [&](auto types) {
         return launch_1d(evoformer_fwd_wgmma_kernel<T, kHeadDim, decltype(types)>,
                          evoformer_forward_ctas(p), kWgmmaThreads,
                          evoformer_fwd_wgmma_smem<kHeadDim>(p), p, stream);

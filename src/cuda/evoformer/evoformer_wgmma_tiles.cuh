@@ -66,19 +66,48 @@ constexpr int kEvoformerWgmmaDqCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 :
 template <int kHeadDim>
 constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
+// The (b, n, h) slice of a Q, K or V (16-bit) as a kernel of tiles kCols reads it: slice_of's,
+// and for TileCols::kPieces with p.shifted_slices (an odd D read in place) one that starts on a
+// 2-byte boundary moved back one element, shift 1 (SliceSource; the host makes Q, K and V shift
+// alike, evoformer_params::forward_reads_in_place).
+template <TileCols kCols>
+__device__ __forceinline__ SliceSource evoformer_slice_of(const void* data, const int64_t stride[4],
+                                                          int vec, const EvoformerDeviceParams& p,
+                                                          int64_t b, int64_t n, int64_t h) {
+  SliceSource s = slice_of(data, stride, vec, 2, b, n, h);
+  if constexpr (kCols == TileCols::kPieces) {
+    s.shift = p.shifted_slices & static_cast<int>((reinterpret_cast<uintptr_t>(s.base) >> 1) & 1);
+    s.base = static_cast<const char*>(s.base) - 2 * s.shift;
+  }
+  return s;
+}
+
+// The bytes of a row of `src` that a kernel of tiles kCols copies (kPadded: the staged rows of
+// p.load_dim; kPieces: the row's D, or D + 1 from the element before it in a shifted slice).
+template <TileCols kCols>
+__device__ __forceinline__ int slice_row_bytes(const SliceSource& src,
+                                               const EvoformerDeviceParams& p) {
+  if constexpr (kCols == TileCols::kPieces) {
+    return static_cast<int>(2 * (p.dim + src.shift));
+  } else {
+    return static_cast<int>(2 * p.load_dim);
+  }
+}
+
 // Rows [row0, row0 + 64) of a slice (offsets below 2^31) into the swizzled tile at `tile`; rows at
 // or past L are zero-filled. kCols (the kernel's, TileCols): kExact, 16-byte aligned rows of
 // exactly kHeadDim elements; kPadded, aligned rows of p.load_dim elements in whole chunks, the
-// chunks past them zero-filled. `thread`: as copy_tile_swizzled's.
+// chunks past them zero-filled; kPieces, 4-byte aligned rows (slice_row_bytes) in 4-byte pieces.
+// `thread`: as copy_tile_swizzled's.
 template <typename T, int kHeadDim, TileCols kCols = TileCols::kExact>
 __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSource& src,
                                                     int64_t row0, const EvoformerDeviceParams& p,
                                                     int thread = static_cast<int>(threadIdx.x)) {
   const int32_t row_bytes = static_cast<int32_t>(src.row_stride * static_cast<int64_t>(sizeof(T)));
   const char* rows = static_cast<const char*>(src.base) + row0 * row_bytes;
-  if constexpr (kCols == TileCols::kPadded) {
-    copy_tile_swizzled<kHeadDim, true>(tile, rows, row_bytes, p.len - row0, thread,
-                                       static_cast<int>(2 * p.load_dim));
+  if constexpr (kCols != TileCols::kExact) {
+    copy_tile_swizzled<kHeadDim, true, kCols == TileCols::kPieces>(
+        tile, rows, row_bytes, p.len - row0, thread, slice_row_bytes<kCols>(src, p));
   } else {
     copy_tile_swizzled<kHeadDim>(tile, rows, row_bytes, p.len - row0, thread);
   }
@@ -86,12 +115,14 @@ __device__ __forceinline__ void copy_slice_swizzled(uint32_t tile, const SliceSo
 
 // The ChunkStream of this thread's chunks of consecutive 64-row tiles of a [B, N, L, H, D] slice
 // (16-bit, the host's wgmma_tiles) into the swizzled tile layout: tile t is rows [64 t, 64 t + 64).
-// kPadded (TileCols::kPadded): rows of p.load_dim elements, this thread's chunk zero-filled when
-// it lies past them (its reads then start at the row's first chunk and read nothing).
-template <int kHeadDim, bool kPadded = false>
+// kCols (TileCols): kPadded, rows of p.load_dim elements, this thread's chunk zero-filled when it
+// lies past them (its reads then start at the row's first chunk and read nothing); kPieces, the
+// same for rows of slice_row_bytes, each chunk in 4-byte pieces.
+template <int kHeadDim, TileCols kCols = TileCols::kExact>
 struct SliceTileStream {
   static constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
-  using Stream = ChunkStream<kWgmmaRows / kRowStep, kRowStep * kSwizzleBytes<kHeadDim>, kPadded>;
+  using Stream = ChunkStream<kWgmmaRows / kRowStep, kRowStep * kSwizzleBytes<kHeadDim>,
+                             kCols != TileCols::kExact, kCols == TileCols::kPieces>;
   __device__ __forceinline__ static Stream of(const SliceSource& src) {
     const int c = static_cast<int>(threadIdx.x) % kChunks,
               r = static_cast<int>(threadIdx.x) / kChunks;
@@ -100,13 +131,15 @@ struct SliceTileStream {
             kWgmmaRows * row_bytes,
             swizzled_chunk_offset<kWgmmaRows, kSwizzleBytes<kHeadDim>>(r, c)};
   }
-  // The same for rows of p.load_dim elements (kPadded): this thread's chunk past them reads
-  // nothing.
+  // The same for rows shorter than the head dim (kPadded, kPieces: slice_row_bytes): this
+  // thread's chunk past them reads nothing.
   __device__ __forceinline__ static Stream of(const SliceSource& src,
                                               const EvoformerDeviceParams& p) {
-    static_assert(kPadded, "rows of the head dim: of(src)");
+    static_assert(kCols != TileCols::kExact, "rows of the head dim: of(src)");
     const int c = static_cast<int>(threadIdx.x) % kChunks;
-    const int bytes = chunk_source_bytes(c, static_cast<int>(2 * p.load_dim));
+    const int row_bytes = slice_row_bytes<kCols>(src, p);
+    const int bytes = kCols == TileCols::kPieces ? chunk_bytes_inside(c, row_bytes)
+                                                 : chunk_source_bytes(c, row_bytes);
     Stream stream = of(src);
     if (bytes == 0) stream.src -= c * 16;
     stream.bytes = bytes;
@@ -114,14 +147,15 @@ struct SliceTileStream {
   }
 };
 
-// SliceTileStream<kHeadDim, kPadded>::of for the call's rows (p.load_dim read only when kPadded).
-template <int kHeadDim, bool kPadded>
-__device__ __forceinline__ typename SliceTileStream<kHeadDim, kPadded>::Stream slice_stream(
+// SliceTileStream<kHeadDim, kCols>::of for the call's rows (p read only for rows shorter than
+// the head dim).
+template <int kHeadDim, TileCols kCols>
+__device__ __forceinline__ typename SliceTileStream<kHeadDim, kCols>::Stream slice_stream(
     const SliceSource& src, [[maybe_unused]] const EvoformerDeviceParams& p) {
-  if constexpr (kPadded) {
-    return SliceTileStream<kHeadDim, true>::of(src, p);
+  if constexpr (kCols != TileCols::kExact) {
+    return SliceTileStream<kHeadDim, kCols>::of(src, p);
   } else {
-    return SliceTileStream<kHeadDim, false>::of(src);
+    return SliceTileStream<kHeadDim, kCols>::of(src);
   }
 }
 
@@ -153,9 +187,9 @@ __device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, in
 // copy_key_tile_biases). kStageBias1 = false: bias1 is not copied (the forward reads it into
 // registers itself). The bias types are the kernel's (evoformer_bias_types.cuh), so that fixed
 // ones leave no test in the copies.
-template <int kHeadDim, bool kStageBias1 = true, bool kPadded = false>
+template <int kHeadDim, bool kStageBias1 = true, TileCols kCols = TileCols::kExact>
 struct EvoformerKeyTileStreams {
-  typename SliceTileStream<kHeadDim, kPadded>::Stream k, v;
+  typename SliceTileStream<kHeadDim, kCols>::Stream k, v;
   BiasTileStream bias2;
   ChunkStream<1, 0> bias1;  // the 64 keys' 128 bytes: threads 0..7
   bool usable, last_usable, has_bias2, has_bias1;
@@ -165,8 +199,8 @@ struct EvoformerKeyTileStreams {
                                                      const SliceSource& v_src, int64_t b, int64_t n,
                                                      int64_t h, int64_t row0, BiasType bias1_type,
                                                      BiasType bias2_type)
-      : k(slice_stream<kHeadDim, kPadded>(k_src, p)),
-        v(slice_stream<kHeadDim, kPadded>(v_src, p)),
+      : k(slice_stream<kHeadDim, kCols>(k_src, p)),
+        v(slice_stream<kHeadDim, kCols>(v_src, p)),
         bias2{},
         bias1{},
         has_bias2(bias2_type != BiasType::kNone),
@@ -253,7 +287,7 @@ struct EvoformerKeyTileStreams {
   // The copies' tests: K and V copy i holds row x / kChunks + i kRowStep of the tile; bias2 copy i
   // row x / 8 + 16 i of the CTA's query rows (chunk x % 8); bias1's one copy chunk x.
   __device__ __forceinline__ static auto key_rows(const Inside& in) {
-    using Slice = SliceTileStream<kHeadDim, kPadded>;
+    using Slice = SliceTileStream<kHeadDim, kCols>;
     return [row = static_cast<int>(threadIdx.x) / Slice::kChunks, keys = in.keys](int i) {
       return row + i * Slice::kRowStep < keys;
     };
@@ -285,7 +319,7 @@ struct EvoformerKeyTileLoader {
   unsigned char* bias1_stages;
   int bias2_stage_bytes, bias1_stage_bytes;
   int64_t b, n, h, row0;
-  EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols == TileCols::kPadded> streams;
+  EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols> streams;
   // Whole key tiles take the unmasked stream copies: the CTA's 64 query rows lie inside L, or
   // there is no bias2, or bias2's rows past L of this slice still lie inside its memory
   // (p.bias2_reach: the next slice's rows, whose values reach only score rows past L).
@@ -297,8 +331,8 @@ struct EvoformerKeyTileLoader {
                                                     uint32_t k_tiles_, uint32_t v_tiles_,
                                                     unsigned char* bias_stages, BiasType bias1_type,
                                                     BiasType bias2_type)
-      : k_src(slice_of(p.k, p.k_stride, p.vec_k, sizeof(T), b_, n_, h_)),
-        v_src(slice_of(p.v, p.v_stride, p.vec_v, sizeof(T), b_, n_, h_)),
+      : k_src(evoformer_slice_of<kCols>(p.k, p.k_stride, p.vec_k, p, b_, n_, h_)),
+        v_src(evoformer_slice_of<kCols>(p.v, p.v_stride, p.vec_v, p, b_, n_, h_)),
         k_tiles(k_tiles_),
         v_tiles(v_tiles_),
         bias2_stages(bias_stages),
@@ -357,7 +391,7 @@ struct EvoformerKeyTileLoader {
   }
 
  private:
-  using Streams = EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols == TileCols::kPadded>;
+  using Streams = EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols>;
   // Whether every chunk of bias2's rows row0 .. row0 + 63 of this slice lies inside bias2's
   // memory: the last row's first and last columns do (offsets are linear in the row).
   __device__ __forceinline__ bool bias2_rows_reachable(const EvoformerDeviceParams& p) const {
@@ -380,9 +414,9 @@ struct EvoformerKeyTileLoader {
 // are inside L take copy, and a partial last query tile takes copy_masked. `last_usable`: the
 // CTA of the last keys, whose bias2 columns reach past L, takes copy_masked too, because bias2's
 // rows end on a whole chunk.
-template <int kHeadDim, bool kPadded = false>
+template <int kHeadDim, TileCols kCols = TileCols::kExact>
 struct EvoformerQueryTileStreams {
-  typename SliceTileStream<kHeadDim, kPadded>::Stream q, dout;
+  typename SliceTileStream<kHeadDim, kCols>::Stream q, dout;
   BiasTileStream bias2;
   const float* lse;  // row threadIdx.x of tile 0 (threads 0..63)
   const float* delta;
@@ -394,8 +428,8 @@ struct EvoformerQueryTileStreams {
                                                        const SliceSource& do_src, int64_t b,
                                                        int64_t bn, int64_t h, int64_t key0,
                                                        BiasType bias2_type)
-      : q(slice_stream<kHeadDim, kPadded>(q_src, p)),
-        dout(slice_stream<kHeadDim, kPadded>(do_src, p)),
+      : q(slice_stream<kHeadDim, kCols>(q_src, p)),
+        dout(slice_stream<kHeadDim, kCols>(do_src, p)),
         bias2{},
         lse(p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + threadIdx.x * p.lse_stride[2]),
         delta(p.delta + (bn * p.heads + h) * p.len + threadIdx.x),
@@ -431,7 +465,7 @@ struct EvoformerQueryTileStreams {
                                               float* lse_dst, float* delta_dst,
                                               uint32_t bias2_stage, const char* q0_row,
                                               const char* do0_row, const char* bias2_0) const {
-    using Slice = SliceTileStream<kHeadDim, kPadded>;
+    using Slice = SliceTileStream<kHeadDim, kCols>;
     const int x = static_cast<int>(threadIdx.x);
     const int64_t rows_inside = p.len - t * kWgmmaRows;
     uint32_t rows = 0;

@@ -139,7 +139,9 @@ std::string path_name(int stages, const cuda::EvoformerDeviceParams& p) {
   if (stages == -2) return "wgmma, fused backward in clusters of two CTAs";
   if (stages > 0)
     return "mma.sync, " + std::to_string(stages) + (stages == 1 ? " stage" : " stages");
-  std::string name = p.padded_tiles ? "wgmma PaddedDimTypes" : "wgmma";
+  std::string name = p.padded_tiles     ? "wgmma PaddedDimTypes"
+                     : p.in_place_tiles ? "wgmma InPlaceDimTypes"
+                                        : "wgmma";
   if (p.dim <= 32 && p.dq != nullptr) {
     const detail::CudaFusedBackwardPlan plan = cuda::evoformer_fused_backward_plan(p);
     name += plan.ranks > 0 ? ", fused backward (" + std::to_string(plan.stages) + " buffers)"
@@ -182,10 +184,14 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   HostTensor lse = HostTensor::packed(DType::kF32, cfg.shape.lse());
   EvoformerForwardParams f = forward_params_of(in, out.view(), lse.view());
   f.options.scale = cfg.scale;
-  const detail::CudaForwardWorkspace fw = cuda::forward_workspace(f, s);
+  // The dispatch's launchers as on a device with the warpgroup kernels; the mma.sync kernels as
+  // on one without (the forward's plan differs: forward_reads_in_place).
+  const bool warpgroup = kStages <= 0;
+  const detail::CudaForwardWorkspace fw = cuda::forward_workspace(f, s, warpgroup);
   std::vector<float> fwd_workspace(fw.layout.total_bytes() / 4 + 16, NAN);
-  make_copies(cuda::forward_copy_jobs(f, s, fwd_workspace.data()));
-  const cuda::EvoformerDeviceParams pf = cuda::forward_device_params(f, s, fwd_workspace.data());
+  make_copies(cuda::forward_copy_jobs(f, s, fwd_workspace.data(), warpgroup));
+  const cuda::EvoformerDeviceParams pf =
+      cuda::forward_device_params(f, s, fwd_workspace.data(), warpgroup);
   if (kStages <= 0 && !pf.wgmma_tiles) return true;
   if constexpr (kStages <= 0) {
     cuda::launch_evoformer_forward<T, kHD>(pf, nullptr);
@@ -275,10 +281,14 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
     check("dbias2", bias_grad_within_tolerance("dbias2", dbias2.values(), bref.dbias2.values(),
                                                g64.dbias2, cfg.dtype));
   }
-  std::printf("%s, %s: vec %d%d%d%d%d, load_dim %lld, staged %d%d, dbias2 chunks %lld: %s\n",
-              cfg.str().c_str(), path_name(kStages, pb).c_str(), pb.vec_q, pb.vec_k, pb.vec_v,
-              pb.vec_dout, pb.vec_out, static_cast<long long>(pb.load_dim), pb.bias1_staged,
-              pb.bias2_staged, static_cast<long long>(pb.dbias2_chunks), ok ? "OK" : "FAILED");
+  std::printf("%s, %s%s: vec %d%d%d%d%d, load_dim %lld, staged %d%d, dbias2 chunks %lld: %s\n",
+              cfg.str().c_str(), path_name(kStages, pb).c_str(),
+              pf.in_place_tiles
+                  ? (pf.shifted_slices ? " (forward in place, shifted)" : " (forward in place)")
+                  : "",
+              pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
+              static_cast<long long>(pb.load_dim), pb.bias1_staged, pb.bias2_staged,
+              static_cast<long long>(pb.dbias2_chunks), ok ? "OK" : "FAILED");
   return ok;
 }
 
@@ -374,6 +384,18 @@ std::vector<EvoConfig> cases() {
   // and by the head dim 8 kernels: D 5.
   add({1, 2, 130, 2, 33}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPadded);
   add({1, 2, 70, 2, 5}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
+  // Forwards that read Q, K, V in place in 4-byte pieces (InPlaceDimTypes; their backward reads
+  // staged copies): odd D in shifted slices (the second head's rows start on a 2-byte boundary;
+  // in wide rows the element before them is a poisoned column, which must be zeroed), even D
+  // with poisoned columns past D, partial last tiles, each head dim.
+  add({1, 2, 130, 2, 127}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
+      Layout::kWideRows);
+  add({1, 2, 77, 2, 63}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
+  add({1, 1, 70, 2, 116}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kWideRows);
+  add({1, 2, 100, 2, 26}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 3, 64, 2, 31}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kNone, Layout::kWideRows);
+  add({2, 2, 70, 2, 58}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
+      Layout::kTransposedNL);
   return out;
 }
 

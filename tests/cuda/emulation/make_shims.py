@@ -51,7 +51,9 @@ ts, n1 = re.subn(r"return static_cast<uint32_t>\(__cvta_generic_to_shared\(smem\
                  "return ::emu::shared_offset(smem);", ts)
 ts, n2 = re.subn(r"(void cp_async_16_to\(uint32_t dst, const void\* src, int bytes\) \{).*?\n\}",
                  r"\1\n  ::emu::cp_async(::emu::shared_at(dst), src, 16, bytes);\n}", ts, flags=re.S)
-assert n1 == 1 and n2 == 1, "tile copies"
+ts, n3 = re.subn(r"(void cp_async_4_to\(uint32_t dst, const void\* src, int bytes\) \{).*?\n\}",
+                 r"\1\n  ::emu::cp_async(::emu::shared_at(dst), src, 4, bytes);\n}", ts, flags=re.S)
+assert n1 == 1 and n2 == 1 and n3 == 1, "tile copies"
 assert not re.search(r"\basm\b", ts)
 (out / "cuda/common/tile_copies.cuh").write_text(ts)
 # The epilogues' 32-bit pair stores: the GPU traps on a misaligned one, which plain host stores
