@@ -145,27 +145,22 @@ Status make_copies(const EvoformerCopyJobs& jobs, const EvoformerDeviceParams& p
 
 // The mma.sync kernels (which take every shape) where the device or build has no warpgroup
 // kernels or SCIATTN_CUDA_KERNELS asks for the portable ones (cuda/common/device_arch.h), within
-// the shared memory the device (or that variable) allows.
-Status keep_to_device_kernels(EvoformerDeviceParams& p) {
-  DeviceKernels kernels;
-  const Status usable = current_device_kernels(&kernels);
-  if (!usable.ok()) return usable;
+// the shared memory the device (or that variable) allows. `kernels`: current_device_kernels'.
+void keep_to_device_kernels(EvoformerDeviceParams& p, const DeviceKernels& kernels) {
   if (!kernels.warpgroup_mma) evoformer_params::use_mma_sync_kernels(p);
   p.smem_limit = kernels.smem_limit;
   p.overlap_launches = kernels.major >= 9 ? 1 : 0;
-  return usable;
 }
 
 Status run_forward_here(const EvoformerForwardParams& params, const detail::EvoformerShape& s,
                         void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
   DeviceKernels kernels;
-  const Status asked = current_device_kernels(&kernels);
-  if (!asked.ok()) return asked;
-  const bool warpgroup = kernels.warpgroup_mma;
-  EvoformerDeviceParams p = forward_device_params(params, s, workspace, warpgroup);
-  const Status usable = keep_to_device_kernels(p);
+  const Status usable = current_device_kernels(&kernels);
   if (!usable.ok()) return usable;
+  const bool warpgroup = kernels.warpgroup_mma;  // the forward's plan depends on it
+  EvoformerDeviceParams p = forward_device_params(params, s, workspace, warpgroup);
+  keep_to_device_kernels(p, kernels);
   const Status copied =
       make_copies(forward_copy_jobs(params, s, workspace, warpgroup), p, cuda_stream);
   if (!copied.ok()) return copied;
@@ -180,9 +175,11 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
 Status run_backward_here(const EvoformerBackwardParams& params, const detail::EvoformerShape& s,
                          void* workspace, Stream stream) {
   const auto cuda_stream = static_cast<cudaStream_t>(stream.handle);
-  EvoformerDeviceParams p = backward_device_params(params, s, workspace);
-  const Status usable = keep_to_device_kernels(p);
+  DeviceKernels kernels;
+  const Status usable = current_device_kernels(&kernels);
   if (!usable.ok()) return usable;
+  EvoformerDeviceParams p = backward_device_params(params, s, workspace);
+  keep_to_device_kernels(p, kernels);
   const Status copied = make_copies(backward_copy_jobs(params, s, workspace), p, cuda_stream);
   if (!copied.ok()) return copied;
   const bool f32 = params.q.dtype == DType::kF32;
