@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -523,6 +524,51 @@ TEST_P(EvoformerCudaFused, BackwardOverKeyTiles) {
 
 INSTANTIATE_TEST_SUITE_P(Fused, EvoformerCudaFused, ::testing::ValuesIn(kFusedCases),
                          fused_case_name);
+
+// On a device that runs the warpgroup kernels (sm_90, SCIATTN_CUDA_KERNELS unset) the forward of
+// a D near its head dim reads Q, K and V in place, so its workspace holds no copy of them; a D
+// below three quarters of the head dim, and the backward, keep the staged copies.
+TEST(EvoformerCudaEdges, ForwardWorkspaceHoldsNoInputCopiesWhenReadInPlace) {
+  SKIP_WITHOUT_GPU();
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  if (prop.major != 9 || std::getenv("SCIATTN_CUDA_KERNELS") != nullptr) {
+    GTEST_SKIP() << "the in-place forward runs on sm_90 with the default kernels";
+  }
+  const auto workspaces = [](int64_t d) {
+    EvoConfig c;
+    c.shape = {1, 2, 256, 2, d};  // L 256: the biases need no copy
+    c.dtype = DType::kBF16;
+    c.bias1 = Bias1Kind::kSameAsQ;
+    c.bias2 = Bias2Kind::kSameAsQ;
+    const EvoInputs in = make_inputs(c);
+    DeviceCopy q(in.q), k(in.k), v(in.v), bias1(in.bias1), bias2(in.bias2), dout(in.dout);
+    HostTensor out = make_tensor(c.dtype, c.shape.qkv(), c.out_layout);
+    HostTensor lse = HostTensor::packed(DType::kF32, c.shape.lse());
+    HostTensor dq = make_tensor(c.dtype, c.shape.qkv(), c.out_layout);
+    HostTensor dk = make_tensor(c.dtype, c.shape.qkv(), c.out_layout);
+    HostTensor dv = make_tensor(c.dtype, c.shape.qkv(), c.out_layout);
+    DeviceCopy o(out), l(lse), gq(dq), gk(dk), gv(dv);
+    EvoformerForwardParams f;
+    f.q = q.view();
+    f.k = k.view();
+    f.v = v.view();
+    f.bias1 = bias1.view();
+    f.bias2 = bias2.view();
+    f.out = o.view();
+    f.lse = l.view();
+    const EvoformerBackwardParams b = backward_params_of(f, dout.view(), gq.view(), gk.view(),
+                                                         gv.view(), TensorView{}, TensorView{});
+    return std::pair<size_t, size_t>{workspace_size(f), workspace_size(b)};
+  };
+  const size_t copy_bytes = size_t{2} * 256 * 2 * 128 * 2;  // one staged [1, 2, 256, 2, 128]
+  for (const int64_t d : {127, 116, 58, 31}) {
+    const auto [forward, backward] = workspaces(d);
+    EXPECT_EQ(forward, 0u) << d;
+    EXPECT_GE(backward, 4 * (copy_bytes / 128) * static_cast<size_t>((d + 7) / 8 * 8)) << d;
+  }
+  EXPECT_GE(workspaces(33).first, 3 * (copy_bytes / 128) * 40);  // staged at 40 columns
+}
 
 TEST(EvoformerCudaEdges, HeadDimAbove128IsRejectedClearly) {
   SKIP_WITHOUT_GPU();
