@@ -26,13 +26,11 @@ struct GpuResult {
   HostTensor out, lse, dq, dk, dv, dbias1, dbias2;
 };
 
-GpuResult run_gpu(const EvoInputs& in, bool want_dbias1, bool want_dbias2) {
-  const EvoConfig& cfg = in.cfg;
-  GpuResult r;
-  DeviceCopy q(in.q), k(in.k), v(in.v), bias1(in.bias1), bias2(in.bias2), dout(in.dout);
-  r.out = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
-  r.lse = HostTensor::packed(DType::kF32, cfg.shape.lse());
-  DeviceCopy out(r.out), lse(r.lse);
+// The forward's params over device copies of a case's inputs and outputs.
+EvoformerForwardParams device_forward_params(const DeviceCopy& q, const DeviceCopy& k,
+                                             const DeviceCopy& v, const DeviceCopy& bias1,
+                                             const DeviceCopy& bias2, const DeviceCopy& out,
+                                             const DeviceCopy& lse) {
   EvoformerForwardParams f;
   f.q = q.view();
   f.k = k.view();
@@ -41,6 +39,17 @@ GpuResult run_gpu(const EvoInputs& in, bool want_dbias1, bool want_dbias2) {
   f.bias2 = bias2.view();
   f.out = out.view();
   f.lse = lse.view();
+  return f;
+}
+
+GpuResult run_gpu(const EvoInputs& in, bool want_dbias1, bool want_dbias2) {
+  const EvoConfig& cfg = in.cfg;
+  GpuResult r;
+  DeviceCopy q(in.q), k(in.k), v(in.v), bias1(in.bias1), bias2(in.bias2), dout(in.dout);
+  r.out = make_tensor(cfg.dtype, cfg.shape.qkv(), cfg.out_layout);
+  r.lse = HostTensor::packed(DType::kF32, cfg.shape.lse());
+  DeviceCopy out(r.out), lse(r.lse);
+  EvoformerForwardParams f = device_forward_params(q, k, v, bias1, bias2, out, lse);
   f.options.scale = cfg.scale;
   const size_t fwd_ws_bytes = workspace_size(f);
   DeviceBuffer fwd_ws(fwd_ws_bytes, /*poison=*/true);
@@ -549,14 +558,7 @@ TEST(EvoformerCudaEdges, ForwardWorkspaceHoldsNoInputCopiesWhenReadInPlace) {
     HostTensor dk = make_tensor(c.dtype, c.shape.qkv(), c.out_layout);
     HostTensor dv = make_tensor(c.dtype, c.shape.qkv(), c.out_layout);
     DeviceCopy o(out), l(lse), gq(dq), gk(dk), gv(dv);
-    EvoformerForwardParams f;
-    f.q = q.view();
-    f.k = k.view();
-    f.v = v.view();
-    f.bias1 = bias1.view();
-    f.bias2 = bias2.view();
-    f.out = o.view();
-    f.lse = l.view();
+    const EvoformerForwardParams f = device_forward_params(q, k, v, bias1, bias2, o, l);
     const EvoformerBackwardParams b = backward_params_of(f, dout.view(), gq.view(), gk.view(),
                                                          gv.view(), TensorView{}, TensorView{});
     return std::pair<size_t, size_t>{workspace_size(f), workspace_size(b)};
