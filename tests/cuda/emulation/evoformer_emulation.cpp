@@ -190,8 +190,12 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   const detail::CudaForwardWorkspace fw = cuda::forward_workspace(f, s, warpgroup);
   std::vector<float> fwd_workspace(fw.layout.total_bytes() / 4 + 16, NAN);
   make_copies(cuda::forward_copy_jobs(f, s, fwd_workspace.data(), warpgroup));
-  const cuda::EvoformerDeviceParams pf =
+  cuda::EvoformerDeviceParams pf =
       cuda::forward_device_params(f, s, fwd_workspace.data(), warpgroup);
+  if (!cuda::encode_forward_tile_maps(f, s, pf, emu::encode_tile_map).ok()) {
+    std::printf("%s: the tile maps could not be encoded: FAILED\n", cfg.str().c_str());
+    return false;
+  }
   if (kStages <= 0 && !pf.wgmma_tiles) return true;
   if constexpr (kStages <= 0) {
     cuda::launch_evoformer_forward<T, kHD>(pf, nullptr);
@@ -283,7 +287,8 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   }
   std::printf("%s, %s%s: vec %d%d%d%d%d, load_dim %lld, staged %d%d, dbias2 chunks %lld: %s\n",
               cfg.str().c_str(), path_name(kStages, pb).c_str(),
-              pf.in_place_tiles
+              pf.tensor_map_tiles ? " (forward by tensor copies)"
+              : pf.in_place_tiles
                   ? (pf.shifted_slices ? " (forward in place, shifted)" : " (forward in place)")
                   : "",
               pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
@@ -395,6 +400,17 @@ std::vector<EvoConfig> cases() {
   add({1, 2, 100, 2, 26}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
   add({1, 3, 64, 2, 31}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kNone, Layout::kWideRows);
   add({2, 2, 70, 2, 58}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
+      Layout::kTransposedNL);
+  // Forwards that read Q, K, V by tensor copies (TensorMapDimTypes: rows 16-byte strided, here
+  // H x D or H x (D + 8) a multiple of 8): each head dim, odd and even D, the box's columns past D
+  // from the next head (packed), from the poisoned columns (wide rows) or past the last head,
+  // enough key tiles to take both barriers through two phases, partial last tiles.
+  add({1, 2, 200, 8, 31}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 1, 260, 4, 26}, DType::kF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 2, 130, 8, 33}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
+  add({2, 1, 77, 2, 60}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kWideRows);
+  add({1, 1, 100, 8, 127}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
+  add({1, 2, 64, 2, 100}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
       Layout::kTransposedNL);
   return out;
 }
