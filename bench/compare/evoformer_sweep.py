@@ -9,8 +9,9 @@ ratio time(shape) / time(friendly shape) and where it is.
 
 Length sweep: triangle-attention shapes [1, N = L, L, 4, 32] with a mask (bias1) and a pair bias
 (bias2), L in 250..260, 296..304, 380..390, 496..516 and the multiples of 32 up to 1024; the
-friendly shape keeps N = L and rounds L. Head-dim sweep: [1, 256, 256, 4, D] with the same biases
-for every D in 1..128. bf16.
+friendly shape keeps N = L and rounds L. Head-dim sweep: [1, 256, 256, H, D] with the same biases
+for every D in 1..128, H 4 unless --heads says otherwise (the head count decides how unaligned
+rows are read: at H 8 every D's rows are 16-byte strided, at H 4 only an even D's). bf16.
 
 sciattn is called through libsciattn_capi.so (bench/compare/evoformer.py's ctypes wrapper: each
 call's workspace from torch's allocator). Each time is the median of 20 samples, a sample
@@ -60,8 +61,8 @@ def length_shape(L):
     return (1, L, L, 4, 32)
 
 
-def dim_shape(D):
-    return (1, 256, 256, 4, D)
+def dim_shape(D, heads=4):
+    return (1, 256, 256, heads, D)
 
 
 class Timer:
@@ -159,13 +160,13 @@ def summary(rows):
     return lines
 
 
-def plot(rows, peers, path):
+def plot(rows, peers, path, heads=4):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.5))
     for ax, axis, label in ((axes[0], "L", "L (triangle [1, L, L, 4, 32])"),
-                            (axes[1], "D", "D ([1, 256, 256, 4, D])")):
+                            (axes[1], "D", f"D ([1, 256, 256, {heads}, D])")):
         rs = [r for r in rows if r["axis"] == axis]
         for impl in ["sciattn"] + peers:
             pts = [(r["value"], r[impl]["fwd_bwd_ms"]) for r in rs
@@ -220,6 +221,8 @@ def main():
                          "call; 1: single calls from an idle GPU, host launch latency included)")
     ap.add_argument("--dims", default=None,
                     help="comma-separated head dims (1..128) replacing the head-dim grid ('' skips it)")
+    ap.add_argument("--heads", type=int, default=4,
+                    help="H of the head-dim sweep's shapes (default 4)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("evoformer_sweep.py needs a CUDA GPU (it times kernels)")
@@ -239,11 +242,14 @@ def main():
 
     if args.inner < 1:
         sys.exit(f"--inner: {args.inner} is not a count; give 1 or more")
+    if args.heads < 1:
+        sys.exit(f"--heads: {args.heads} is not a head count; give 1 or more")
     timer = Timer(evo.Sciattn(args.lib), peers, args.inner)
     rows = sweep(timer, "L", sorted(set(lengths)), length_shape,
                  lambda L: (1, L, round_up(L, 64), 4, 32), peer_lengths, peers)
-    rows += sweep(timer, "D", dims, dim_shape, lambda D: (1, 256, 256, 4, friendly_dim(D)),
-                  peer_dims, peers)
+    heads = args.heads
+    rows += sweep(timer, "D", dims, lambda D: dim_shape(D, heads),
+                  lambda D: dim_shape(friendly_dim(D), heads), peer_dims, peers)
     lines = summary(rows)
     print("\n".join(lines))
     os.makedirs(args.out, exist_ok=True)
@@ -251,7 +257,7 @@ def main():
     meta["summary"] = lines
     meta["calls_per_sample"] = args.inner
     write_json(os.path.join(args.out, "evoformer_sweep.json"), meta, rows)
-    plot(rows, peers, os.path.join(args.out, "evoformer_sweep.png"))
+    plot(rows, peers, os.path.join(args.out, "evoformer_sweep.png"), heads)
 
 
 if __name__ == "__main__":
