@@ -428,6 +428,12 @@ TEST(EvoformerDeviceParams, ForwardReadsByTensorMaps) {
   v.f.bias1 = TensorView::contiguous(address(4 << 24), DType::kBool, {1, 2, 1, 1, 300});
   EXPECT_EQ(forward_of(v, s).tensor_map_tiles, 0);
   EXPECT_EQ(forward_of(v, s).wgmma_tiles, 0);
+  // Heads outside the rows (a [B, N, H, L, 40] buffer seen as [B, N, L, H, 33]: the L stride 40,
+  // the H stride 300 x 40): no maps.
+  v = views(s, DType::kBF16);
+  v.f.q = TensorView::strided(address(0), DType::kBF16, {1, 2, 300, 8, 33},
+                              {2 * 8 * 300 * 40, 8 * 300 * 40, 40, 300 * 40, 1});
+  EXPECT_EQ(forward_of(v, s).tensor_map_tiles, 0);
   // A map's rules: the encoder's checks (tile_map_shape_valid).
   cuda::TileMapShape m = cuda::evoformer_params::tile_map_shape_of(views(s, DType::kBF16).f.q, 64);
   ASSERT_TRUE(cuda::tile_map_shape_valid(m));

@@ -169,14 +169,17 @@ inline TileMapShape tile_map_shape_of(const TensorView& t, int64_t head_dim) {
 }
 
 // Whether the warpgroup forward can read t's tiles through tile_map_shape_of's map: 16-bit with
-// unit D stride and non-negative strides, the map's rules met (its base and its L, N, B strides
-// in bytes multiples of 16: for a packed tensor, H x D a multiple of 8), and every head's first
-// column and B, N below 2^31 (the copies' 32-bit coordinates).
+// unit D stride and non-negative strides, the rows of all heads inside one L stride (as in packed,
+// wide-row and N / L transposed tensors: the map's innermost dimension then stays within a row),
+// the map's rules met (its base and its L, N, B strides in bytes multiples of 16: for a packed
+// tensor, H x D a multiple of 8), and every head's first column and B, N below 2^31 (the copies'
+// 32-bit coordinates).
 inline bool tile_mappable(const TensorView& t, int64_t head_dim) {
   if (dtype_size(t.dtype) != 2 || t.strides[4] != 1) return false;
   for (int d = 0; d < 4; ++d) {
     if (t.strides[d] < 0) return false;
   }
+  if (t.sizes[2] > 1 && (t.sizes[3] - 1) * t.strides[3] + t.sizes[4] > t.strides[2]) return false;
   constexpr int64_t kCoordLimit = int64_t{1} << 31;
   if ((t.sizes[3] - 1) * t.strides[3] + head_dim >= kCoordLimit) return false;
   if (t.sizes[0] >= kCoordLimit || t.sizes[1] >= kCoordLimit) return false;
