@@ -10,8 +10,9 @@ ratio time(shape) / time(friendly shape) and where it is.
 Length sweep: triangle-attention shapes [1, N = L, L, 4, 32] with a mask (bias1) and a pair bias
 (bias2), L in 250..260, 296..304, 380..390, 496..516 and the multiples of 32 up to 1024; the
 friendly shape keeps N = L and rounds L. Head-dim sweep: [1, 256, 256, H, D] with the same biases
-for every D in 1..128, H 4 unless --heads says otherwise (the head count decides how unaligned
-rows are read: at H 8 every D's rows are 16-byte strided, at H 4 only an even D's). bf16.
+for every D in 1..128, H 4 unless --heads says otherwise (the head count decides how rows that
+are not whole 16-byte chunks can be read: an odd D's forward reads them in place only when H is
+even). bf16.
 
 sciattn is called through libsciattn_capi.so (bench/compare/evoformer.py's ctypes wrapper: each
 call's workspace from torch's allocator). Each time is the median of 20 samples, a sample

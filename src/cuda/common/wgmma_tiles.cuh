@@ -10,7 +10,6 @@
 
 #include <cstdint>
 
-#include "cuda/common/tensor_tile_copies.cuh"
 #include "cuda/common/tile_copies.cuh"  // shared_address, cp_async_16_to, cp_async_*
 #include "cuda/common/wgmma.cuh"
 
@@ -29,14 +28,9 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 //            16-byte chunk as four 4-byte pieces (copy_chunk_pieces_to), the bytes past the row
 //            zero-filled; four copy instructions per chunk, so only the Evoformer forward reads
 //            rows this way, and only where D is near the head dim.
-//   kTensorMap: D < kHeadDim in any alignment, read by tensor copies (TMA) through a map of the
-//            rows of every head (the tensor's rows 16-byte strided): one thread starts a tile's
-//            copies (tensor_copy_tile), the box's columns past D hold the next head's elements (or
-//            zeros) and are zeroed in shared memory where a product reads them over D
-//            (zero_columns_past_swizzled). The Evoformer forward's.
 // (Rows of any other D or alignment are copied into kPadded rows before the kernels run: the
 // Evoformer dispatch's staged copies.)
-enum class TileCols { kExact, kPadded, kPieces, kTensorMap };
+enum class TileCols { kExact, kPadded, kPieces };
 
 // The calling thread's warpgroup in its CTA, broadcast from lane 0 so that the compiler knows it
 // is the same across the warp: code that branches on it (a warpgroup's own tile count) then keeps
@@ -155,48 +149,6 @@ __device__ __forceinline__ void zero_first_column_swizzled(
     *reinterpret_cast<uint16_t*>(first + i * kRowStep * kWidth) = 0;
   }
 }
-
-// Zeroes columns [dim, kHeadDim) of the 64 rows of the swizzled tile at `tile` (a generic pointer
-// into shared memory), the work shared by the CTA's kThreads threads: the columns a tensor copy
-// of a box of head dim columns read from past a row of dim elements (TileCols::kTensorMap), which
-// a product over the head dim must see as zeros (0 x inf is not 0). Called after the tile's
-// barrier wait and before the proxy fence and barrier that show the tile to wgmma.
-template <int kHeadDim, int kThreads = kWgmmaThreads>
-__device__ __forceinline__ void zero_columns_past_swizzled(unsigned char* tile, int dim) {
-  constexpr int kWidth = kSwizzleBytes<kHeadDim>, kChunks = kHeadDim / 8;
-  const int first = dim / 8;  // the first chunk that holds a column past dim
-  const int items = (kChunks - first) * kWgmmaRows;
-  for (int i = static_cast<int>(threadIdx.x) % kThreads; i < items; i += kThreads) {
-    const int row = i % kWgmmaRows, c = first + i / kWgmmaRows;
-    unsigned char* const chunk = tile + swizzled_chunk_offset<kWgmmaRows, kWidth>(row, c);
-    const int keep = dim - 8 * c;  // columns of this chunk below dim
-    if (keep <= 0) {
-      *reinterpret_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
-    } else {
-      for (int x = keep; x < 8; ++x) reinterpret_cast<uint16_t*>(chunk)[x] = 0;
-    }
-  }
-}
-
-// Starts the tensor copies of a 64-row tile of kHeadDim 16-bit columns into the swizzled tile at
-// shared-window address `tile`: the map's box (kSwizzleBytes / 2 columns x 64 rows) at columns
-// col, col + kSwizzleBytes / 2, ... (one per column part of the layout, cuda/common/wgmma.cuh),
-// row `row` and outer coordinates (z, w), kWgmmaRows x kHeadDim x 2 bytes counted on the barrier
-// at `bar`. One thread calls it.
-template <int kHeadDim>
-__device__ __forceinline__ void tensor_copy_tile(uint32_t tile, const TensorMap* map, int col,
-                                                 int row, int z, int w, uint32_t bar) {
-  constexpr int kWidth = kSwizzleBytes<kHeadDim>, kParts = 2 * kHeadDim / kWidth;
-#pragma unroll
-  for (int part = 0; part < kParts; ++part) {
-    tensor_copy_4d(tile + part * kWgmmaRows * kWidth, map, col + part * (kWidth / 2), row, z, w,
-                   bar);
-  }
-}
-
-// The bytes tensor_copy_tile delivers.
-template <int kHeadDim>
-constexpr uint32_t kTensorTileBytes = kWgmmaRows* kHeadDim * 2;
 
 // copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
 // Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is
