@@ -20,8 +20,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "cuda/common/tensor_map.h"
 #include "emu_fibers.h"
 
 // Kernels are plain functions and shared memory plain storage here (replacing the CUDA headers'
@@ -222,6 +224,158 @@ inline uint32_t shared_offset(const void* p) {
 }
 inline void* shared_at(uint32_t offset) {
   return ::emu::cta().shared_base + offset;
+}
+
+// Hopper's shared-memory barriers (mbarrier) and tensor copies (cp.async.bulk.tensor) through
+// tiled maps. A map holds the TileMapShape it was made from (encode_tile_map below, in place of
+// the driver's encoding); a barrier's state (its completed phases, arrivals still due in the
+// current phase, bytes of tensor copies still due, and the copies held back under EMU_DEFER) is
+// kept beside the CTA's shared memory, keyed by its shared-window address. A tensor copy writes
+// its box row by row (box[0] elements a row, the swizzle's width) from the destination on, its
+// 16-byte chunks placed as the swizzle puts them (bits 4.. of the offset XORed with bits 7..), and
+// reads elements outside the map's dims as zeros; it lands at issue, or with `defer` at the first
+// wait on its barrier. A wait returns once the phase of its parity has completed, and stops the
+// run where no thread can complete it (the expected bytes never arrive).
+struct TensorCopy {
+  uint32_t dst;
+  const sciattn::cuda::TensorMap* map;
+  int coords[5];
+};
+struct MBarrierState {
+  uint64_t completed = 0;  // phases completed: the current phase's parity is completed % 2
+  int arrivals = 0, due_arrivals = 0;
+  int64_t due_bytes = 0;
+  std::vector<TensorCopy> held;
+};
+inline std::vector<std::pair<uint32_t, MBarrierState>> mbarriers[kMaxClusterCtas];
+inline MBarrierState& mbarrier(uint32_t bar) {
+  if (bar % 8 != 0) {
+    std::fprintf(stderr, "emulator: mbarrier at shared offset %u is not 8-byte aligned\n", bar);
+    std::abort();
+  }
+  for (auto& [at, state] : mbarriers[cta_rank]) {
+    if (at == bar) return state;
+  }
+  return mbarriers[cta_rank].emplace_back(bar, MBarrierState{}).second;
+}
+inline void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+  MBarrierState& m = mbarrier(bar);
+  m = MBarrierState{};
+  m.arrivals = m.due_arrivals = static_cast<int>(arrivals);
+}
+inline void mbarrier_try_complete(MBarrierState& m) {
+  if (m.due_bytes < 0) {
+    std::fprintf(stderr, "emulator: tensor copies delivered more bytes than the barrier expects\n");
+    std::abort();
+  }
+  if (m.due_arrivals == 0 && m.due_bytes == 0) {
+    ++m.completed;
+    m.due_arrivals = m.arrivals;
+    ++fiber_events;
+  }
+}
+inline void mbarrier_expect(uint32_t bar, uint32_t bytes) {
+  mbarrier(bar).due_bytes += bytes;
+}
+inline void mbarrier_arrive_expect(uint32_t bar, uint32_t bytes) {
+  MBarrierState& m = mbarrier(bar);
+  if (m.due_arrivals == 0) {
+    std::fprintf(stderr, "emulator: an arrival on an mbarrier with none due\n");
+    std::abort();
+  }
+  m.due_bytes += bytes;
+  --m.due_arrivals;
+  mbarrier_try_complete(m);
+}
+inline sciattn::cuda::TileMapShape map_shape(const sciattn::cuda::TensorMap* map) {
+  sciattn::cuda::TileMapShape shape;
+  std::memcpy(&shape, map, sizeof shape);
+  return shape;
+}
+// Performs `c`; returns the bytes it delivered.
+inline int64_t tensor_copy_now(const TensorCopy& c) {
+  const sciattn::cuda::TileMapShape s = map_shape(c.map);
+  const uint32_t width = static_cast<uint32_t>(s.swizzle_bytes);
+  const uint32_t chunk_mask = width / 16 - 1;
+  uint32_t extent[5] = {1, 1, 1, 1, 1};  // the box's extents, 1 past the map's rank
+  for (int d = 0; d < s.rank; ++d) extent[d] = s.box[d];
+  int64_t row = 0;
+  for (uint32_t i4 = 0; i4 < extent[4]; ++i4)
+    for (uint32_t i3 = 0; i3 < extent[3]; ++i3)
+      for (uint32_t i2 = 0; i2 < extent[2]; ++i2)
+        for (uint32_t i1 = 0; i1 < extent[1]; ++i1, ++row)
+          for (uint32_t i0 = 0; i0 < extent[0]; ++i0) {
+            const uint32_t in_box[5] = {i0, i1, i2, i3, i4};
+            uint16_t v = 0;
+            bool inside = true;
+            int64_t offset = 0;
+            for (int d = 0; d < s.rank; ++d) {
+              const int64_t at = int64_t{c.coords[d]} + in_box[d];
+              if (at < 0 || at >= static_cast<int64_t>(s.dims[d])) inside = false;
+              offset += d == 0 ? 2 * at : at * static_cast<int64_t>(s.strides[d - 1]);
+            }
+            if (inside) std::memcpy(&v, static_cast<const char*>(s.base) + offset, 2);
+            const uint32_t linear = c.dst + static_cast<uint32_t>(row) * width + 2 * i0;
+            const uint32_t placed = linear ^ (((linear >> 7) & chunk_mask) << 4);
+            std::memcpy(cta().shared_base + placed, &v, 2);
+          }
+  return row * width;
+}
+// A tensor copy as the GPU takes it: besides the map's rank and the destination's alignment for
+// the swizzle, the box's first element in the innermost dimension must lie on a 16-byte boundary
+// (an H100 faults on any other start with an illegal instruction, though the encoder's rules do
+// not say so).
+inline void tensor_copy_5d(uint32_t dst, const sciattn::cuda::TensorMap* map, int x, int y, int z,
+                           int w, int v, uint32_t bar) {
+  const sciattn::cuda::TileMapShape s = map_shape(map);
+  require_aligned(map, 64, "tensor map");
+  if (s.rank != 5 || dst % (8 * static_cast<uint32_t>(s.swizzle_bytes)) != 0) {
+    std::fprintf(stderr,
+                 "emulator: a 5-d tensor copy through a map of rank %d to shared offset %u (the "
+                 "swizzle needs %d-byte alignment)\n",
+                 s.rank, dst, 8 * s.swizzle_bytes);
+    std::abort();
+  }
+  if ((2 * int64_t{x}) % 16 != 0) {
+    std::fprintf(stderr,
+                 "emulator: a tensor copy's box starts at innermost coordinate %d, off a 16-byte "
+                 "boundary (the GPU faults)\n",
+                 x);
+    std::abort();
+  }
+  const TensorCopy c{dst, map, {x, y, z, w, v}};
+  MBarrierState& m = mbarrier(bar);
+  if (defer) {
+    m.held.push_back(c);
+    return;
+  }
+  m.due_bytes -= tensor_copy_now(c);
+  mbarrier_try_complete(m);
+}
+inline void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  for (;;) {
+    MBarrierState& m = mbarrier(bar);
+    if (m.completed % 2 != parity) return;
+    if (!m.held.empty()) {
+      std::vector<TensorCopy> held;
+      held.swap(m.held);
+      for (const TensorCopy& c : held) m.due_bytes -= tensor_copy_now(c);
+      mbarrier_try_complete(m);
+      continue;
+    }
+    yield_fiber();
+  }
+}
+// The kernel emulator's encoder: the shape itself, which the tensor copies above read.
+inline sciattn::Status encode_tile_map(const sciattn::cuda::TileMapShape& shape,
+                                       sciattn::cuda::TensorMap* map) {
+  static_assert(sizeof(sciattn::cuda::TileMapShape) <= sizeof(sciattn::cuda::TensorMap));
+  if (!sciattn::cuda::tile_map_shape_valid(shape)) {
+    return sciattn::Status::invalid_argument("encode_tile_map: the shape breaks the map rules");
+  }
+  std::memset(map, 0, sizeof *map);
+  std::memcpy(map, &shape, sizeof shape);
+  return sciattn::Status::ok_status();
 }
 
 // Stops the run at a feature this emulation does not have.
