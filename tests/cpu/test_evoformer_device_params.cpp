@@ -453,6 +453,32 @@ TEST(EvoformerDeviceParams, ForwardReadsByTensorMaps) {
   EXPECT_FALSE(cuda::tile_map_shape_valid(m));
 }
 
+// The warpgroup dQ kernel of a D below the head dim computes delta itself (no delta kernel) where
+// O's and dO's rows are whole aligned 16-byte chunks, as at the head dim; otherwise the delta
+// kernel runs first.
+TEST(EvoformerDeviceParams, PaddedBackwardComputesDeltaInDqFromAlignedRows) {
+  for (const int64_t d : {24, 40, 56, 96, 120}) {
+    const Shape s{1, 2, 300, 2, d};
+    Views v = views(s, DType::kBF16);
+    cuda::EvoformerDeviceParams b = backward(v, s);
+    EXPECT_EQ(b.padded_tiles, 1) << d;
+    EXPECT_EQ(b.delta_in_dq, 1) << d;
+    v.b.out = qkv(s, DType::kBF16, (3 << 24) + 2);  // O one element past a 16-byte boundary
+    EXPECT_EQ(backward(v, s).delta_in_dq, 0) << d;
+    v = views(s, DType::kBF16);
+    v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);  // dO staged: O still aligned
+    b = backward(v, s);
+    EXPECT_EQ(b.padded_tiles, 1) << d;
+    EXPECT_EQ(b.delta_in_dq, 1) << d;
+  }
+  // D not a multiple of 8 (O's rows are not whole chunks), the head dims (lean or exact tiles, dQ
+  // computes delta as always), the mma.sync kernels: no flag.
+  for (const int64_t d : {33, 58, 127, 64, 12}) {
+    const Shape s{1, 2, 300, 2, d};
+    EXPECT_EQ(backward(views(s, DType::kBF16), s).delta_in_dq, 0) << d;
+  }
+}
+
 // Biases whose rows do not start on 16-byte boundaries (L not a multiple of 8 for 16-bit ones)
 // are copied into the workspace with padded rows, and the kernels read the copy as a staged,
 // lean bias; aligned biases, and fp32 inputs (per-element kernels), take no copy.

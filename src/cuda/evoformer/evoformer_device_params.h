@@ -111,6 +111,11 @@ struct EvoformerDeviceParams {
   // by tensor copies through q_map, k_map and v_map
   // (evoformer_params::forward_reads_by_tensor_maps), load_dim = dim.
   int tensor_map_tiles;
+  // Backward only. 1 when the warpgroup dQ kernel of a D below the head dim (padded_tiles) computes
+  // delta from O and dO itself, as at the head dim, with 16-byte loads that stop at D: both
+  // vectorizable (D a multiple of 8, rows 16-byte aligned). Otherwise the delta kernel runs
+  // before it (launch_evoformer_backward_wgmma).
+  int delta_in_dq;
   // 1 when dQ, dK and dV are pairable (D even, rows and pairs 4-byte aligned): the backward writes
   // their rows as aligned 32-bit pairs (store_rows), else element by element.
   int grads_paired;

@@ -371,6 +371,7 @@ inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
   p.in_place_tiles = 0;
   p.shifted_slices = 0;
   p.tensor_map_tiles = 0;
+  p.delta_in_dq = 0;
 }
 
 inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k,
@@ -558,6 +559,7 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   }
   set_warpgroup_tiles(p, params.q.dtype, s, offsets_fit,
                       p.vec_q && p.vec_k && p.vec_v && p.vec_dout);
+  p.delta_in_dq = p.padded_tiles && p.vec_out && p.vec_dout ? 1 : 0;
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;
