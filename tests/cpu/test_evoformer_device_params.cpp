@@ -67,18 +67,6 @@ cuda::EvoformerDeviceParams forward(const Views& v, const Shape& s) {
 cuda::EvoformerDeviceParams backward(const Views& v, const Shape& s) {
   return cuda::backward_device_params(v.b, s.evo(), address(11 << 24));
 }
-// The forward's arguments on a device with (`warpgroup`) or without the warpgroup kernels,
-// checking that a forward that reads its inputs in place (in pieces or by tensor copies) plans
-// no staged copy of them.
-cuda::EvoformerDeviceParams forward_on(const Views& v, const Shape& s, bool warpgroup = true) {
-  const cuda::EvoformerDeviceParams f =
-      cuda::forward_device_params(v.f, s.evo(), address(12 << 24), warpgroup);
-  const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo(), warpgroup);
-  bool staged = false;
-  for (bool st : w.copies.staged) staged = staged || st;
-  EXPECT_FALSE(staged && (f.in_place_tiles != 0 || f.tensor_map_tiles != 0)) << s.D;
-  return f;
-}
 
 TEST(EvoformerDeviceParams, PackedTensorsTakeTheLeanPaths) {
   const Shape s{1, 2, 192, 2, 32};  // bias2 rows of 384 bytes: staged
@@ -190,8 +178,7 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   // Any other D (24, 40, 48, 96, 120, and through staged copies those that are not multiples of
   // 8) takes them as PaddedDimTypes when each bias is absent or in the inputs' type (the pairs
   // FixedBiasTypes compiles), and keeps the mma.sync kernels with any other pair; the forward at
-  // D 127 (near its head dim, rows on 4-byte boundaries in shifted slices) as InPlaceDimTypes, at
-  // the multiples of 8 (rows 16-byte strided) as TensorMapDimTypes.
+  // D 127 (near its head dim, rows on 4-byte boundaries in shifted slices) as InPlaceDimTypes.
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     for (const int64_t d : {24, 40, 48, 96, 120, 20, 33, 127}) {
       const Shape s{1, 2, 300, 2, d};
@@ -202,11 +189,10 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
         if (absent & 2) v.f.bias2 = v.b.bias2 = TensorView{};
         const cuda::EvoformerDeviceParams f = forward(v, s);
         const cuda::EvoformerDeviceParams b = backward(v, s);
-        const int in_place = d == 127 ? 1 : 0, mapped = d % 8 == 0 ? 1 : 0;
+        const int in_place = d == 127 ? 1 : 0;
         EXPECT_EQ(f.wgmma_tiles, 1) << d << " " << absent;
-        EXPECT_EQ(f.padded_tiles, 1 - in_place - mapped) << d << " " << absent;
+        EXPECT_EQ(f.padded_tiles, 1 - in_place) << d << " " << absent;
         EXPECT_EQ(f.in_place_tiles, in_place) << d << " " << absent;
-        EXPECT_EQ(f.tensor_map_tiles, mapped) << d << " " << absent;
         EXPECT_EQ(f.lean_tiles, 0) << d << " " << absent;
         EXPECT_EQ(b.wgmma_tiles, 1) << d << " " << absent;
         EXPECT_EQ(b.padded_tiles, 1) << d << " " << absent;
@@ -217,7 +203,6 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
       EXPECT_EQ(forward(v, s).wgmma_tiles, 0) << d;
       EXPECT_EQ(forward(v, s).padded_tiles, 0) << d;
       EXPECT_EQ(forward(v, s).in_place_tiles, 0) << d;
-      EXPECT_EQ(forward(v, s).tensor_map_tiles, 0) << d;
       EXPECT_EQ(backward(v, s).wgmma_tiles, 0) << d;
       v = views(s, dtype);
       v.f.bias2 = v.b.bias2 =
@@ -234,10 +219,9 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
   // Rows that are not whole aligned chunks take the warpgroup kernels (below three quarters of the
   // head dim, and in the backward) only through their staged copies (load_dim: D rounded up to
   // 8); read as they are (a call without the copies' workspace, which the dispatch never makes)
-  // they would keep the mma.sync kernels' element-wise copies. (Rows not 16-byte strided, so the
-  // forward has no tensor maps either.)
+  // they would keep the mma.sync kernels' element-wise copies.
   for (const int64_t d : {20, 36, 34, 33}) {
-    const Shape s{1, 2, 300, 3, d};
+    const Shape s{1, 2, 300, 2, d};
     const Views v = views(s, DType::kBF16);
     cuda::EvoformerDeviceParams f = cuda::evoformer_params::common_params(
         v.f.q, v.f.k, v.f.v, v.f.bias1, v.f.bias2, v.f.out, v.f.lse, v.f.options, s.evo());
@@ -285,13 +269,20 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
 // slices that shift alike) and the device runs the warpgroup kernels; then its workspace holds no
 // input copies. The backward always reads the staged copies.
 TEST(EvoformerDeviceParams, ForwardReadsRowsNearTheHeadDimInPlace) {
+  const auto in_place = [](const Views& v, const Shape& s, bool warpgroup = true) {
+    const cuda::EvoformerDeviceParams f =
+        cuda::forward_device_params(v.f, s.evo(), address(12 << 24), warpgroup);
+    const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo(), warpgroup);
+    bool staged = false;
+    for (bool st : w.copies.staged) staged = staged || st;
+    EXPECT_FALSE(staged && f.in_place_tiles != 0) << s.D;
+    return f;
+  };
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    // Rows D elements apart, off 16-byte multiples: no tile maps (ForwardReadsByTensorMaps).
     for (const int64_t d : {25, 26, 30, 31, 49, 50, 58, 63, 97, 100, 116, 126, 127}) {
       const Shape s{1, 2, 300, 2, d};
       const Views v = views(s, dtype);
-      const cuda::EvoformerDeviceParams f = forward_on(v, s);
-      EXPECT_EQ(f.tensor_map_tiles, 0) << d;
+      const cuda::EvoformerDeviceParams f = in_place(v, s);
       EXPECT_EQ(f.in_place_tiles, 1) << d;
       EXPECT_EQ(f.shifted_slices, d % 2) << d;
       EXPECT_EQ(f.wgmma_tiles, 1) << d;
@@ -307,9 +298,8 @@ TEST(EvoformerDeviceParams, ForwardReadsRowsNearTheHeadDimInPlace) {
       EXPECT_EQ(b.padded_tiles, 1) << d;
       EXPECT_EQ(b.load_dim, (d + 7) / 8 * 8) << d;
       // A device without the warpgroup kernels: the staged copies.
-      const cuda::EvoformerDeviceParams portable = forward_on(v, s, false);
+      const cuda::EvoformerDeviceParams portable = in_place(v, s, false);
       EXPECT_EQ(portable.in_place_tiles, 0) << d;
-      EXPECT_EQ(portable.tensor_map_tiles, 0) << d;
       EXPECT_EQ(portable.load_dim, (d + 7) / 8 * 8) << d;
     }
   }
@@ -317,166 +307,40 @@ TEST(EvoformerDeviceParams, ForwardReadsRowsNearTheHeadDimInPlace) {
   // fp32 inputs: no in-place reads.
   for (const int64_t d : {23, 24, 33, 47, 56, 95, 120, 128, 12, 15}) {
     const Shape s{1, 2, 300, 2, d};
-    EXPECT_EQ(forward_on(views(s, DType::kBF16), s).in_place_tiles, 0) << d;
+    EXPECT_EQ(in_place(views(s, DType::kBF16), s).in_place_tiles, 0) << d;
   }
   const Shape s{1, 2, 300, 2, 63};
-  EXPECT_EQ(forward_on(views(s, DType::kF32), s).in_place_tiles, 0);
+  EXPECT_EQ(in_place(views(s, DType::kF32), s).in_place_tiles, 0);
   // An odd D with an odd H (rows an odd number of elements apart, so a slice's rows alternate
   // 4-byte parity): staged.
   const Shape odd_h{1, 2, 300, 3, 63};
-  EXPECT_EQ(forward_on(views(odd_h, DType::kBF16), odd_h).in_place_tiles, 0);
+  EXPECT_EQ(in_place(views(odd_h, DType::kBF16), odd_h).in_place_tiles, 0);
   const Shape even{1, 2, 300, 3, 62};  // an even D's rows stay 4-byte aligned at any H
-  EXPECT_EQ(forward_on(views(even, DType::kBF16), even).shifted_slices, 0);
-  EXPECT_EQ(forward_on(views(even, DType::kBF16), even).in_place_tiles, 1);
+  EXPECT_EQ(in_place(views(even, DType::kBF16), even).shifted_slices, 0);
+  EXPECT_EQ(in_place(views(even, DType::kBF16), even).in_place_tiles, 1);
   // Data off a 4-byte boundary, for an even and an odd D: staged.
   for (const Shape& t : {Shape{1, 2, 300, 2, 62}, s}) {
     Views v = views(t, DType::kBF16);
     v.f.k = qkv(t, DType::kBF16, (1 << 24) + 2);
-    EXPECT_EQ(forward_on(v, t).in_place_tiles, 0) << t.D;
+    EXPECT_EQ(in_place(v, t).in_place_tiles, 0) << t.D;
   }
   // Slices that would not shift alike: K's N stride odd where Q's is even.
   Views v = views(s, DType::kBF16);
   const int64_t n_stride = 300 * 2 * 63 + 1;
   v.f.k = TensorView::strided(address(1 << 24), DType::kBF16, {1, 2, 300, 2, 63},
                               {2 * n_stride, n_stride, 2 * 63, 63, 1});
-  EXPECT_EQ(forward_on(v, s).in_place_tiles, 0);
+  EXPECT_EQ(in_place(v, s).in_place_tiles, 0);
   // ... and the same strides in all three: in place.
   v.f.q = TensorView::strided(address(0), DType::kBF16, {1, 2, 300, 2, 63},
                               {2 * n_stride, n_stride, 2 * 63, 63, 1});
   v.f.v = TensorView::strided(address(2 << 24), DType::kBF16, {1, 2, 300, 2, 63},
                               {2 * n_stride, n_stride, 2 * 63, 63, 1});
-  EXPECT_EQ(forward_on(v, s).in_place_tiles, 1);
+  EXPECT_EQ(in_place(v, s).in_place_tiles, 1);
   // A bias pair FixedBiasTypes does not compile keeps the mma.sync kernels and the copies.
   v = views(s, DType::kBF16);
   v.f.bias1 = TensorView::contiguous(address(4 << 24), DType::kBool, {1, 2, 1, 1, 300});
-  EXPECT_EQ(forward_on(v, s).in_place_tiles, 0);
-  EXPECT_EQ(forward_on(v, s).wgmma_tiles, 0);
-}
-
-// The warpgroup forward reads Q, K and V of a D below its head dim through tensor maps where
-// their rows are 16-byte strided (D a multiple of 8 for packed tensors, or a view of the first D
-// columns of rows that are), instead of with per-thread copies, from staged copies or in 4-byte
-// pieces; the backward keeps its own reads.
-TEST(EvoformerDeviceParams, ForwardReadsByTensorMaps) {
-  for (const DType dtype : {DType::kBF16, DType::kF16}) {
-    for (const int64_t d : {24, 40, 48, 56, 72, 96, 104, 120}) {
-      for (const int64_t heads : {1, 3, 4}) {
-        const Shape s{1, 2, 300, heads, d};
-        const Views v = views(s, dtype);
-        const cuda::EvoformerDeviceParams f = forward_on(v, s);
-        EXPECT_EQ(f.tensor_map_tiles, 1) << d;
-        EXPECT_EQ(f.in_place_tiles, 0) << d;
-        EXPECT_EQ(f.shifted_slices, 0) << d;
-        EXPECT_EQ(f.wgmma_tiles, 1) << d;
-        EXPECT_EQ(f.padded_tiles, 0) << d;
-        EXPECT_EQ(f.load_dim, d) << d;
-        EXPECT_EQ(f.q, v.f.q.data) << d;
-        // Only the biases are copied (L 300: rows off 16-byte boundaries).
-        EXPECT_EQ(cuda::forward_copy_jobs(v.f, s.evo(), address(12 << 24)).count, 2) << d;
-        EXPECT_EQ(backward(v, s).tensor_map_tiles, 0) << d;
-        EXPECT_EQ(backward(v, s).padded_tiles, 1) << d;
-        EXPECT_EQ(forward_on(v, s, false).tensor_map_tiles, 0) << d;
-        // The map: D, H, L, N, B innermost first; boxes of one head's 64 rows, one per column
-        // part of the tile, starting at column 0 (and 64).
-        const int64_t head_dim = detail::cuda_evoformer_head_dim(d);
-        const cuda::TileMapShape m = cuda::evoformer_params::tile_map_shape_of(v.f.k, head_dim);
-        EXPECT_TRUE(cuda::tile_map_shape_valid(m)) << d;
-        EXPECT_EQ(m.base, v.f.k.data);
-        EXPECT_EQ(m.rank, 5);
-        const uint64_t dims[5] = {static_cast<uint64_t>(d), static_cast<uint64_t>(heads), 300, 2,
-                                  1};
-        for (int i = 0; i < 5; ++i) EXPECT_EQ(m.dims[i], dims[i]) << d << " " << i;
-        EXPECT_EQ(m.strides[0], static_cast<uint64_t>(heads > 1 ? 2 * d : 2 * d));
-        EXPECT_EQ(m.strides[1], static_cast<uint64_t>(2 * heads * d));
-        EXPECT_EQ(m.strides[2], static_cast<uint64_t>(2 * heads * d * 300));
-        EXPECT_EQ(m.strides[3] % 16, 0u);  // B's stride (size 1: never used)
-        EXPECT_EQ(m.swizzle_bytes, head_dim >= 64 ? 128 : 64);
-        const uint32_t box[5] = {static_cast<uint32_t>(m.swizzle_bytes / 2), 1, 64, 1, 1};
-        for (int i = 0; i < 5; ++i) EXPECT_EQ(m.box[i], box[i]) << d << " " << i;
-      }
-    }
-  }
-  // The head dims themselves (whole tiles of aligned chunks), head dims 8 and 16, fp32, and rows
-  // not 16-byte strided (packed, D not a multiple of 8): no maps.
-  for (const int64_t d : {32, 64, 128, 8, 12, 15, 20, 33, 63, 100, 127}) {
-    const Shape s{1, 2, 300, 4, d};
-    EXPECT_EQ(forward_on(views(s, DType::kBF16), s).tensor_map_tiles, 0) << d;
-  }
-  const Shape s{1, 2, 300, 2, 40};
-  EXPECT_EQ(forward_on(views(s, DType::kF32), s).tensor_map_tiles, 0);
-  // Rows 16-byte strided through a wider row (a view of the first 33 of 40 columns): maps, the
-  // columns past 33 outside the map.
-  const Shape odd{1, 2, 300, 2, 33};
-  Views v = views(odd, DType::kBF16);
-  const auto wide = [](uintptr_t offset) {
-    return TensorView::strided(address(offset), DType::kBF16, {1, 2, 300, 2, 33},
-                               {2 * 300 * 2 * 40, 300 * 2 * 40, 2 * 40, 40, 1});
-  };
-  v.f.q = wide(0);
-  v.f.k = wide(1 << 24);
-  v.f.v = wide(2 << 24);
-  EXPECT_EQ(forward_on(v, odd).tensor_map_tiles, 1);
-  EXPECT_EQ(cuda::evoformer_params::tile_map_shape_of(v.f.k, 64).dims[0], 33u);
-  // ... but not when one of the three is packed (staged in pieces or copies instead).
-  v.f.v = qkv(odd, DType::kBF16, 2 << 24);
-  EXPECT_EQ(forward_on(v, odd).tensor_map_tiles, 0);
-  // Data off a 16-byte boundary, a negative stride, a head stride off 16 bytes in a wider row, a
-  // bias pair FixedBiasTypes does not compile: no maps.
-  v = views(s, DType::kBF16);
-  v.f.k = qkv(s, DType::kBF16, (1 << 24) + 8);
-  EXPECT_EQ(forward_on(v, s).tensor_map_tiles, 0);
-  v = views(s, DType::kBF16);
-  v.f.v = TensorView::strided(address((2 << 24) + 2 * 299 * 2 * 40), DType::kBF16,
-                              {1, 2, 300, 2, 40}, {2 * 300 * 2 * 40, 300 * 2 * 40, -2 * 40, 40, 1});
-  EXPECT_EQ(forward_on(v, s).tensor_map_tiles, 0);
-  v = views(s, DType::kBF16);
-  v.f.q = TensorView::strided(address(0), DType::kBF16, {1, 2, 300, 2, 40},
-                              {2 * 300 * 2 * 84, 300 * 2 * 84, 2 * 84, 84, 1});
-  EXPECT_EQ(forward_on(v, s).tensor_map_tiles, 0);
-  v = views(s, DType::kBF16);
-  v.f.bias1 = TensorView::contiguous(address(4 << 24), DType::kBool, {1, 2, 1, 1, 300});
-  EXPECT_EQ(forward_on(v, s).tensor_map_tiles, 0);
-  EXPECT_EQ(forward_on(v, s).wgmma_tiles, 0);
-  // Heads outside the rows (a [B, N, H, L, 40] buffer seen as [B, N, L, H, 40]): maps too, each
-  // dimension its own stride.
-  v = views(s, DType::kBF16);
-  v.f.q = TensorView::strided(address(0), DType::kBF16, {1, 2, 300, 2, 40},
-                              {2 * 2 * 300 * 40, 2 * 300 * 40, 40, 300 * 40, 1});
-  EXPECT_EQ(forward_on(v, s).tensor_map_tiles, 1);
-  // A map's rules: the encoder's checks (tile_map_shape_valid).
-  cuda::TileMapShape m = cuda::evoformer_params::tile_map_shape_of(views(s, DType::kBF16).f.q, 64);
-  ASSERT_TRUE(cuda::tile_map_shape_valid(m));
-  m.strides[0] += 2;
-  EXPECT_FALSE(cuda::tile_map_shape_valid(m));
-  m = cuda::evoformer_params::tile_map_shape_of(views(s, DType::kBF16).f.q, 64);
-  m.box[0] = 32;  // 64 bytes inside a 128-byte swizzle
-  EXPECT_FALSE(cuda::tile_map_shape_valid(m));
-}
-
-// The warpgroup dQ kernel of a D below the head dim computes delta itself (no delta kernel) where
-// O's and dO's rows are whole aligned 16-byte chunks, as at the head dim; otherwise the delta
-// kernel runs first.
-TEST(EvoformerDeviceParams, PaddedBackwardComputesDeltaInDqFromAlignedRows) {
-  for (const int64_t d : {24, 40, 56, 96, 120}) {
-    const Shape s{1, 2, 300, 2, d};
-    Views v = views(s, DType::kBF16);
-    cuda::EvoformerDeviceParams b = backward(v, s);
-    EXPECT_EQ(b.padded_tiles, 1) << d;
-    EXPECT_EQ(b.delta_in_dq, 1) << d;
-    v.b.out = qkv(s, DType::kBF16, (3 << 24) + 2);  // O one element past a 16-byte boundary
-    EXPECT_EQ(backward(v, s).delta_in_dq, 0) << d;
-    v = views(s, DType::kBF16);
-    v.b.dout = qkv(s, DType::kBF16, (7 << 24) + 2);  // dO staged: O still aligned
-    b = backward(v, s);
-    EXPECT_EQ(b.padded_tiles, 1) << d;
-    EXPECT_EQ(b.delta_in_dq, 1) << d;
-  }
-  // D not a multiple of 8 (O's rows are not whole chunks), the head dims (lean or exact tiles, dQ
-  // computes delta as always), the mma.sync kernels: no flag.
-  for (const int64_t d : {33, 58, 127, 64, 12}) {
-    const Shape s{1, 2, 300, 2, d};
-    EXPECT_EQ(backward(views(s, DType::kBF16), s).delta_in_dq, 0) << d;
-  }
+  EXPECT_EQ(in_place(v, s).in_place_tiles, 0);
+  EXPECT_EQ(in_place(v, s).wgmma_tiles, 0);
 }
 
 // Biases whose rows do not start on 16-byte boundaries (L not a multiple of 8 for 16-bit ones)

@@ -73,17 +73,13 @@ __device__ __forceinline__ void delta_rows_of(Index rows, int64_t dim, bool vec,
 // `part` takes elements [part kDim / kParts, (part + 1) kDim / kParts)), for kernels that compute
 // their own rows' delta: 16-byte aligned rows of a 16-bit type, kDim / kParts a multiple of 8.
 // The caller adds the kParts shares (shuffles) in a fixed order.
-// `dim` (a multiple of 8, at most kDim) bounds the row: chunks at or past it are not read and
-// count as zeros (a D below the kernel's head dim).
 template <typename T, int kDim, int kParts>
-__device__ __forceinline__ float row_delta_share(const T* o, const T* dout, int part,
-                                                 int dim = kDim) {
+__device__ __forceinline__ float row_delta_share(const T* o, const T* dout, int part) {
   constexpr int kShare = kDim / kParts;
   static_assert(sizeof(T) == 2 && kShare % 8 == 0, "whole 16-byte chunks of a 16-bit type");
   float acc = 0.0f;
 #pragma unroll
   for (int d = part * kShare; d < (part + 1) * kShare; d += 8) {
-    if (d >= dim) break;
     const uint4 ov = *reinterpret_cast<const uint4*>(o + d);
     const uint4 gv = *reinterpret_cast<const uint4*>(dout + d);
     const T* oe = reinterpret_cast<const T*>(&ov);

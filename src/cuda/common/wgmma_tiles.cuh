@@ -10,7 +10,6 @@
 
 #include <cstdint>
 
-#include "cuda/common/tensor_tile_copies.cuh"
 #include "cuda/common/tile_copies.cuh"  // shared_address, cp_async_16_to, cp_async_*
 #include "cuda/common/wgmma.cuh"
 
@@ -29,14 +28,9 @@ constexpr int kWgmmaThreads = 128;  // one warpgroup
 //            16-byte chunk as four 4-byte pieces (copy_chunk_pieces_to), the bytes past the row
 //            zero-filled; four copy instructions per chunk, so only the Evoformer forward reads
 //            rows this way, and only where D is near the head dim.
-//   kTensorMap: D < kHeadDim, rows 16-byte strided (any D; a multiple of 8 in packed tensors),
-//            read by tensor copies (TMA) through a map of [D, H, L, N, B]: one thread starts a
-//            tile's copies (tensor_copy_tile), each box starting at column 0 (and 64) of a row,
-//            the columns past D outside the map and so filled with zeros by the copy. The
-//            Evoformer forward's.
 // (Rows of any other D or alignment are copied into kPadded rows before the kernels run: the
 // Evoformer dispatch's staged copies.)
-enum class TileCols { kExact, kPadded, kPieces, kTensorMap };
+enum class TileCols { kExact, kPadded, kPieces };
 
 // The calling thread's warpgroup in its CTA, broadcast from lane 0 so that the compiler knows it
 // is the same across the warp: code that branches on it (a warpgroup's own tile count) then keeps
@@ -155,26 +149,6 @@ __device__ __forceinline__ void zero_first_column_swizzled(
     *reinterpret_cast<uint16_t*>(first + i * kRowStep * kWidth) = 0;
   }
 }
-
-// Starts the tensor copies of a 64-row tile of kHeadDim 16-bit columns into the swizzled tile at
-// shared-window address `tile`: the boxes (kSwizzleBytes / 2 columns x 64 rows) of the [D, H, L,
-// N, B] map at columns 0, kSwizzleBytes / 2, ... (one per column part of the layout,
-// cuda/common/wgmma.cuh; every box starts on a 16-byte boundary), head h, rows row .. row + 63
-// of slice (b, n), kWgmmaRows x kHeadDim x 2 bytes counted on the barrier at `bar` (columns and
-// rows outside the map arrive as zeros and count). One thread calls it.
-template <int kHeadDim>
-__device__ __forceinline__ void tensor_copy_tile(uint32_t tile, const TensorMap* map, int h,
-                                                 int row, int n, int b, uint32_t bar) {
-  constexpr int kWidth = kSwizzleBytes<kHeadDim>, kParts = 2 * kHeadDim / kWidth;
-#pragma unroll
-  for (int part = 0; part < kParts; ++part) {
-    tensor_copy_5d(tile + part * kWgmmaRows * kWidth, map, part * (kWidth / 2), h, row, n, b, bar);
-  }
-}
-
-// The bytes tensor_copy_tile delivers.
-template <int kHeadDim>
-constexpr uint32_t kTensorTileBytes = kWgmmaRows* kHeadDim * 2;
 
 // copy_tile_swizzled for a loop that copies the same rows of a moving slice (the dbias2 kernel's
 // Q, dO, K and V of each n): this thread's addressing is worked out once, so that a copy is

@@ -65,21 +65,14 @@ using PaddedDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPadded>;
 template <BiasType kBias1, BiasType kBias2>
 using InPlaceDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kPieces>;
 
-// The warpgroup forward for a D below the head dim whose Q, K and V rows are read where they are
-// by tensor copies (p.tensor_map_tiles: the tensors' rows 16-byte strided; TileCols::kTensorMap),
-// for the bias pairs FixedBiasTypes compiles.
-template <BiasType kBias1, BiasType kBias2>
-using TensorMapDimTypes = FixedBiasTypes<kBias1, kBias2, TileCols::kTensorMap>;
-
 // The 16-bit bias type of the inputs' element type T.
 template <typename T>
 constexpr BiasType kBiasTypeOf = std::is_same_v<T, __half> ? BiasType::kF16 : BiasType::kBF16;
 
 // Calls launch(types) with the FixedBiasTypes of the call's pair where one is compiled (bias1 in
 // T's type or absent, bias2 in T's type or absent; as PaddedDimTypes for p.padded_tiles and, in
-// the forward (kForward), as TensorMapDimTypes for p.tensor_map_tiles and InPlaceDimTypes for
-// p.in_place_tiles), else with ParamBiasTypes: the one place a launcher maps the run-time bias
-// types and tile shape to an instantiation.
+// the forward (kForward), as InPlaceDimTypes for p.in_place_tiles), else with ParamBiasTypes: the
+// one place a launcher maps the run-time bias types and tile shape to an instantiation.
 template <typename T, bool kForward = false, typename Launch>
 auto with_bias_types(const EvoformerDeviceParams& p, const Launch& launch) {
   constexpr BiasType kT = kBiasTypeOf<T>, kNone = BiasType::kNone;
@@ -87,7 +80,6 @@ auto with_bias_types(const EvoformerDeviceParams& p, const Launch& launch) {
   const auto fixed = [&](auto exact) {
     using Exact = decltype(exact);
     if constexpr (kForward) {
-      if (p.tensor_map_tiles) return launch(TensorMapDimTypes<Exact::bias1, Exact::bias2>{p});
       if (p.in_place_tiles) return launch(InPlaceDimTypes<Exact::bias1, Exact::bias2>{p});
     }
     if (p.padded_tiles) return launch(PaddedDimTypes<Exact::bias1, Exact::bias2>{p});

@@ -242,18 +242,17 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
             : kNegInf);
   }
   // delta_i = <dO_i, O_i> of the CTA's rows, computed here (two threads a row) and written for the
-  // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel on this path),
-  // with 16-byte loads; for a D below the head dim (PaddedDimTypes) only where O's and dO's rows
-  // are whole aligned chunks (p.delta_in_dq), the loads stopping at D. Otherwise it is read from
-  // the delta kernel, launched before this one: O's rows there may take any alignment, and reading
-  // them here element by element, before the loop, made this kernel 1.7-1.9x the head dim's
-  // (H100, [1, 256, 256, 4, D], D 48 and 96). Other threads' rows: through shared memory, read
-  // after the loop's first barrier.
+  // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel on this path).
+  // A D below the head dim (PaddedDimTypes) reads it instead from the delta kernel, launched
+  // before this one: O's rows there may take any alignment, and reading them here element by
+  // element, before the loop, made this kernel 1.7-1.9x the head dim's (H100, [1, 256, 256, 4, D],
+  // D 48 and 96), where the delta kernel reads whole rows with 16-byte loads where it can.
+  // Other threads' rows: through shared memory, read after the loop's first barrier.
   float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
   {
     const int r = static_cast<int>(threadIdx.x) / 2, part = static_cast<int>(threadIdx.x) % 2;
     const int64_t row = q0 + r;
-    if (BiasTypes::kAnyDim && !p.delta_in_dq) {
+    if constexpr (BiasTypes::kAnyDim) {
       if (part == 0) {
         delta_rows[r] = row < p.len ? p.delta[(bn * p.heads + h) * p.len + row] : 0.0f;
       }
@@ -264,8 +263,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
                      row * p.out_stride[2] + h * p.out_stride[3];
         const T* g = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + n * p.dout_stride[1] +
                      row * p.dout_stride[2] + h * p.dout_stride[3];
-        share = row_delta_share<T, kHeadDim, 2>(
-            o, g, part, BiasTypes::kAnyDim ? static_cast<int>(p.dim) : kHeadDim);
+        share = row_delta_share<T, kHeadDim, 2>(o, g, part);
       }
       const float sum = share + __shfl_xor_sync(0xffffffffu, share, 1);
       if (part == 0) {

@@ -6,15 +6,10 @@
 
 #include "cuda/common/bias_type.h"
 #include "cuda/common/fast_divisor.h"
-#include "cuda/common/tensor_map.h"
 
 namespace sciattn::cuda {
 
 struct EvoformerDeviceParams {
-  // Forward only, where tensor_map_tiles: tiled maps of Q, K and V (evoformer_params::
-  // tile_map_shape_of, encoded by the dispatch), read in place by the kernel's tensor copies (the
-  // kernel takes the struct as a __grid_constant__ parameter).
-  TensorMap q_map, k_map, v_map;
   // Sizes: Q, K, V are [B, N, L, H, D]; `dim` is the real head dim, the kernel's kHeadDim >= dim.
   int64_t batch, n, len, heads, dim;
   // Columns of a Q, K, V (and dO) row that the tile copies read: `dim`, or D rounded up to 8 where
@@ -106,16 +101,6 @@ struct EvoformerDeviceParams {
   // starts on a 2-byte boundary is read from one element before (SliceSource::shift; Q, K and V
   // shift alike, slice by slice).
   int in_place_tiles, shifted_slices;
-  // Forward only. 1 when the warpgroup forward runs as TensorMapDimTypes
-  // (evoformer_bias_types.cuh): Q, K and V of a D below the head dim, rows 16-byte strided, read
-  // by tensor copies through q_map, k_map and v_map
-  // (evoformer_params::forward_reads_by_tensor_maps), load_dim = dim.
-  int tensor_map_tiles;
-  // Backward only. 1 when the warpgroup dQ kernel of a D below the head dim (padded_tiles) computes
-  // delta from O and dO itself, as at the head dim, with 16-byte loads that stop at D: both
-  // vectorizable (D a multiple of 8, rows 16-byte aligned). Otherwise the delta kernel runs
-  // before it (launch_evoformer_backward_wgmma).
-  int delta_in_dq;
   // 1 when dQ, dK and dV are pairable (D even, rows and pairs 4-byte aligned): the backward writes
   // their rows as aligned 32-bit pairs (store_rows), else element by element.
   int grads_paired;

@@ -7,14 +7,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <utility>
 
 #include "common/evoformer_checks.h"
 #include "common/evoformer_cuda_plan.h"
 #include "common/tensor_checks.h"
 #include "cuda/common/bias_type_of.h"
 #include "cuda/common/probability_shift.h"
-#include "cuda/common/tensor_map.h"
 #include "cuda/evoformer/evoformer_device_params.h"
 #include "sciattn/evoformer.h"
 
@@ -114,23 +112,6 @@ inline bool same_slice_parity(const TensorView& a, const TensorView& b) {
   return true;
 }
 
-// The head dim (32, 64 or 128) of a warpgroup forward that can read Q, K and V in place (pieces
-// or tensor copies), or 0: 16-bit inputs on a device with the warpgroup kernels (`warpgroup`), D
-// padded to one of those head dims, each bias absent or in the inputs' type (the pairs
-// FixedBiasTypes compiles).
-inline int64_t in_place_forward_head_dim(const EvoformerForwardParams& params,
-                                         const detail::EvoformerShape& s, bool warpgroup) {
-  if (!warpgroup || params.q.dtype == DType::kF32) return 0;
-  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
-  if (head_dim != 32 && head_dim != 64 && head_dim != 128) return 0;
-  const BiasType inputs = params.q.dtype == DType::kF16 ? BiasType::kF16 : BiasType::kBF16;
-  for (const TensorView* bias : {&params.bias1, &params.bias2}) {
-    const BiasType t = bias_type_of(*bias);
-    if (t != inputs && t != BiasType::kNone) return 0;
-  }
-  return head_dim;
-}
-
 // Whether the warpgroup forward reads a call's Q, K and V where they are, in 4-byte pieces
 // (InPlaceDimTypes; p.in_place_tiles), instead of from staged copies: 16-bit inputs on a device
 // with the warpgroup kernels (`warpgroup`), some of Q, K, V not whole aligned chunks, D at least
@@ -142,76 +123,22 @@ inline int64_t in_place_forward_head_dim(const EvoformerForwardParams& params,
 inline bool forward_reads_in_place(const EvoformerForwardParams& params,
                                    const detail::EvoformerShape& s, bool warpgroup) {
   const TensorView &q = params.q, &k = params.k, &v = params.v;
-  const int64_t head_dim = in_place_forward_head_dim(params, s, warpgroup);
-  if (head_dim == 0 || 4 * s.dim < 3 * head_dim) return false;
+  if (!warpgroup || q.dtype == DType::kF32) return false;
+  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
+  if (head_dim != 32 && head_dim != 64 && head_dim != 128) return false;
+  if (4 * s.dim < 3 * head_dim) return false;
   if (vectorizable(q) && vectorizable(k) && vectorizable(v)) return false;
+  const BiasType inputs = q.dtype == DType::kF16 ? BiasType::kF16 : BiasType::kBF16;
+  for (const TensorView* bias : {&params.bias1, &params.bias2}) {
+    const BiasType t = bias_type_of(*bias);
+    if (t != inputs && t != BiasType::kNone) return false;
+  }
   for (const TensorView* t : {&q, &k, &v, &params.out}) {
     if (!tile_offsets_fit_32_bits(*t, 2)) return false;
   }
   if (s.dim % 2 == 0) return pairable(q) && pairable(k) && pairable(v);
   return shiftable(q) && shiftable(k) && shiftable(v) && same_slice_parity(q, k) &&
          same_slice_parity(q, v);
-}
-
-// The tiled map of a 16-bit [B, N, L, H, D] tensor that the warpgroup forward's tensor copies
-// read head h's 64-row tiles through (TileCols::kTensorMap): dimensions D, H, L, N, B, innermost
-// first, so that every box starts at column 0 (or 64) of a row, on a 16-byte boundary as the
-// copies need, and its columns past D lie outside the map (read as zeros); boxes of
-// kSwizzleBytes / 2 columns (two per tile at head dim 128) x 1 head x 64 rows. A dimension of size
-// 1 takes a stride that its coordinate 0 never uses.
-inline TileMapShape tile_map_shape_of(const TensorView& t, int64_t head_dim) {
-  TileMapShape m;
-  m.base = t.data;
-  m.rank = 5;
-  m.swizzle_bytes = head_dim >= 64 ? 128 : 64;
-  m.dims[0] = static_cast<uint64_t>(t.sizes[4]);
-  m.box[0] = static_cast<uint32_t>(m.swizzle_bytes / 2);
-  const int outer[4] = {3, 2, 1, 0};                // H, L, N, B
-  uint64_t below = (2 * m.dims[0] + 15) / 16 * 16;  // bytes spanned by the dims below
-  for (int i = 0; i < 4; ++i) {
-    const int d = outer[i];
-    m.dims[i + 1] = static_cast<uint64_t>(t.sizes[d]);
-    m.box[i + 1] = d == 2 ? 64 : 1;
-    m.strides[i] = t.sizes[d] > 1 ? static_cast<uint64_t>(2 * t.strides[d]) : below;
-    below = m.strides[i] * m.dims[i + 1];
-  }
-  return m;
-}
-
-// Whether the warpgroup forward can read t's tiles through tile_map_shape_of's map: 16-bit with
-// unit D stride and positive strides, the map's rules met (its base and its H, L, N, B strides in
-// bytes multiples of 16: the rows 16-byte strided, for a packed tensor D a multiple of 8), and
-// B, N, L, H below 2^31 (the copies' 32-bit coordinates).
-inline bool tile_mappable(const TensorView& t, int64_t head_dim) {
-  if (dtype_size(t.dtype) != 2 || t.strides[4] != 1) return false;
-  constexpr int64_t kCoordLimit = int64_t{1} << 31;
-  for (int d = 0; d < 4; ++d) {
-    if (t.strides[d] < 0 || t.sizes[d] >= kCoordLimit) return false;
-  }
-  return tile_map_shape_valid(tile_map_shape_of(t, head_dim));
-}
-
-// Whether the warpgroup forward reads a call's Q, K and V where they are by tensor copies
-// (TensorMapDimTypes; p.tensor_map_tiles), instead of with per-thread 16-byte copies (a multiple
-// of 8), from staged copies or in 4-byte pieces: 16-bit inputs on a device with the warpgroup
-// kernels (`warpgroup`), D below its head dim (32, 64 or 128), each bias absent or in the inputs'
-// type, every tile offset of O below 2^31, and all three tile_mappable (rows 16-byte strided). A
-// copy's few bulk requests per tile replace 64 x D / 8 per-thread copies whose rows, at D 40, 56,
-// 72, ..., 120, start off 32-byte sectors (docs/perf/evoformer.md).
-inline bool forward_reads_by_tensor_maps(const EvoformerForwardParams& params,
-                                         const detail::EvoformerShape& s, bool warpgroup) {
-  const TensorView &q = params.q, &k = params.k, &v = params.v;
-  const int64_t head_dim = in_place_forward_head_dim(params, s, warpgroup);
-  if (head_dim == 0 || s.dim == head_dim) return false;
-  if (!tile_offsets_fit_32_bits(params.out, 2)) return false;
-  return tile_mappable(q, head_dim) && tile_mappable(k, head_dim) && tile_mappable(v, head_dim);
-}
-
-// The forward reads Q, K and V where they are (no staged copies): by tensor copies or in pieces.
-inline bool forward_reads_inputs_in_place(const EvoformerForwardParams& params,
-                                          const detail::EvoformerShape& s, bool warpgroup) {
-  return forward_reads_by_tensor_maps(params, s, warpgroup) ||
-         forward_reads_in_place(params, s, warpgroup);
 }
 
 // The element size of a bias the tensor-core kernels read through a padded copy (its rows are
@@ -370,8 +297,6 @@ inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
   p.padded_tiles = 0;
   p.in_place_tiles = 0;
   p.shifted_slices = 0;
-  p.tensor_map_tiles = 0;
-  p.delta_in_dq = 0;
 }
 
 inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView& k,
@@ -454,7 +379,7 @@ inline detail::CudaForwardWorkspace forward_workspace(const EvoformerForwardPara
   return detail::plan_cuda_forward(
       s, evoformer_params::copy_needs(
              params.q, params.k, params.v, TensorView{}, params.bias1, params.bias2,
-             evoformer_params::forward_reads_inputs_in_place(params, s, warpgroup)));
+             evoformer_params::forward_reads_in_place(params, s, warpgroup)));
 }
 
 // The copies the forward's kernels read, into `workspace` (forward_workspace's regions).
@@ -482,37 +407,15 @@ inline EvoformerDeviceParams forward_device_params(const EvoformerForwardParams&
                     staged(params.v, detail::kStagedV), params.bias1, params.bias2, params.out,
                     params.lse, params.options, s);
   use_bias_copies(p, w.copies, w.layout, workspace);
-  if (forward_reads_inputs_in_place(params, s, warpgroup)) {
-    if (forward_reads_by_tensor_maps(params, s, warpgroup)) {
-      p.tensor_map_tiles = 1;  // the maps themselves: encode_forward_tile_maps
-    } else {
-      p.in_place_tiles = 1;
-      p.shifted_slices = static_cast<int>(s.dim % 2);
-    }
+  if (forward_reads_in_place(params, s, warpgroup)) {
+    p.in_place_tiles = 1;
+    p.shifted_slices = static_cast<int>(s.dim % 2);
     p.wgmma_tiles = 1;
     p.padded_tiles = 0;
     p.lean_tiles = 0;
     p.load_dim = s.dim;
   }
   return p;
-}
-
-// Encodes the tile maps of Q, K and V into p (forward_device_params' p, for p.tensor_map_tiles;
-// nothing otherwise) with `encode` (encode_tile_map on a GPU, the kernel emulator's own on the
-// host): the dispatch's step after forward_device_params.
-template <typename Encode>
-Status encode_forward_tile_maps(const EvoformerForwardParams& params,
-                                const detail::EvoformerShape& s, EvoformerDeviceParams& p,
-                                const Encode& encode) {
-  if (!p.tensor_map_tiles) return Status::ok_status();
-  const int64_t head_dim = detail::cuda_evoformer_head_dim(s.dim);
-  const std::pair<const TensorView*, TensorMap*> maps[3] = {
-      {&params.q, &p.q_map}, {&params.k, &p.k_map}, {&params.v, &p.v_map}};
-  for (const auto& [t, map] : maps) {
-    const Status st = encode(evoformer_params::tile_map_shape_of(*t, head_dim), map);
-    if (!st.ok()) return st;
-  }
-  return Status::ok_status();
 }
 
 // The backward's workspace plan: detail::plan_cuda_backward with the padded copies.
@@ -559,7 +462,6 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   }
   set_warpgroup_tiles(p, params.q.dtype, s, offsets_fit,
                       p.vec_q && p.vec_k && p.vec_v && p.vec_dout);
-  p.delta_in_dq = p.padded_tiles && p.vec_out && p.vec_dout ? 1 : 0;
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;

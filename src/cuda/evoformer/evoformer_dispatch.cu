@@ -88,7 +88,7 @@ Status check_evoformer_cuda(const EvoformerBackwardParams& p, const detail::Evof
 
 namespace {
 // Whether the device of `tensor` runs the warpgroup kernels (the forward's plan depends on it:
-// forward_reads_inputs_in_place). False where the device cannot be asked, which plans the staged
+// forward_reads_in_place). False where the device cannot be asked, which plans the staged
 // copies: the larger workspace, enough for either form.
 bool runs_warpgroup_kernels(const void* tensor) {
   bool warpgroup = false;
@@ -161,8 +161,6 @@ Status run_forward_here(const EvoformerForwardParams& params, const detail::Evof
   const bool warpgroup = kernels.warpgroup_mma;  // the forward's plan depends on it
   EvoformerDeviceParams p = forward_device_params(params, s, workspace, warpgroup);
   keep_to_device_kernels(p, kernels);
-  const Status mapped = encode_forward_tile_maps(params, s, p, encode_tile_map);
-  if (!mapped.ok()) return mapped;
   const Status copied =
       make_copies(forward_copy_jobs(params, s, workspace, warpgroup), p, cuda_stream);
   if (!copied.ok()) return copied;

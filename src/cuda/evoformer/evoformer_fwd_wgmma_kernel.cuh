@@ -1,10 +1,10 @@
 // The Evoformer attention forward on Hopper's warpgroup MMA (wgmma, sm_90a), for head dims 32, 64
 // and 128 (and every D padded to them: PaddedDimTypes, or read in place near the head dim:
-// InPlaceDimTypes, whose shifted slices' column 0 this kernel zeroes, or 16-byte strided rows read
-// in place by tensor copies: TensorMapDimTypes) (the host's wgmma_tiles). The grid, the bias
-// stages, the online softmax and the epilogue are evoformer_fwd_kernel's (shared helpers); what
-// differs is how the two products run: the four warps issue them together as one warpgroup, S = Q
-// K^T as head dim / 16 m64n64k16 steps reading Q and K straight from swizzled shared tiles, and O
+// InPlaceDimTypes, whose shifted slices' column 0 this kernel zeroes) (the host's wgmma_tiles). The
+// grid, the bias stages, the online softmax and the epilogue are evoformer_fwd_kernel's (shared
+// helpers); what differs is how the two products run: the four warps issue them together as one
+// warpgroup, S = Q K^T as head dim / 16 m64n64k16 steps reading Q and K straight from swizzled
+// shared tiles, and O
 // += P V as four m64nDk16 steps with P from registers, instead of per-warp mma.sync m16n8k16 with
 // ldmatrix fragment loads. Any L: the tiles' rows past L are zero-filled, and the last key tile's
 // keys past L are masked by -inf in bias1's row where there is a bias1, else as in the mma.sync
@@ -22,23 +22,18 @@
 
 namespace sciattn::cuda {
 
-// The forward's barriers after its tiles (TensorMapDimTypes: one per key-tile buffer).
-constexpr uint32_t kEvoformerFwdBarrierBytes = 16;
-
-// Shared memory of the forward for the call's biases: the tiles, the tensor copies' barriers
-// (p.tensor_map_tiles), bias2's two stages, bias1's two rows of 64 floats, and 1024 bytes for the
-// base's rounding.
+// Shared memory of the forward for the call's biases: the tiles, bias2's two stages, bias1's two
+// rows of 64 floats, and 1024 bytes for the base's rounding.
 template <int kHeadDim>
 inline size_t evoformer_fwd_wgmma_smem(const EvoformerDeviceParams& p) {
   return EvoformerWgmmaSmem<kHeadDim>::kFwdBytes + 1024 +
-         (p.tensor_map_tiles ? kEvoformerFwdBarrierBytes : 0) +
          2 * static_cast<size_t>(bias_stage_bytes(p.bias2_type, kWgmmaRows)) +
          (p.bias1_type != BiasType::kNone ? 2 * kWgmmaRows * sizeof(float) : 0);
 }
 
 template <typename T, int kHeadDim, typename BiasTypes>
 __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim>)
-    evoformer_fwd_wgmma_kernel(const __grid_constant__ EvoformerDeviceParams p) {
+    evoformer_fwd_wgmma_kernel(const EvoformerDeviceParams p) {
 #if SCIATTN_WGMMA_DEVICE_CODE
   enter_overlapped_grid();
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
@@ -60,20 +55,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   const int64_t tiles = (p.len + kWgmmaRows - 1) / kWgmmaRows;
 
   const BiasTypes types(p);
-  // Tensor copies: Q and key tile 0 on buffer 0's barrier, tile t on buffer t % 2's.
-  constexpr bool kTensorMaps = BiasTypes::kCols == TileCols::kTensorMap;
-  constexpr uint32_t kBarrierBytes = kTensorMaps ? kEvoformerFwdBarrierBytes : 0;
-  const uint32_t barriers = smem.address + Smem::kFwdBytes;
-  if constexpr (kTensorMaps) {
-    if (threadIdx.x == 0) {
-      mbarrier_init(barriers, 1);
-      mbarrier_init(barriers + 8, 1);
-    }
-    __syncthreads();
-  }
   EvoformerKeyTileLoader<T, kHeadDim, false, BiasTypes::kCols> keys(
       p, b, n, h, row0, smem.address + Smem::kK, smem.address + Smem::kV,
-      smem.pointer + Smem::kFwdBytes + kBarrierBytes, types.bias1, types.bias2, barriers);
+      smem.pointer + Smem::kFwdBytes, types.bias1, types.bias2);
   // bias1 of the key tile's 64 keys in log2 units (buffer buf at bias1_log2 + 64 buf, after
   // bias2's stages): thread x < 64 loads key x's bits with the tile's copies, a step ahead, and
   // stores the converted value between that step's wait and its barrier (next_stage's `arrived`).
@@ -103,15 +87,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
   constexpr bool kInPlace = BiasTypes::kCols == TileCols::kPieces;
   const SliceSource q_src =
       evoformer_slice_of<BiasTypes::kCols>(p.q, p.q_stride, p.vec_q, p, b, n, h);
-  if constexpr (kTensorMaps) {
-    if (threadIdx.x == 0) {
-      mbarrier_expect_bytes(barriers, kTensorTileBytes<kHeadDim>);
-      tensor_copy_tile<kHeadDim>(q_tile, &p.q_map, static_cast<int>(h), static_cast<int>(row0),
-                                 static_cast<int>(n), static_cast<int>(b), barriers);
-    }
-  } else {
-    copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(q_tile, q_src, row0, p);
-  }
+  copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(q_tile, q_src, row0, p);
   load_key_tile(0, 0);
   cp_async_commit();
 
@@ -126,9 +102,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaFwdCtas<kHeadDim
     const int buf = static_cast<int>(tile & 1);
     next_stage(tile, tiles, buf, load_key_tile, [&](int arrived) {
       store_bias1(arrived);
-      // Tensor copies: the tile's K and V (and at tile 0 Q, on the same phase) have landed, their
-      // columns past D zeros (outside the map), before the barrier that shows them to wgmma.
-      if constexpr (kTensorMaps) keys.wait_for_tile(tile);
       if constexpr (kInPlace) {
         // Shifted slices: column 0 of Q and K holds the element before each row (another head's,
         // perhaps not finite), zeroed before S = Q K^T reads it. V's column 0 reaches only O's

@@ -189,8 +189,6 @@ __device__ __forceinline__ BiasTileStream bias_tile_stream(const char* tile0, in
 // ones leave no test in the copies.
 template <int kHeadDim, bool kStageBias1 = true, TileCols kCols = TileCols::kExact>
 struct EvoformerKeyTileStreams {
-  // K and V are copied by this thread's streams (else by tensor copies: the loader's).
-  static constexpr bool kRowsByThreads = kCols != TileCols::kTensorMap;
   typename SliceTileStream<kHeadDim, kCols>::Stream k, v;
   BiasTileStream bias2;
   ChunkStream<1, 0> bias1;  // the 64 keys' 128 bytes: threads 0..7
@@ -227,20 +225,16 @@ struct EvoformerKeyTileStreams {
   // Starts key tile t's copies (shared-window addresses of its K and V tiles and bias stages).
   __device__ __forceinline__ void copy(int64_t t, uint32_t k_tile, uint32_t v_tile,
                                        uint32_t bias2_stage, uint32_t bias1_stage) const {
-    if constexpr (kRowsByThreads) {
-      k.copy(k_tile, t);
-      v.copy(v_tile, t);
-    }
+    k.copy(k_tile, t);
+    v.copy(v_tile, t);
     if (has_bias2) bias2.copy(bias2_stage, t);
     if (has_bias1 && threadIdx.x < 8) bias1.copy(bias1_stage, t);
   }
   // The same for tiles copied in order from tile 0 (copy_next's).
   __device__ __forceinline__ void copy_next(uint32_t k_tile, uint32_t v_tile, uint32_t bias2_stage,
                                             uint32_t bias1_stage) {
-    if constexpr (kRowsByThreads) {
-      k.copy_next(k_tile);
-      v.copy_next(v_tile);
-    }
+    k.copy_next(k_tile);
+    v.copy_next(v_tile);
     if (has_bias2) bias2.copy_next(bias2_stage);
     if (has_bias1 && threadIdx.x < 8) bias1.copy_next(bias1_stage);
   }
@@ -269,10 +263,8 @@ struct EvoformerKeyTileStreams {
                                                    uint32_t bias2_stage, uint32_t bias1_stage,
                                                    const Inside& in,
                                                    const EvoformerDeviceParams& p) {
-    if constexpr (kRowsByThreads) {
-      k.copy_next_masked(k_tile, key_rows(in), static_cast<const char*>(p.k));
-      v.copy_next_masked(v_tile, key_rows(in), static_cast<const char*>(p.v));
-    }
+    k.copy_next_masked(k_tile, key_rows(in), static_cast<const char*>(p.k));
+    v.copy_next_masked(v_tile, key_rows(in), static_cast<const char*>(p.v));
     if (has_bias2) bias2.copy_next_masked(bias2_stage, bias2_cells(in), bias2_fallback(p));
     if (has_bias1 && threadIdx.x < 8) {
       bias1.copy_next_masked(bias1_stage, bias1_cells(in), static_cast<const char*>(p.bias1));
@@ -283,10 +275,8 @@ struct EvoformerKeyTileStreams {
                                               uint32_t bias2_stage, uint32_t bias1_stage,
                                               const Inside& in,
                                               const EvoformerDeviceParams& p) const {
-    if constexpr (kRowsByThreads) {
-      k.copy_masked(k_tile, t, key_rows(in), static_cast<const char*>(p.k));
-      v.copy_masked(v_tile, t, key_rows(in), static_cast<const char*>(p.v));
-    }
+    k.copy_masked(k_tile, t, key_rows(in), static_cast<const char*>(p.k));
+    v.copy_masked(v_tile, t, key_rows(in), static_cast<const char*>(p.v));
     if (has_bias2) bias2.copy_masked(bias2_stage, t, bias2_cells(in), bias2_fallback(p));
     if (has_bias1 && threadIdx.x < 8) {
       bias1.copy_masked(bias1_stage, t, bias1_cells(in), static_cast<const char*>(p.bias1));
@@ -319,10 +309,7 @@ struct EvoformerKeyTileStreams {
 // into the double-buffered swizzled tiles (buffer `buf` at k_tiles / v_tiles + buf * kTileBytes)
 // and the tile's columns of the biases into their stages (bias2's rows row0 .. row0 + 63), whole
 // tiles through EvoformerKeyTileStreams, a partial last tile and other biases through the
-// generic copies (copy_slice_swizzled). In the caller's cp.async group. TileCols::kTensorMap: K and
-// V by tensor copies through p.k_map and p.v_map instead, started by thread 0 and counted on
-// buffer buf's barrier (tile_barrier(buf), two 8-byte barriers at `barriers`, set up by the kernel
-// with one arrival per phase); tile t is that barrier's phase t / 2 (wait_for_tile).
+// generic copies (copy_slice_swizzled). In the caller's cp.async group.
 template <typename T, int kHeadDim, bool kStageBias1 = true, TileCols kCols = TileCols::kExact>
 struct EvoformerKeyTileLoader {
   using Smem = EvoformerWgmmaSmem<kHeadDim>;
@@ -332,7 +319,6 @@ struct EvoformerKeyTileLoader {
   unsigned char* bias1_stages;
   int bias2_stage_bytes, bias1_stage_bytes;
   int64_t b, n, h, row0;
-  uint32_t barriers;  // kTensorMap: the buffers' two barriers (shared-window address)
   EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols> streams;
   // Whole key tiles take the unmasked stream copies: the CTA's 64 query rows lie inside L, or
   // there is no bias2, or bias2's rows past L of this slice still lie inside its memory
@@ -344,7 +330,7 @@ struct EvoformerKeyTileLoader {
                                                     int64_t n_, int64_t h_, int64_t row0_,
                                                     uint32_t k_tiles_, uint32_t v_tiles_,
                                                     unsigned char* bias_stages, BiasType bias1_type,
-                                                    BiasType bias2_type, uint32_t barriers_ = 0)
+                                                    BiasType bias2_type)
       : k_src(evoformer_slice_of<kCols>(p.k, p.k_stride, p.vec_k, p, b_, n_, h_)),
         v_src(evoformer_slice_of<kCols>(p.v, p.v_stride, p.vec_v, p, b_, n_, h_)),
         k_tiles(k_tiles_),
@@ -357,7 +343,6 @@ struct EvoformerKeyTileLoader {
         n(n_),
         h(h_),
         row0(row0_),
-        barriers(barriers_),
         streams(p, k_src, v_src, b_, n_, h_, row0_, bias1_type, bias2_type) {
     rows_streamed = row0 + kWgmmaRows <= p.len || !streams.has_bias2 || bias2_rows_reachable(p);
   }
@@ -374,16 +359,10 @@ struct EvoformerKeyTileLoader {
   __device__ __forceinline__ unsigned char* bias1_stage(int buf) const {
     return bias1_stages + buf * bias1_stage_bytes;
   }
-  __device__ __forceinline__ uint32_t tile_barrier(int buf) const { return barriers + 8 * buf; }
-  // kTensorMap: waits until key tile `tile`'s K and V have landed in its buffer.
-  __device__ __forceinline__ void wait_for_tile(int64_t tile) const {
-    mbarrier_wait(tile_barrier(static_cast<int>(tile & 1)), static_cast<uint32_t>((tile >> 1) & 1));
-  }
 
   // Starts key tile `tile`'s copies into buffer `buf`.
   __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t tile,
                                        int buf) const {
-    start_tensor_copies(p, tile, buf);
     const int64_t col0 = tile * kWgmmaRows;
     const bool whole = col0 + kWgmmaRows <= p.len;
     if (streams.usable && whole && rows_streamed) {
@@ -398,7 +377,6 @@ struct EvoformerKeyTileLoader {
   }
   // The same for a loop that loads tiles 0, 1, 2, ... in order (each exactly once).
   __device__ __forceinline__ void load_next(const EvoformerDeviceParams& p, int64_t tile, int buf) {
-    start_tensor_copies(p, tile, buf);
     const int64_t col0 = tile * kWgmmaRows;
     const bool whole = col0 + kWgmmaRows <= p.len;
     if (streams.usable && whole && rows_streamed) {
@@ -414,21 +392,6 @@ struct EvoformerKeyTileLoader {
 
  private:
   using Streams = EvoformerKeyTileStreams<kHeadDim, kStageBias1, kCols>;
-  // kTensorMap: thread 0 starts the tile's K and V tensor copies (rows past L read as zeros),
-  // counted on buffer buf's barrier with this phase's one arrival.
-  __device__ __forceinline__ void start_tensor_copies(const EvoformerDeviceParams& p, int64_t tile,
-                                                      int buf) const {
-    if constexpr (kCols == TileCols::kTensorMap) {
-      if (threadIdx.x != 0) return;
-      const uint32_t bar = tile_barrier(buf);
-      const int row = static_cast<int>(tile * kWgmmaRows);
-      mbarrier_arrive_expect_bytes(bar, 2 * kTensorTileBytes<kHeadDim>);
-      tensor_copy_tile<kHeadDim>(k_tile(buf), &p.k_map, static_cast<int>(h), row,
-                                 static_cast<int>(n), static_cast<int>(b), bar);
-      tensor_copy_tile<kHeadDim>(v_tile(buf), &p.v_map, static_cast<int>(h), row,
-                                 static_cast<int>(n), static_cast<int>(b), bar);
-    }
-  }
   // Whether every chunk of bias2's rows row0 .. row0 + 63 of this slice lies inside bias2's
   // memory: the last row's first and last columns do (offsets are linear in the row).
   __device__ __forceinline__ bool bias2_rows_reachable(const EvoformerDeviceParams& p) const {
@@ -438,10 +401,8 @@ struct EvoformerKeyTileLoader {
   }
   __device__ __forceinline__ void load_generic(const EvoformerDeviceParams& p, int64_t col0,
                                                int buf) const {
-    if constexpr (kCols != TileCols::kTensorMap) {
-      copy_slice_swizzled<T, kHeadDim, kCols>(k_tile(buf), k_src, col0, p);
-      copy_slice_swizzled<T, kHeadDim, kCols>(v_tile(buf), v_src, col0, p);
-    }
+    copy_slice_swizzled<T, kHeadDim, kCols>(k_tile(buf), k_src, col0, p);
+    copy_slice_swizzled<T, kHeadDim, kCols>(v_tile(buf), v_src, col0, p);
     copy_key_tile_biases<kWgmmaRows, kWgmmaThreads, BiasCopyWidths::kAll, kStageBias1>(
         p, b, n, h, row0, col0, col0 + kWgmmaRows <= p.len, bias2_stage(buf), bias1_stage(buf));
   }

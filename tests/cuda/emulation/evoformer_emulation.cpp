@@ -190,12 +190,8 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   const detail::CudaForwardWorkspace fw = cuda::forward_workspace(f, s, warpgroup);
   std::vector<float> fwd_workspace(fw.layout.total_bytes() / 4 + 16, NAN);
   make_copies(cuda::forward_copy_jobs(f, s, fwd_workspace.data(), warpgroup));
-  cuda::EvoformerDeviceParams pf =
+  const cuda::EvoformerDeviceParams pf =
       cuda::forward_device_params(f, s, fwd_workspace.data(), warpgroup);
-  if (!cuda::encode_forward_tile_maps(f, s, pf, emu::encode_tile_map).ok()) {
-    std::printf("%s: the tile maps could not be encoded: FAILED\n", cfg.str().c_str());
-    return false;
-  }
   if (kStages <= 0 && !pf.wgmma_tiles) return true;
   if constexpr (kStages <= 0) {
     cuda::launch_evoformer_forward<T, kHD>(pf, nullptr);
@@ -287,8 +283,7 @@ bool run_case(const EvoConfig& cfg, bool huge_v) {
   }
   std::printf("%s, %s%s: vec %d%d%d%d%d, load_dim %lld, staged %d%d, dbias2 chunks %lld: %s\n",
               cfg.str().c_str(), path_name(kStages, pb).c_str(),
-              pf.tensor_map_tiles ? " (forward by tensor copies)"
-              : pf.in_place_tiles
+              pf.in_place_tiles
                   ? (pf.shifted_slices ? " (forward in place, shifted)" : " (forward in place)")
                   : "",
               pb.vec_q, pb.vec_k, pb.vec_v, pb.vec_dout, pb.vec_out,
@@ -401,23 +396,12 @@ std::vector<EvoConfig> cases() {
   add({1, 3, 64, 2, 31}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kNone, Layout::kWideRows);
   add({2, 2, 70, 2, 58}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
       Layout::kTransposedNL);
-  // Forwards that read Q, K, V by tensor copies (TensorMapDimTypes: rows 16-byte strided, D
-  // below the head dim): each head dim (two boxes per tile at 128), the columns past D outside the
-  // map (zeros in place of the next head's elements, of the poisoned columns of wide rows),
-  // enough key tiles to take both barriers through two phases, partial last tiles, odd H.
-  add({1, 2, 200, 4, 24}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
-  add({1, 1, 260, 2, 56}, DType::kF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kPacked);
-  add({1, 2, 130, 3, 40}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kNone, Layout::kPacked);
-  add({2, 1, 77, 2, 48}, DType::kBF16, Bias1Kind::kNone, Bias2Kind::kSameAsQ, Layout::kWideRows);
-  add({1, 1, 100, 2, 120}, DType::kF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ, Layout::kPacked);
-  add({1, 2, 64, 2, 72}, DType::kBF16, Bias1Kind::kSameAsQ, Bias2Kind::kSameAsQ,
-      Layout::kTransposedNL);
   return out;
 }
 
-// `count` random cases from `seed`: small B and N, H 1, 2, 4 or 8; L from 1 to 200; head dims 1
-// to 128 (half of them the padded dims users bring: 20, 24, 40, 48, 56, 96, 100, 120), both 16-bit
-// dtypes, every bias kind and input / output layout.
+// `count` random cases from `seed`: small B, N, H; L from 1 to 200; head dims 1 to 128 (half of
+// them the padded dims users bring: 20, 24, 40, 48, 56, 96, 100, 120), both 16-bit dtypes, every
+// bias kind and input / output layout.
 std::vector<EvoConfig> random_cases(int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t common_dims[] = {20, 24, 32, 40, 48, 56, 64, 96, 100, 120, 128};
@@ -433,8 +417,7 @@ std::vector<EvoConfig> random_cases(int count, uint64_t seed) {
     c.dtype = rng() % 2 ? DType::kF16 : DType::kBF16;
     c.shape.B = 1 + static_cast<int64_t>(rng() % 2);
     c.shape.N = 1 + static_cast<int64_t>(rng() % 3);
-    const int64_t heads[] = {1, 2, 4, 8};  // an odd D is read in place only with H even
-    c.shape.H = heads[rng() % 4];
+    c.shape.H = 1 + static_cast<int64_t>(rng() % 2);
     c.shape.L = 1 + static_cast<int64_t>(rng() % 200);
     c.shape.D = rng() % 2 ? common_dims[rng() % 11] : 1 + static_cast<int64_t>(rng() % 128);
     c.bias1 = b1s[rng() % 4];

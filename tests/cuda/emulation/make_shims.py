@@ -20,21 +20,6 @@ out = Path(sys.argv[1])
 for folder in ("common", "evoformer", "block_sparse"):
     (out / "cuda" / folder).mkdir(parents=True, exist_ok=True)
 
-
-def emulated_bodies(path, bodies):
-    """Copies the header at `path` into OUT_DIR with the body of each function whose signature
-    `bodies` names replaced by the emulator's call, asserting that every one matched and that no
-    inline PTX is left."""
-    text = (root / path).read_text()
-    for signature, body in bodies.items():
-        text, n = re.subn(r"(" + re.escape(signature) + r" \{).*?\n\}",
-                          lambda m: m.group(1) + "\n  " + body + "\n}", text, flags=re.S)
-        assert n == 1, signature
-    assert not re.search(r"\basm\b", text), path
-    text = text.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
-    (out / path.replace("src/", "", 1)).write_text(text)
-
-
 src = (root / "src/cuda/common/device_utils.cuh").read_text()
 for t in ("__half", "__nv_bfloat16"):
     src, n = re.subn(
@@ -71,19 +56,6 @@ ts, n3 = re.subn(r"(void cp_async_4_to\(uint32_t dst, const void\* src, int byte
 assert n1 == 1 and n2 == 1 and n3 == 1, "tile copies"
 assert not re.search(r"\basm\b", ts)
 (out / "cuda/common/tile_copies.cuh").write_text(ts)
-# Tensor copies and shared-memory barriers: each function's body becomes the emulator's (a copy
-# through the TileMapShape that emu::encode_tile_map stored in the map, a barrier's phase and
-# expected bytes kept beside the shared memory).
-emulated_bodies("src/cuda/common/tensor_tile_copies.cuh", {
-    "void mbarrier_init(uint32_t bar, uint32_t arrivals)": "::emu::mbarrier_init(bar, arrivals);",
-    "void mbarrier_arrive_expect_bytes(uint32_t bar, uint32_t bytes)":
-        "::emu::mbarrier_arrive_expect(bar, bytes);",
-    "void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes)": "::emu::mbarrier_expect(bar, bytes);",
-    "void mbarrier_wait(uint32_t bar, uint32_t parity)": "::emu::mbarrier_wait(bar, parity);",
-    "void tensor_copy_5d(uint32_t dst, const TensorMap* map, int x, int y,\n"
-    "                                               int z, int w, int v, uint32_t bar)":
-        "::emu::tensor_copy_5d(dst, map, x, y, z, w, v, bar);",
-})
 # The epilogues' 32-bit pair stores: the GPU traps on a misaligned one, which plain host stores
 # would not show.
 rs = (root / "src/cuda/common/accumulator_row_store.cuh").read_text()
@@ -125,14 +97,22 @@ wt, n2 = re.subn(r'asm volatile\("" : "\+r"\(a\[i\]\[e\]\)::"memory"\);', "(void
 assert n == 1 and n2 == 1 and not re.search(r"\basm\b", wt), "wgmma_pin"
 (out / "cuda/common/wgmma_tiles.cuh").write_text(wt)
 # Thread-block clusters: each function's body becomes the emulator's (emu::cluster_*).
-emulated_bodies("src/cuda/common/cluster.cuh", {
+cl = (root / "src/cuda/common/cluster.cuh").read_text()
+cluster_bodies = {
     "cluster_cta_rank()": "return ::emu::cluster_rank();",
     "cluster_sync()": "::emu::cluster_sync();",
     "cluster_shared_address(uint32_t address, uint32_t rank)":
         "return ::emu::cluster_address(address, rank);",
     "store_cluster_shared(uint32_t address, float4 v)": "::emu::cluster_store(address, v);",
     "store_cluster_shared(uint32_t address, float v)": "::emu::cluster_store(address, v);",
-})
+}
+for signature, body in cluster_bodies.items():
+    cl, n = re.subn(r"(" + re.escape(signature) + r" \{).*?\n\}", lambda m: m.group(1) + "\n  " +
+                    body + "\n}", cl, flags=re.S)
+    assert n == 1, signature
+assert not re.search(r"\basm\b", cl), "cluster"
+cl = cl.replace("#pragma once\n", '#pragma once\n#include "emu_runtime.h"\n', 1)
+(out / "cuda/common/cluster.cuh").write_text(cl)
 # The Evoformer launchers as the dispatch runs them, each launch an emulated grid; the
 # shared-memory attributes have nothing to set; the per-kernel grid sizes from the dispatch.
 (out / "cuda/common/kernel_smem_config.h").write_text(
