@@ -63,6 +63,13 @@ template <int kHeadDim>
 constexpr int kEvoformerWgmmaFwdCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 : 2);
 template <int kHeadDim>
 constexpr int kEvoformerWgmmaDqCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 : 1);
+// Whether the warpgroup dQ kernel of the head dim itself (exact or lean tiles) computes its rows'
+// delta = rowsum(dO * O) before its loop, with synchronous 16-byte loads of O and dO, instead of
+// reading it from the delta kernel launched before it (as every D below the head dim does). At
+// head dim 128 its one CTA per SM has nothing to hide those loads behind, so the delta kernel runs
+// there too.
+template <int kHeadDim>
+constexpr bool kEvoformerDqComputesDelta = kHeadDim != 128;
 template <int kHeadDim>
 constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
