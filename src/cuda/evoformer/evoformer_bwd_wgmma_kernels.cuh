@@ -246,9 +246,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   // A D below the head dim (PaddedDimTypes) reads it instead from the delta kernel, launched
   // before this one: O's rows there may take any alignment, and reading them here element by
   // element, before the loop, made this kernel 1.7-1.9x the head dim's (H100, [1, 256, 256, 4, D],
-  // D 48 and 96), where the delta kernel reads whole rows with 16-byte loads where it can; so does
-  // head dim 128 (kEvoformerDqComputesDelta: these loads stall its one CTA per SM). Other threads'
-  // rows: through shared memory, read after the loop's first barrier.
+  // D 48 and 96), where the delta kernel reads whole rows with 16-byte loads where it can. Head dim
+  // 128 reads it from the delta kernel too (kEvoformerDqComputesDelta: these loads stalled its one
+  // CTA per SM). Other threads' rows: through shared memory, read after the loop's first barrier.
   float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
   {
     const int r = static_cast<int>(threadIdx.x) / 2, part = static_cast<int>(threadIdx.x) % 2;
