@@ -2,13 +2,15 @@
 // (wgmma, sm_90a), for head dims 32, 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles).
 // Same grids, bias stages, probability / dS code, epilogues and determinism as
 // evoformer_bwd_kernels.cuh's (shared helpers; the reduction kernel is the same launch, while
-// delta comes from the dQ kernel instead of a kernel of its own); the products of a tile
+// at head dims 32 and 64 delta comes from the dQ kernel instead of a kernel of its own); the
+// products of a tile
 // run as warpgroup MMAs on swizzled shared tiles (cuda/common/wgmma.cuh), two products with
 // operands in shared memory issued together:
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
 //   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K; it runs
-//                                               first and computes delta = rowsum(dO * O)
+//                                               first and, at head dims 32 and 64, computes
+//                                               delta = rowsum(dO * O) (kEvoformerDqComputesDelta)
 //   dbias2 kernel (Q, dO, K, V of each n):      S = Q K^T, dP = dO V^T (the sum of dS over the
 //                                               chunk's n stays in registers)
 // Any L: rows past L are zero-filled and handled as in the mma.sync kernels. CUDA layer.
@@ -242,7 +244,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
             : kNegInf);
   }
   // delta_i = <dO_i, O_i> of the CTA's rows, computed here (two threads a row) and written for the
-  // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel on this path).
+  // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel at head dims 32
+  // and 64).
   // A D below the head dim (PaddedDimTypes) reads it instead from the delta kernel, launched
   // before this one: O's rows there may take any alignment, and reading them here element by
   // element, before the loop, made this kernel 1.7-1.9x the head dim's (H100, [1, 256, 256, 4, D],
