@@ -49,9 +49,11 @@ if [ "${1:-}" = "--python-requirements" ]; then
 fi
 
 # libopenblas-openmp-dev: the trainer's CPU matrix products (the OpenMP build of OpenBLAS, whose
-# threads are the same OpenMP pool as the trainer's own loops).
+# threads are the same OpenMP pool as the trainer's own loops). ccache: scripts/test.sh compiles
+# the library's C++ through it, so the cuda preset and the Python package reuse the cpu preset's
+# objects.
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcli11-dev libopenblas-openmp-dev)
+          libcli11-dev libopenblas-openmp-dev ccache)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
