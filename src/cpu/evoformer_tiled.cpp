@@ -109,12 +109,51 @@ SCIATTN_CPU_INLINE void add_weighted_chunk(float* out, const float* w, const flo
   }
   for (int64_t e = 0; e < kChunk; ++e) out[e] = acc[e];
 }
+// add_weighted_chunk with the chunk as a GCC vector: the same terms in the same order, so the
+// same bits. Inside the backward's row step GCC turned the array form's accumulators into scalar
+// FMAs and shuffles (24 scalar FMAs in the AVX-512 clone, one per column of the 16- and 8-column
+// chunks), which made the backward at D 8 and 24 1.5x slower (docs/perf/evoformer.md, "Backward
+// rows: dQ's chunks as vectors"); the forward's P V, which GCC vectorises, keeps the array form.
+template <int64_t kChunk>
+SCIATTN_CPU_INLINE void add_weighted_vector(float* out, const float* w, const float* rows,
+                                            int64_t n, int64_t dim) {
+#if defined(__GNUC__)
+  typedef float Vector __attribute__((vector_size(kChunk * sizeof(float))));
+  Vector acc;
+  std::memcpy(&acc, out, sizeof acc);
+  for (int64_t c = 0; c < n; ++c) {
+    const float wc = w[c];
+    if (wc == 0.0f) continue;
+    Vector row;
+    std::memcpy(&row, rows + c * dim, sizeof row);
+    acc += wc * row;
+  }
+  std::memcpy(out, &acc, sizeof acc);
+#else
+  add_weighted_chunk<kChunk>(out, w, rows, n, dim);
+#endif
+}
+
+// One chunk of add_weighted_rows, as a vector (kVector) or as an array.
+template <int64_t kChunk, bool kVector>
+SCIATTN_CPU_INLINE void add_weighted(float* out, const float* w, const float* rows, int64_t n,
+                                     int64_t dim) {
+  if constexpr (kVector) {
+    add_weighted_vector<kChunk>(out, w, rows, n, dim);
+  } else {
+    add_weighted_chunk<kChunk>(out, w, rows, n, dim);
+  }
+}
+
+// out[d] += w[c] * rows[c * dim + d] over all d: 16-column chunks, then an 8-column one, then the
+// rest column by column; kVectors: the chunks as GCC vectors (add_weighted_vector).
+template <bool kVectors>
 SCIATTN_CPU_INLINE void add_weighted_rows(float* out, const float* w, const float* rows, int64_t n,
                                           int64_t dim) {
   int64_t d0 = 0;
-  for (; d0 + 16 <= dim; d0 += 16) add_weighted_chunk<16>(out + d0, w, rows + d0, n, dim);
+  for (; d0 + 16 <= dim; d0 += 16) add_weighted<16, kVectors>(out + d0, w, rows + d0, n, dim);
   if (d0 + 8 <= dim) {
-    add_weighted_chunk<8>(out + d0, w, rows + d0, n, dim);
+    add_weighted<8, kVectors>(out + d0, w, rows + d0, n, dim);
     d0 += 8;
   }
   if (d0 == dim) return;
@@ -191,7 +230,7 @@ SCIATTN_CPU_CLONES void forward_task(const EvoformerForwardParams& p, const Evof
         float* o = out_acc + r * s.dim;
         const float keep = kept * inv;
         for (int64_t d = 0; d < s.dim; ++d) o[d] *= keep;
-        add_weighted_rows(o, srow, v + j0 * s.dim, tk, s.dim);
+        add_weighted_rows<false>(o, srow, v + j0 * s.dim, tk, s.dim);
       }
     }
 
@@ -284,7 +323,7 @@ SCIATTN_CPU_INLINE void backward_tile_rows(const BackwardTile& t) {
     }
     finish_ds_row(t, r);
     // dQ_i += dS_ij K_j (times scale at the end); dK_j += dS_ij (scale Q_i).
-    add_weighted_rows(t.dq + r * t.dim, dsrow, t.k, t.tk, t.dim);
+    add_weighted_rows<true>(t.dq + r * t.dim, dsrow, t.k, t.tk, t.dim);
     const float* qs = t.q + r * t.dim;
     for (int64_t c = 0; c < t.tk; ++c) {
       float* dk = t.dk + c * t.dim;
