@@ -1,8 +1,9 @@
 // Google Benchmark of Evoformer attention on the CPU: the tiled path against the naive reference,
-// forward and backward, at the demo shapes and at L >= 256 (BM_Evoformer), and at small shapes in
+// forward and backward, at the demo shapes and at L >= 256 (BM_Evoformer), at small shapes in
 // fp32 and bf16 with one and two threads (BM_EvoformerSmall), where starting threads can cost more
-// than the work. Reports GFLOP/s (4*S*D forward, 10*S*D backward, S = B*N*H*L*L) and the call's
-// extra memory (its workspace).
+// than the work, and the backward over head dims from 2 to 128 (BM_EvoformerHeadDim). Reports
+// GFLOP/s (4*S*D forward, 10*S*D backward, S = B*N*H*L*L) and the call's extra memory (its
+// workspace).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -193,6 +194,40 @@ BENCHMARK(BM_EvoformerSmall)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.2);
+
+// Head dims: the backward at [1, 16, 128, 4, D] (fp32, both biases, dbias1 and dbias2) on one
+// thread, D from 2 to 128, so that the head dims that are not whole 16-float vectors show
+// beside those that are. Argument: D.
+void BM_EvoformerHeadDim(benchmark::State& state) {
+  Problem prob(1, 16, 128, 4, state.range(0));
+  EvoformerForwardParams f = prob.forward(EvoformerCpuAlgorithm::kTiled);
+  EvoformerBackwardParams b = prob.backward(EvoformerCpuAlgorithm::kTiled);
+  f.options.num_threads = b.options.num_threads = 1;
+  std::vector<std::byte> ws(workspace_size(f));
+  run(f, ws.data(), ws.size());
+  time_op(state, b, evoformer_backward_flops(b));
+}
+
+BENCHMARK(BM_EvoformerHeadDim)
+    ->ArgName("D")
+    ->Arg(2)
+    ->Arg(5)
+    ->Arg(8)
+    ->Arg(12)
+    ->Arg(16)
+    ->Arg(20)
+    ->Arg(24)
+    ->Arg(32)
+    ->Arg(33)
+    ->Arg(40)
+    ->Arg(56)
+    ->Arg(64)
+    ->Arg(100)
+    ->Arg(127)
+    ->Arg(128)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 }  // namespace
 

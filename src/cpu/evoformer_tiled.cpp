@@ -9,7 +9,7 @@
 // Inside a task, queries are processed in tiles of kCpuQueryTile rows against key tiles of
 // kCpuKeyTile columns; no more than one score tile exists at a time. Inner loops run along a
 // contiguous dimension (keys, or the head dim) so the compiler can vectorise them; the score tile
-// and, where D is whole vectors, the backward's four products are register-blocked (gemm_acc.h).
+// and the backward's four products are register-blocked (gemm_acc.h).
 #include "cpu/evoformer_tiled.h"
 
 #include <omp.h>
@@ -94,8 +94,8 @@ SCIATTN_CPU_CLONES void score_tile(const ScoreTileArgs& a, const EvoformerShape&
 // out[d] += w[c] * rows[c * dim + d] for every c in [0, n) whose weight is not 0 (a masked key
 // adds nothing, not 0 * v), the terms added in c order for each d as a plain loop over c would
 // add them, but with 16 (then 8) columns of `out` held in registers across all n rows instead of
-// stored and reloaded for each: that store-to-load chain per key was most of the P V and dQ
-// products' cost at head dims 8 to 64.
+// stored and reloaded for each: that store-to-load chain per key was most of the forward's P V
+// cost at head dims 8 to 64.
 template <int64_t kChunk>
 SCIATTN_CPU_INLINE void add_weighted_chunk(float* out, const float* w, const float* rows, int64_t n,
                                            int64_t dim) {
@@ -109,51 +109,12 @@ SCIATTN_CPU_INLINE void add_weighted_chunk(float* out, const float* w, const flo
   }
   for (int64_t e = 0; e < kChunk; ++e) out[e] = acc[e];
 }
-// add_weighted_chunk with the chunk as a GCC vector: the same terms in the same order, so the
-// same bits. Inside the backward's row step GCC turned the array form's accumulators into scalar
-// FMAs and shuffles (24 scalar FMAs in the AVX-512 clone, one per column of the 16- and 8-column
-// chunks), which made the backward at D 8 and 24 1.5x slower (docs/perf/evoformer.md, "Backward
-// rows: dQ's chunks as vectors"); the forward's P V, which GCC vectorises, keeps the array form.
-template <int64_t kChunk>
-SCIATTN_CPU_INLINE void add_weighted_vector(float* out, const float* w, const float* rows,
-                                            int64_t n, int64_t dim) {
-#if defined(__GNUC__)
-  typedef float Vector __attribute__((vector_size(kChunk * sizeof(float))));
-  Vector acc;
-  std::memcpy(&acc, out, sizeof acc);
-  for (int64_t c = 0; c < n; ++c) {
-    const float wc = w[c];
-    if (wc == 0.0f) continue;
-    Vector row;
-    std::memcpy(&row, rows + c * dim, sizeof row);
-    acc += wc * row;
-  }
-  std::memcpy(out, &acc, sizeof acc);
-#else
-  add_weighted_chunk<kChunk>(out, w, rows, n, dim);
-#endif
-}
-
-// One chunk of add_weighted_rows, as a vector (kVector) or as an array.
-template <int64_t kChunk, bool kVector>
-SCIATTN_CPU_INLINE void add_weighted(float* out, const float* w, const float* rows, int64_t n,
-                                     int64_t dim) {
-  if constexpr (kVector) {
-    add_weighted_vector<kChunk>(out, w, rows, n, dim);
-  } else {
-    add_weighted_chunk<kChunk>(out, w, rows, n, dim);
-  }
-}
-
-// out[d] += w[c] * rows[c * dim + d] over all d: 16-column chunks, then an 8-column one, then the
-// rest column by column; kVectors: the chunks as GCC vectors (add_weighted_vector).
-template <bool kVectors>
 SCIATTN_CPU_INLINE void add_weighted_rows(float* out, const float* w, const float* rows, int64_t n,
                                           int64_t dim) {
   int64_t d0 = 0;
-  for (; d0 + 16 <= dim; d0 += 16) add_weighted<16, kVectors>(out + d0, w, rows + d0, n, dim);
+  for (; d0 + 16 <= dim; d0 += 16) add_weighted_chunk<16>(out + d0, w, rows + d0, n, dim);
   if (d0 + 8 <= dim) {
-    add_weighted<8, kVectors>(out + d0, w, rows + d0, n, dim);
+    add_weighted_chunk<8>(out + d0, w, rows + d0, n, dim);
     d0 += 8;
   }
   if (d0 == dim) return;
@@ -230,7 +191,7 @@ SCIATTN_CPU_CLONES void forward_task(const EvoformerForwardParams& p, const Evof
         float* o = out_acc + r * s.dim;
         const float keep = kept * inv;
         for (int64_t d = 0; d < s.dim; ++d) o[d] *= keep;
-        add_weighted_rows<false>(o, srow, v + j0 * s.dim, tk, s.dim);
+        add_weighted_rows(o, srow, v + j0 * s.dim, tk, s.dim);
       }
     }
 
@@ -285,10 +246,12 @@ SCIATTN_CPU_INLINE void finish_ds_row(const BackwardTile& t, int64_t r) {
   }
 }
 
-// The step for D a whole number of 16-float vectors (the usual head dims): dV += P^T dO,
-// dP = dO V^T, dQ += dS K and dK += dS^T Q as register-blocked products (gemm_acc; P and dS
-// transposed into tile_t for the two whose rows are keys). Every sum runs over its index in
-// increasing order, as in backward_tile_rows.
+// The backward's tile step: dV += P^T dO, dP = dO V^T, dQ += dS K and dK += dS^T Q as
+// register-blocked products (gemm_acc; P and dS transposed into tile_t for the two whose rows are
+// keys). Every sum runs over its index in increasing order, so the result does not depend on the
+// blocking. At every D: since gemm_acc holds an 8-column remainder in vectors and the last
+// columns in registers, the products beat a row-by-row step at D not a multiple of 16 too (1.3x
+// to 2.7x, docs/perf/evoformer.md "Backward products at every head dim").
 SCIATTN_CPU_INLINE void backward_tile_products(const BackwardTile& t) {
   transpose_block(t.probs, t.tq, t.tk, kCpuKeyTile, t.tile_t, kCpuQueryTile);
   gemm_acc(t.tk, t.dim, t.tq, t.tile_t, kCpuQueryTile, t.dout, t.dim, t.dv, t.dim);
@@ -300,36 +263,6 @@ SCIATTN_CPU_INLINE void backward_tile_products(const BackwardTile& t) {
   gemm_acc(t.tq, t.dim, t.tk, t.dscores, kCpuKeyTile, t.k, t.dim, t.dq, t.dim);
   transpose_block(t.dscores, t.tq, t.tk, kCpuKeyTile, t.tile_t, kCpuQueryTile);
   gemm_acc(t.tk, t.dim, t.tq, t.tile_t, kCpuQueryTile, t.q, t.dim, t.dk, t.dim);
-}
-
-// The same step row by row, for other D: at D 8 the products' 8-term sums cost more than they
-// save (dP as a product made the backward 1.35x slower there).
-SCIATTN_CPU_INLINE void backward_tile_rows(const BackwardTile& t) {
-  for (int64_t r = 0; r < t.tq; ++r) {
-    const float* prow = t.probs + r * kCpuKeyTile;
-    const float* go = t.dout + r * t.dim;
-    float* dsrow = t.dscores + r * kCpuKeyTile;
-    // dV_j += P_ij dO_i.
-    for (int64_t c = 0; c < t.tk; ++c) {
-      float* dv = t.dv + c * t.dim;
-      for (int64_t d = 0; d < t.dim; ++d) dv[d] += prow[c] * go[d];
-    }
-    // dP_ij = <dO_i, V_j>.
-    std::fill(dsrow, dsrow + t.tk, 0.0f);
-    for (int64_t d = 0; d < t.dim; ++d) {
-      const float g = go[d];
-      const float* vt = t.v_t + d * t.len;
-      for (int64_t c = 0; c < t.tk; ++c) dsrow[c] += g * vt[c];
-    }
-    finish_ds_row(t, r);
-    // dQ_i += dS_ij K_j (times scale at the end); dK_j += dS_ij (scale Q_i).
-    add_weighted_rows<true>(t.dq + r * t.dim, dsrow, t.k, t.tk, t.dim);
-    const float* qs = t.q + r * t.dim;
-    for (int64_t c = 0; c < t.tk; ++c) {
-      float* dk = t.dk + c * t.dim;
-      for (int64_t d = 0; d < t.dim; ++d) dk[d] += dsrow[c] * qs[d];
-    }
-  }
 }
 
 // The backward of one (b, n, h) slice. Adds dS into dbias1_partial ([L], this slice's own) and
@@ -414,11 +347,7 @@ SCIATTN_CPU_CLONES void backward_slice(const EvoformerBackwardParams& p, const E
                            tk,
                            s.dim,
                            s.len};
-      if (s.dim % kVecWidth == 0) {
-        backward_tile_products(t);
-      } else {
-        backward_tile_rows(t);
-      }
+      backward_tile_products(t);
     }
     for (int64_t c = 0; c < tk; ++c) {
       store_row(p.dk, offset5(p.dk, b, n, j0 + c, h, 0), 1, s.dim, dk_acc + c * s.dim);
