@@ -1,8 +1,9 @@
 // C += A B for small row-major fp32 tiles (gemm_acc), register-blocked with GCC/Clang vectors:
-// the multiply-accumulate of the CPU block-sparse kernels and of the tiled Evoformer's score and
-// dP tiles. Every element of C accumulates over k in increasing order, as the plain triple loop
-// does, so the blocking never changes a result's bits. Inlined into each caller's instruction-set
-// clones (cpu_clones.h). CPU layer.
+// the multiply-accumulate of the CPU block-sparse kernels and of the tiled Evoformer's score tile
+// and backward products. Every element of C accumulates over k in increasing order, as the plain
+// triple loop does, so the blocking never changes a result's bits. Inlined into each caller's
+// instruction-set clones (cpu_clones.h), except the last 1 to 7 columns of a row
+// (gemm_acc_last_columns, cloned in gemm_acc.cpp). CPU layer.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +88,7 @@ void gemm_acc_last_columns(int64_t t, int64_t m, int64_t k, const float* a, int6
 // C[m, n] += A[m, k] * B[k, n], all row-major fp32 with leading dimensions lda, ldb, ldc. The
 // columns up to the last multiple of 16 (every block size, the usual head dims, a whole key tile)
 // run in register-blocked panels of up to 64 columns, then 8 more in a panel of 8-float vectors
-// where there are 8 left, then the last 1 to 7 by gemm_acc_tail.
+// where there are 8 left, then the last 1 to 7 by gemm_acc_last_columns.
 SCIATTN_CPU_INLINE void gemm_acc(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                                  const float* b, int64_t ldb, float* c, int64_t ldc) {
   constexpr int64_t kPanel = kVecWidth * kMaxPanelVecs;
