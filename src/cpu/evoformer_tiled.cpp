@@ -251,7 +251,7 @@ SCIATTN_CPU_INLINE void finish_ds_row(const BackwardTile& t, int64_t r) {
 // keys). Every sum runs over its index in increasing order, so the result does not depend on the
 // blocking. At every D: since gemm_acc holds an 8-column remainder in vectors and the last
 // columns in registers, the products beat a row-by-row step at D not a multiple of 16 too (2.3x
-// to 6.8x against the one they replaced, docs/perf/evoformer.md "Backward products at every
+// to 7.0x against the one they replaced, docs/perf/evoformer.md "Backward products at every
 // head dim").
 SCIATTN_CPU_INLINE void backward_tile_products(const BackwardTile& t) {
   transpose_block(t.probs, t.tq, t.tk, kCpuKeyTile, t.tile_t, kCpuQueryTile);
