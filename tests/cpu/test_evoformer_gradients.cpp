@@ -249,6 +249,39 @@ INSTANTIATE_TEST_SUITE_P(Evoformer, EvoformerBackwardCases,
                          ::testing::ValuesIn(all_cases(kBaseSeed + 3000, /*backward=*/true)),
                          CaseName());
 
+// Head dims that exercise every column path of the backward's products (cpu/gemm_acc.h): the
+// 16-column panels, the 8-column panel, and each width 1 to 7 of the last columns, at L 45 (the
+// score tile's last 13 keys: the 8-column panel and a 5-wide tail) with masked keys.
+std::vector<EvoConfig> head_dim_product_cases() {
+  std::vector<EvoConfig> cases;
+  uint64_t seed = kBaseSeed + 3900;
+  for (int64_t D : {2, 3, 4, 13, 22, 40, 58, 100, 127}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      EvoConfig c;
+      c.shape = {1, 2, 45, 2, D};
+      c.dtype = dt;
+      c.bias1 = dt == DType::kF32 ? Bias1Kind::kF32 : Bias1Kind::kBool;
+      c.bias2 = Bias2Kind::kSameAsQ;
+      c.seed = seed++;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+class EvoformerBackwardHeadDims : public ::testing::TestWithParam<EvoConfig> {};
+
+TEST_P(EvoformerBackwardHeadDims, ReferenceAndTiledMatchOracle) {
+  const EvoConfig& cfg = GetParam();
+  SCOPED_TRACE(cfg.str());
+  const EvoInputs in = make_inputs(cfg);
+  const bool want_dbias1 = in.bias1.present() && in.bias1.dtype() != DType::kBool;
+  check_backward_against_oracle(in, want_dbias1, in.bias2.present());
+}
+
+INSTANTIATE_TEST_SUITE_P(Evoformer, EvoformerBackwardHeadDims,
+                         ::testing::ValuesIn(head_dim_product_cases()), CaseName());
+
 TEST(EvoformerBackward, BiasGradientsAreOptional) {
   // dq, dk and dv do not depend on which bias gradients are requested; an absent dbias is not
   // written.
