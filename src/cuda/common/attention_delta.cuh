@@ -69,29 +69,6 @@ __device__ __forceinline__ void delta_rows_of(Index rows, int64_t dim, bool vec,
   }
 }
 
-// This lane's share of <dO_i, O_i> for one row of kDim elements split over kParts lanes (lane
-// `part` takes elements [part kDim / kParts, (part + 1) kDim / kParts)), for kernels that compute
-// their own rows' delta: 16-byte aligned rows of a 16-bit type, kDim / kParts a multiple of 8.
-// The caller adds the kParts shares (shuffles) in a fixed order.
-template <typename T, int kDim, int kParts>
-__device__ __forceinline__ float row_delta_share(const T* o, const T* dout, int part) {
-  constexpr int kShare = kDim / kParts;
-  static_assert(sizeof(T) == 2 && kShare % 8 == 0, "whole 16-byte chunks of a 16-bit type");
-  float acc = 0.0f;
-#pragma unroll
-  for (int d = part * kShare; d < (part + 1) * kShare; d += 8) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + d);
-    const uint4 gv = *reinterpret_cast<const uint4*>(dout + d);
-    const T* oe = reinterpret_cast<const T*>(&ov);
-    const T* ge = reinterpret_cast<const T*>(&gv);
-#pragma unroll
-    for (int x = 0; x < 8; ++x) {
-      acc += ElementTraits<T>::to_float(oe[x]) * ElementTraits<T>::to_float(ge[x]);
-    }
-  }
-  return acc;
-}
-
 template <typename T, int kLanes, typename RowOf>
 __device__ __forceinline__ void delta_rows(int64_t rows, int64_t dim, bool vec, int64_t step_o,
                                            int64_t step_do, const RowOf& row_of, float* delta) {

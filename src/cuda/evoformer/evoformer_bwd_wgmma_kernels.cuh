@@ -2,21 +2,21 @@
 // (wgmma, sm_90a), for head dims 32, 64 and 128 with aligned Q/K/V/O/dO (the host's wgmma_tiles).
 // Same grids, bias stages, probability / dS code, epilogues and determinism as
 // evoformer_bwd_kernels.cuh's (shared helpers; the reduction kernel is the same launch, while
-// at head dims 32 and 64 delta comes from the dQ kernel instead of a kernel of its own); the
+// delta comes from the dQ kernel instead of a kernel of its own where it reads O as tiles); the
 // products of a tile
 // run as warpgroup MMAs on swizzled shared tiles (cuda/common/wgmma.cuh), two products with
 // operands in shared memory issued together:
 //   dK/dV kernel (fixed K, V; streamed Q, dO):  S^T = K Q^T, dP^T = V dO^T (shared x shared),
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
 //   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K; it runs
-//                                               first and, at head dims 32 and 64, computes
-//                                               delta = rowsum(dO * O) (kEvoformerDqComputesDelta)
+//                                               first and, where O is read as tiles
+//                                               (dq_reads_out), computes delta = rowsum(dO * O)
+//                                               from its dO and O tiles
 //   dbias2 kernel (Q, dO, K, V of each n):      S = Q K^T, dP = dO V^T (the sum of dS over the
 //                                               chunk's n stays in registers)
 // Any L: rows past L are zero-filled and handled as in the mma.sync kernels. CUDA layer.
 #pragma once
 
-#include "cuda/common/attention_delta.cuh"
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/evoformer/evoformer_bias_types.cuh"
@@ -229,54 +229,33 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
       q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p);
   copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       do_tile, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p);
+  // delta_i = <dO_i, O_i> of the CTA's rows: where the host set dq_reads_out, O's rows come in
+  // the same cp.async group as Q and dO, into V's second buffer, which only key tile 1 uses; the
+  // first step sums dO * O from the two tiles before tile 1's copies start, and writes delta for
+  // the dK/dV and dbias2 kernels, which run after this one. Else the delta kernel, launched
+  // before this one, wrote it.
+  const bool delta_from_tiles = p.dq_reads_out != 0;
+  const uint32_t o_tile = keys.v_tile(1);
+  if (delta_from_tiles) {
+    copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
+        o_tile, slice_of(p.out, p.out_stride, p.vec_out, sizeof(T), b, n, h), q0, p);
+  }
   load_key_tile(0, 0);
   cp_async_commit();
 
   // The rows' lse in log2 units (+inf for a padded or fully masked row: P = 0 with no
-  // per-element check), loaded first so that their latency overlaps delta's loads and the first
-  // tiles' wait.
-  float lse_log2[2];
+  // per-element check) and, from the delta kernel, their delta (0 past L), loaded before the
+  // first tiles' wait so that their latency overlaps it.
+  float lse_log2[2], delta[2] = {0.0f, 0.0f};
+  float* const delta_out = p.delta + (bn * p.heads + h) * p.len;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lse_log2[r] = lse_log2_of(
         my_rows[r] < p.len
             ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
             : kNegInf);
+    if (!delta_from_tiles && my_rows[r] < p.len) delta[r] = delta_out[my_rows[r]];
   }
-  // delta_i = <dO_i, O_i> of the CTA's rows, computed here (two threads a row) and written for the
-  // dK/dV and dbias2 kernels, which run after this one (no separate delta kernel at head dims 32
-  // and 64).
-  // A D below the head dim (PaddedDimTypes) reads it instead from the delta kernel, launched
-  // before this one: O's rows there may take any alignment, and reading them here element by
-  // element, before the loop, made this kernel 1.7-1.9x the head dim's (H100, [1, 256, 256, 4, D],
-  // D 48 and 96), where the delta kernel reads whole rows with 16-byte loads where it can. Head dim
-  // 128 reads it from the delta kernel too (kEvoformerDqComputesDelta: these loads stalled its one
-  // CTA per SM). Other threads' rows: through shared memory, read after the loop's first barrier.
-  float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
-  {
-    const int r = static_cast<int>(threadIdx.x) / 2, part = static_cast<int>(threadIdx.x) % 2;
-    const int64_t row = q0 + r;
-    if constexpr (BiasTypes::kAnyDim || !kEvoformerDqComputesDelta<kHeadDim>) {
-      if (part == 0) {
-        delta_rows[r] = row < p.len ? p.delta[(bn * p.heads + h) * p.len + row] : 0.0f;
-      }
-    } else {
-      float share = 0.0f;
-      if (row < p.len) {
-        const T* o = static_cast<const T*>(p.out) + b * p.out_stride[0] + n * p.out_stride[1] +
-                     row * p.out_stride[2] + h * p.out_stride[3];
-        const T* g = static_cast<const T*>(p.dout) + b * p.dout_stride[0] + n * p.dout_stride[1] +
-                     row * p.dout_stride[2] + h * p.dout_stride[3];
-        share = row_delta_share<T, kHeadDim, 2>(o, g, part);
-      }
-      const float sum = share + __shfl_xor_sync(0xffffffffu, share, 1);
-      if (part == 0) {
-        delta_rows[r] = sum;  // 0 for rows past L
-        if (row < p.len) p.delta[(bn * p.heads + h) * p.len + row] = sum;
-      }
-    }
-  }
-  float delta[2] = {0.0f, 0.0f};
   float dq[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
@@ -284,10 +263,30 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
 
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int buf = static_cast<int>(kt & 1);
-    next_stage(kt, k_tiles, buf, load_key_tile);
-    if (kt == 0) {
-      delta[0] = delta_rows[my_rows[0] - q0];
-      delta[1] = delta_rows[my_rows[1] - q0];
+    if (kt == 0 && delta_from_tiles) {
+      // As next_stage, with delta from the landed dO and O tiles (the row's quad of lanes, rows
+      // past L zero-filled: delta 0) between the barrier and tile 1's copies, and a second
+      // barrier so that no thread still reads O when tile 1 lands in its buffer.
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = static_cast<int>(my_rows[r] - q0);
+        float sum = swizzled_row_delta_share<T, kHeadDim>(
+            smem.pointer + Smem::kB, smem.pointer + (o_tile - smem.address), row, t);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        delta[r] = sum;
+        if (t == 0 && my_rows[r] < p.len) delta_out[my_rows[r]] = sum;
+      }
+      __syncthreads();
+      if (k_tiles > 1) {
+        load_key_tile(1, 1);
+        cp_async_commit();
+      }
+    } else {
+      next_stage(kt, k_tiles, buf, load_key_tile);
     }
     // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
     // S while dP runs.

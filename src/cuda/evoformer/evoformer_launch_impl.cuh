@@ -131,8 +131,8 @@ cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p,
 
 // The warpgroup backward: at head dim 32 where evoformer_fused_backward_plan picks the fused
 // kernel, delta and then the fused dK/dV/dQ kernel (one or two CTAs per (b, n, h) slice); else dQ
-// first (it also computes delta, which dK/dV and dbias2 read; for a D below the head dim, and at
-// head dim 128, the delta kernel runs before it instead: kEvoformerDqComputesDelta), then dK/dV.
+// first (where p.dq_reads_out it also computes delta from its dO and O tiles, which dK/dV and
+// dbias2 read; else the delta kernel runs before it), then dK/dV.
 // Then dbias2 when asked for.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
@@ -150,7 +150,7 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
     }
   }
   if (!fused) {
-    if (p.padded_tiles || !kEvoformerDqComputesDelta<kHeadDim>) {
+    if (!p.dq_reads_out) {
       e = launch_evoformer_backward_delta<T>(p, stream);
       if (e != cudaSuccess) return e;
     }

@@ -1,8 +1,8 @@
 // What the Evoformer kernels on Hopper's warpgroup MMA (evoformer_fwd_wgmma_kernel.cuh,
 // evoformer_bwd_wgmma_kernels.cuh) share: their shared-memory layout, the CTAs per SM they are
 // compiled for, the copy of 64 rows of a [B, N, L, H, D] slice into a swizzled tile, and the
-// per-thread streams (ChunkStream) that copy whole key tiles (forward, dQ) and query tiles (dK/dV).
-// CUDA layer.
+// per-thread streams (ChunkStream) that copy whole key tiles (forward, dQ) and query tiles (dK/dV),
+// and the dQ kernel's sum of dO * O over a row of two tiles. CUDA layer.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,8 @@ namespace sciattn::cuda {
 // The swizzled tiles of the CTA, each on a 1024-byte boundary from the aligned base: the forward's
 // Q, K[2], V[2]; the dK/dV and dQ kernels' fixed tiles A, B (dK/dV: K, V; dQ: Q, dO) and streamed
 // tiles C[2], D[2] (dK/dV: Q, dO; dQ: K, V), then the streamed query rows' lse[2][64] and
-// delta[2][64] (dK/dV; the dQ kernel keeps its rows' delta in the first 64). The bias stages
+// delta[2][64] (dK/dV; unused by the dQ kernel, whose O tile, when it reads one, takes D[1]
+// until its first step has summed it). The bias stages
 // (common/device_utils.cuh) follow at kFwdBytes or kBwdBytes; a launch asks for 1024 bytes more
 // for the base's rounding.
 template <int kHeadDim>
@@ -56,6 +57,34 @@ struct EvoformerWgmmaSmem {
       (kDbias2CellsInRegisters ? 0 : 32 * kDbias2Groups * kWgmmaThreads * sizeof(float));
 };
 
+// This lane's share of delta = <dO_i, O_i> for row `row` of two swizzled 64-row tiles of kHeadDim
+// 16-bit columns (columns past D zero-filled): lane `part` (0..3) of the row's quad adds
+// kHeadDim / 32 of the row's 16-byte chunks, in a fixed order; the caller adds the quad's four
+// shares. At 128-byte rows odd rows take each half-part's chunks in the other order, so that a
+// quarter warp's 16-byte reads (two rows, four chunks each) cover all 32 banks.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ float swizzled_row_delta_share(const unsigned char* do_tile,
+                                                          const unsigned char* o_tile, int row,
+                                                          int part) {
+  static_assert(sizeof(T) == 2, "16-bit tiles");
+  constexpr int kWidth = kSwizzleBytes<kHeadDim>;
+  const int flip = kWidth == 128 ? 4 * (row & 1) : 0;
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 32; ++i) {
+    const uint32_t at = swizzled_chunk_offset<kWgmmaRows, kWidth>(row, (part + 4 * i) ^ flip);
+    const uint4 ov = *reinterpret_cast<const uint4*>(o_tile + at);
+    const uint4 gv = *reinterpret_cast<const uint4*>(do_tile + at);
+    const T* oe = reinterpret_cast<const T*>(&ov);
+    const T* ge = reinterpret_cast<const T*>(&gv);
+#pragma unroll
+    for (int x = 0; x < 8; ++x) {
+      acc += ElementTraits<T>::to_float(oe[x]) * ElementTraits<T>::to_float(ge[x]);
+    }
+  }
+  return acc;
+}
+
 // CTAs per SM the forward, dQ and dK/dV kernels are compiled for (their shared memory allows as
 // many). At head dim 32 the dK/dV kernel runs three (168 registers a thread): with four, its 128
 // registers spilled and triangle 384 took 325 us instead of 281.
@@ -63,13 +92,6 @@ template <int kHeadDim>
 constexpr int kEvoformerWgmmaFwdCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 : 2);
 template <int kHeadDim>
 constexpr int kEvoformerWgmmaDqCtas = kHeadDim <= 32 ? 4 : (kHeadDim <= 64 ? 3 : 1);
-// Whether the warpgroup dQ kernel of the head dim itself (exact or lean tiles) computes its rows'
-// delta = rowsum(dO * O) before its loop, with synchronous 16-byte loads of O and dO, instead of
-// reading it from the delta kernel launched before it (as every D below the head dim does). At
-// head dim 128 its one CTA per SM has nothing to hide those loads behind, so the delta kernel runs
-// there too.
-template <int kHeadDim>
-constexpr bool kEvoformerDqComputesDelta = kHeadDim != 128;
 template <int kHeadDim>
 constexpr int kEvoformerWgmmaDkdvCtas = kHeadDim <= 64 ? 3 : 1;
 
