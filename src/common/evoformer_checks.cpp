@@ -38,12 +38,12 @@ Status check_q(const TensorView& q, EvoformerShape* s) {
                                     ": B*N*H*L*L overflows int64; the problem is too large");
   }
   // The workspaces hold at most a few 4-byte values per score (the reference's scores and their
-  // gradients, dbias2's per-chunk partials: chunks <= N) and per element of D rounded up to 8
+  // gradients, dbias2's per-chunk partials: chunks <= N) and per element of D rounded up to 16
   // (the CUDA path's staged copies), so that 64 bytes for each keeps every size an int64. Views
   // with zero strides can describe such shapes without the memory; no real problem comes near.
   int64_t bytes = 0;
   if (!checked_product({scores, 64}, &bytes) ||
-      !checked_product({s->batch, s->n, s->len, s->heads, s->dim + 7, 64}, &bytes)) {
+      !checked_product({s->batch, s->n, s->len, s->heads, s->dim + 15, 64}, &bytes)) {
     return Status::invalid_argument("q has shape " + q.shape_string() +
                                     ": the problem is too large (its workspace would need more "
                                     "than 2^63 bytes; B*N*H*L*L and B*N*L*H*D must stay below "

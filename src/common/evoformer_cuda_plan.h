@@ -177,12 +177,12 @@ inline CudaFusedBackwardPlan cuda_fused_backward_plan(const EvoformerShape& s,
 // [B, N, row], bias2 [B, 1, H, L, L] becomes [B, H, L, row].
 //
 // Q, K, V and dO: rows that are not whole aligned 16-byte chunks (D not a multiple of 8, or a
-// tensor off a 16-byte boundary) are copied into packed [B, N, L, H, input_row] tensors, D rounded
-// up to 8 elements, the columns past D zeros. The kernels read the copies as they read a D that is
-// a multiple of 8 (whole chunks), and write the outputs at D; reading such rows in 2-, 4- or 8-byte
-// pieces in every tile made the kernels 2-3x slower than at the head dim (H200, [1, 256, 256, 4,
-// D]), and a copy is one read and one write of the tensor. The copies make the workspace that much
-// larger (about the size of the copied tensors).
+// tensor off a 16-byte boundary) are copied into packed [B, N, L, H, input_row] tensors
+// (cuda_staged_row), the columns past D zeros. The kernels read the copies as they read a D that
+// is a multiple of 8 (whole chunks), and write the outputs at D; reading such rows in 2-, 4- or
+// 8-byte pieces in every tile made the kernels 2-3x slower than at the head dim (H200, [1, 256,
+// 256, 4, D]), and a copy is one read and one write of the tensor. The copies make the workspace
+// that much larger (about the size of the copied tensors).
 enum CudaStagedInput { kStagedQ, kStagedK, kStagedV, kStagedDout, kStagedInputs };
 
 struct CudaCopyNeeds {
@@ -196,10 +196,22 @@ struct CudaInputCopies {
   int64_t bias1_row = 0, bias2_row = 0;      // elements per padded row
   size_t bias1 = 0, bias2 = 0;               // the copies' workspace regions
   int64_t input_bytes = 0;                   // element size of the staged inputs; 0: none staged
-  int64_t input_row = 0;                     // elements per staged row: D rounded up to 8
+  int64_t input_row = 0;                     // elements per staged row: cuda_staged_row(D)
   bool staged[kStagedInputs] = {};
   size_t input[kStagedInputs] = {};  // the staged inputs' workspace regions
 };
+
+// Elements per row of a staged Q, K, V or dO of head dim D: D itself where it is a multiple of 8
+// (only a tensor off its 16-byte boundary is staged then, beside others read in place in rows of
+// D, and every copy a kernel reads must have the same row), else D rounded up to 16 (32 bytes of a
+// 16-bit type: every row starts on a 32-byte sector of the L2), or to 8 below 8. Rows of 8 x odd
+// elements (24, 40, ..., 120) start mid-sector every other row and mostly straddle two 128-byte
+// lines: the kernels' 16-byte copies of them cost more L2 requests and bank conflicts than whole
+// sectors do (H100, [1, 256, 256, 4, D], D 56 against D 64: forward 1.18x, dbias2 1.31x; D 48,
+// whole sectors: 1.02x and 1.10x), more than the copy's extra zeros.
+constexpr int64_t cuda_staged_row(int64_t dim) {
+  return dim % 8 == 0 || dim < 8 ? (dim + 7) / 8 * 8 : (dim + 15) / 16 * 16;
+}
 
 // L rounded up to whole 16-byte chunks of `elem_bytes`-byte elements.
 constexpr int64_t cuda_padded_bias_row(int64_t len, int64_t elem_bytes) {
@@ -222,7 +234,7 @@ inline CudaInputCopies plan_cuda_copies(const EvoformerShape& s, const CudaCopyN
   }
   if (needs.inputs != 0 && needs.input_bytes > 0) {
     c.input_bytes = needs.input_bytes;
-    c.input_row = (s.dim + 7) / 8 * 8;
+    c.input_row = cuda_staged_row(s.dim);
     for (int i = 0; i < kStagedInputs; ++i) {
       if ((needs.inputs >> i & 1u) == 0) continue;
       c.staged[i] = true;

@@ -232,10 +232,10 @@ TEST(EvoformerDeviceParams, WarpgroupKernelsTakeLeanTilesAndRowsOfAnyAlignment) 
     EXPECT_EQ(f.lean_tiles, 0) << d;
     EXPECT_EQ(f.padded_tiles, 1) << d;
     EXPECT_EQ(f.in_place_tiles, 0) << d;
-    EXPECT_EQ(f.load_dim, (d + 7) / 8 * 8) << d;
+    EXPECT_EQ(f.load_dim, detail::cuda_staged_row(d)) << d;
     const cuda::EvoformerDeviceParams b = backward(v, s);
     EXPECT_EQ(b.padded_tiles, 1) << d;
-    EXPECT_EQ(b.load_dim, (d + 7) / 8 * 8) << d;
+    EXPECT_EQ(b.load_dim, detail::cuda_staged_row(d)) << d;
   }
   // Head dims 8 and 16 (and the D padded to them) keep the mma.sync kernels, as do fp32 inputs.
   for (const int64_t d : {1, 7, 8, 12, 16}) {
@@ -296,11 +296,11 @@ TEST(EvoformerDeviceParams, ForwardReadsRowsNearTheHeadDimInPlace) {
       EXPECT_EQ(cuda::forward_copy_jobs(v.f, s.evo(), address(12 << 24)).count, 2) << d;
       const cuda::EvoformerDeviceParams b = backward(v, s);
       EXPECT_EQ(b.padded_tiles, 1) << d;
-      EXPECT_EQ(b.load_dim, (d + 7) / 8 * 8) << d;
+      EXPECT_EQ(b.load_dim, detail::cuda_staged_row(d)) << d;
       // A device without the warpgroup kernels: the staged copies.
       const cuda::EvoformerDeviceParams portable = in_place(v, s, false);
       EXPECT_EQ(portable.in_place_tiles, 0) << d;
-      EXPECT_EQ(portable.load_dim, (d + 7) / 8 * 8) << d;
+      EXPECT_EQ(portable.load_dim, detail::cuda_staged_row(d)) << d;
     }
   }
   // Below three quarters of the head dim, multiples of 8 (whole chunks), head dims 8 and 16,
@@ -468,25 +468,25 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   const Views v = views(s, DType::kBF16);
   const detail::CudaForwardWorkspace w = cuda::forward_workspace(v.f, s.evo());
   EXPECT_EQ(w.copies.input_bytes, 2);
-  EXPECT_EQ(w.copies.input_row, 40);
+  EXPECT_EQ(w.copies.input_row, 48);  // whole 32-byte sectors
   EXPECT_TRUE(w.copies.staged[detail::kStagedQ]);
   EXPECT_TRUE(w.copies.staged[detail::kStagedK]);
   EXPECT_TRUE(w.copies.staged[detail::kStagedV]);
   EXPECT_FALSE(w.copies.staged[detail::kStagedDout]);
-  // The two bias copies (L = 300), then Q, K, V of 1 x 2 x 300 x 2 rows of 40 bf16 (96,000
+  // The two bias copies (L = 300), then Q, K, V of 1 x 2 x 300 x 2 rows of 48 bf16 (115,200
   // bytes each, a multiple of 64), plus the base's alignment slack.
-  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 3 * 96000 + 64});
+  EXPECT_EQ(w.layout.total_bytes(), size_t{1216 + 364800 + 3 * 115200 + 64});
   void* const ws = address(12 << 24);
   const cuda::EvoformerDeviceParams f = cuda::forward_device_params(v.f, s.evo(), ws);
   EXPECT_EQ(f.q, w.layout.at<unsigned char>(ws, w.copies.input[detail::kStagedQ]));
   EXPECT_EQ(f.v, w.layout.at<unsigned char>(ws, w.copies.input[detail::kStagedV]));
   EXPECT_EQ(f.out, v.f.out.data);  // written where it is, at D
-  EXPECT_EQ(f.q_stride[0], 2 * 300 * 2 * 40);
-  EXPECT_EQ(f.q_stride[1], 300 * 2 * 40);
-  EXPECT_EQ(f.q_stride[2], 2 * 40);
-  EXPECT_EQ(f.q_stride[3], 40);
+  EXPECT_EQ(f.q_stride[0], 2 * 300 * 2 * 48);
+  EXPECT_EQ(f.q_stride[1], 300 * 2 * 48);
+  EXPECT_EQ(f.q_stride[2], 2 * 48);
+  EXPECT_EQ(f.q_stride[3], 48);
   EXPECT_EQ(f.dim, 33);
-  EXPECT_EQ(f.load_dim, 40);
+  EXPECT_EQ(f.load_dim, 48);
   EXPECT_EQ(f.vec_q + f.vec_k + f.vec_v, 3);
   EXPECT_EQ(f.vec_out, 0);
   EXPECT_EQ(f.padded_tiles, 1);
@@ -502,7 +502,7 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   }
   EXPECT_EQ(k.len, 33);
   EXPECT_EQ(k.len_stride, 1);
-  EXPECT_EQ(k.row, 40);
+  EXPECT_EQ(k.row, 48);
   // The backward stages dO as well, after its own regions.
   const detail::CudaBackwardWorkspace bw = cuda::backward_workspace(v.b, s.evo());
   EXPECT_TRUE(bw.copies.staged[detail::kStagedDout]);
@@ -510,9 +510,9 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
   const cuda::EvoformerDeviceParams b = backward(v, s);
   EXPECT_EQ(b.dout,
             bw.layout.at<unsigned char>(address(11 << 24), bw.copies.input[detail::kStagedDout]));
-  EXPECT_EQ(b.dout_stride[3], 40);
+  EXPECT_EQ(b.dout_stride[3], 48);
   EXPECT_EQ(b.vec_dout, 1);
-  EXPECT_EQ(b.load_dim, 40);
+  EXPECT_EQ(b.load_dim, 48);
   EXPECT_EQ(b.padded_tiles, 1);
   EXPECT_EQ(cuda::backward_copy_jobs(v.b, s.evo(), address(11 << 24)).count, 6);
 
@@ -539,6 +539,21 @@ TEST(EvoformerDeviceParams, UnalignedInputsAreReadThroughStagedCopies) {
             0u);
 }
 
+// Staged rows: D where it is a multiple of 8, else whole 32-byte sectors of 16-bit elements (D
+// rounded up to 16; 8 below 8), never wider than the head dim that reads them.
+TEST(EvoformerDeviceParams, StagedRowsAreWholeSectors) {
+  for (const auto& [d, row] : std::initializer_list<std::pair<int64_t, int64_t>>{
+           {1, 8},   {5, 8},   {8, 8},   {9, 16},   {15, 16},   {16, 16},   {17, 32},
+           {23, 32}, {24, 24}, {26, 32}, {33, 48},  {40, 40},   {41, 48},   {49, 64},
+           {58, 64}, {63, 64}, {65, 80}, {99, 112}, {116, 128}, {127, 128}, {128, 128}}) {
+    EXPECT_EQ(detail::cuda_staged_row(d), row) << d;
+    EXPECT_LE(detail::cuda_staged_row(d), detail::cuda_evoformer_head_dim(d)) << d;
+  }
+  // A backward at D 58 reads the staged rows of 64 columns (the kernels' load_dim).
+  const Shape s{1, 2, 100, 2, 58};
+  EXPECT_EQ(backward(views(s, DType::kBF16), s).load_dim, 64);
+}
+
 // The warpgroup dQ kernel sums delta from O's rows copied as a tile beside dO's (dq_reads_out)
 // only where O's rows are whole aligned 16-byte chunks of D columns and the staged inputs are no
 // wider; every other call runs the delta kernel first. A wrong 1 would copy O's rows as chunks
@@ -552,7 +567,7 @@ TEST(EvoformerDeviceParams, DqReadsOutOnlyAsAlignedTiles) {
       EXPECT_EQ(b.dq_reads_out, d > 16 ? 1 : 0) << d;
       EXPECT_EQ(b.dq_reads_out, b.wgmma_tiles) << d;
     }
-    // D not a multiple of 8: Q, K, V and dO staged in rows of 40, O read at 33.
+    // D not a multiple of 8: Q, K, V and dO staged in rows of 48, O read at 33.
     const Shape s33{1, 2, 300, 2, 33};
     EXPECT_EQ(backward(views(s33, dtype), s33).dq_reads_out, 0);
     // O one element past a 16-byte boundary (padded tiles, its rows not whole chunks).

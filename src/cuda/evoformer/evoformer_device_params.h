@@ -12,9 +12,10 @@ namespace sciattn::cuda {
 struct EvoformerDeviceParams {
   // Sizes: Q, K, V are [B, N, L, H, D]; `dim` is the real head dim, the kernel's kHeadDim >= dim.
   int64_t batch, n, len, heads, dim;
-  // Columns of a Q, K, V (and dO) row that the tile copies read: `dim`, or D rounded up to 8 where
-  // those tensors are read from staged copies (detail::CudaInputCopies: their columns past D are
-  // zeros). Outputs (O, dQ, dK, dV) are written at `dim`, and delta reads `dim` columns.
+  // Columns of a Q, K, V (and dO) row that the tile copies read: `dim`, or their rows' width where
+  // those tensors are read from staged copies (detail::cuda_staged_row: D rounded up to 16, or to
+  // 8 below 8; their columns past D are zeros). Outputs (O, dQ, dK, dV) are written at `dim`, and
+  // delta reads `dim` columns.
   int64_t load_dim;
   float scale;  // multiplies <q, k>
   // The forwards' probabilities are 2^(s - max - prob_shift_log2)

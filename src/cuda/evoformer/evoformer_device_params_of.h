@@ -311,8 +311,8 @@ inline EvoformerDeviceParams common_params(const TensorView& q, const TensorView
   p.len = s.len;
   p.heads = s.heads;
   p.dim = s.dim;
-  // A staged copy's rows are D rounded up to 8 (any of Q, K, V staged with D not a multiple of 8
-  // means all are: none is vectorizable then).
+  // A staged copy's rows are detail::cuda_staged_row(D) wide (any of Q, K, V staged with D not a
+  // multiple of 8 means all are: none is vectorizable then).
   p.load_dim = std::max({q.sizes[4], k.sizes[4], v.sizes[4]});
   p.scale = detail::evoformer_scale(options, s.dim);
   p.prob_shift_log2 = probability_shift_log2(q.dtype, s.len);

@@ -131,6 +131,10 @@ __device__ void copy_rows(const EvoformerRowCopyArgs& a) {
       c = chunk_at<Index>(x, chunks_per_row, o1, o2, o3, kPerChunk);
     }
     const int64_t j0 = c.j0;
+    if (j0 >= a.len) {  // a chunk wholly past the row (staged rows may end 8 or more past D)
+      dst[x] = uint4{0u, 0u, 0u, 0u};
+      continue;
+    }
     const E* from = src + c.i[0] * a.outer_stride[0] + c.i[1] * a.outer_stride[1] +
                     c.i[2] * a.outer_stride[2] + c.i[3] * a.outer_stride[3];
     union {
