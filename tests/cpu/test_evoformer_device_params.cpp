@@ -554,40 +554,41 @@ TEST(EvoformerDeviceParams, StagedRowsAreWholeSectors) {
   EXPECT_EQ(backward(views(s, DType::kBF16), s).load_dim, 64);
 }
 
-// The warpgroup dQ kernel sums delta from O's rows copied as a tile beside dO's (dq_reads_out)
-// only where O's rows are whole aligned 16-byte chunks of D columns and the staged inputs are no
-// wider; every other call runs the delta kernel first. A wrong 1 would copy O's rows as chunks
-// they are not (past the row, or off 16-byte boundaries).
-TEST(EvoformerDeviceParams, DqReadsOutOnlyAsAlignedTiles) {
+// The warpgroup dQ kernel (or the fused backward) sums delta from O's rows copied as tiles beside
+// dO's (delta_from_out_tiles) only where O's rows are whole aligned 16-byte chunks of D columns
+// and the staged inputs are no wider; every other call runs the delta kernel first. A wrong 1 would
+// copy O's rows as chunks they are not (past the row, or off 16-byte boundaries).
+TEST(EvoformerDeviceParams, DeltaFromOutTilesOnlyWhereORowsAreChunks) {
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     for (const int64_t d : {8, 16, 24, 32, 40, 48, 64, 96, 120, 128}) {
       const Shape s{1, 2, 300, 2, d};
       const cuda::EvoformerDeviceParams b = backward(views(s, dtype), s);
       // Head dim 16 and below run the mma.sync kernels (delta kernel); 24 and up the warpgroup's.
-      EXPECT_EQ(b.dq_reads_out, d > 16 ? 1 : 0) << d;
-      EXPECT_EQ(b.dq_reads_out, b.wgmma_tiles) << d;
+      EXPECT_EQ(b.delta_from_out_tiles, d > 16 ? 1 : 0) << d;
+      EXPECT_EQ(b.delta_from_out_tiles, b.wgmma_tiles) << d;
     }
     // D not a multiple of 8: Q, K, V and dO staged in rows of 48, O read at 33.
     const Shape s33{1, 2, 300, 2, 33};
-    EXPECT_EQ(backward(views(s33, dtype), s33).dq_reads_out, 0);
+    EXPECT_EQ(backward(views(s33, dtype), s33).delta_from_out_tiles, 0);
     // O one element past a 16-byte boundary (padded tiles, its rows not whole chunks).
     const Shape s32{1, 2, 300, 2, 32};
     Views v = views(s32, dtype);
     v.b.out = qkv(s32, dtype, (3 << 24) + 2);
     const cuda::EvoformerDeviceParams misaligned = backward(v, s32);
     EXPECT_EQ(misaligned.padded_tiles, 1);
-    EXPECT_EQ(misaligned.dq_reads_out, 0);
+    EXPECT_EQ(misaligned.delta_from_out_tiles, 0);
     // O aligned, dO off its boundary (staged in rows of D): O still read as tiles.
     v = views(s32, dtype);
     v.b.dout = qkv(s32, dtype, (7 << 24) + 2);
-    EXPECT_EQ(backward(v, s32).dq_reads_out, 1);
+    EXPECT_EQ(backward(v, s32).delta_from_out_tiles, 1);
     // The mma.sync kernels never read it.
     cuda::EvoformerDeviceParams portable = backward(views(s32, dtype), s32);
     cuda::evoformer_params::use_mma_sync_kernels(portable);
-    EXPECT_EQ(portable.dq_reads_out, 0);
+    EXPECT_EQ(portable.delta_from_out_tiles, 0);
   }
   const Shape s{1, 2, 300, 2, 32};
-  EXPECT_EQ(backward(views(s, DType::kF32), s).dq_reads_out, 0);  // fp32: no warpgroup kernels
+  EXPECT_EQ(backward(views(s, DType::kF32), s).delta_from_out_tiles,
+            0);  // fp32: no warpgroup kernels
 }
 
 // The forwards' probability shift (cuda/common/probability_shift.h): with bf16 inputs 2^k is the

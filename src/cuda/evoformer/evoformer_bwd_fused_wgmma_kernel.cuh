@@ -13,7 +13,9 @@
 // with their half of the dQ; both walk every key tile and add their partial dK, dV and dbias1
 // through distributed shared memory at its end (evoformer_fused_exchange_key_tile). The launcher
 // takes this kernel where the host plan (cuda_fused_backward_ranks) models it faster. delta comes
-// from the delta kernel, run first; dbias2 from the dbias2 kernel, run after. CUDA layer.
+// from the dO and O tiles at the first key tile where O's rows are whole chunks
+// (delta_from_out_tiles), else from the delta kernel, run first; dbias2 from the dbias2 kernel,
+// run after. CUDA layer.
 #pragma once
 
 #include "common/evoformer_cuda_plan.h"
@@ -189,6 +191,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
   const BiasTypes types(p);
   static_assert(kOutTiles * kWgmmaThreads * sizeof(float4) <= kWgmmaRows * kWgmmaRows * 2,
                 "a partial dK or dV fits the dS^T tile");
+  static_assert(EvoformerWgmmaSmem<kHeadDim>::kTileBytes <= kOutTiles * kWgmmaThreads * 16,
+                "a query tile's O rows fit its dQ sums' shared memory");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const AlignedSmem smem = aligned_smem(smem_raw);
   const uint32_t k_tile = smem.address + Smem::kK, v_tile = smem.address + Smem::kV;
@@ -224,8 +228,30 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     const EvoformerQueryTileLoader<T, kHeadDim, kStages, BiasTypes::kCols> queries(
         p, q_src, do_src, b, bn, h, key0, smem.address + Smem::kQ, smem.address + Smem::kDo, stats,
         bias2_stages, types.bias2);
-    auto load_query_tile = [&](int64_t i, int buf) { queries.load(p, kRanks * i + rank, buf); };
-    auto convert_lse = [&](int buf) { stage_lse_to_log2<kWgmmaRows>(queries.lse(buf)); };
+    // At the first key tile, where delta_from_out_tiles, each query tile's O rows come with its Q
+    // and dO, into the shared memory of that tile's dQ sums (which the step writes only after its
+    // barrier), and delta is summed from the dO and O chunks each thread copied, before the
+    // barrier (delta_of_copied_rows): into the tile's delta stage, and the workspace, from which
+    // the later key tiles (and the dbias2 kernel) copy it. Else the delta kernel wrote it.
+    const bool delta_from_out = first_keys && p.delta_from_out_tiles != 0;
+    const auto o_tile = [&](int64_t i) {
+      return smem.address + Smem::kBytes +
+             static_cast<uint32_t>(i) * kOutTiles * kWgmmaThreads * 16;
+    };
+    auto load_query_tile = [&](int64_t i, int buf) {
+      queries.load(p, kRanks * i + rank, buf, delta_from_out ? o_tile(i) : 0u);
+    };
+    int64_t step = 0;  // the loop's i, for the hook below
+    auto convert_lse = [&](int buf) {
+      stage_lse_to_log2<kWgmmaRows>(queries.lse(buf));
+      if (delta_from_out) {
+        const int64_t q0 = (kRanks * step + rank) * kWgmmaRows;
+        delta_of_copied_rows<T, kHeadDim>(smem.pointer + (queries.do_tile(buf) - smem.address),
+                                          smem.pointer + (o_tile(step) - smem.address),
+                                          queries.delta(buf),
+                                          p.delta + (bn * p.heads + h) * p.len + q0, p.len - q0);
+      }
+    };
     uint32_t key_bias1_bits[2];  // converted at the first step, after the tiles' wait
     load_key_bias1_bits(key_bias1_bits, p, b, n, my_keys);
     // Every thread is done with the previous key tile's K, V, query tiles and dS^T (and, in a
@@ -252,6 +278,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, detail::kCudaFusedBackwardCtasP
     int buf = 0;  // i % kStages
     for (int64_t i = 0; i < my_tiles; ++i, buf = buf + 1 == kStages ? 0 : buf + 1) {
       const int64_t qt = kRanks * i + rank;
+      step = i;
       if constexpr (kStages == 2) {
         next_stage(i, my_tiles, buf, load_query_tile, convert_lse);
       } else {

@@ -10,8 +10,8 @@
 //                                               dV += P^T dO, dK += dS^T Q (registers x shared)
 //   dQ kernel (fixed Q, dO; streamed K, V):     S = Q K^T, dP = dO V^T, dQ += dS K; it runs
 //                                               first and, where O is read as tiles
-//                                               (dq_reads_out), computes delta = rowsum(dO * O)
-//                                               from its dO and O tiles
+//                                               (delta_from_out_tiles), computes delta = rowsum(dO
+//                                               * O) from its dO and O tiles
 //   dbias2 kernel (Q, dO, K, V of each n):      S = Q K^T, dP = dO V^T (the sum of dS over the
 //                                               chunk's n stays in registers)
 // Any L: rows past L are zero-filled and handled as in the mma.sync kernels. CUDA layer.
@@ -77,19 +77,27 @@ struct EvoformerQueryTileLoader {
     return bias2_stages + buf * bias2_stage_bytes;
   }
 
-  // Starts query tile qt's copies into buffer `buf`.
-  __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t qt, int buf) const {
+  // Starts query tile qt's copies into buffer `buf`. With `o_tile` (a shared-window address; 0:
+  // none) O's rows of the tile come too, into that swizzled tile, and no delta is copied: the
+  // caller computes it from the dO and O tiles (delta_of_copied_rows, before the barrier).
+  __device__ __forceinline__ void load(const EvoformerDeviceParams& p, int64_t qt, int buf,
+                                       uint32_t o_tile = 0) const {
     const int64_t q0 = qt * kWgmmaRows;
+    float* const delta_dst = o_tile != 0 ? nullptr : delta(buf);
+    if (o_tile != 0) {
+      copy_slice_swizzled<T, kHeadDim, kCols>(
+          o_tile, slice_of(p.out, p.out_stride, p.vec_out, sizeof(T), b, bn - b * p.n, h), q0, p);
+    }
     if constexpr (kStreamed) {
       const bool keys_whole = key0 + kWgmmaRows <= p.len;
       if (streams.usable && keys_whole && q0 + kWgmmaRows <= p.len) {
-        streams.copy(qt, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
+        streams.copy(qt, q_tile(buf), do_tile(buf), lse(buf), delta_dst,
                      shared_address(bias2_stage(buf)));
         return;
       }
       if (keys_whole ? streams.usable : streams.last_usable) {
         streams.copy_masked(
-            p, qt, key0, q_tile(buf), do_tile(buf), lse(buf), delta(buf),
+            p, qt, key0, q_tile(buf), do_tile(buf), lse(buf), delta_dst,
             shared_address(bias2_stage(buf)),
             static_cast<const char*>(q_src.base) + q0 * q_src.row_stride * 2,
             static_cast<const char*>(do_src.base) + q0 * do_src.row_stride * 2,
@@ -102,7 +110,7 @@ struct EvoformerQueryTileLoader {
     copy_slice_swizzled<T, kHeadDim, kCols>(q_tile(buf), q_src, q0, p);
     copy_slice_swizzled<T, kHeadDim, kCols>(do_tile(buf), do_src, q0, p);
     copy_query_tile_stats_and_bias<kWgmmaThreads>(p, b, bn, h, key0, q0, q0 + kWgmmaRows <= p.len,
-                                                  lse(buf), delta(buf), bias2_stage(buf));
+                                                  lse(buf), delta_dst, bias2_stage(buf));
   }
 };
 
@@ -229,12 +237,13 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
       q_tile, slice_of(p.q, p.q_stride, p.vec_q, sizeof(T), b, n, h), q0, p);
   copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
       do_tile, slice_of(p.dout, p.dout_stride, p.vec_dout, sizeof(T), b, n, h), q0, p);
-  // delta_i = <dO_i, O_i> of the CTA's rows: where the host set dq_reads_out, O's rows come in
-  // the same cp.async group as Q and dO, into V's second buffer, which only key tile 1 uses; the
-  // first step sums dO * O from the two tiles before tile 1's copies start, and writes delta for
-  // the dK/dV and dbias2 kernels, which run after this one. Else the delta kernel, launched
-  // before this one, wrote it.
-  const bool delta_from_tiles = p.dq_reads_out != 0;
+  // delta_i = <dO_i, O_i> of the CTA's rows: where the host set delta_from_out_tiles, O's rows
+  // come in the same cp.async group as Q and dO, into V's second buffer, which only key tile 1
+  // uses; at the first step each thread sums the dO * O of the chunks it copied before the
+  // barrier (delta_of_copied_rows), so that tile 1's copies may start right after it, and delta
+  // goes to shared memory for this CTA and to the workspace for the dK/dV and dbias2 kernels,
+  // which run after this one. Else the delta kernel, launched before this one, wrote it.
+  const bool delta_from_tiles = p.delta_from_out_tiles != 0;
   const uint32_t o_tile = keys.v_tile(1);
   if (delta_from_tiles) {
     copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
@@ -248,6 +257,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   // first tiles' wait so that their latency overlaps it.
   float lse_log2[2], delta[2] = {0.0f, 0.0f};
   float* const delta_out = p.delta + (bn * p.heads + h) * p.len;
+  float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lse_log2[r] = lse_log2_of(
@@ -263,30 +273,16 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
 
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     const int buf = static_cast<int>(kt & 1);
+    next_stage(kt, k_tiles, buf, load_key_tile, [&](int) {
+      if (kt == 0 && delta_from_tiles) {
+        delta_of_copied_rows<T, kHeadDim>(smem.pointer + Smem::kB,
+                                          smem.pointer + (o_tile - smem.address), delta_rows,
+                                          delta_out + q0, p.len - q0);
+      }
+    });
     if (kt == 0 && delta_from_tiles) {
-      // As next_stage, with delta from the landed dO and O tiles (the row's quad of lanes, rows
-      // past L zero-filled: delta 0) between the barrier and tile 1's copies, and a second
-      // barrier so that no thread still reads O when tile 1 lands in its buffer.
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      __syncthreads();
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = static_cast<int>(my_rows[r] - q0);
-        float sum = swizzled_row_delta_share<T, kHeadDim>(
-            smem.pointer + Smem::kB, smem.pointer + (o_tile - smem.address), row, t);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        delta[r] = sum;
-        if (t == 0 && my_rows[r] < p.len) delta_out[my_rows[r]] = sum;
-      }
-      __syncthreads();
-      if (k_tiles > 1) {
-        load_key_tile(1, 1);
-        cp_async_commit();
-      }
-    } else {
-      next_stage(kt, k_tiles, buf, load_key_tile);
+      delta[0] = delta_rows[my_rows[0] - q0];
+      delta[1] = delta_rows[my_rows[1] - q0];
     }
     // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
     // S while dP runs.

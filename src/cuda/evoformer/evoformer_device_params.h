@@ -102,11 +102,12 @@ struct EvoformerDeviceParams {
   // starts on a 2-byte boundary is read from one element before (SliceSource::shift; Q, K and V
   // shift alike, slice by slice).
   int in_place_tiles, shifted_slices;
-  // Backward only. 1 when the warpgroup dQ kernel computes delta = rowsum(dO * O) from O's rows,
-  // copied as a tile beside its dO tile (wgmma_tiles, O vectorizable and load_dim = D, so that O's
-  // rows are read as Q's and dO's are); else the delta kernel runs before it
-  // (backward_device_params in evoformer_device_params_of.h).
-  int dq_reads_out;
+  // Backward only. 1 when the warpgroup dQ kernel, or the fused kernel at its first key tile,
+  // computes delta = rowsum(dO * O) from O's rows, copied as tiles beside its dO tiles
+  // (wgmma_tiles, O vectorizable and load_dim = D, so that O's rows are read as Q's and dO's are);
+  // else the delta kernel runs before them (backward_device_params in
+  // evoformer_device_params_of.h).
+  int delta_from_out_tiles;
   // 1 when dQ, dK and dV are pairable (D even, rows and pairs 4-byte aligned): the backward writes
   // their rows as aligned 32-bit pairs (store_rows), else element by element.
   int grads_paired;

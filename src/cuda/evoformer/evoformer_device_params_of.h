@@ -294,7 +294,7 @@ inline void set_warpgroup_tiles(EvoformerDeviceParams& p, DType dtype,
 // (cuda/common/device_arch.h).
 inline void use_mma_sync_kernels(EvoformerDeviceParams& p) {
   p.wgmma_tiles = 0;
-  p.dq_reads_out = 0;
+  p.delta_from_out_tiles = 0;
   p.padded_tiles = 0;
   p.in_place_tiles = 0;
   p.shifted_slices = 0;
@@ -466,7 +466,7 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   // The warpgroup dQ kernel reads O's rows as it reads dO's (whole 16-byte chunks of load_dim
   // columns: O vectorizable and no wider staged rows) and sums delta from the two tiles; the
   // delta kernel (O read element by element where it must) serves every other call.
-  p.dq_reads_out = p.wgmma_tiles && p.vec_out && p.load_dim == s.dim ? 1 : 0;
+  p.delta_from_out_tiles = p.wgmma_tiles && p.vec_out && p.load_dim == s.dim ? 1 : 0;
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
   p.dk = params.dk.data;

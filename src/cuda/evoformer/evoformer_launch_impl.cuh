@@ -130,9 +130,9 @@ cudaError_t launch_evoformer_backward_fused(const EvoformerDeviceParams& p,
 }
 
 // The warpgroup backward: at head dim 32 where evoformer_fused_backward_plan picks the fused
-// kernel, delta and then the fused dK/dV/dQ kernel (one or two CTAs per (b, n, h) slice); else dQ
-// first (where p.dq_reads_out it also computes delta from its dO and O tiles, which dK/dV and
-// dbias2 read; else the delta kernel runs before it), then dK/dV.
+// kernel, the fused dK/dV/dQ kernel (one or two CTAs per (b, n, h) slice); else dQ first, then
+// dK/dV. Where p.delta_from_out_tiles the fused kernel or dQ computes delta from its dO and O
+// tiles and writes it for the kernels after it; else the delta kernel runs first.
 // Then dbias2 when asked for.
 template <typename T, int kHeadDim>
 cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cudaStream_t stream) {
@@ -144,13 +144,15 @@ cudaError_t launch_evoformer_backward_wgmma(const EvoformerDeviceParams& p, cuda
     const detail::CudaFusedBackwardPlan plan = evoformer_fused_backward_plan(p);
     if (plan.ranks > 0) {
       fused = true;
-      e = launch_evoformer_backward_delta<T>(p, stream);
-      if (e != cudaSuccess) return e;
+      if (!p.delta_from_out_tiles) {
+        e = launch_evoformer_backward_delta<T>(p, stream);
+        if (e != cudaSuccess) return e;
+      }
       e = launch_evoformer_backward_fused<T, kHeadDim>(p, plan, stream);
     }
   }
   if (!fused) {
-    if (!p.dq_reads_out) {
+    if (!p.delta_from_out_tiles) {
       e = launch_evoformer_backward_delta<T>(p, stream);
       if (e != cudaSuccess) return e;
     }

@@ -13,7 +13,8 @@
 namespace sciattn::cuda {
 
 // The lse and delta of query rows [q0, q0 + kRows), all inside L, into shared memory: threads
-// 0 .. kRows - 1 copy one of each, in the caller's cp.async group.
+// 0 .. kRows - 1 copy one of each, in the caller's cp.async group. A null `delta`: lse alone (the
+// caller computes delta itself).
 template <int kRows, int kThreads>
 __device__ __forceinline__ void copy_row_stats_whole(float* lse, float* delta,
                                                      const EvoformerDeviceParams& p, int64_t bn,
@@ -23,14 +24,15 @@ __device__ __forceinline__ void copy_row_stats_whole(float* lse, float* delta,
   if (r < kRows) {
     cp_async_4(lse + r,
                p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + (q0 + r) * p.lse_stride[2], 4);
-    cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q0 + r, 4);
+    if (delta != nullptr) cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q0 + r, 4);
   }
 }
 
 // Starts copying the lse and delta of query rows [q0, q0 + kRows) into shared memory, in the
 // caller's cp.async group (plain loads here would stall every thread at the next barrier).
 // Rows past L get lse = +inf and delta = 0, so that their P = exp2(x - inf) is exactly 0 whatever
-// the biases are, and a padded row adds nothing anywhere without a per-element check.
+// the biases are, and a padded row adds nothing anywhere without a per-element check. A null
+// `delta`: lse alone.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void load_row_stats(float* lse, float* delta,
                                                const EvoformerDeviceParams& p, int64_t bn,
@@ -40,10 +42,10 @@ __device__ __forceinline__ void load_row_stats(float* lse, float* delta,
     if (q < p.len) {
       cp_async_4(lse + r, p.lse + bn * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2],
                  4);
-      cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q, 4);
+      if (delta != nullptr) cp_async_4(delta + r, p.delta + (bn * p.heads + h) * p.len + q, 4);
     } else {
       lse[r] = __builtin_huge_valf();
-      delta[r] = 0.0f;
+      if (delta != nullptr) delta[r] = 0.0f;
     }
   }
 }
@@ -125,7 +127,8 @@ __device__ __forceinline__ void copy_key_tile(const EvoformerDeviceParams& p,
 
 // The row statistics and bias copies of one query tile for the dK/dV kernel (one CTA = one
 // block of 64 keys from key0, looping over 64-query tiles): its rows' lse and delta and its bias2
-// tile [queries][keys], in the caller's cp.async group. `whole`: the query tile lies inside L
+// tile [queries][keys], in the caller's cp.async group (no delta where delta_dst is null).
+// `whole`: the query tile lies inside L
 // (then the bias2 tile takes the lean copy when its rows end on a 16-byte chunk; a last key
 // block of a length that is not a multiple of 8 may not); the generic copies else.
 template <int kThreads>

@@ -2,7 +2,7 @@
 // evoformer_bwd_wgmma_kernels.cuh) share: their shared-memory layout, the CTAs per SM they are
 // compiled for, the copy of 64 rows of a [B, N, L, H, D] slice into a swizzled tile, and the
 // per-thread streams (ChunkStream) that copy whole key tiles (forward, dQ) and query tiles (dK/dV),
-// and the dQ kernel's sum of dO * O over a row of two tiles. CUDA layer.
+// and the backward's delta from the dO and O tiles a thread copied. CUDA layer.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,8 @@ namespace sciattn::cuda {
 // The swizzled tiles of the CTA, each on a 1024-byte boundary from the aligned base: the forward's
 // Q, K[2], V[2]; the dK/dV and dQ kernels' fixed tiles A, B (dK/dV: K, V; dQ: Q, dO) and streamed
 // tiles C[2], D[2] (dK/dV: Q, dO; dQ: K, V), then the streamed query rows' lse[2][64] and
-// delta[2][64] (dK/dV; unused by the dQ kernel, whose O tile, when it reads one, takes D[1]
-// until its first step has summed it). The bias stages
+// delta[2][64] (dK/dV; the dQ kernel keeps its rows' delta in the first 64, and its O tile, when
+// it reads one, takes D[1] until its first step has summed it). The bias stages
 // (common/device_utils.cuh) follow at kFwdBytes or kBwdBytes; a launch asks for 1024 bytes more
 // for the base's rounding.
 template <int kHeadDim>
@@ -57,32 +57,44 @@ struct EvoformerWgmmaSmem {
       (kDbias2CellsInRegisters ? 0 : 32 * kDbias2Groups * kWgmmaThreads * sizeof(float));
 };
 
-// This lane's share of delta = <dO_i, O_i> for row `row` of two swizzled 64-row tiles of kHeadDim
-// 16-bit columns (columns past D zero-filled): lane `part` (0..3) of the row's quad adds
-// kHeadDim / 32 of the row's 16-byte chunks, in a fixed order; the caller adds the quad's four
-// shares. At 128-byte rows odd rows take each half-part's chunks in the other order, so that a
-// quarter warp's 16-byte reads (two rows, four chunks each) cover all 32 banks.
+// delta_i = <dO_i, O_i> of the 64 rows of two swizzled tiles of kHeadDim 16-bit columns (dO and O
+// of the same rows, columns past D and rows past L zero-filled) that this thread's own copies
+// filled: copy_tile_swizzled's mapping, which the slice streams share (chunk thread % kChunks of
+// rows thread / kChunks + i kRowStep). Called between this thread's cp.async wait and the barrier
+// that shows the tiles to the CTA, like zero_first_column_swizzled: each thread multiplies its own
+// chunks, visible to it after its own wait; the kChunks threads of a row (consecutive lanes) add
+// their sums by shuffles in a fixed order; the row's chunk-0 thread writes delta to
+// `rows_delta[row]` (shared memory, read after the barrier) and, for rows below `rows_inside`, to
+// `global_delta[row]` for the kernels that run later.
 template <typename T, int kHeadDim>
-__device__ __forceinline__ float swizzled_row_delta_share(const unsigned char* do_tile,
-                                                          const unsigned char* o_tile, int row,
-                                                          int part) {
+__device__ __forceinline__ void delta_of_copied_rows(const unsigned char* do_tile,
+                                                     const unsigned char* o_tile, float* rows_delta,
+                                                     float* global_delta, int64_t rows_inside) {
   static_assert(sizeof(T) == 2, "16-bit tiles");
+  constexpr int kChunks = kHeadDim / 8, kRowStep = kWgmmaThreads / kChunks;
   constexpr int kWidth = kSwizzleBytes<kHeadDim>;
-  const int flip = kWidth == 128 ? 4 * (row & 1) : 0;
-  float acc = 0.0f;
+  const int c = static_cast<int>(threadIdx.x) % kChunks,
+            r0 = static_cast<int>(threadIdx.x) / kChunks;
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 32; ++i) {
-    const uint32_t at = swizzled_chunk_offset<kWgmmaRows, kWidth>(row, (part + 4 * i) ^ flip);
+  for (int i = 0; i < kWgmmaRows / kRowStep; ++i) {
+    const int row = r0 + i * kRowStep;
+    const uint32_t at = swizzled_chunk_offset<kWgmmaRows, kWidth>(row, c);
     const uint4 ov = *reinterpret_cast<const uint4*>(o_tile + at);
     const uint4 gv = *reinterpret_cast<const uint4*>(do_tile + at);
     const T* oe = reinterpret_cast<const T*>(&ov);
     const T* ge = reinterpret_cast<const T*>(&gv);
+    float sum = 0.0f;
 #pragma unroll
     for (int x = 0; x < 8; ++x) {
-      acc += ElementTraits<T>::to_float(oe[x]) * ElementTraits<T>::to_float(ge[x]);
+      sum += ElementTraits<T>::to_float(oe[x]) * ElementTraits<T>::to_float(ge[x]);
+    }
+#pragma unroll
+    for (int m = 1; m < kChunks; m *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    if (c == 0) {
+      rows_delta[row] = sum;
+      if (row < rows_inside) global_delta[row] = sum;
     }
   }
-  return acc;
 }
 
 // CTAs per SM the forward, dQ and dK/dV kernels are compiled for (their shared memory allows as
@@ -438,11 +450,11 @@ struct EvoformerKeyTileLoader {
 };
 
 // The same for the dK/dV wgmma kernel's query tiles: Q and dO rows [64 t, 64 t + 64), their lse
-// and delta (threads 0..63, one row each), and bias2's tile [those queries][the CTA's 64 keys].
-// `usable`: bias2 absent or 16-bit, staged and lean; then whole query tiles of a CTA whose keys
-// are inside L take copy, and a partial last query tile takes copy_masked. `last_usable`: the
-// CTA of the last keys, whose bias2 columns reach past L, takes copy_masked too, because bias2's
-// rows end on a whole chunk.
+// and delta (threads 0..63, one row each; no delta where delta_dst is null), and bias2's tile
+// [those queries][the CTA's 64 keys]. `usable`: bias2 absent or 16-bit, staged and lean; then whole
+// query tiles of a CTA whose keys are inside L take copy, and a partial last query tile takes
+// copy_masked. `last_usable`: the CTA of the last keys, whose bias2 columns reach past L, takes
+// copy_masked too, because bias2's rows end on a whole chunk.
 template <int kHeadDim, TileCols kCols = TileCols::kExact>
 struct EvoformerQueryTileStreams {
   typename SliceTileStream<kHeadDim, kCols>::Stream q, dout;
@@ -480,7 +492,7 @@ struct EvoformerQueryTileStreams {
     dout.copy(do_tile, t);
     if (threadIdx.x < kWgmmaRows) {
       cp_async_4(lse_dst + threadIdx.x, lse + t * lse_advance, 4);
-      cp_async_4(delta_dst + threadIdx.x, delta + t * kWgmmaRows, 4);
+      if (delta_dst != nullptr) cp_async_4(delta_dst + threadIdx.x, delta + t * kWgmmaRows, 4);
     }
     if (has_bias2) bias2.copy(bias2_stage, t);
   }
@@ -507,10 +519,10 @@ struct EvoformerQueryTileStreams {
     if (x < kWgmmaRows) {
       if (x < rows_inside) {
         cp_async_4(lse_dst + x, lse + t * lse_advance, 4);
-        cp_async_4(delta_dst + x, delta + t * kWgmmaRows, 4);
+        if (delta_dst != nullptr) cp_async_4(delta_dst + x, delta + t * kWgmmaRows, 4);
       } else {
         lse_dst[x] = __builtin_huge_valf();
-        delta_dst[x] = 0.0f;
+        if (delta_dst != nullptr) delta_dst[x] = 0.0f;
       }
     }
     if (has_bias2) {
