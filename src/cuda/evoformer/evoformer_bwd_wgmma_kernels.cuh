@@ -244,10 +244,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   // goes to shared memory for this CTA and to the workspace for the dK/dV and dbias2 kernels,
   // which run after this one. Else the delta kernel, launched before this one, wrote it.
   const bool delta_from_tiles = p.delta_from_out_tiles != 0;
-  const uint32_t o_tile = keys.v_tile(1);
   if (delta_from_tiles) {
     copy_slice_swizzled<T, kHeadDim, BiasTypes::kCols>(
-        o_tile, slice_of(p.out, p.out_stride, p.vec_out, sizeof(T), b, n, h), q0, p);
+        keys.v_tile(1), slice_of(p.out, p.out_stride, p.vec_out, sizeof(T), b, n, h), q0, p);
   }
   load_key_tile(0, 0);
   cp_async_commit();
@@ -256,16 +255,19 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
   // per-element check) and, from the delta kernel, their delta (0 past L), loaded before the
   // first tiles' wait so that their latency overlaps it.
   float lse_log2[2], delta[2] = {0.0f, 0.0f};
-  float* const delta_out = p.delta + (bn * p.heads + h) * p.len;
-  float* const delta_rows = reinterpret_cast<float*>(smem.pointer + Smem::kStats);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lse_log2[r] = lse_log2_of(
         my_rows[r] < p.len
             ? p.lse[bn * p.lse_stride[0] + h * p.lse_stride[1] + my_rows[r] * p.lse_stride[2]]
             : kNegInf);
-    if (!delta_from_tiles && my_rows[r] < p.len) delta[r] = delta_out[my_rows[r]];
+    if (!delta_from_tiles && my_rows[r] < p.len) {
+      delta[r] = p.delta[(bn * p.heads + h) * p.len + my_rows[r]];
+    }
   }
+  // This CTA's rows' delta from the tiles, in the stats area (the pointers are formed where they
+  // are used, so that none stays live across the loop).
+  const auto delta_rows = [&] { return reinterpret_cast<float*>(smem.pointer + Smem::kStats); };
   float dq[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
@@ -275,14 +277,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, kEvoformerWgmmaDqCtas<kHeadDim>
     const int buf = static_cast<int>(kt & 1);
     next_stage(kt, k_tiles, buf, load_key_tile, [&](int) {
       if (kt == 0 && delta_from_tiles) {
-        delta_of_copied_rows<T, kHeadDim>(smem.pointer + Smem::kB,
-                                          smem.pointer + (o_tile - smem.address), delta_rows,
-                                          delta_out + q0, p.len - q0);
+        delta_of_copied_rows<T, kHeadDim>(
+            smem.pointer + Smem::kB,
+            smem.pointer + (Smem::kD + Smem::kTileBytes) /* keys.v_tile(1) */, delta_rows(),
+            p.delta + (bn * p.heads + h) * p.len + q0, p.len - q0);
       }
     });
     if (kt == 0 && delta_from_tiles) {
-      delta[0] = delta_rows[my_rows[0] - q0];
-      delta[1] = delta_rows[my_rows[1] - q0];
+      delta[0] = delta_rows()[my_rows[0] - q0];
+      delta[1] = delta_rows()[my_rows[1] - q0];
     }
     // S = Q K^T and dP = dO V^T issued together, the tile's biases read while they run, P from
     // S while dP runs.
