@@ -9,7 +9,13 @@
 #   scripts/gpu_suite.sh [tests|sanitize|cli|profile|stalls|sass|bench|compare|sparse|sparse_compare|
 #                         sparse_sanitize|sparse_profile|python|train|train_sanitize|train_bench|
 #                         train_step|train_long|train_compare|train_compare_long|
-#                         portable|portable_sanitize|portable_bench|sm80|all]...
+#                         portable|portable_sanitize|portable_bench|sm80|ab_sweep|all]...
+# `ab_sweep` times two builds of the C API library in one call, alternating, for a before / after
+# claim (the machines are shared, so absolute times move between calls): bench/compare/
+# evoformer_sweep.py without peers for each of AB_LIBS (default ".carry/base .carry/new", folders
+# that hold a libsciattn_capi.so each), AB_ROUNDS rounds (default 2), head dims AB_DIMS and
+# triangle lengths AB_LENGTHS (defaults below); each sweep's JSON and summary under
+# $out/ab/<folder name><round>/. Not part of `all`.
 # `portable` runs the three attention suites on the mma.sync kernels that sm_80, 86 and 89 run
 # (SCIATTN_CUDA_KERNELS=portable, then portable-99k, which also holds every launch to sm_86's and
 # sm_89's 99 KiB of shared memory), then memcheck and racecheck on their small cases (those alone:
@@ -195,6 +201,21 @@ if want compare; then
   PYTHONUNBUFFERED=1 PYTHONPATH=bindings/torch/python python3 bench/compare/evoformer.py \
     --lib "$bin/libsciattn_capi.so" --out "$out" --dtypes "${COMPARE_DTYPES:-bfloat16,float16}" \
     2>&1 | tee "$out/compare.log" | tail -40
+fi
+if [[ " ${what[*]} " == *" ab_sweep "* ]]; then
+  echo "== A/B sweep"
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for lib in ${AB_LIBS:-.carry/base .carry/new}; do
+      dst="$(cd "$out" && pwd)/ab/$(basename "$lib")$round"
+      so="$(cd "$lib" && pwd)/libsciattn_capi.so"
+      mkdir -p "$dst"
+      (cd bench/compare && python3 evoformer_sweep.py --lib "$so" \
+        --out "$dst" --peers "" --lengths "${AB_LENGTHS:-256,300,384,768}" \
+        --dims "${AB_DIMS:-20,32,33,40,48,52,64,100,116,120,128}" > "$dst/summary.txt" 2>&1)
+      [ $? -eq 0 ] || status=1
+      echo "$(basename "$lib") round $round:"; tail -4 "$dst/summary.txt"
+    done
+  done
 fi
 if want sparse; then
   # Block-sparse kernels against the CPU reference (the test programs skip nothing on a GPU).
