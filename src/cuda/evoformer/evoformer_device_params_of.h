@@ -463,9 +463,10 @@ inline EvoformerDeviceParams backward_device_params(const EvoformerBackwardParam
   }
   set_warpgroup_tiles(p, params.q.dtype, s, offsets_fit,
                       p.vec_q && p.vec_k && p.vec_v && p.vec_dout);
-  // The warpgroup dQ kernel reads O's rows as it reads dO's (whole 16-byte chunks of load_dim
-  // columns: O vectorizable and no wider staged rows) and sums delta from the two tiles; the
-  // delta kernel (O read element by element where it must) serves every other call.
+  // The warpgroup dQ kernel, or the fused kernel at its first key tile, reads O's rows as it
+  // reads dO's (whole 16-byte chunks of load_dim columns: O vectorizable and no wider staged
+  // rows) and sums delta from the two tiles; the delta kernel (O read element by element where
+  // it must) serves every other call.
   p.delta_from_out_tiles = p.wgmma_tiles && p.vec_out && p.load_dim == s.dim ? 1 : 0;
   p.dq = params.dq.data;
   qkv_strides(params.dq, p.dq_stride);
